@@ -1,0 +1,3 @@
+from kvaudit.cli import main
+
+main()

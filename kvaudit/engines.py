@@ -1,0 +1,54 @@
+"""The registry of engines: each brings a parser (its log grammar) and a formula module.
+
+Adding an engine means writing ``parse/<engine>.py`` and ``reconcile/<engine>.py`` and adding one
+:class:`Engine` line here; nothing else in kvaudit changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kvaudit.parse.interface import EngineParser, Startup
+from kvaudit.parse.sglang import SGLangParser
+from kvaudit.reconcile import sglang as sglang_formula
+from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    display: str
+    parser: EngineParser
+    reconcile: Callable[[Startup, AuditOptions, int], Audit]
+    whatif: Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]
+
+
+ENGINES: tuple[Engine, ...] = (
+    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif),
+)
+
+#: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
+RECOGNISED_ONLY: dict[str, tuple[str, ...]] = {
+    "vLLM": ("# GPU blocks", "# CUDA blocks", "# cuda blocks", "GPU KV cache size", "Memory profiling",
+             "Available KV cache memory", "VllmWorker", "vllm.", "Loading model weights took",
+             "model weights took", "vLLM"),
+}
+
+
+def all_anchors() -> tuple[bytes, ...]:
+    seen: dict[bytes, None] = {}
+    for e in ENGINES:
+        for a in e.parser.anchors:
+            seen[a] = None
+    for markers in RECOGNISED_ONLY.values():
+        for m in markers:
+            seen[m.encode()] = None
+    return tuple(seen)
+
+
+def by_name(name: str) -> Engine:
+    for e in ENGINES:
+        if e.name == name:
+            return e
+    raise KeyError(name)

@@ -1,0 +1,849 @@
+"""SGLang startup-log grammar, v0.1.x to v0.5.23.
+
+Every pattern below quotes a format string from SGLang's source (``python/sglang/`` upstream); the version
+range in each comment is where that exact text was printed (release wheels compared one by one; see
+docs/sglang-log-grammar.md for the full table):
+
+* prefix ``[%(asctime)s{prefix}]``: ``srt/utils.py::configure_logger`` (date from 0.3.4, time-only before,
+  ``.msecs`` with ``SGLANG_LOG_MS=1`` from 0.5.6); rank tags ``DPn PPn TPn EPn ...`` from the scheduler
+  (``srt/managers/scheduler.py``); 0.1.x printed ``[rank=N]``, some forks ``[gpu_id=N]``.
+* weights, pool end, graphs: ``srt/model_executor/model_runner.py`` (and its 0.5.x mixins);
+* KV pools: ``srt/mem_cache/memory_pool.py``; scheduler summary: ``srt/managers/scheduler.py``;
+* HiCache host pool: ``srt/mem_cache/memory_pool_host.py`` (decimal GB);
+* server_args: ``srt/server.py`` / ``srt/entrypoints/engine.py`` (dataclass repr to 0.5.18, dict after).
+
+All "GB" values are GiB (``x / (1 << 30)``, ``:.2f``) except HiCache's host figure (``/ 1e9``).
+Lines from the speculative-decoding draft worker carry the same prefix as the target's: they are told apart
+by order (the draft loads after the target on each rank) and by their ``type=``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.lines import Line
+from kvaudit.versions import VersionRange
+
+ENGINE = "sglang"
+
+#: byte strings of which every line this grammar reads contains at least one (see parse.lines.scan)
+ANCHORS: tuple[bytes, ...] = (
+    b"GB",
+    b"server_args",
+    b"max_total_",
+    b"Load weight",
+    b"KV Cache",
+    b"Memory pool",
+    b"Capture ",
+    b"Init torch",
+    b"Init nccl",
+    b"Not enough",
+    b"unbalanced",
+    b"Traceback",
+    b"Error",
+    b"out of memory",
+    b"Max running requests",
+    b"liding window",
+    b"TokenToKVPool",
+    b"Memory baseline",
+    b"multimodal model",
+)
+
+OLDEST = (0, 1, 0)
+NEWEST_KNOWN = (0, 5, 23)
+
+# ----------------------------------------------------------------------------------------------------------
+# events
+
+
+@dataclass(frozen=True)
+class ServerArgs(Event):
+    args: dict[str, Any] = field(default_factory=dict)
+    form: str = "repr"  # "repr" (ServerArgs(...), <=0.5.18) or "dict" (0.5.19+)
+
+
+@dataclass(frozen=True)
+class DistInit(RankEvent):
+    """``Init torch distributed ends. [elapsed=.. s, ]mem usage=X GB`` (0.4.4-0.5.20) or
+    ``Memory baseline taken. mem usage=X GB`` (0.5.21+): NCCL/custom all-reduce buffers."""
+
+    usage_gib: float | None = None
+    begin_avail_gib: float | None = None  # 0.1.x "Init torch begin. Avail mem=X GB"
+
+
+@dataclass(frozen=True)
+class WeightBegin(RankEvent):
+    avail_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class WeightEnd(RankEvent):
+    model_type: str | None = None
+    dtype: str | None = None
+    quant: str | None = None
+    avail_gib: float | None = None
+    usage_gib: float | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class KVAlloc(RankEvent):
+    """``KV Cache is allocated. [dtype: D, ][#tokens: N, ](K size: X GB, V size: Y GB|KV size: X GB)``."""
+
+    label: str = ""  # "", "Full", "SWA", ... (0.5.17+ cache names)
+    dtype: str | None = None
+    tokens: int | None = None
+    tokens_approx: bool = False  # "273K" in a hand-abridged paste
+    k_gib: float | None = None
+    v_gib: float | None = None
+    kv_gib: float | None = None  # MLA single buffer
+    upper_bound: bool = False  # "KV Cache VA upper bound" (virtual reservation, 0.5.17+)
+
+    @property
+    def total_gib(self) -> float | None:
+        if self.kv_gib is not None:
+            return self.kv_gib
+        if self.k_gib is not None or self.v_gib is not None:
+            return (self.k_gib or 0.0) + (self.v_gib or 0.0)
+        return None
+
+
+@dataclass(frozen=True)
+class OtherPool(RankEvent):
+    """Pools beside the main KV cache: Mamba state, the SWA pool summary, DeepSeek-V4 pools."""
+
+    kind: str = ""
+    gib: float | None = None  # memory it holds, when the line says (GiB)
+    counts_in_total: bool = True  # False for summaries that restate KV lines already counted
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolEnd(RankEvent):
+    avail_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class GraphBegin(RankEvent):
+    name: str = "target decode"
+    avail_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class GraphEnd(RankEvent):
+    name: str = "target decode"
+    usage_gib: float | None = None
+    avail_gib: float | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerSummary(Event):
+    max_total_num_tokens: int = 0
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    available_gpu_mem_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class HiCacheHost(RankEvent):
+    host_gb: float = 0.0  # decimal GB (10**9 bytes), as SGLang prints it here
+
+
+@dataclass(frozen=True)
+class KVDtype(RankEvent):
+    dtype: str = ""
+
+
+@dataclass(frozen=True)
+class CapWarning(RankEvent):
+    requested: int = 0
+    profiled: int = 0
+
+
+@dataclass(frozen=True)
+class SpecReset(Event):
+    max_running_requests: int = 48
+
+
+@dataclass(frozen=True)
+class MfsAdjust(RankEvent):
+    """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
+
+    mem_fraction_static: float = 0.0
+
+
+@dataclass(frozen=True)
+class SlidingWindowSplit(RankEvent):
+    full_tokens: int | None = None
+    swa_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Failure(RankEvent):
+    """A line that says the startup failed, or is about to.
+
+    kind: ``not_enough_memory`` | ``no_kv_memory`` | ``unbalanced`` | ``host_memory`` | ``oom`` |
+    ``traceback`` | ``exception`` | ``pool_too_small``.
+    """
+
+    kind: str = ""
+    message: str = ""
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# grammar
+
+NUM = r"(-?\d+(?:\.\d+)?)"
+
+_PREFIX = re.compile(
+    r"\[(?:(?P<date>\d{4}-\d{2}-\d{2})[ T])?(?P<time>\d{2}:\d{2}:\d{2}(?P<ms>[.,]\d+)?)?"
+    r"(?P<tags>(?:\s*[A-Z][A-Z_]*\d+)*)\s*\]\s*$"
+    r"|\[(?P<kv>rank|gpu_id)=(?P<n>\d+)\]\s*$"
+)
+
+_SERVER_ARGS = re.compile(r"server_args=(?:ServerArgs\((?P<repr>.*?)\)?\s*$|(?P<dict>\{.*)$)")
+_INIT_BEGIN = re.compile(r"Init (?:torch distributed|nccl) begin\.")
+_INIT_END = re.compile(
+    r"Init torch distributed ends\.(?: elapsed=" + NUM + r" s,)? mem usage=" + NUM + r" GB"
+)
+_INIT_OLD = re.compile(r"Init torch begin\. Avail mem=" + NUM + r" GB")
+_BASELINE = re.compile(r"Memory baseline taken\. mem usage=" + NUM + r" GB")
+_W_BEGIN = re.compile(r"Load weight begin\.?(?: avail mem=" + NUM + r" GB)?")
+_W_END = re.compile(r"Load weight end\b(?P<rest>.*)")
+_KV = re.compile(r"KV Cache (?P<state>is allocated|VA upper bound)\b(?P<rest>.*)")
+_SWA_SUMMARY = re.compile(
+    r"SWAKVPool mem usage: " + NUM + r" ?GB, swa size: (\d+), full size: (\d+)"
+)
+_MAMBA = re.compile(r"Mamba Cache is allocated\.(?P<rest>.*)")
+_SWA_SPLIT = re.compile(
+    r"[Uu]se [Ss]liding window memory pool(?: \(all SWA\))?\.\s*"
+    r"(?:full_layer_tokens=(\d+),\s*)?swa_layer_tokens=(\d+)"
+)
+_INIT_POOL = re.compile(r"Initialize (\w*TokenToKVPool) with (?P<rest>.*)")
+_POOL_END = re.compile(r"Memory pool end\. avail mem=" + NUM + r" GB")
+_GRAPH = re.compile(
+    r"Capture (?P<name>[\w ]*?)\s*(?:cuda|CUDA|cpu|CPU|npu|NPU) graph (?P<edge>begin|end)\b(?P<rest>.*)"
+)
+_SUMMARY = re.compile(r"max_total_num_tokens=(\d+)(?P<rest>.*)")
+_HICACHE = re.compile(r"Allocating " + NUM + r" GB host memory for hierarchical KV cache")
+_HICACHE_FAIL = re.compile(
+    r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
+)
+_MFS_ADJUST = re.compile(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
+_KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
+_CAP = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
+_SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+_NOT_ENOUGH = re.compile(
+    r"Not enough memory\. Please try to increase --mem-fraction-static\.?"
+    r"(?: Current value: (?P<self>self\.server_args\.)?mem_fraction_static=" + NUM + r")?"
+)
+_NO_KV = re.compile(
+    r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=" + NUM
+    + r"\.? Raise --mem-fraction-static above " + NUM
+    + r"(?: \(minimum viable = 1 - available/pre = " + NUM + r"\))?"
+)
+_UNBALANCED = re.compile(
+    r"memory capacity is unbalanced\. Some GPUs may be occupied by other processes\.?"
+    r"(?:\s*(?P<name>min_per_gpu_memory|pre_model_load_memory)=" + NUM + r", local_gpu_memory=" + NUM + ")?"
+)
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
+_POOL_SMALL = re.compile(r"Memory pool size is too small|max_running_request is zero")
+
+_FIELD_NUM_GB = {
+    "avail": re.compile(r"avail(?:_| )mem=" + NUM + r" ?GB", re.IGNORECASE),
+    "usage": re.compile(r"mem usage=" + NUM + r" ?GB"),
+}
+_TYPE = re.compile(r"\b[Tt]ype=([\w.]+?)(?:[,.]?\s|[,.]?$)")
+_DTYPE = re.compile(r"\bdtype[=:] ?([\w.]+?)(?:,|\s|$)")
+_QUANT = re.compile(r"\bquant=([^,]+(?:, (?:bits|quant_algo|fmt)=[^,]+)*)")
+_ELAPSED = re.compile(r"(?:\belapsed=|Time elapsed: )" + NUM + r" ?s")
+_TOKENS = re.compile(r"#tokens: (\d+(?:\.\d+)?)([KkMm]?)")
+_K_SIZE = re.compile(r"(?<![A-Za-z])K size: " + NUM + r" ?GB")
+_V_SIZE = re.compile(r"(?<![A-Za-z])V size: " + NUM + r" ?GB")
+_KV_SIZE = re.compile(r"KV size: " + NUM + r" ?GB")
+_DRAFT_TYPE = re.compile(r"Eagle|EAGLE|NextN|MTP|Draft|Medusa|Dflash|DFlash")
+
+
+def _f(m: re.Match[str] | None, group: int = 1) -> float | None:
+    if m is None or m.group(group) is None:
+        return None
+    return float(m.group(group))
+
+
+def _clue(lo: tuple[int, ...], hi: tuple[int, ...] | None, why: str) -> VersionRange:
+    return VersionRange(lo, hi, (why,))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# server_args
+
+
+def parse_server_args(body: str, form: str) -> dict[str, Any]:
+    """``ServerArgs(k=v, ...)`` repr or ``{'k': v, ...}`` dict text -> dict; values that are not Python
+    literals (enums, objects) stay as their text. A line cut short (journald's LineMax) keeps what it has."""
+    if form == "dict":
+        try:
+            value = ast.literal_eval(body)
+            if isinstance(value, dict):
+                return {str(k): v for k, v in value.items()}
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            pass
+        body = body.strip().lstrip("{").rstrip("}")
+    out: dict[str, Any] = {}
+    for item in _split_top_level(body):
+        key, sep, raw = item.partition(":" if form == "dict" else "=")
+        if not sep:
+            continue
+        key = key.strip().strip("'\"")
+        if not key.isidentifier():
+            continue
+        raw = raw.strip()
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            out[key] = raw
+    return out
+
+
+def _split_top_level(body: str) -> list[str]:
+    items, depth, quote, start, i = [], 0, "", 0, 0
+    n = len(body)
+    while i < n:
+        ch = body[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+        i += 1
+    items.append(body[start:])
+    return items
+
+
+# ----------------------------------------------------------------------------------------------------------
+# per-line parsing
+
+
+@dataclass
+class _Parsed:
+    event: Event | None
+    clues: list[VersionRange]
+
+
+def _prefix(text: str, start: int) -> tuple[Rank, list[VersionRange]]:
+    m = _PREFIX.search(text, 0, start) if start > 0 else None
+    if m is None:
+        return SINGLE_RANK, []
+    if m.group("kv"):
+        return Rank.from_tags(f"{m.group('kv')}={m.group('n')}"), (
+            [_clue(OLDEST, (0, 2, 99), "[rank=N] prefix")] if m.group("kv") == "rank" else []
+        )
+    clues = []
+    if m.group("time") and not m.group("date"):
+        clues.append(_clue((0, 3, 0), (0, 3, 2), "time-only log prefix"))
+    if m.group("ms"):
+        clues.append(_clue((0, 5, 6), None, "milliseconds in the log prefix"))
+    tags = (m.group("tags") or "").strip()
+    return (Rank.from_tags(tags) if tags else SINGLE_RANK), clues
+
+
+def parse_line(line: Line) -> _Parsed:
+    """One cleaned line -> at most one event (the first rule that matches wins) and its era clues."""
+    text = line.text
+    n = line.number
+
+    m = _SERVER_ARGS.search(text)
+    if m:
+        if m.group("dict") is not None:
+            return _Parsed(
+                ServerArgs(n, text, parse_server_args(m.group("dict"), "dict"), "dict"),
+                [_clue((0, 5, 19), None, "server_args printed as a dict")],
+            )
+        return _Parsed(
+            ServerArgs(n, text, parse_server_args(m.group("repr"), "repr"), "repr"),
+            [_clue(OLDEST, (0, 5, 18), "server_args printed as ServerArgs(...)")],
+        )
+
+    def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
+        return _prefix(text, match.start())
+
+    # failures first: their text can contain other anchors
+    for rx, kind in ((_NO_KV, "no_kv_memory"), (_NOT_ENOUGH, "not_enough_memory")):
+        m = rx.search(text)
+        if m:
+            rank, clues = at(m)
+            nums: dict[str, float] = {}
+            if kind == "no_kv_memory":
+                clues.append(_clue((0, 5, 14), None, "'Loaded weights leave no GPU memory' error"))
+                nums = {"mem_fraction_static": float(m.group(1)), "suggested": float(m.group(2))}
+                if m.group(3):
+                    nums["minimum_viable"] = float(m.group(3))
+            else:
+                if m.group(2) is not None:
+                    nums["mem_fraction_static"] = float(m.group(2))
+                    clues.append(
+                        _clue((0, 5, 3), (0, 5, 9), "'Not enough memory ... self.server_args.' error")
+                        if m.group("self")
+                        else _clue((0, 5, 10), None, "'Not enough memory ... Current value:' error")
+                    )
+                else:
+                    clues.append(_clue(OLDEST, (0, 5, 2), "'Not enough memory.' without a value"))
+            return _Parsed(Failure(n, text, rank, "target", kind, m.group(0), nums), clues)
+    m = _HICACHE_FAIL.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(
+            Failure(n, text, rank, "target", "host_memory", m.group(0),
+                    {"requested_gb": float(m.group(1)), "available_gb": float(m.group(2))}),
+            clues,
+        )
+    m = _UNBALANCED.search(text)
+    if m:
+        rank, clues = at(m)
+        nums = {}
+        if m.group("name"):
+            nums = {"min_gib": float(m.group(3)), "local_gib": float(m.group(4))}
+            clues.append(
+                _clue((0, 5, 10), None, "pre_model_load_memory= in the imbalance error")
+                if m.group("name") == "pre_model_load_memory"
+                else _clue((0, 4, 4), (0, 5, 9), "min_per_gpu_memory= in the imbalance error")
+            )
+        return _Parsed(Failure(n, text, rank, "target", "unbalanced", m.group(0), nums), clues)
+
+    m = _W_END.search(text)
+    if m:
+        rank, clues = at(m)
+        rest = m.group("rest")
+        avail = _f(_FIELD_NUM_GB["avail"].search(rest))
+        usage = _f(_FIELD_NUM_GB["usage"].search(rest))
+        mtype = _TYPE.search(rest)
+        dtype = _DTYPE.search(rest)
+        quant = _QUANT.search(rest)
+        elapsed = _f(_ELAPSED.search(rest))
+        if avail is None and usage is None and mtype is None:
+            return _Parsed(None, clues)  # the 0.5.18+ overlap note, or a fragment
+        elided = "..." in rest
+        if not elided:
+            if "Type=" in rest:
+                clues.append(_clue(OLDEST, (0, 2, 99), "'Load weight end. Type=' (0.1.x)"))
+            elif usage is None:
+                clues.append(_clue(OLDEST, (0, 4, 3), "'Load weight end' without mem usage"))
+            elif quant is not None or (elapsed is not None and dtype is None):
+                clues.append(_clue((0, 5, 10), None, "'Load weight end' with quant= or without dtype="))
+            elif elapsed is not None:
+                clues.append(_clue((0, 5, 9), (0, 5, 9), "'Load weight end. elapsed=... dtype='"))
+            else:
+                clues.append(_clue((0, 4, 4), (0, 5, 8), "'Load weight end' with dtype= and mem usage"))
+        return _Parsed(
+            WeightEnd(n, text, rank, "target", mtype.group(1) if mtype else None,
+                      dtype.group(1) if dtype else None, quant.group(1).strip() if quant else None,
+                      avail, usage, elapsed),
+            clues,
+        )
+    m = _W_BEGIN.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(WeightBegin(n, text, rank, "target", _f(m)), clues)
+
+    m = _KV.search(text)
+    if m:
+        rank, clues = _prefix(text, _label_start(text, m.start()))
+        label = text[_label_start(text, m.start()) : m.start()].strip()
+        rest = m.group("rest")
+        tok = _TOKENS.search(rest)
+        tokens, approx = None, False
+        if tok:
+            mult = {"k": 1_000, "m": 1_000_000}.get(tok.group(2).lower(), 1)
+            tokens = int(float(tok.group(1)) * mult)
+            approx = mult != 1
+        dtype = _DTYPE.search(rest)
+        k, v, kv = _f(_K_SIZE.search(rest)), _f(_V_SIZE.search(rest)), _f(_KV_SIZE.search(rest))
+        upper = m.group("state") == "VA upper bound"
+        if "..." not in rest:
+            if upper or label:
+                clues.append(_clue((0, 5, 17), None, "named KV cache or 'VA upper bound'"))
+            elif tokens is None:
+                clues.append(_clue((0, 4, 2), (0, 4, 3), "'KV Cache is allocated' without #tokens"))
+            elif dtype is not None:
+                clues.append(_clue((0, 5, 13), None, "'KV Cache is allocated. dtype:'"))
+            elif kv is not None:
+                clues.append(_clue((0, 4, 6), (0, 5, 12), "MLA 'KV size' line without dtype"))
+            else:
+                clues.append(_clue((0, 4, 4), (0, 5, 12), "'KV Cache is allocated. #tokens:' without dtype"))
+        return _Parsed(
+            KVAlloc(n, text, rank, "target", label, dtype.group(1) if dtype else None, tokens, approx,
+                    k, v, kv, upper),
+            clues,
+        )
+    m = _POOL_END.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(PoolEnd(n, text, rank, "target", _f(m)), clues)
+
+    m = _GRAPH.search(text)
+    if m:
+        rank, clues = at(m)
+        raw_name = " ".join(m.group("name").split())
+        rest = m.group("rest")
+        name = _graph_name(raw_name)
+        role = "draft" if name.startswith("draft") else "target"
+        avail = _f(_FIELD_NUM_GB["avail"].search(rest))
+        if raw_name.startswith(("target", "draft decode")) or "elapsed=" in rest:
+            clues.append(_clue((0, 5, 14), None, "'Capture target|draft ... CUDA graph' lines"))
+        elif raw_name == "piecewise":
+            clues.append(_clue((0, 5, 6), (0, 5, 13), "'Capture piecewise CUDA graph'"))
+        if m.group("edge") == "begin":
+            if avail is None and not raw_name:
+                clues.append(_clue(OLDEST, (0, 4, 3), "'Capture cuda graph begin' without avail mem"))
+            return _Parsed(GraphBegin(n, text, rank, role, name, avail), clues)
+        usage = _f(_FIELD_NUM_GB["usage"].search(rest))
+        elapsed = _f(_ELAPSED.search(rest))
+        if not raw_name and "Time elapsed" in rest:
+            if usage is None and avail is None:
+                clues.append(_clue((0, 4, 0), (0, 4, 3), "'Capture cuda graph end. Time elapsed' alone"))
+            elif avail is not None and usage is not None and rest.find("avail mem") < rest.find("mem usage"):
+                clues.append(_clue((0, 4, 4), (0, 4, 6), "graph end with avail mem before mem usage"))
+            elif usage is not None:
+                clues.append(_clue((0, 4, 7), (0, 5, 13), "graph end with mem usage before avail mem"))
+        return _Parsed(GraphEnd(n, text, rank, role, name, usage, avail, elapsed), clues)
+
+    m = _SUMMARY.search(text)
+    if m:
+        rank, clues = at(m)
+        kv = dict(re.findall(r"(\w+)=(-?[\d.]+)", m.group("rest")))
+        avail = kv.get("available_gpu_mem") or kv.get("available_cpu_mem")
+        if avail is not None:
+            clues.append(_clue((0, 4, 7), None, "scheduler summary with available_gpu_mem"))
+        elif "chunked_prefill_size" in kv:
+            clues.append(_clue((0, 4, 2), (0, 4, 6), "scheduler summary without available_gpu_mem"))
+        else:
+            clues.append(_clue(OLDEST, (0, 4, 1), "scheduler summary without chunked_prefill_size"))
+        return _Parsed(
+            SchedulerSummary(
+                n, text, int(m.group(1)), _int(kv.get("chunked_prefill_size")), _int(kv.get("max_prefill_tokens")),
+                _int(kv.get("max_running_requests")), _int(kv.get("context_len")),
+                float(avail) if avail is not None else None,
+            ),
+            clues,
+        )
+
+    m = _INIT_END.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(
+            _clue((0, 5, 9), (0, 5, 20), "'Init torch distributed ends. elapsed='")
+            if m.group(1)
+            else _clue((0, 4, 4), (0, 5, 8), "'Init torch distributed ends. mem usage='")
+        )
+        return _Parsed(DistInit(n, text, rank, "target", float(m.group(2))), clues)
+    m = _BASELINE.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 5, 21), None, "'Memory baseline taken'"))
+        return _Parsed(DistInit(n, text, rank, "target", float(m.group(1))), clues)
+    m = _INIT_OLD.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(DistInit(n, text, rank, "target", None, float(m.group(1))), clues)
+    m = _INIT_BEGIN.search(text)
+    if m:
+        rank, clues = at(m)
+        if "nccl" in m.group(0):
+            clues.append(_clue((0, 3, 0), (0, 3, 2), "'Init nccl begin'"))
+        else:
+            clues.append(_clue((0, 3, 4), (0, 5, 20), "'Init torch distributed begin'"))
+        return _Parsed(None, clues)
+
+    m = _SWA_SUMMARY.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 4, 9), None, "SWAKVPool summary"))
+        return _Parsed(
+            OtherPool(n, text, rank, "target", "swa_summary", float(m.group(1)), False,
+                      {"swa_size": int(m.group(2)), "full_size": int(m.group(3))}),
+            clues,
+        )
+    m = _MAMBA.search(text)
+    if m:
+        rank, clues = at(m)
+        rest = m.group("rest")
+        parts = {k: float(v) for k, v in re.findall(r"(\w+) size: " + NUM + r" ?GB", rest)}
+        size = re.search(r"max_mamba_cache_size: (\d+)", rest)
+        clues.append(
+            _clue((0, 5, 4), None, "Mamba line with max_mamba_cache_size")
+            if size
+            else _clue((0, 5, 2), (0, 5, 3), "Mamba line without max_mamba_cache_size")
+        )
+        detail: dict[str, Any] = dict(parts)
+        if size:
+            detail["max_mamba_cache_size"] = int(size.group(1))
+        return _Parsed(
+            OtherPool(n, text, rank, "target", "mamba", sum(parts.values()) if parts else None, True, detail),
+            clues,
+        )
+    m = _SWA_SPLIT.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(
+            _clue((0, 5, 7), None, "lower-case 'sliding window memory pool'")
+            if "sliding" in m.group(0)
+            else _clue((0, 4, 9), (0, 5, 6), "'Use Sliding window memory pool'")
+        )
+        return _Parsed(SlidingWindowSplit(n, text, rank, "target", _int(m.group(1)), _int(m.group(2))), clues)
+    m = _INIT_POOL.search(text)
+    if m:
+        rank, clues = at(m)
+        detail = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group("rest"))}
+        return _Parsed(OtherPool(n, text, rank, "target", m.group(1), None, False, detail), clues)
+
+    m = _HICACHE.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1))), clues)
+    m = _MFS_ADJUST.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 4, 2), (0, 4, 8), "multimodal mem-fraction reduction line"))
+        return _Parsed(MfsAdjust(n, text, rank, "target", float(m.group(1))), clues)
+    m = _KV_DTYPE.search(text)
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 5, 3), (0, 5, 12), "'Using KV cache dtype'"))
+        return _Parsed(KVDtype(n, text, rank, "target", m.group(1)), clues)
+    m = _CAP.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(CapWarning(n, text, rank, "target", int(m.group(1)), int(m.group(2))), clues)
+    m = _SPEC_RESET.search(text)
+    if m:
+        return _Parsed(SpecReset(n, text, int(m.group(1))), [_clue((0, 5, 4), None, "spec max-requests reset")])
+
+    m = _POOL_SMALL.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "pool_too_small", m.group(0)), clues)
+    m = _OOM.search(text)
+    if m and "Not enough" not in text:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "oom", text.strip()[-300:]), clues)
+    m = _TRACEBACK.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "traceback", m.group(0)), clues)
+    m = _EXCEPTION.search(_after_prefix(text))
+    if m:
+        return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception",
+                               f"{m.group('exc')}: {m.group('msg')}"[:300]), [])
+    return _Parsed(None, [])
+
+
+def _after_prefix(text: str) -> str:
+    close = text.find("] ")
+    if text.startswith("[") and close > 0:
+        return text[close + 2 :]
+    return text
+
+
+def _label_start(text: str, kv_start: int) -> int:
+    """Where a cache name like 'Full' / 'SWA' before 'KV Cache' begins (just after the log prefix)."""
+    close = text.rfind("]", 0, kv_start)
+    return close + 1 if close >= 0 else kv_start
+
+
+def _graph_name(raw: str) -> str:
+    """Normalise graph-capture names across eras: plain 'cuda graph' (<=0.5.13) is the target's decode graph,
+    'piecewise' (0.5.6-0.5.13) its prefill graph, 'draft' the draft's decode graph."""
+    raw = raw.lower()
+    if not raw:
+        return "target decode"
+    if raw == "piecewise":
+        return "target prefill"
+    if raw == "draft":
+        return "draft decode"
+    return raw
+
+
+def _int(s: str | None) -> int | None:
+    if s is None:
+        return None
+    try:
+        return int(float(s))
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# startup segmentation and draft attribution
+
+
+@dataclass
+class _RankState:
+    target_weights: bool = False
+    draft_weights: bool = False
+    target_kv: bool = False
+    target_kv_closed: bool = False
+    last_kv_role: str = "target"
+    dist_inits: int = 0
+
+
+@dataclass
+class _Builder:
+    index: int
+    first_line: int
+    last_line: int = 0
+    server_args: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+    clues: list[VersionRange] = field(default_factory=list)
+    ranks: dict[Rank, _RankState] = field(default_factory=dict)
+    summary_seen: bool = False
+    failed: bool = False
+
+    def state(self, rank: Rank) -> _RankState:
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = _RankState()
+        return st
+
+    @property
+    def empty(self) -> bool:
+        return not self.events
+
+    def spec_enabled(self) -> bool | None:
+        if self.server_args is None:
+            return None
+        algo = self.server_args.get("speculative_algorithm")
+        return algo not in (None, "None", "", "NONE")
+
+    def build(self) -> Startup:
+        from kvaudit.versions import narrow
+
+        era = narrow(self.clues, VersionRange(OLDEST, None))
+        return Startup(ENGINE, self.index, self.first_line, self.last_line, self.server_args,
+                       tuple(self.events), era)
+
+
+def _starts_new(b: _Builder, ev: Event) -> bool:
+    """Does this event begin a new server start rather than continue the current one?"""
+    if b.empty:
+        return False
+    if isinstance(ev, ServerArgs):
+        return True
+    if not isinstance(ev, (WeightBegin, WeightEnd, DistInit)):
+        return False
+    st = b.ranks.get(ev.rank)
+    if b.summary_seen:
+        return True
+    if st is None:
+        return False
+    if isinstance(ev, DistInit):
+        # the draft worker re-initialises distributed (<=0.5.13) after the target's weights
+        return st.draft_weights or (st.dist_inits >= 1 and not st.target_weights)
+    if isinstance(ev, WeightBegin):
+        return st.draft_weights
+    # WeightEnd
+    if not st.target_weights:
+        return False
+    if st.draft_weights:
+        return True
+    draftish = ev.model_type is not None and _DRAFT_TYPE.search(ev.model_type) is not None
+    if draftish:
+        return False
+    spec = b.spec_enabled()
+    if spec is False:
+        return True
+    return b.failed
+
+
+def _attribute(b: _Builder, ev: Event) -> Event:
+    """Set ``role`` on a rank event from the per-rank order of events; update the rank's state."""
+    if not isinstance(ev, RankEvent):
+        return ev
+    st = b.state(ev.rank)
+    role = ev.role
+    if isinstance(ev, DistInit):
+        role = "draft" if st.target_weights else "target"
+        st.dist_inits += 1
+    elif isinstance(ev, WeightBegin):
+        role = "draft" if st.target_weights else "target"
+    elif isinstance(ev, WeightEnd):
+        if st.target_weights:
+            role = "draft"
+            st.draft_weights = True
+            if st.target_kv:
+                st.target_kv_closed = True
+        else:
+            role = "target"
+            st.target_weights = True
+    elif isinstance(ev, KVAlloc):
+        role = "draft" if (st.draft_weights and st.target_kv_closed) else "target"
+        if role == "target":
+            st.target_kv = True
+        st.last_kv_role = role
+    elif isinstance(ev, PoolEnd):
+        role = st.last_kv_role
+        if role == "target" and st.target_kv:
+            st.target_kv_closed = True
+    elif isinstance(ev, (OtherPool, SlidingWindowSplit)):
+        role = st.last_kv_role if st.draft_weights and st.target_kv_closed else "target"
+    if role != ev.role:
+        ev = _replace_role(ev, role)
+    return ev
+
+
+def _replace_role(ev: RankEvent, role: str) -> RankEvent:
+    from dataclasses import replace
+
+    return replace(ev, role=role)
+
+
+class SGLangParser:
+    name = ENGINE
+    anchors = ANCHORS
+
+    def parse(self, lines: Iterable[Line]) -> list[Startup]:
+        startups: list[Startup] = []
+        b: _Builder | None = None
+        for line in lines:
+            parsed = parse_line(line)
+            ev = parsed.event
+            if ev is None and not parsed.clues:
+                continue
+            if b is None:
+                b = _Builder(1, line.number)
+            if ev is not None and _starts_new(b, ev):
+                startups.append(b.build())
+                b = _Builder(b.index + 1, line.number)
+            b.last_line = line.number
+            b.clues.extend(parsed.clues)
+            if ev is None:
+                continue
+            ev = _attribute(b, ev)
+            b.events.append(ev)
+            if isinstance(ev, ServerArgs):
+                b.server_args = ev.args
+            elif isinstance(ev, SchedulerSummary):
+                b.summary_seen = True
+            elif isinstance(ev, Failure) and ev.kind != "unbalanced":
+                b.failed = True
+        if b is not None and not b.empty:
+            startups.append(b.build())
+        return startups

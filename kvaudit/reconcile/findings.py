@@ -1,0 +1,194 @@
+"""Finding constructors: one stable code each, a severity, a message that carries the numbers, and the
+numbers again as fields. The list of codes is documented in docs/findings.md (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Severity, TokenInterval, Verdict
+from kvaudit.units import GB_DECIMAL, GIB
+
+INFO, WARNING, ERROR = Severity.INFO, Severity.WARNING, Severity.ERROR
+
+#: every code this module can emit, with its severity (the docs table is checked against this)
+CODES: dict[str, Severity] = {
+    "TOKENS_MATCH": INFO,
+    "TOKENS_MISMATCH": WARNING,
+    "TOKENS_EXPLAINED": INFO,
+    "TOKENS_CAPPED": INFO,
+    "RESERVE_EXPLAINS_FREE": INFO,
+    "UNUSED_MEMORY": WARNING,
+    "LOW_HEADROOM": WARNING,
+    "RANK_IMBALANCE": WARNING,
+    "UNEXPLAINED_MEMORY": WARNING,
+    "GEOMETRY_MISMATCH": WARNING,
+    "MFS_INFERRED": INFO,
+    "HICACHE_HOST_MEMORY": INFO,
+    "INCOMPLETE_LOG": INFO,
+    "NOT_ENOUGH_MEMORY": ERROR,
+    "STARTUP_FAILED": ERROR,
+}
+
+
+def _f(code: str, message: str, fields: dict[str, Any], ranks: tuple[str, ...] = (),
+       severity: Severity | None = None) -> Finding:
+    return Finding(code, severity or CODES[code], message, fields, ranks)
+
+
+def tokens_match(f: Formula) -> Finding:
+    assert f.predicted_tokens is not None and f.logged_tokens is not None
+    p = f.predicted_tokens
+    return _f(
+        "TOKENS_MATCH",
+        f"KV pool of {f.logged_tokens:,} tokens is what SGLang's formula gives: "
+        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}) GiB / "
+        f"{f.bytes_per_token:,} B per token -> {p.low:,}..{p.high:,}",
+        {"logged_tokens": f.logged_tokens, "predicted_low": p.low, "predicted_high": p.high, "rule": f.rule},
+    )
+
+
+def tokens_mismatch(f: Formula, verdict: Verdict) -> Finding:
+    code = "TOKENS_EXPLAINED" if verdict == Verdict.EXPLAINED else "TOKENS_MISMATCH"
+    p = f.predicted_tokens
+    return _f(code, f.verdict_reason, {
+        "logged_tokens": f.logged_tokens,
+        "predicted_low": p.low if p else None,
+        "predicted_high": p.high if p else None,
+        "effective_mem_fraction_static": f.effective_mem_fraction_static,
+        "mem_fraction_static": f.mem_fraction_static,
+    })
+
+
+def tokens_capped(cap: int, predicted: TokenInterval | None) -> Finding:
+    extra = ""
+    if predicted is not None and predicted.high > cap:
+        extra = f"; the formula alone would allow up to {predicted.high:,}"
+    return _f("TOKENS_CAPPED", f"KV pool capped at {cap:,} tokens by --max-total-tokens{extra}",
+              {"max_total_tokens": cap, "predicted_high": predicted.high if predicted else None})
+
+
+def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float, rnd: float,
+                          ranks: list[str], total_ranks: int) -> Finding:
+    after = [it for it in l.items if it.in_reserve and it.key not in ("request_table", "allocator_rounding")
+             and it.gib is not None]
+    spent = ", ".join(f"{it.label} {it.gib:.2f}" for it in after)
+    where = "every GPU" if len(ranks) == total_ranks and total_ranks > 1 else (
+        "the GPU" if total_ranks == 1 else f"{len(ranks)} of {total_ranks} GPUs")
+    end = ""
+    if l.free_at_end_gib is not None and l.free_at_end_source and not l.free_at_end_source.startswith("last reading (Memory pool end"):
+        end = f"; {l.free_at_end_gib:.2f} GiB was still free for activations at the end of startup"
+    msg = (
+        f"The {l.free_after_pool_gib:.2f} GiB free after the KV pool on {where} is the static reserve "
+        f"(1 - {f.mem_fraction_static:g}) x T {f.pre_load_free_gib:.2f} = {reserve:.2f} GiB, less the request "
+        f"table ({req:.2f}) and allocator rounding ({rnd:.2f}). SGLang holds it back by design"
+        + (f" for: {spent}" if spent else " for CUDA graphs and activations")
+        + end + ". It is not wasted."
+    )
+    return _f("RESERVE_EXPLAINS_FREE", msg, {
+        "free_after_pool_gib": l.free_after_pool_gib, "reserve_gib": round(reserve, 4),
+        "request_table_gib": req, "allocator_rounding_gib": rnd,
+        "free_at_end_gib": l.free_at_end_gib, "rank": l.label,
+    }, tuple(ranks))
+
+
+def unused_memory(l: RankLedger, t: float, f: Formula, extra_tokens: int | None) -> Finding:
+    assert l.free_at_end_gib is not None
+    more = f" (room for about {extra_tokens:,} more tokens)" if extra_tokens else ""
+    pool = f"a pool of {f.logged_tokens:,} tokens" if f.logged_tokens else "the KV pool"
+    suggest = ""
+    if f.mem_fraction_static is not None and t:
+        keep = 2.0  # GiB left for activation peaks after raising the fraction
+        target = min(0.98, f.mem_fraction_static + max(0.0, l.free_at_end_gib - keep) / t)
+        suggest = f"; --mem-fraction-static {target:.2f} would use it and keep ~{keep:.0f} GiB free"
+    return _f("UNUSED_MEMORY",
+              f"{l.free_at_end_gib:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle at the end of startup beside "
+              f"{pool}{more}{suggest}",
+              {"free_at_end_gib": l.free_at_end_gib, "pre_load_free_gib": t, "extra_tokens": extra_tokens},
+              (l.label,))
+
+
+def low_headroom(l: RankLedger, threshold: float) -> Finding:
+    return _f("LOW_HEADROOM",
+              f"only {l.free_at_end_gib:.2f} GiB was free on {l.label} at the end of startup (below {threshold:g} GiB):"
+              " activation peaks (long prefills) may run out of memory; lower --mem-fraction-static",
+              {"free_at_end_gib": l.free_at_end_gib, "threshold_gib": threshold}, (l.label,))
+
+
+def rank_imbalance(what: str, lo: tuple[str, float], hi: tuple[str, float], spread: float,
+                   bytes_per_token: int | None) -> Finding:
+    cost = ""
+    if bytes_per_token:
+        cost = f"; every rank is sized by the smallest, which costs about {int(spread * GIB / bytes_per_token):,} tokens"
+    return _f("RANK_IMBALANCE",
+              f"{what} differs across ranks by {spread:.2f} GiB ({lo[0]} {lo[1]:.2f} vs {hi[0]} {hi[1]:.2f}): "
+              f"another process on {lo[0]}'s GPU?{cost}",
+              {"min_rank": lo[0], "min_gib": lo[1], "max_rank": hi[0], "max_gib": hi[1], "spread_gib": round(spread, 3)},
+              (lo[0], hi[0]))
+
+
+def engine_unbalanced(line: int, numbers: dict[str, float]) -> Finding:
+    detail = ""
+    if numbers:
+        detail = f" (min {numbers.get('min_gib')} GiB vs this rank {numbers.get('local_gib')} GiB)"
+    return _f("RANK_IMBALANCE",
+              f"SGLang refused to start: memory capacity is unbalanced across GPUs{detail}, line {line}; "
+              "another process holds memory on some GPU",
+              {"line": line, **numbers}, severity=ERROR)
+
+
+def unexplained(l: RankLedger) -> Finding:
+    return _f("UNEXPLAINED_MEMORY",
+              f"{l.unexplained_gib:+.2f} GiB on {l.label} is not accounted for by any logged or modelled item "
+              f"(tolerance +-{l.unexplained_tolerance_gib:.2f})",
+              {"unexplained_gib": l.unexplained_gib, "tolerance_gib": l.unexplained_tolerance_gib}, (l.label,))
+
+
+def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
+    ratio = implied / config_cell if config_cell else 0
+    hint = ""
+    if 0.45 < ratio < 0.55:
+        hint = " (half: an fp8 KV cache, or twice the TP split?)"
+    elif 1.9 < ratio < 2.1:
+        hint = " (double: a 16-bit cache where fp8 was expected, or fewer TP ranks?)"
+    return _f("GEOMETRY_MISMATCH",
+              f"the model config ({source}) gives {config_cell:,} B/token but the KV line implies "
+              f"{implied:,.0f}{hint}; using the KV line's figure",
+              {"config_bytes_per_token": config_cell, "kv_line_bytes_per_token": round(implied, 1)})
+
+
+def mfs_inferred(mfs: float) -> Finding:
+    return _f("MFS_INFERRED",
+              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} (weights + KV = mfs x T)",
+              {"mem_fraction_static": mfs})
+
+
+def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None) -> Finding:
+    extra = ""
+    fields: dict[str, Any] = {"host_gb": gb, "host_gib": round(gb * GB_DECIMAL / GIB, 2)}
+    if tokens and pool_cell:
+        size = int(tokens * (ratio or 2.0)) + 1
+        expected = size * pool_cell / GB_DECIMAL
+        fields["expected_host_gb"] = round(expected, 2)
+        extra = f"; {tokens:,} tokens x ratio {ratio or 2.0:g} x {pool_cell:,} B = {expected:.2f} GB"
+    return _f("HICACHE_HOST_MEMORY",
+              f"hierarchical cache holds {gb:.2f} GB (decimal, = {gb * GB_DECIMAL / GIB:.2f} GiB) of host RAM per "
+              f"rank, outside the GPU ledger{extra}", fields)
+
+
+def incomplete_log(last_line: int) -> Finding:
+    return _f("INCOMPLETE_LOG",
+              f"no scheduler summary (max_total_num_tokens=...) before line {last_line}: the log was cut, or the "
+              "server had not finished starting", {"last_line": last_line})
+
+
+def not_enough_memory(message: str, line: int, numbers: dict[str, Any]) -> Finding:
+    hint = ""
+    if "suggested" in numbers:
+        hint = f"; SGLang suggests --mem-fraction-static above {numbers['suggested']:.3f}"
+    return _f("NOT_ENOUGH_MEMORY", f"line {line}: {message}{hint}", {"line": line, **numbers})
+
+
+def startup_failed(line: int, detail: str) -> Finding:
+    return _f("STARTUP_FAILED", f"the server did not finish starting: {detail} (line {line})",
+              {"line": line, "detail": detail})

@@ -1,0 +1,199 @@
+"""What the reconciler produces: the formula rerun, a per-GPU ledger and findings. Pure data, no I/O.
+
+Every GiB field is a float in GiB (2**30 bytes) or ``None`` when the inputs do not determine it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return {"info": 0, "warning": 1, "error": 2}[self.value]
+
+
+class Verdict(str, Enum):
+    MATCH = "match"  # the logged token count lies in the interval the formula predicts
+    EXPLAINED = "explained"  # it does not, but a known, named rule accounts for the difference
+    MISMATCH = "mismatch"  # it does not, and no known rule accounts for it
+    UNKNOWN = "unknown"  # the log lacks what the check needs
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a number becomes a finding. All GiB unless named otherwise; see docs/findings.md."""
+
+    rank_imbalance_gib: float = 0.5  # spread of pre-load free memory across ranks
+    rank_imbalance_fraction: float = 0.01  # ... and at least this fraction of T
+    unexplained_gib: float = 0.25  # |unexplained| per GPU
+    unused_min_gib: float = 4.0  # free at end of startup at least this ...
+    unused_fraction: float = 0.2  # ... and at least this fraction of T
+    low_headroom_gib: float = 1.0  # free at end of startup below this
+    reserve_tolerance_gib: float = 0.03  # free-after-pool vs reserve - request table - rounding
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def with_overrides(self, pairs: dict[str, float]) -> "Thresholds":
+        unknown = set(pairs) - set(self.names())
+        if unknown:
+            raise ValueError(f"unknown threshold(s): {', '.join(sorted(unknown))}; known: {', '.join(self.names())}")
+        return replace(self, **pairs)
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    ranks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenInterval:
+    low: int
+    high: int
+
+    def contains(self, n: int) -> bool:
+        return self.low <= n <= self.high
+
+
+@dataclass(frozen=True)
+class Formula:
+    """The engine's KV sizing formula, rerun on this startup's numbers."""
+
+    mem_fraction_static: float | None
+    mem_fraction_static_source: str | None  # server_args | cli | inferred | log
+    pre_load_free_gib: float | None  # T: free memory before the weights loaded, min over ranks
+    pre_load_free_source: str | None
+    post_load_free_gib: float | None  # free after the weights, min over ranks
+    reserve_gib: float | None  # (1 - mfs) * T
+    rest_gib: float | None  # post - reserve: the KV budget
+    bytes_per_token: int | None  # per rank, as the formula divides by it
+    bytes_per_token_source: str | None  # config | kv_line
+    predicted_tokens: TokenInterval | None
+    logged_tokens: int | None
+    verdict: Verdict
+    verdict_reason: str
+    rule: str | None = None  # which era's post-processing produced the prediction
+    effective_mem_fraction_static: float | None = None  # solved from the logged tokens on a mismatch
+    page_size: int | None = None
+    max_total_tokens_cap: int | None = None
+    speculative_headroom_tokens: int | None = None
+    kv_bytes_per_token_logged: float | None = None  # from the KV line: size / (tokens + padding)
+
+
+@dataclass(frozen=True)
+class LedgerItem:
+    key: str  # stable identifier: weights, kv_cache, request_table, ...
+    label: str
+    gib: float | None
+    source: str  # "log" (a logged value), "model" (computed from the formula), "derived" (difference)
+    in_reserve: bool = False  # comes out of the static reserve rather than the mfs budget
+
+
+@dataclass(frozen=True)
+class RankLedger:
+    """One GPU: where the memory free before the weights (T on this rank) went, item by item."""
+
+    rank: int
+    label: str
+    pre_load_free_gib: float | None
+    weights_gib: float | None
+    kv_gib: float | None
+    free_after_weights_gib: float | None
+    free_after_pool_gib: float | None
+    free_at_end_gib: float | None
+    free_at_end_source: str | None
+    items: tuple[LedgerItem, ...]
+    unexplained_gib: float | None
+    unexplained_tolerance_gib: float | None
+
+    def item(self, key: str) -> LedgerItem | None:
+        for it in self.items:
+            if it.key == key:
+                return it
+        return None
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    architecture: str | None
+    attention: str  # mha | mla | unknown
+    layers: int | None
+    kv_heads: int | None
+    kv_heads_per_rank: int | None
+    head_dim: int | None
+    kv_dtype: str | None
+    kv_dtype_bytes: float | None
+    attention_tp_size: int | None
+    source: str | None
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The whole answer for one startup."""
+
+    engine: str
+    source: str
+    startup_index: int
+    startups_total: int
+    first_line: int
+    last_line: int
+    engine_version: str  # inferred range, e.g. "0.5.9" or "0.4.4..0.5.8"
+    version_evidence: tuple[str, ...]
+    model: ModelSummary
+    formula: Formula
+    ranks: tuple[RankLedger, ...]
+    findings: tuple[Finding, ...]
+    speculative: str | None
+    hicache_host_gb: float | None  # decimal GB, host RAM per rank
+    notes: tuple[str, ...] = ()
+
+    @property
+    def worst(self) -> Severity | None:
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """What the user (or a live reading) adds to the log. Every field is optional."""
+
+    source: str = "-"
+    model_geometry: Any = None  # kvaudit.model_config.ModelGeometry
+    mem_fraction_static: float | None = None
+    tp_size: int | None = None
+    kv_cache_dtype: str | None = None
+    context_length: int | None = None
+    gpu_capacity_gib: float | None = None  # the card's CUDA-visible total, when known (NVML)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The same formula rerun with changed inputs, and what it would do to the reserve."""
+
+    changes: dict[str, Any]
+    tokens_before: int | None
+    tokens_after: TokenInterval | None
+    kv_gib_before: float | None
+    kv_gib_after: float | None
+    reserve_gib_before: float | None
+    reserve_gib_after: float | None
+    reserve_needs_gib: float | None  # what this startup took out of the reserve (graphs, draft, tables)
+    headroom_gib_before: float | None  # free at the end of startup, as logged
+    headroom_gib_after: float | None  # what would be left for activations
+    risk: str  # ok | low | oom | unknown
+    explanation: tuple[str, ...]

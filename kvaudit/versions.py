@@ -1,0 +1,77 @@
+"""Engine version ranges, as inferred from the shapes of log lines.
+
+A startup log rarely names the engine's version, but almost every release changed the text of at least one
+memory line. Each shape narrows the range; the intersection is the era the log comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Version = tuple[int, ...]
+
+
+def parse_version(text: str) -> Version:
+    parts = []
+    for piece in text.strip().lstrip("v").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    if not parts:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(parts)
+
+
+def format_version(v: Version) -> str:
+    return ".".join(str(p) for p in v)
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """Inclusive [lo, hi]; ``hi=None`` means 'this release or any later one'."""
+
+    lo: Version
+    hi: Version | None
+    evidence: tuple[str, ...] = ()
+
+    def intersect(self, other: "VersionRange") -> "VersionRange | None":
+        lo = max(self.lo, other.lo)
+        if self.hi is None:
+            hi = other.hi
+        elif other.hi is None:
+            hi = self.hi
+        else:
+            hi = min(self.hi, other.hi)
+        if hi is not None and lo > hi:
+            return None
+        return VersionRange(lo, hi, self.evidence + other.evidence)
+
+    def overlaps(self, lo: Version, hi: Version | None) -> bool:
+        return self.intersect(VersionRange(lo, hi)) is not None
+
+    def within(self, lo: Version, hi: Version | None) -> bool:
+        """True when every version of this range lies inside [lo, hi]."""
+        if self.lo < lo:
+            return False
+        if hi is None:
+            return True
+        return self.hi is not None and self.hi <= hi
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f">={format_version(self.lo)}"
+        if self.hi == self.lo:
+            return format_version(self.lo)
+        return f"{format_version(self.lo)}..{format_version(self.hi)}"
+
+
+def narrow(ranges: list[VersionRange], start: VersionRange) -> VersionRange:
+    """Intersect the ranges in order; a clue that contradicts the ones before it is skipped, not fatal
+    (logs are hand-edited, builds from main mix eras)."""
+    current = start
+    for r in ranges:
+        nxt = current.intersect(r)
+        if nxt is not None:
+            current = nxt
+    return current
