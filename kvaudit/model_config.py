@@ -149,7 +149,7 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
 
     quant = outer.get("quantization_config") or cfg.get("quantization_config") or {}
     kv_algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
-    arch = (cfg.get("architectures") or outer.get("architectures") or [None])[0]
+    arch = (outer.get("architectures") or cfg.get("architectures") or [None])[0]
     return ModelGeometry(
         source=source,
         architecture=arch if isinstance(arch, str) else None,

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
 from kvaudit.parse.lines import Line
-from kvaudit.versions import VersionRange
+from kvaudit.versions import VersionRange, narrow
 
 ENGINE = "sglang"
 
@@ -45,7 +45,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"unbalanced",
     b"Traceback",
     b"Error",
-    b"out of memory",
+    b"OutOfMemory",
+    b"CUDA out of memory",
     b"Max running requests",
     b"liding window",
     b"TokenToKVPool",
@@ -254,7 +255,7 @@ _UNBALANCED = re.compile(
     r"memory capacity is unbalanced\. Some GPUs may be occupied by other processes\.?"
     r"(?:\s*(?P<name>min_per_gpu_memory|pre_model_load_memory)=" + NUM + r", local_gpu_memory=" + NUM + ")?"
 )
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
 _POOL_SMALL = re.compile(r"Memory pool size is too small|max_running_request is zero")
@@ -421,7 +422,7 @@ def parse_line(line: Line) -> _Parsed:
         rank, clues = at(m)
         nums = {}
         if m.group("name"):
-            nums = {"min_gib": float(m.group(3)), "local_gib": float(m.group(4))}
+            nums = {"min_gib": float(m.group(2)), "local_gib": float(m.group(3))}
             clues.append(
                 _clue((0, 5, 10), None, "pre_model_load_memory= in the imbalance error")
                 if m.group("name") == "pre_model_load_memory"
@@ -734,11 +735,29 @@ class _Builder:
         return algo not in (None, "None", "", "NONE")
 
     def build(self) -> Startup:
-        from kvaudit.versions import narrow
-
         era = narrow(self.clues, VersionRange(OLDEST, None))
         return Startup(ENGINE, self.index, self.first_line, self.last_line, self.server_args,
-                       tuple(self.events), era)
+                       tuple(_peer_roles(self.events, self.ranks)), era)
+
+
+def _peer_roles(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Event]:
+    """A pasted excerpt can lose a rank's weight lines; its KV line then cannot be placed by order. Ranks are
+    symmetric, so a KV line identical to another rank's draft KV line (and to no target one) is the draft's."""
+    def key(e: KVAlloc) -> tuple:
+        return (e.label, e.tokens, e.k_gib, e.v_gib, e.kv_gib)
+
+    draft_keys = {key(e) for e in events if isinstance(e, KVAlloc) and e.role == "draft"}
+    if not draft_keys:
+        return events
+    target_keys = {key(e) for e in events if isinstance(e, KVAlloc) and e.role == "target"
+                   and ranks.get(e.rank, _RankState()).target_weights}
+    out = []
+    for e in events:
+        if (isinstance(e, KVAlloc) and e.role == "target" and not ranks[e.rank].target_weights
+                and key(e) in draft_keys and key(e) not in target_keys):
+            e = _replace_role(e, "draft")
+        out.append(e)
+    return out
 
 
 def _starts_new(b: _Builder, ev: Event) -> bool:
@@ -810,9 +829,12 @@ def _attribute(b: _Builder, ev: Event) -> Event:
 
 
 def _replace_role(ev: RankEvent, role: str) -> RankEvent:
-    from dataclasses import replace
-
     return replace(ev, role=role)
+
+
+def _generic(ev: Event) -> bool:
+    """Tracebacks and exceptions appear in any Python server's log: alone they do not make an SGLang startup."""
+    return isinstance(ev, Failure) and ev.kind in ("traceback", "exception", "oom")
 
 
 class SGLangParser:
@@ -846,4 +868,4 @@ class SGLangParser:
                 b.failed = True
         if b is not None and not b.empty:
             startups.append(b.build())
-        return startups
+        return [s for s in startups if not all(_generic(e) for e in s.events)]

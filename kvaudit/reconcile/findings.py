@@ -76,7 +76,7 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
     where = "every GPU" if len(ranks) == total_ranks and total_ranks > 1 else (
         "the GPU" if total_ranks == 1 else f"{len(ranks)} of {total_ranks} GPUs")
     end = ""
-    if l.free_at_end_gib is not None and l.free_at_end_source and not l.free_at_end_source.startswith("last reading (Memory pool end"):
+    if l.free_at_end_gib is not None and l.end_is_final:
         end = f"; {l.free_at_end_gib:.2f} GiB was still free for activations at the end of startup"
     msg = (
         f"The {l.free_after_pool_gib:.2f} GiB free after the KV pool on {where} is the static reserve "
@@ -92,19 +92,21 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
     }, tuple(ranks))
 
 
-def unused_memory(l: RankLedger, t: float, f: Formula, extra_tokens: int | None) -> Finding:
-    assert l.free_at_end_gib is not None
+def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens: int | None,
+                  final: bool) -> Finding:
     more = f" (room for about {extra_tokens:,} more tokens)" if extra_tokens else ""
     pool = f"a pool of {f.logged_tokens:,} tokens" if f.logged_tokens else "the KV pool"
+    when = "at the end of startup" if final else "after the KV pool was allocated"
     suggest = ""
-    if f.mem_fraction_static is not None and t:
+    if f.mem_fraction_static is not None and f.mem_fraction_static_source != "inferred" and t:
         keep = 2.0  # GiB left for activation peaks after raising the fraction
-        target = min(0.98, f.mem_fraction_static + max(0.0, l.free_at_end_gib - keep) / t)
+        target = min(0.98, f.mem_fraction_static + max(0.0, idle - keep) / t)
         suggest = f"; --mem-fraction-static {target:.2f} would use it and keep ~{keep:.0f} GiB free"
+    elif f.max_total_tokens_cap:
+        suggest = f"; --max-total-tokens {f.max_total_tokens_cap:,} caps the pool"
     return _f("UNUSED_MEMORY",
-              f"{l.free_at_end_gib:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle at the end of startup beside "
-              f"{pool}{more}{suggest}",
-              {"free_at_end_gib": l.free_at_end_gib, "pre_load_free_gib": t, "extra_tokens": extra_tokens},
+              f"{idle:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle {when} beside {pool}{more}{suggest}",
+              {"idle_gib": idle, "pre_load_free_gib": t, "extra_tokens": extra_tokens, "at_end": final},
               (l.label,))
 
 
@@ -137,11 +139,16 @@ def engine_unbalanced(line: int, numbers: dict[str, float]) -> Finding:
               {"line": line, **numbers}, severity=ERROR)
 
 
-def unexplained(l: RankLedger) -> Finding:
+def unexplained(ledgers: list[RankLedger]) -> Finding:
+    worst = max(ledgers, key=lambda l: abs(l.unexplained_gib or 0))
+    where = worst.label if len(ledgers) == 1 else f"{worst.label} (and {len(ledgers) - 1} more GPU(s))"
+    missing = f"; not modelled: {', '.join(worst.unmodelled)}" if worst.unmodelled else ""
     return _f("UNEXPLAINED_MEMORY",
-              f"{l.unexplained_gib:+.2f} GiB on {l.label} is not accounted for by any logged or modelled item "
-              f"(tolerance +-{l.unexplained_tolerance_gib:.2f})",
-              {"unexplained_gib": l.unexplained_gib, "tolerance_gib": l.unexplained_tolerance_gib}, (l.label,))
+              f"{worst.unexplained_gib:+.2f} GiB on {where} is not accounted for by any logged or modelled item "
+              f"(rounding allows +-{worst.unexplained_tolerance_gib:.2f}){missing}",
+              {"unexplained_gib": worst.unexplained_gib, "tolerance_gib": worst.unexplained_tolerance_gib,
+               "per_rank": {l.label: l.unexplained_gib for l in ledgers}, "unmodelled": list(worst.unmodelled)},
+              tuple(l.label for l in ledgers))
 
 
 def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
@@ -159,7 +166,8 @@ def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
 
 def mfs_inferred(mfs: float) -> Finding:
     return _f("MFS_INFERRED",
-              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} (weights + KV = mfs x T)",
+              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} (weights + KV = mfs x T); "
+              "pass --mem-fraction-static to check the pool size against it",
               {"mem_fraction_static": mfs})
 
 

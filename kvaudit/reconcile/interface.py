@@ -100,6 +100,7 @@ class LedgerItem:
     gib: float | None
     source: str  # "log" (a logged value), "model" (computed from the formula), "derived" (difference)
     in_reserve: bool = False  # comes out of the static reserve rather than the mfs budget
+    line: int | None = None  # the log line it comes from (or, for modelled items, the line they belong to)
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,11 @@ class RankLedger:
     free_after_pool_gib: float | None
     free_at_end_gib: float | None
     free_at_end_source: str | None
+    end_is_final: bool  # free_at_end is the end of startup (not just the last line the log kept)
     items: tuple[LedgerItem, ...]
     unexplained_gib: float | None
     unexplained_tolerance_gib: float | None
+    unmodelled: tuple[str, ...] = ()  # items the ledger could not size (and so may sit in 'unexplained')
 
     def item(self, key: str) -> LedgerItem | None:
         for it in self.items:

@@ -46,6 +46,7 @@ from kvaudit.reconcile.interface import (
     ModelSummary,
     RankLedger,
     Severity,
+    Thresholds,
     TokenInterval,
     Verdict,
     WhatIf,
@@ -84,6 +85,7 @@ class _RankFacts:
     draft_pool_end: float | None = None
     dist_usage: float | None = None
     readings: list[tuple[int, float, str]] = field(default_factory=list)  # (line, avail GiB, what)
+    lines: dict[str, int] = field(default_factory=dict)  # where each fact was logged
 
     @property
     def kv_total(self) -> float | None:
@@ -111,6 +113,7 @@ def _gather(startup: Startup) -> dict[Rank, _RankFacts]:
             rf.readings.append((ev.line, ev.avail_gib, "before weights"))
         elif isinstance(ev, WeightEnd):
             rf = get(ev.rank)
+            rf.lines["weights" if ev.role == "target" else "draft_weights"] = ev.line
             if ev.role == "target":
                 if ev.avail_gib is not None:
                     rf.post = Interval.logged(ev.avail_gib)
@@ -134,20 +137,25 @@ def _gather(startup: Startup) -> dict[Rank, _RankFacts]:
         elif isinstance(ev, KVAlloc):
             rf = get(ev.rank)
             (rf.kv if ev.role == "target" else rf.draft_kv).append(ev)
+            rf.lines["kv_cache" if ev.role == "target" else "draft_kv_cache"] = ev.line
         elif isinstance(ev, OtherPool):
             if ev.role == "target" and ev.counts_in_total and ev.gib is not None:
                 get(ev.rank).other_pools.append(ev)
+                get(ev.rank).lines[f"pool_{ev.kind}"] = ev.line
         elif isinstance(ev, PoolEnd) and ev.avail_gib is not None:
             rf = get(ev.rank)
             if ev.role == "target":
                 rf.pool_end = ev.avail_gib
+                rf.lines["pool_end"] = ev.line
             else:
                 rf.draft_pool_end = ev.avail_gib
+                rf.lines["draft_pool_end"] = ev.line
             rf.readings.append((ev.line, ev.avail_gib, f"{'draft ' if ev.role == 'draft' else ''}Memory pool end"))
         elif isinstance(ev, GraphBegin):
             rf = get(ev.rank)
             if ev.avail_gib is not None:
                 rf.graph_begin.setdefault(ev.name, ev.avail_gib)
+                rf.lines.setdefault(f"begin {ev.name}", ev.line)
                 rf.readings.append((ev.line, ev.avail_gib, f"before {ev.name} graphs"))
         elif isinstance(ev, GraphEnd):
             rf = get(ev.rank)
@@ -156,6 +164,7 @@ def _gather(startup: Startup) -> dict[Rank, _RankFacts]:
                 usage = rf.graph_begin[ev.name] - ev.avail_gib
             if usage is not None:
                 rf.graph_usage[ev.name] = rf.graph_usage.get(ev.name, 0.0) + usage
+                rf.lines[f"graphs_{ev.name.replace(' ', '_')}"] = ev.line
             if ev.avail_gib is not None:
                 rf.readings.append((ev.line, ev.avail_gib, f"after {ev.name} graphs"))
     return facts
@@ -559,7 +568,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         draft_layers = geom.num_nextn_predict_layers or 1
 
     # --- infer mfs when nothing gives it ----------------------------------------------------------------
-    if mfs is None and T is not None and post is not None and logged and cell_iv is not None:
+    capped = _as_int(ctx.args.get("max_total_tokens")) == logged or bool(startup.of(CapWarning))
+    if mfs is None and not capped and T is not None and post is not None and logged and cell_iv is not None:
         rest_mid = logged * cell_iv.mid / GIB
         inferred = 1 - (post.mid - rest_mid) / T.mid
         if 0 < inferred < 1:
@@ -642,7 +652,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         _ledger(i, facts[r], ctx, cell, logged, req_bytes, req_how, rank0=(i == 0))
         for i, r in enumerate(ranks)
     )
-    findings.extend(_ledger_findings(ctx, ledgers, formula, reserve, T, th, cell))
+    findings.extend(_ledger_findings(ctx, ledgers, formula, reserve, th))
     findings.extend(_failure_findings(ctx))
     hicache = startup.of(HiCacheHost)
     hicache_gb = hicache[0].host_gb if hicache else None
@@ -730,155 +740,169 @@ def _explain_mismatch(ctx: _Context, pred: _Prediction, logged: int, T: Interval
 
 def _ledger(index: int, rf: _RankFacts, ctx: _Context, cell: CellSize | None, tokens: int | None,
             req_bytes: int | None, req_how: str, rank0: bool) -> RankLedger:
+    """Items in the order they took memory. Logged sizes where the log has them, modelled ones (request
+    table, allocator rounding) from the formula, differences between two readings where nothing is printed
+    (attention-backend buffers). ``unexplained`` = T on this rank - every item - free at the end."""
     items: list[LedgerItem] = []
+    unmodelled: list[str] = []
     pad = _pad_rows(ctx.era, ctx.page_size)
     if ctx.opts.gpu_capacity_gib is not None and rf.pre is not None:
         items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
                                 _r(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
     if rf.weights is not None:
-        items.append(LedgerItem("weights", "weights", rf.weights, "log"))
+        items.append(LedgerItem("weights", "weights", rf.weights, "log", line=rf.lines.get("weights")))
     elif rf.pre is not None and rf.post is not None:
-        items.append(LedgerItem("weights", "weights (before - after)", _r(rf.pre.mid - rf.post.mid, 3), "derived"))
+        items.append(LedgerItem("weights", "weights (before - after)", _r(rf.pre.mid - rf.post.mid, 3), "derived",
+                                line=rf.lines.get("weights")))
+
+    kv_logged = rf.kv_total
     kv_exact = None
-    if cell is not None and tokens is not None and rf.kv:
+    if cell is not None and tokens is not None and kv_logged is not None:
         kv_exact = (tokens + pad) * cell.pool / GIB
-        kv_logged = rf.kv_total
-        if kv_logged is not None and abs(kv_exact - kv_logged) > 0.01 * max(1, len(rf.kv)) + 0.001:
-            kv_exact = None  # config disagrees with this rank's line: trust the log
-    kv = rf.kv_total
-    if kv is not None:
-        items.append(LedgerItem("kv_cache", "KV cache (target)",
-                                _r(kv_exact, 4) if kv_exact is not None else kv, "model" if kv_exact else "log"))
+        if abs(kv_exact - kv_logged) > LOG_HALF_ULP * max(1, rf.kv_components) + 0.001:
+            kv_exact = None  # the config disagrees with this rank's line: trust the log
+    if kv_logged is not None:
+        items.append(LedgerItem("kv_cache", "KV cache (target)", _r(kv_exact, 4) if kv_exact else kv_logged,
+                                "model" if kv_exact else "log", line=rf.lines.get("kv_cache")))
     for pool in rf.other_pools:
-        items.append(LedgerItem(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib, "log"))
-    in_pool_stage = rf.pool_end is not None and rf.post is not None
-    if req_bytes is not None and rf.kv:
-        items.append(LedgerItem("request_table", f"request table ({req_how})", _r(req_bytes / GIB, 4), "model",
-                                in_reserve=True))
-    if cell is not None and tokens is not None and kv_exact is not None:
-        rounding = _rounding_bytes(cell.buffers, tokens + pad)
-        freelist = -(-(tokens + pad) * 8 // ALLOC_ROUND) * ALLOC_ROUND
-        items.append(LedgerItem("allocator_rounding", "allocator rounding (2 MiB segments) + token free list",
-                                _r((rounding + freelist) / GIB, 4), "model", in_reserve=True))
-    # between Memory pool end and the first graph capture: attention-backend workspaces
-    first_begin = min(rf.graph_begin.values(), default=None) if rf.graph_begin else None
-    decode_begin = rf.graph_begin.get("target decode", rf.graph_begin.get("target prefill"))
-    if rf.pool_end is not None and decode_begin is not None and rf.draft_weights is None or (
-            rf.pool_end is not None and decode_begin is not None and rf.draft_post is not None
-            and ctx.era.hi is not None and ctx.era.hi <= (0, 5, 13)):
-        gap = rf.pool_end - decode_begin  # type: ignore[operator]
+        items.append(LedgerItem(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib, "log", line=pool.line))
+    kv_line = rf.lines.get("kv_cache")
+    if rf.kv:
+        if req_bytes is not None:
+            items.append(LedgerItem("request_table", f"request table ({req_how})", _r(req_bytes / GIB, 4),
+                                    "model", in_reserve=True, line=kv_line))
+        else:
+            unmodelled.append(f"request table ({req_how})")
+        if kv_exact is not None and cell is not None and tokens is not None:
+            rounding = _rounding_bytes(cell.buffers, tokens + pad)
+            freelist = -(-(tokens + pad) * 8 // ALLOC_ROUND) * ALLOC_ROUND
+            items.append(LedgerItem("allocator_rounding", "allocator rounding (2 MiB segments) + token free list",
+                                    _r((rounding + freelist) / GIB, 4), "model", in_reserve=True, line=kv_line))
+        else:
+            unmodelled.append("allocator rounding (needs --model-config)")
+
+    # Memory pool end -> first target graph capture: attention-backend workspaces (nothing logs their size)
+    first_graph = rf.graph_begin.get("target decode", rf.graph_begin.get("target prefill"))
+    if rf.pool_end is not None and first_graph is not None:
+        begin_line = rf.lines.get("begin target decode", rf.lines.get("begin target prefill"))
         items.append(LedgerItem("attention_backend", "attention backend buffers (pool end -> graph begin)",
-                                _r(gap, 3), "derived", in_reserve=True))
-    del first_begin
-    for name in sorted(rf.graph_usage, key=lambda n: (n.startswith("draft"), n)):
-        if not name.startswith("draft"):
-            items.append(LedgerItem(f"graphs_{name.replace(' ', '_')}", f"CUDA graphs ({name})",
-                                    _r(rf.graph_usage[name], 3), "log", in_reserve=True))
+                                _r(rf.pool_end - first_graph, 3), "derived", in_reserve=True, line=begin_line))
+    for name in sorted(n for n in rf.graph_usage if not n.startswith("draft")):
+        key = f"graphs_{name.replace(' ', '_')}"
+        items.append(LedgerItem(key, f"CUDA graphs ({name})", _r(rf.graph_usage[name], 3), "log", in_reserve=True,
+                                line=rf.lines.get(key)))
     if rf.draft_weights is not None:
+        # 0.5.14+ loads the draft before sizing the pool, so its weights sit inside the mfs budget
         items.append(LedgerItem("draft_weights", "draft weights", rf.draft_weights, "log",
-                                in_reserve=not ctx.era.lo >= (0, 5, 14)))
+                                in_reserve=not ctx.era.lo >= (0, 5, 14), line=rf.lines.get("draft_weights")))
     dkv = [k.total_gib for k in rf.draft_kv if k.total_gib is not None]
     if dkv:
-        items.append(LedgerItem("draft_kv_cache", "draft KV cache", _r(sum(dkv), 3), "log", in_reserve=True))
-    if rf.draft_pool_end is not None and rf.draft_post is not None and dkv:
-        overhead = rf.draft_post - rf.draft_pool_end - sum(dkv)
-        items.append(LedgerItem("draft_pool_overhead", "draft pool overhead (after draft weights -> pool end)",
-                                _r(overhead, 3), "derived", in_reserve=True))
-    for name in sorted(rf.graph_usage):
-        if name.startswith("draft"):
-            items.append(LedgerItem(f"graphs_{name.replace(' ', '_')}", f"CUDA graphs ({name})",
-                                    _r(rf.graph_usage[name], 3), "log", in_reserve=True))
+        items.append(LedgerItem("draft_kv_cache", "draft KV cache", _r(sum(dkv), 3), "log", in_reserve=True,
+                                line=rf.lines.get("draft_kv_cache")))
+        if rf.draft_pool_end is not None and rf.draft_post is not None:
+            overhead = _r(rf.draft_post - rf.draft_pool_end - sum(dkv), 3)
+            if overhead:
+                items.append(LedgerItem("draft_pool_overhead", "draft pool overhead", overhead, "derived",
+                                        in_reserve=True, line=rf.lines.get("draft_pool_end")))
+    for name in sorted(n for n in rf.graph_usage if n.startswith("draft")):
+        key = f"graphs_{name.replace(' ', '_')}"
+        items.append(LedgerItem(key, f"CUDA graphs ({name})", _r(rf.graph_usage[name], 3), "log", in_reserve=True,
+                                line=rf.lines.get(key)))
 
-    # free at the end of startup: the scheduler summary on rank 0, else this rank's last reading
-    end, end_source = None, None
+    # free at the end of startup: the scheduler summary (rank 0 prints it), else this rank's last reading
+    end, end_source, final, end_line = None, None, False, 0
     if rank0 and ctx.summary is not None and ctx.summary.available_gpu_mem_gib is not None:
-        end, end_source = ctx.summary.available_gpu_mem_gib, "scheduler summary (available_gpu_mem)"
+        end, end_source, final = ctx.summary.available_gpu_mem_gib, "scheduler summary (available_gpu_mem)", True
+        end_line = ctx.summary.line
     elif rf.readings:
-        line, val, what = max(rf.readings)
-        end, end_source = val, f"last reading ({what}, line {line})"
-    # items between the last reading and the end that we can't itemise: fold into 'other'
-    unexplained = None
-    tol = None
+        end_line, end, what = max(rf.readings)
+        end_source = f"last reading: {what}, line {end_line}"
+        final = ctx.summary is not None and what.startswith("after") and what.endswith("graphs")
+    unexplained = tol = None
     if rf.pre is not None and end is not None:
-        known = [it.gib for it in items if it.gib is not None and it.key != "before_t"]
-        n_logged = sum(1 for it in items if it.source in ("log", "derived")) + 2
-        tol = _r(n_logged * LOG_HALF_ULP + rf.pre.width / 2, 3)
-        unexplained = _r(rf.pre.mid - sum(known) - end, 3)
-        if end_source and end_source.startswith("last reading") and rf.readings:
-            # stages after the last reading were not logged; nothing more to subtract
-            pass
-    del in_pool_stage
+        # only what happened before the end reading; an excerpt may cut a rank's later lines
+        counted = [it for it in items if it.gib is not None and it.key != "before_t"
+                   and (it.line is None or it.line <= end_line)]
+        tol = _r(LOG_HALF_ULP * (sum(1 for it in counted if it.source != "model") + 1) + rf.pre.width / 2, 3)
+        unexplained = _r(rf.pre.mid - sum(it.gib for it in counted) - end, 3)  # type: ignore[misc]
     return RankLedger(
         rank=index,
         label=rf.rank.display,
         pre_load_free_gib=_r(rf.pre.mid) if rf.pre else None,
-        weights_gib=rf.weights if rf.weights is not None else (
-            _r(rf.pre.mid - rf.post.mid) if (rf.pre and rf.post) else None),
-        kv_gib=rf.kv_total,
+        weights_gib=next((it.gib for it in items if it.key == "weights"), None),
+        kv_gib=kv_logged,
         free_after_weights_gib=_r(rf.post.mid) if rf.post else None,
         free_after_pool_gib=rf.pool_end,
         free_at_end_gib=end,
         free_at_end_source=end_source,
+        end_is_final=final,
         items=tuple(items),
         unexplained_gib=unexplained,
         unexplained_tolerance_gib=tol,
+        unmodelled=tuple(unmodelled),
     )
 
 
 def _ledger_findings(ctx: _Context, ledgers: tuple[RankLedger, ...], formula: Formula, reserve: Interval | None,
-                     T: Interval | None, th, cell: CellSize | None) -> list[Finding]:
+                     th: Thresholds) -> list[Finding]:
     out: list[Finding] = []
-    # rank imbalance of T (or of post when T is missing)
-    vals = [(l.label, l.pre_load_free_gib) for l in ledgers if l.pre_load_free_gib is not None]
-    what = "free memory before the weights (T)"
-    if len(vals) < 2:
-        vals = [(l.label, l.free_after_weights_gib) for l in ledgers if l.free_after_weights_gib is not None]
-        what = "free memory after the weights"
-    if len(vals) >= 2:
-        lo = min(vals, key=lambda x: x[1])
-        hi = max(vals, key=lambda x: x[1])
+    # rank imbalance: the formula sizes every rank by the smallest T and post
+    worst = None
+    for what, attr in (("free memory before the weights (T)", "pre_load_free_gib"),
+                       ("free memory after the weights", "free_after_weights_gib")):
+        vals = [(l.label, getattr(l, attr)) for l in ledgers if getattr(l, attr) is not None]
+        if len(vals) < 2:
+            continue
+        lo, hi = min(vals, key=lambda x: x[1]), max(vals, key=lambda x: x[1])
         spread = hi[1] - lo[1]
-        if spread > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * hi[1]):
-            out.append(F.rank_imbalance(what, lo, hi, spread, formula.bytes_per_token))
+        if spread > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * hi[1]) and (
+                worst is None or spread > worst[3]):
+            worst = (what, lo, hi, spread)
+    if worst is not None:
+        out.append(F.rank_imbalance(*worst, formula.bytes_per_token))
 
     # does the static reserve explain the memory free after the pool?
-    if reserve is not None and formula.post_load_free_gib is not None:
-        explained, not_explained = [], []
+    if reserve is not None and formula.mem_fraction_static_source != "inferred":
+        explained = []
         for l in ledgers:
             if l.free_after_pool_gib is None or l.free_after_weights_gib is None or l.kv_gib is None:
                 continue
-            req = (l.item("request_table").gib if l.item("request_table") else 0.0) or 0.0
-            rnd = (l.item("allocator_rounding").gib if l.item("allocator_rounding") else 0.0) or 0.0
-            kv = l.item("kv_cache").gib if l.item("kv_cache") else l.kv_gib
-            expected = l.free_after_weights_gib - (kv or 0) - req - rnd - sum(
-                it.gib or 0 for it in l.items if it.key.startswith("pool_"))
-            tol = th.reserve_tolerance_gib + (0.0 if rnd else 0.08)
-            (explained if abs(l.free_after_pool_gib - expected) <= tol else not_explained).append((l, req, rnd))
+            req = _gib(l, "request_table")
+            rnd = _gib(l, "allocator_rounding")
+            pools = sum(it.gib or 0 for it in l.items if it.key == "kv_cache" or it.key.startswith("pool_"))
+            expected = l.free_after_weights_gib - pools - req - rnd
+            tol = th.reserve_tolerance_gib + (0.0 if l.item("allocator_rounding") else 0.08)
+            if abs(l.free_after_pool_gib - expected) <= tol:
+                explained.append(l)
         if explained:
-            l, req, rnd = min(explained, key=lambda x: x[0].free_after_pool_gib or 0)
-            out.append(F.reserve_explains_free(l, reserve.mid, formula, req, rnd,
-                                               [x[0].label for x in explained], len(ledgers)))
+            l = min(explained, key=lambda x: x.free_after_pool_gib or 0)
+            out.append(F.reserve_explains_free(l, reserve.mid, formula, _gib(l, "request_table"),
+                                               _gib(l, "allocator_rounding"), [x.label for x in explained],
+                                               len(ledgers)))
 
+    off = [l for l in ledgers if l.unexplained_gib is not None
+           and abs(l.unexplained_gib) > th.unexplained_gib + (l.unexplained_tolerance_gib or 0)]
+    if off:
+        out.append(F.unexplained(off))
+
+    # memory idle at the end of startup (or after the pool, when the log stops before the end)
     for l in ledgers:
-        if l.unexplained_gib is not None and abs(l.unexplained_gib) > th.unexplained_gib + (
-                l.unexplained_tolerance_gib or 0):
-            out.append(F.unexplained(l))
-    # headroom at the end of startup
-    end_rows = [l for l in ledgers if l.free_at_end_gib is not None and l.free_at_end_source
-                and (l.free_at_end_source.startswith("scheduler") or "graphs" in l.free_at_end_source)]
-    for l in end_rows:
-        assert l.free_at_end_gib is not None
-        t = l.pre_load_free_gib or 0
-        if l.free_at_end_gib >= max(th.unused_min_gib, th.unused_fraction * t):
-            extra_tokens = int(l.free_at_end_gib * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
-            out.append(F.unused_memory(l, t, formula, extra_tokens))
+        t = l.pre_load_free_gib
+        idle = l.free_at_end_gib if l.end_is_final else l.free_after_pool_gib
+        if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
+            extra = int(idle * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
+            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final))
             break
-    for l in end_rows:
-        assert l.free_at_end_gib is not None
-        if l.free_at_end_gib < th.low_headroom_gib:
-            out.append(F.low_headroom(l, th.low_headroom_gib))
-            break
+    low = [l for l in ledgers if l.end_is_final and l.free_at_end_gib is not None
+           and l.free_at_end_gib < th.low_headroom_gib]
+    if low:
+        out.append(F.low_headroom(min(low, key=lambda x: x.free_at_end_gib or 0), th.low_headroom_gib))
     return out
+
+
+def _gib(l: RankLedger, key: str) -> float:
+    it = l.item(key)
+    return (it.gib or 0.0) if it else 0.0
 
 
 def _failure_findings(ctx: _Context) -> list[Finding]:

@@ -1,0 +1,279 @@
+"""Command line: argument handling and exit codes only; the work happens in kvaudit.explain."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, BinaryIO, Optional
+
+import typer
+
+from kvaudit import __version__
+from kvaudit.status import ExitStatus
+
+
+@dataclass
+class Environment:
+    """What the CLI touches outside itself; tests pass their own (httpie's pattern)."""
+
+    stdin: BinaryIO = field(default_factory=lambda: sys.stdin.buffer)
+    stdout: IO[str] = field(default_factory=lambda: sys.stdout)
+    stderr: IO[str] = field(default_factory=lambda: sys.stderr)
+    stdout_isatty: bool = field(default_factory=lambda: sys.stdout.isatty())
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+_env = Environment.__new__(Environment)  # replaced by run()
+
+# Typer re-exports BadParameter but not its bases; older Typer releases take them from click, newer ones
+# vendor click. Reaching them through the MRO works with both.
+_UsageError = typer.BadParameter.__mro__[1]
+_CliError = _UsageError.__mro__[1]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Explain where an LLM inference server's GPU memory went, to the digit.",
+)
+
+
+class Fail(Exception):
+    """A clean, one-line failure with its exit status."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.BAD_INPUT):
+        super().__init__(message)
+        self.status = status
+
+
+def _version(value: bool) -> None:
+    if value:
+        _env.stdout.write(f"kvaudit {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """kvaudit reruns the engine's own KV-cache formula on its logs and accounts for every GiB per GPU."""
+
+
+FORMAT_HELP = "Output format: text, json or markdown."
+
+
+def _color(mode: str) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never" or "NO_COLOR" in _env.environ:
+        return False
+    return _env.stdout_isatty
+
+
+def _thresholds(pairs: list[str]):
+    from kvaudit.reconcile.interface import Thresholds
+
+    values: dict[str, float] = {}
+    for p in pairs:
+        key, sep, val = p.partition("=")
+        if not sep:
+            raise Fail(f"--threshold {p!r}: expected NAME=VALUE (names: {', '.join(Thresholds.names())})")
+        try:
+            values[key.strip()] = float(val)
+        except ValueError:
+            raise Fail(f"--threshold {p!r}: {val!r} is not a number") from None
+    try:
+        return Thresholds().with_overrides(values)
+    except ValueError as exc:
+        raise Fail(str(exc)) from None
+
+
+def _open_log(file: str):
+    from kvaudit.explain import read_log
+    from kvaudit.parse.lines import InputError
+
+    try:
+        if file == "-":
+            return read_log(_env.stdin)
+        p = Path(file)
+        if p.is_dir():
+            raise Fail(f"{file}: is a directory, not a log file")
+        with p.open("rb") as fh:
+            return read_log(fh)
+    except OSError as exc:
+        raise Fail(f"cannot read {file}: {exc.strerror or exc}") from None
+    except InputError as exc:
+        raise Fail(f"{'stdin' if file == '-' else file}: {exc}") from None
+
+
+def _geometry(path: Optional[Path]):
+    if path is None:
+        return None
+    from kvaudit.model_config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise Fail(str(exc)) from None
+
+
+def _check_format(fmt: str) -> str:
+    from kvaudit.report import FORMATS
+
+    if fmt not in FORMATS:
+        raise Fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _write(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        _env.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise Fail(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+@app.command()
+def explain(
+    file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", "-c", help="The model's config.json."),
+    mem_fraction_static: Optional[float] = typer.Option(
+        None, "--mem-fraction-static", min=0.01, max=1.0,
+        help="The --mem-fraction-static the server ran with, when the log has no server_args."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="TP size, when the log does not say."),
+    gpu_memory_gib: Optional[float] = typer.Option(
+        None, "--gpu-memory-gib", min=0.1, help="The card's CUDA-visible total (GiB), to itemise what went before T."),
+    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
+    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
+    all_startups: bool = typer.Option(False, "--all-startups", help="Audit every startup in the input."),
+    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    color: str = typer.Option("auto", "--color", help="auto, always or never."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
+) -> int:
+    """Read a startup log and account for every GiB per GPU."""
+    from kvaudit.explain import audit
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report import renderer
+    from kvaudit.status import for_audits
+
+    fmt = _check_format(fmt)
+    if startup is not None and all_startups:
+        raise Fail("--startup and --all-startups exclude each other")
+    opts = AuditOptions(
+        source="stdin" if file == "-" else file,
+        model_geometry=_geometry(model_config),
+        mem_fraction_static=mem_fraction_static,
+        tp_size=tp_size,
+        gpu_capacity_gib=gpu_memory_gib,
+        thresholds=_thresholds(threshold),
+    )
+    log = _open_log(file)
+    try:
+        audits = audit(log, opts, startup, all_startups)
+    except ValueError as exc:  # InputError from select() among them
+        raise Fail(str(exc)) from None
+    _write(renderer(fmt)(audits, color=_color(color) and output is None), output)
+    return int(for_audits(audits))
+
+
+@app.command()
+def whatif(
+    file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
+    mem_fraction_static: Optional[float] = typer.Option(
+        None, "--mem-fraction-static", min=0.01, max=1.0, help="The fraction to try."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="A different TP size (approximate)."),
+    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="A different context length."),
+    model_config: Optional[Path] = typer.Option(None, "--model-config", "-c", help="The model's config.json."),
+    log_mem_fraction_static: Optional[float] = typer.Option(
+        None, "--log-mem-fraction-static", min=0.01, max=1.0,
+        help="The fraction the logged startup used, when the log has no server_args."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
+    color: str = typer.Option("auto", "--color", help="auto, always or never."),
+) -> int:
+    """Rerun the formula on the same log with other settings: tokens, reserve, and OOM risk."""
+    from dataclasses import replace
+
+    from kvaudit.explain import what_if
+    from kvaudit.model_config import DTYPE_BYTES
+    from kvaudit.reconcile.interface import AuditOptions
+
+    if fmt not in ("text", "json"):
+        raise Fail(f"--format {fmt!r}: whatif prints text or json")
+    if mem_fraction_static is None and kv_cache_dtype is None and tp_size is None and context_length is None:
+        raise Fail("whatif needs at least one of --mem-fraction-static, --kv-cache-dtype, --tp-size, --context-length")
+    if kv_cache_dtype is not None and kv_cache_dtype.replace("torch.", "").lower() not in DTYPE_BYTES:
+        raise Fail(f"--kv-cache-dtype {kv_cache_dtype!r}: known types are "
+                   + ", ".join(sorted(k for k in DTYPE_BYTES if "_" in k or k in ("bf16", "fp8", "auto"))))
+    geom = _geometry(model_config)
+    if (kv_cache_dtype or tp_size) and geom is None:
+        raise Fail("--kv-cache-dtype and --tp-size need --model-config (bytes per token come from the model's geometry)")
+    base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
+                        mem_fraction_static=log_mem_fraction_static)
+    new = replace(base, mem_fraction_static=mem_fraction_static or log_mem_fraction_static,
+                  kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, context_length=context_length)
+    log = _open_log(file)
+    try:
+        audit, w = what_if(log, base, new, startup)
+    except ValueError as exc:
+        raise Fail(str(exc)) from None
+    if fmt == "json":
+        from kvaudit.report.json import render_whatif
+        _env.stdout.write(render_whatif(audit, w))
+    else:
+        from kvaudit.report.text import render_whatif
+        _env.stdout.write(render_whatif(audit, w, color=_color(color)))
+    return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
+
+
+def run(argv: list[str], env: Environment | None = None) -> int:
+    """Run the CLI in-process and return its exit status; never raises, never prints a traceback
+    (set KVAUDIT_DEBUG=1 to see one)."""
+    global _env
+    _env = env or Environment()
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
+    except Fail as exc:
+        _env.stderr.write(f"kvaudit: error: {exc}\n")
+        return int(exc.status)
+    except typer.Exit as exc:
+        return int(getattr(exc, "exit_code", 0))
+    except typer.Abort:
+        _env.stderr.write("kvaudit: aborted\n")
+        return 130
+    except _UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            _env.stdout.write(exc.format_message() + "\n" if not getattr(exc, "ctx", None)
+                              else exc.ctx.get_help() + "\n")
+            return 0
+        _env.stderr.write(f"kvaudit: error: {exc.format_message()}\n")
+        return int(ExitStatus.BAD_INPUT)
+    except _CliError as exc:
+        _env.stderr.write(f"kvaudit: error: {exc.format_message()}\n")
+        return int(ExitStatus.BAD_INPUT)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: one line, unless debugging
+        if _env.environ.get("KVAUDIT_DEBUG"):
+            raise
+        _env.stderr.write(f"kvaudit: internal error: {type(exc).__name__}: {exc} "
+                          "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
+        return int(ExitStatus.INTERNAL_ERROR)
+    return int(result) if isinstance(result, int) else 0
+
+
+def main() -> None:
+    code = run(sys.argv[1:])
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    sys.exit(code)

@@ -1,0 +1,56 @@
+"""Markdown: the same content as the text view, as tables a ticket or a wiki page renders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvaudit.reconcile.interface import Audit
+from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
+
+
+def _esc(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def render_one(a: Audit) -> str:
+    f = a.formula
+    L = [f"## kvaudit: {_esc(a.source)}", "",
+         f"{a.engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
+         f"(lines {a.first_line}-{a.last_line}); model {a.model.architecture or 'unknown'}"
+         + (f"; speculative {a.speculative}" if a.speculative else ""), "",
+         "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
+
+    def g(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f} GiB"
+
+    pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "–"
+    for name, val, src in (
+        ("T (free before weights, min over ranks)", g(f.pre_load_free_gib), f.pre_load_free_source),
+        ("post (free after weights, min)", g(f.post_load_free_gib), ""),
+        ("mem_fraction_static", "–" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}",
+         f.mem_fraction_static_source),
+        ("reserve = (1 − mfs) × T", g(f.reserve_gib), ""),
+        ("rest = post − reserve", g(f.rest_gib), ""),
+        ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source),
+        ("predicted tokens", pred, f.rule),
+        ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "–", ""),
+    ):
+        L.append(f"| {name} | {val} | {_esc(src or '')} |")
+    L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
+          "| " + " | ".join(COLUMNS) + " |", "|" + "---|" + "---:|" * (len(COLUMNS) - 1)]
+    for r in rows(a):
+        L.append("| " + " | ".join((r.label,) + r.cells) + " |")
+    L += ["", "; ".join(f"*{k}*: {v}" for k, v in COLUMN_HELP.items()), ""]
+    if a.findings:
+        L += ["### Findings", "", "| severity | code | message |", "|---|---|---|"]
+        for fi in a.findings:
+            L.append(f"| {fi.severity.value} | `{fi.code}` | {_esc(fi.message)} |")
+        L.append("")
+    L += ["### In short", ""] + [f"- {_esc(s)}" for s in summary_sentences(a)]
+    if a.notes:
+        L += ["", "### Notes", ""] + [f"- {_esc(n)}" for n in a.notes]
+    return "\n".join(L) + "\n"
+
+
+def render(audits: list[Audit], **_: Any) -> str:
+    return "\n".join(render_one(a) for a in audits)

@@ -1,0 +1,122 @@
+"""The terminal view: formula, per-GPU table, findings, and what an expert would say about them."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from kvaudit.reconcile.interface import Audit, Severity, WhatIf
+from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
+
+_COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
+WIDTH = 100
+
+
+def _c(text: str, code: str, color: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    out = [indent + "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    for r in body:
+        out.append(indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return out
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+
+
+def render_one(a: Audit, color: bool = False) -> str:
+    f, m = a.formula, a.model
+    L: list[str] = []
+    engine = {"sglang": "SGLang"}.get(a.engine, a.engine)
+    L.append(_c(f"{a.source}: {engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
+                f"(lines {a.first_line}-{a.last_line})", "1", color))
+    model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
+             f"{m.layers} layers" if m.layers else None,
+             f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,
+             f"attention TP {m.attention_tp_size}" if m.attention_tp_size else None,
+             f"speculative {a.speculative}" if a.speculative else None]
+    L.append("  " + ", ".join(x for x in model if x))
+    L.append("")
+    L.append(_c("Formula", "1", color) + "  rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)")
+
+    def g(v: float | None, nd: int = 2) -> str:
+        return "-" if v is None else f"{v:.{nd}f} GiB"
+
+    mfs = "-" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}"
+    pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
+    body = [
+        ("T (free before weights, min over ranks)", g(f.pre_load_free_gib), f.pre_load_free_source or ""),
+        ("post (free after weights, min)", g(f.post_load_free_gib), "Load weight end" if f.post_load_free_gib else ""),
+        ("mem_fraction_static", mfs, f.mem_fraction_static_source or ""),
+        ("reserve = (1 - mfs) x T", g(f.reserve_gib), ""),
+        ("rest = post - reserve", g(f.rest_gib), "the KV budget"),
+        ("bytes per token (per rank)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
+        ("predicted tokens", pred, f.rule or ""),
+        ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "-", ""),
+    ]
+    for name, val, src in body:
+        L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
+    verdict = f.verdict.value.upper()
+    vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
+    L.extend(_wrap(_c(verdict, vcol, color) + ": " + f.verdict_reason))
+    L.append("")
+    L.append(_c("Per GPU (GiB)", "1", color))
+    table = [(r.label,) + r.cells for r in rows(a)]
+    L.extend(_table(COLUMNS, table))
+    L.append("  " + "; ".join(f"{k}: {v}" for k, v in COLUMN_HELP.items()))
+    L.append("")
+    if a.findings:
+        L.append(_c("Findings", "1", color))
+        for fi in a.findings:
+            head = _c(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}"
+            L.append("  " + head)
+            L.extend(_wrap(fi.message, "    "))
+        L.append("")
+    L.append(_c("In short", "1", color))
+    for s in summary_sentences(a):
+        L.extend(_wrap(s))
+    if a.notes:
+        L.append("")
+        L.append(_c("Notes", "1", color))
+        for n in a.notes:
+            L.extend(_wrap("- " + n))
+    return "\n".join(L) + "\n"
+
+
+def render(audits: list[Audit], color: bool = False, **_: Any) -> str:
+    return "\n".join(render_one(a, color) for a in audits)
+
+
+def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
+    L = [_c(f"What if {', '.join(f'{k}={v}' for k, v in w.changes.items()) or 'nothing changed'}"
+            f"  ({a.source}, startup {a.startup_index})", "1", color)]
+
+    def g(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    after = f"{w.tokens_after.low:,}..{w.tokens_after.high:,}" if w.tokens_after else "-"
+    rows_ = [
+        ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
+        ("KV cache per GPU (GiB)", g(w.kv_gib_before), g(w.kv_gib_after)),
+        ("static reserve (GiB)", g(w.reserve_gib_before), g(w.reserve_gib_after)),
+        ("taken from the reserve at startup (GiB)", g(w.reserve_needs_gib), g(w.reserve_needs_gib)),
+        ("left for activations (GiB)", g(w.headroom_gib_before), g(w.headroom_gib_after)),
+    ]
+    L.extend(_table(("", "now", "what if"), rows_))
+    risk = {"ok": ("ok", "32"), "low": ("LOW HEADROOM", "33"), "oom": ("OUT OF MEMORY", "31"),
+            "unknown": ("unknown", "2")}[w.risk]
+    verdicts = {
+        "ok": "the reserve still covers what this startup's graphs and draft took, with room for activations.",
+        "low": "the reserve would barely cover graphs and draft: activation peaks may run out of memory.",
+        "oom": "the reserve would not even cover what graphs and draft took at this startup: expect an OOM at "
+               "startup or under load.",
+        "unknown": "the log lacks the readings needed to judge the reserve.",
+    }
+    L.extend(_wrap(_c(risk[0], risk[1], color) + ": " + verdicts[w.risk]))
+    for e in w.explanation:
+        L.extend(_wrap("- " + e))
+    return "\n".join(L) + "\n"

@@ -1,0 +1,124 @@
+"""What the human-readable reports share: the per-GPU table (ranks that agree folded into one row) and the
+plain-language summary. Only arranges numbers the reconciler produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
+
+COLUMNS = ("GPU", "T", "weights", "KV", "tables", "graphs", "draft", "free@pool", "free@end", "unexpl.")
+COLUMN_HELP = {
+    "T": "free before the weights loaded",
+    "tables": "request table + allocator rounding (modelled)",
+    "graphs": "target CUDA graphs + attention-backend buffers",
+    "draft": "draft model: weights, KV, graphs",
+    "free@pool": "free after the KV pool (Memory pool end)",
+    "free@end": "free at the end of startup",
+    "unexpl.": "T minus every item minus free@end",
+}
+
+
+def _sum(r: RankLedger, pred) -> float | None:
+    vals = [i.gib for i in r.items if pred(i.key) and i.gib is not None]
+    return sum(vals) if vals else None
+
+
+def rank_cells(r: RankLedger) -> tuple[float | None, ...]:
+    return (
+        r.pre_load_free_gib,
+        r.weights_gib,
+        _sum(r, lambda k: k == "kv_cache" or k.startswith("pool_")),
+        _sum(r, lambda k: k in ("request_table", "allocator_rounding")),
+        _sum(r, lambda k: k.startswith("graphs_target") or k == "attention_backend"),
+        _sum(r, lambda k: k.startswith("draft") or k.startswith("graphs_draft")),
+        r.free_after_pool_gib,
+        r.free_at_end_gib,
+        r.unexplained_gib,
+    )
+
+
+def fmt(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.2f}" if signed else f"{v:.2f}"
+
+
+@dataclass(frozen=True)
+class Row:
+    ranks: tuple[str, ...]
+    cells: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return fold_labels(self.ranks)
+
+
+def fold_labels(labels: tuple[str, ...]) -> str:
+    if len(labels) == 1:
+        return labels[0]
+    if all(l.startswith("TP") and l[2:].isdigit() for l in labels):
+        nums = sorted(int(l[2:]) for l in labels)
+        parts, start, prev = [], nums[0], nums[0]
+        for n in nums[1:] + [None]:  # type: ignore[list-item]
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            if n is not None:
+                start = prev = n
+        return "TP" + ",".join(parts)
+    return ",".join(labels)
+
+
+def rows(audit: Audit) -> list[Row]:
+    """Ranks whose printed numbers are all equal share one row, in rank order of their first member."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for r in audit.ranks:
+        cells = tuple(fmt(v, signed=(i == 8)) for i, v in enumerate(rank_cells(r)))
+        groups.setdefault(cells, []).append(r.label)
+    return [Row(tuple(labels), cells) for cells, labels in groups.items()]
+
+
+def summary_sentences(a: Audit) -> list[str]:
+    """A few plain sentences: where the memory went, whether the pool size is right, what is wrong."""
+    out: list[str] = []
+    f = a.formula
+    ranks = [r for r in a.ranks if r.pre_load_free_gib is not None]
+    if ranks:
+        r = min(ranks, key=lambda x: (x.free_at_end_gib if x.free_at_end_gib is not None else 1e9))
+        c = rank_cells(r)
+        parts = []
+        names = ("weights", "the KV cache", "the request table and allocator", "CUDA graphs", "the draft model")
+        for name, v in zip(names, c[1:6]):
+            if v is not None:
+                parts.append(f"{name} {v:.2f}")
+        if f.logged_tokens and parts and c[2] is not None:
+            parts[min(1, len(parts) - 1)] += f" ({f.logged_tokens:,} tokens)"
+        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB free before loading: " + ", ".join(parts)
+        if r.free_at_end_gib is not None:
+            s += f"; {r.free_at_end_gib:.2f} GiB was free at the end"
+            if not r.end_is_final and r.free_at_end_source:
+                s += f" of what the log shows ({r.free_at_end_source})"
+        if r.unexplained_gib is not None:
+            tol = r.unexplained_tolerance_gib or 0
+            s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"
+                  if abs(r.unexplained_gib) <= tol + 0.01 else f", and {r.unexplained_gib:+.2f} GiB is unexplained")
+        out.append(s + ".")
+    if f.verdict == Verdict.MATCH:
+        out.append(f"The KV pool size is exactly what SGLang's formula gives for these numbers ({f.verdict_reason}).")
+    elif f.verdict == Verdict.EXPLAINED:
+        out.append(f"The KV pool size differs from the plain formula, for a known reason: {f.verdict_reason}.")
+    elif f.verdict == Verdict.MISMATCH:
+        out.append(f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
+    else:
+        out.append(f"The pool size was not checked: {f.verdict_reason}.")
+    for fi in a.findings:
+        if fi.code == "RESERVE_EXPLAINS_FREE":
+            out.append(fi.message)
+    problems = [fi for fi in a.findings if fi.severity != Severity.INFO]
+    if problems:
+        out.append("Needs attention: " + " ".join(f"[{p.code}] {p.message}." for p in problems))
+    elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):
+        out.append("Nothing looks wrong.")
+    return out

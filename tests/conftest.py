@@ -1,0 +1,70 @@
+"""Shared test helpers: fixture paths, the real CLI in-process and as a subprocess, golden files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvaudit.cli import Environment, run
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+SAMPLES = FIXTURES / "samples"
+CONFIGS = FIXTURES / "configs"
+KIMI_LOG = FIXTURES / "journal_logs" / "kimi-k25-sglang-0.5.9-tp8-eagle3.log"
+KIMI_CONFIG = CONFIGS / "kimi-k2.5.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files from current output")
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+def cli(*args: str, stdin: bytes = b"") -> Result:
+    """The CLI in-process, with an injected environment (no TTY, no colour)."""
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(stdin=io.BytesIO(stdin), stdout=out, stderr=err, stdout_isatty=False,
+                      environ={"NO_COLOR": "1"})
+    code = run([str(a) for a in args], env)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def cli_process(*args: str, stdin: bytes | None = None, timeout: float = 120) -> Result:
+    """The installed console script, as a user runs it."""
+    exe = Path(sys.executable).with_name("kvaudit")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "kvaudit"]
+    env = {k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}
+    p = subprocess.run(cmd + [str(a) for a in args], input=stdin, capture_output=True, timeout=timeout, env=env)
+    return Result(p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest):
+    update = request.config.getoption("--update-golden")
+
+    def check(name: str, text: str) -> None:
+        path = FIXTURES / "golden" / name
+        if update or not path.exists():
+            if not update:
+                pytest.fail(f"golden file {path} is missing; run 'make golden' and review the diff")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (make golden to accept)"
+
+    return check

@@ -1,0 +1,66 @@
+"""parse.lines: the block scanner and line cleaning."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kvaudit.parse import lines as L
+
+
+def scan_all(data: bytes, anchors=(b"GB",), block: int | None = None, monkeypatch=None):
+    stats = L.ScanStats()
+    return list(L.scan(io.BytesIO(data), anchors, stats)), stats
+
+
+def test_keeps_only_anchor_lines_with_their_line_numbers():
+    data = b"noise 1\nKV 2 GB\nnoise 3\n\nmore 5 GB\nlast"
+    got, stats = scan_all(data)
+    assert [(l.number, l.text) for l in got] == [(2, "KV 2 GB"), (5, "more 5 GB")]
+    assert stats.lines_read == 6
+
+
+def test_line_numbers_survive_block_boundaries(monkeypatch):
+    monkeypatch.setattr(L, "BLOCK_SIZE", 7)
+    data = b"".join(f"line {i} {'GB' if i % 3 == 0 else 'x'}\n".encode() for i in range(1, 40))
+    got, _ = scan_all(data)
+    assert [l.number for l in got] == [i for i in range(1, 40) if i % 3 == 0]
+    assert all(l.text == f"line {l.number} GB" for l in got)
+
+
+def test_carriage_returns_split_progress_bars_and_ansi_is_removed():
+    data = b"\x1b[32mCapturing 10%|\x1b[0m\rCapturing 100% 1 GB\r[2026-01-01 00:00:00 TP0] Memory pool end. avail mem=1.00 GB\r\n"
+    got, _ = scan_all(data)
+    assert [l.text for l in got] == ["Capturing 10%|", "Capturing 100% 1 GB",
+                                     "[2026-01-01 00:00:00 TP0] Memory pool end. avail mem=1.00 GB"]
+    assert {l.number for l in got} == {1}
+
+
+def test_crlf_and_trailing_blanks():
+    got, _ = scan_all(b"a GB  \r\n\r\nb GB\r\n")
+    assert [l.text for l in got] == ["a GB", "b GB"]
+
+
+def test_empty_input_is_an_input_error():
+    with pytest.raises(L.InputError, match="empty"):
+        scan_all(b"")
+
+
+def test_binary_input_is_an_input_error():
+    with pytest.raises(L.InputError, match="binary"):
+        scan_all(b"LPKSHHRH\x00\x00\x00\x01" + b"GB" * 100)
+
+
+def test_overlong_line_is_skipped_and_counted(monkeypatch):
+    monkeypatch.setattr(L, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(L, "BLOCK_SIZE", 256)
+    data = b"first GB\n" + b"x" * 5000 + b" GB\nafter GB\n"
+    got, stats = scan_all(data)
+    assert [(l.number, l.text) for l in got] == [(1, "first GB"), (3, "after GB")]
+    assert stats.overlong_lines == 1
+
+
+def test_invalid_utf8_is_replaced_not_fatal():
+    got, _ = scan_all(b"caf\xe9 1 GB\n")
+    assert got[0].text == "caf\ufffd 1 GB"

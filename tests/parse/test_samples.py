@@ -1,0 +1,114 @@
+"""Every SGLang log users posted (fixtures/samples, described in INDEX.md) is read without error, with its
+numbers checked: tokens, per-rank free memory, and bytes per token against the model config where INDEX
+names one. Numbers below are copied from INDEX.md's 'key numbers' column, not from kvaudit's output."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.explain import audit, read_log
+from kvaudit.model_config import load_config
+from kvaudit.reconcile.interface import AuditOptions
+from tests.conftest import CONFIGS, SAMPLES
+
+# file: tokens, {rank: free after weights}, {rank: free after pool}, (config, tp, expected B/token K+V per rank)
+SAMPLES_EXPECTED = {
+    "sglang_001": (834615, {"TP0": 131.08}, {"TP0": 14.61}, None),
+    "sglang_003": (1106304, {}, {"TP0": 12.05}, ("qwen3-30b-a3b", 2, 49152)),
+    "sglang_005": (2090351, {}, {"TP3": 12.68, "TP2": 12.45, "TP1": 12.45}, None),
+    "sglang_006": (10000, {"TP0": 33.80}, {"TP0": 33.08, "TP1": 30.11}, ("deepseek-v3", 2, 70272)),
+    "sglang_008": (161488, {"DP2 TP2": 31.87, "DP0 TP0": 31.96, "DP3 TP3": 31.87}, {"DP1 TP1": 21.23, "DP5 TP5": 21.23},
+                   ("deepseek-v3", 8, 70272)),
+    "sglang_012": (None, {}, {"TP1": 3.05, "TP2": 3.05, "TP0": 3.10, "TP3": 3.29}, None),
+    "sglang_013": (580364, {"TP0": 19.08, "TP1": 19.08}, {"TP0": 4.02, "TP1": 4.02}, None),
+    "sglang_017": (605665, {"TP0": 77.69}, {"TP0": 12.17}, None),
+    "sglang_021": (1496958, {}, {"TP2": 22.56, "TP0": 22.59, "TP1": 22.56, "TP3": 22.71}, None),
+    "sglang_025": (None, {"rank=3": 6.10, "rank=1": 5.59, "rank=0": 5.64, "rank=2": 5.59}, {}, None),
+    "sglang_026": (273000, {}, {}, None),
+    "sglang_029": (105531, {"TP0": 8.37}, {"TP0": 1.68}, ("qwen2.5-7b", 1, 57344)),
+    "sglang_031": (None, {}, {}, None),
+    "sglang_034": (42632, {"TP0": 13.47}, {}, ("qwen3-32b", 2, 131072)),
+    "sglang_035": (None, {"TP1": 20.62, "TP2": 20.62, "TP0": 20.91}, {"TP1": 18.20, "TP0": 18.48, "TP7": 18.48},
+                   ("deepseek-v2", 8, None)),
+}
+
+
+def _audit(name: str, config=None, tp=None):
+    with open(SAMPLES / f"{name}.log", "rb") as fh:
+        log = read_log(fh)
+    geom = load_config(CONFIGS / f"{config}.json") if config else None
+    (a,) = audit(log, AuditOptions(source=name, model_geometry=geom, tp_size=tp))
+    return a
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES_EXPECTED))
+def test_sample_numbers(name):
+    tokens, post, pool_end, cfg = SAMPLES_EXPECTED[name]
+    a = _audit(name, *(cfg[:2] if cfg else ()))
+    assert a.engine == "sglang"
+    assert a.formula.logged_tokens == tokens
+    by_label = {r.label: r for r in a.ranks}
+    for rank, v in post.items():
+        assert by_label[rank].free_after_weights_gib == v
+    for rank, v in pool_end.items():
+        assert by_label[rank].free_after_pool_gib == v
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in SAMPLES_EXPECTED.items() if e[3] and e[3][2]))
+def test_sample_bytes_per_token_matches_config(name):
+    tokens, _, _, (config, tp, expected) = SAMPLES_EXPECTED[name]
+    a = _audit(name, config, tp)
+    assert a.formula.bytes_per_token_source == "config"
+    assert a.formula.bytes_per_token == expected
+    # the KV line agrees with the config within its 2-decimal rounding
+    assert not [f for f in a.findings if f.code == "GEOMETRY_MISMATCH"]
+    assert a.formula.kv_bytes_per_token_logged == pytest.approx(expected, rel=0.01)
+
+
+def test_sglang_029_reconciles():
+    """INDEX: T 22.76, post 8.37, mfs 0.88 (server_args), Qwen2.5-7B geometry -> 105,531 inside the interval."""
+    a = _audit("sglang_029", "qwen2.5-7b")
+    f = a.formula
+    assert (f.pre_load_free_gib, f.post_load_free_gib, f.mem_fraction_static) == (22.76, 8.37, 0.88)
+    assert f.mem_fraction_static_source == "server_args"
+    assert f.bytes_per_token == 57344
+    assert f.predicted_tokens.low <= 105531 <= f.predicted_tokens.high
+    assert f.predicted_tokens.high - f.predicted_tokens.low < 300  # the rounding of two logged values, no more
+    assert f.verdict.value == "match"
+    assert a.engine_version == "0.4.2..0.4.3"
+    codes = {x.code for x in a.findings}
+    assert {"TOKENS_MATCH", "RESERVE_EXPLAINS_FREE"} <= codes
+    assert a.ranks[0].unexplained_gib == pytest.approx(0, abs=0.03)
+
+
+def test_sglang_034_draft_lines_told_apart():
+    a = _audit("sglang_034", "qwen3-32b", 2)
+    tp0 = a.ranks[0]
+    assert tp0.item("draft_weights").gib == 1.49
+    assert tp0.item("draft_kv_cache").gib == 0.06
+    assert tp0.kv_gib == 5.20  # the target's K 2.60 + V 2.60, not the draft's 0.03 + 0.03
+    tp1 = a.ranks[1]
+    assert tp1.kv_gib is None and tp1.item("draft_kv_cache").gib == 0.06  # TP1's target lines were cut
+
+
+def test_sglang_025_failed_startup_and_imbalance():
+    a = _audit("sglang_025")
+    codes = {x.code: x for x in a.findings}
+    assert codes["STARTUP_FAILED"].severity.value == "error"
+    assert codes["RANK_IMBALANCE"].fields["spread_gib"] == pytest.approx(0.51)
+
+
+def test_sglang_006_idle_memory_beside_a_capped_pool():
+    """The thread ran --max-total-tokens 10000: a pool of 0.65 GiB with 33 GiB idle."""
+    a = _audit("sglang_006", "deepseek-v3", 2)
+    unused = [f for f in a.findings if f.code == "UNUSED_MEMORY"]
+    assert unused and unused[0].fields["idle_gib"] == 33.08
+
+
+@pytest.mark.parametrize("name", ["vllm_001", "vllm_004", "vllm_006", "vllm_008", "vllm_010", "vllm_012",
+                                  "vllm_013", "vllm_016", "vllm_019", "vllm_020"])
+def test_vllm_logs_are_recognised_not_misread(name):
+    from kvaudit.explain import NoStartupError
+
+    with open(SAMPLES / f"{name}.log", "rb") as fh, pytest.raises(NoStartupError, match="vLLM"):
+        read_log(fh)
