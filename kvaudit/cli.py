@@ -156,6 +156,7 @@ def explain(
 ) -> int:
     """Read a startup log and account for every GiB per GPU."""
     from kvaudit.explain import audit
+    from kvaudit.parse.lines import InputError
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report import renderer
     from kvaudit.status import for_audits
@@ -174,7 +175,7 @@ def explain(
     log = _open_log(file)
     try:
         audits = audit(log, opts, startup, all_startups)
-    except ValueError as exc:  # InputError from select() among them
+    except InputError as exc:  # a --startup the input does not hold
         raise Fail(str(exc)) from None
     _write(renderer(fmt)(audits, color=_color(color) and output is None), output)
     return int(for_audits(audits))
@@ -201,6 +202,7 @@ def whatif(
 
     from kvaudit.explain import what_if
     from kvaudit.model_config import DTYPE_BYTES
+    from kvaudit.parse.lines import InputError
     from kvaudit.reconcile.interface import AuditOptions
 
     if fmt not in ("text", "json"):
@@ -220,7 +222,7 @@ def whatif(
     log = _open_log(file)
     try:
         audit, w = what_if(log, base, new, startup)
-    except ValueError as exc:
+    except InputError as exc:
         raise Fail(str(exc)) from None
     if fmt == "json":
         from kvaudit.report.json import render_whatif

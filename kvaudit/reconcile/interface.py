@@ -182,6 +182,7 @@ class AuditOptions:
     context_length: int | None = None
     gpu_capacity_gib: float | None = None  # the card's CUDA-visible total, when known (NVML)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    hypothetical: bool = False  # a what-if: the log's KV lines describe other settings than these
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ class WhatIf:
     kv_gib_after: float | None
     reserve_gib_before: float | None
     reserve_gib_after: float | None
-    reserve_needs_gib: float | None  # what this startup took out of the reserve (graphs, draft, tables)
+    reserve_needs_gib_before: float | None  # what this startup took out of the reserve (graphs, draft, tables)
+    reserve_needs_gib_after: float | None  # the same items at the new token count / context length
     headroom_gib_before: float | None  # free at the end of startup, as logged
     headroom_gib_after: float | None  # what would be left for activations
     risk: str  # ok | low | oom | unknown

@@ -15,7 +15,7 @@ inflate the cell. docs/how-it-works.md walks through it with numbers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
@@ -544,7 +544,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     cell_iv: Interval | None = None
     if cell is not None:
         cell_iv, bpt_source = Interval.exact(cell.profile), "config"
-        if line_cell is not None and not line_cell.contains(cell.pool, slack=0.5):
+        if line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
             implied = line_cell_mid or 0
             findings.append(F.geometry_mismatch(cell.pool, implied, geom.source if geom else "config"))
             cell_iv, bpt_source = line_cell, "kv_line (config disagrees)"
@@ -935,6 +935,7 @@ def _failure_findings(ctx: _Context) -> list[Finding]:
 
 def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
     """Rerun the formula with changed inputs; say what the reserve would still cover."""
+    new_opts = replace(new_opts, hypothetical=True)
     after = reconcile(startup, new_opts)
     changes: dict[str, Any] = {}
     for name in ("mem_fraction_static", "kv_cache_dtype", "tp_size", "context_length"):
@@ -964,43 +965,43 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     kv_after = None
     if tokens_after is not None and f1.bytes_per_token:
         kv_after = round(tokens_after.low * f1.bytes_per_token / GIB, 2)
-    # what came out of the reserve in this startup, scaled to the new token count where it depends on it
-    needs = None
+    # what came out of the reserve in this startup, and the same items at the new token count
     ratio = (tokens_after.low / tokens_before) if (tokens_after and tokens_before) else 1.0
     worst = min(base.ranks, key=lambda l: l.free_at_end_gib if l.free_at_end_gib is not None else 1e9,
                 default=None)
+    needs_before = needs_after = None
     if worst is not None:
-        needs = 0.0
+        needs_before = needs_after = 0.0
         for it in worst.items:
             if not it.in_reserve or it.gib is None:
                 continue
             g = it.gib
+            needs_before += g
             if it.key in ("draft_kv_cache", "allocator_rounding"):
                 g *= ratio
-            if it.key == "request_table" and "context_length" in changes and base.formula.logged_tokens:
+            elif it.key == "request_table" and ("context_length" in changes or ratio != 1.0):
                 g = _scaled_request_table(startup, new_opts, tokens_after.low if tokens_after else None) or g
-            needs += g
-        needs = round(needs, 3)
+            needs_after += g
+        needs_before, needs_after = round(needs_before, 3), round(needs_after, 3)
     headroom_before = worst.free_at_end_gib if worst else None
     headroom_after = None
     risk = "unknown"
     r0, r1 = f0.reserve_gib, f1.reserve_gib
-    if r1 is not None and needs is not None and worst is not None and worst.free_at_end_gib is not None:
-        # the reserve beyond what graphs/draft/tables took is what is left for activations
-        rounding_slack = (r0 - needs - worst.free_at_end_gib) if r0 is not None else 0.0
-        headroom_after = round(r1 - needs - rounding_slack, 2)
+    if None not in (r0, r1, needs_before, needs_after, headroom_before):
+        # what neither the items nor the final reading account for stays as it was (rounding, small buffers)
+        slack = r0 - needs_before - headroom_before  # type: ignore[operator]
+        headroom_after = round(r1 - needs_after - slack, 2)  # type: ignore[operator]
         if headroom_after < 0:
             risk = "oom"
-        elif headroom_after < opts.thresholds.low_headroom_gib or (
-                headroom_before and headroom_after < 0.5 * headroom_before):
+        elif headroom_after < opts.thresholds.low_headroom_gib or headroom_after < 0.5 * headroom_before:  # type: ignore[operator]
             risk = "low"
         else:
             risk = "ok"
         explanation.append(
-            f"this startup took {needs:.2f} GiB out of the reserve (graphs, draft, request table, rounding) and "
-            f"left {worst.free_at_end_gib:.2f} GiB for activations on {worst.label}")
-    return WhatIf(changes, tokens_before, tokens_after, kv_before, kv_after, r0, r1, needs, headroom_before,
-                  headroom_after, risk, tuple(explanation + list(after.notes)))
+            f"at this startup graphs, draft, request table and rounding took {needs_before:.2f} GiB of the "
+            f"{r0:.2f} GiB reserve and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
+    return WhatIf(changes, tokens_before, tokens_after, kv_before, kv_after, r0, r1, needs_before, needs_after,
+                  headroom_before, headroom_after, risk, tuple(explanation + list(after.notes)))
 
 
 def _scaled_request_table(startup: Startup, opts: AuditOptions, tokens: int | None) -> float | None:

@@ -103,16 +103,19 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
         ("KV cache per GPU (GiB)", g(w.kv_gib_before), g(w.kv_gib_after)),
         ("static reserve (GiB)", g(w.reserve_gib_before), g(w.reserve_gib_after)),
-        ("taken from the reserve at startup (GiB)", g(w.reserve_needs_gib), g(w.reserve_needs_gib)),
+        ("graphs, draft, tables from the reserve (GiB)", g(w.reserve_needs_gib_before), g(w.reserve_needs_gib_after)),
         ("left for activations (GiB)", g(w.headroom_gib_before), g(w.headroom_gib_after)),
     ]
     L.extend(_table(("", "now", "what if"), rows_))
     risk = {"ok": ("ok", "32"), "low": ("LOW HEADROOM", "33"), "oom": ("OUT OF MEMORY", "31"),
             "unknown": ("unknown", "2")}[w.risk]
+    after_txt = g(w.headroom_gib_after)
     verdicts = {
-        "ok": "the reserve still covers what this startup's graphs and draft took, with room for activations.",
-        "low": "the reserve would barely cover graphs and draft: activation peaks may run out of memory.",
-        "oom": "the reserve would not even cover what graphs and draft took at this startup: expect an OOM at "
+        "ok": f"the reserve still covers what this startup's graphs and draft took, leaving {after_txt} GiB "
+              "for activations.",
+        "low": f"activation headroom would fall from {g(w.headroom_gib_before)} to {after_txt} GiB: long prefills "
+               "may run out of memory at runtime.",
+        "oom": "the reserve would not even cover what this startup's graphs and draft took: expect an OOM at "
                "startup or under load.",
         "unknown": "the log lacks the readings needed to judge the reserve.",
     }

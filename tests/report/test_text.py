@@ -1,0 +1,30 @@
+"""The human views, against golden files a human reviewed (`make golden` rewrites them)."""
+
+from __future__ import annotations
+
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli
+
+
+def test_kimi_text_view(golden):
+    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG)
+    golden("kimi-explain.txt", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
+
+
+def test_kimi_markdown_view(golden):
+    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "markdown")
+    golden("kimi-explain.md", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
+
+
+def test_whatif_view(golden):
+    r = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--mem-fraction-static", "0.92")
+    golden("kimi-whatif-0.92.txt", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
+
+
+def test_ranks_that_agree_share_a_row():
+    out = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG).stdout
+    assert "TP1-2,4,6-7" in out and "TP3,5" in out
+
+
+def test_text_answers_in_plain_sentences():
+    out = cli("explain", SAMPLES / "sglang_006.log").stdout
+    assert "In short" in out and "Needs attention: [UNUSED_MEMORY]" in out

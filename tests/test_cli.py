@@ -1,0 +1,134 @@
+"""The real CLI: exit codes, input handling, formats. Bad input gets one line and a documented code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli, cli_process
+
+
+def test_demo_scenario_as_a_user_runs_it():
+    r = cli_process("explain", KIMI_LOG, "--model-config", KIMI_CONFIG)
+    assert r.code == ExitStatus.OK, r.stderr
+    assert "MATCH" in r.stdout and "RESERVE_EXPLAINS_FREE" in r.stdout
+    assert "94.01" in r.stdout and "11.28" in r.stdout and "70,272" in r.stdout and "11.18" in r.stdout
+    assert r.stderr == ""
+
+
+def test_reads_standard_input():
+    r = cli("explain", "-", "--format", "json", stdin=(SAMPLES / "sglang_029.log").read_bytes())
+    assert r.code == ExitStatus.OK
+    d = r.json()
+    assert d["source"] == "stdin" and d["formula"]["logged_tokens"] == 105531
+
+
+def test_exit_codes_follow_the_worst_finding():
+    assert cli("explain", KIMI_LOG, "-c", KIMI_CONFIG).code == ExitStatus.OK
+    assert cli("explain", SAMPLES / "sglang_006.log").code == ExitStatus.WARNINGS  # UNUSED_MEMORY
+    assert cli("explain", SAMPLES / "sglang_025.log").code == ExitStatus.LOG_ERRORS  # STARTUP_FAILED
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "empty"),
+    (b"\x00\x01\x02binary" * 100, "binary"),
+    (b"just some text\nwith no engine lines\n", "no SGLang startup"),
+    (b"x" * (50 << 20), "no SGLang startup"),  # one 50 MB line
+    ((SAMPLES / "vllm_013.log").read_bytes(), "vLLM"),
+])
+def test_bad_input_gets_one_line_and_exit_2(tmp_path, content, message):
+    p = tmp_path / "input.log"
+    p.write_bytes(content)
+    r = cli_process("explain", p)
+    assert r.code == ExitStatus.BAD_INPUT
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["explain", "/nonexistent/log"], "cannot read"),
+    (["explain", "."], "directory"),
+    (["explain", str(KIMI_LOG), "--format", "xml"], "--format"),
+    (["explain", str(KIMI_LOG), "--mem-fraction-static", "1.5"], "--mem-fraction-static"),
+    (["explain", str(KIMI_LOG), "--model-config", "/nonexistent.json"], "cannot read model config"),
+    (["explain", str(KIMI_LOG), "--startup", "5"], "holds 1 startup"),
+    (["explain", str(KIMI_LOG), "--threshold", "bogus=1"], "unknown threshold"),
+    (["explain", str(KIMI_LOG), "--startup", "1", "--all-startups"], "exclude"),
+    (["explain"], "Missing argument"),
+    (["nosuchcommand"], "No such command"),
+    (["whatif", str(KIMI_LOG)], "at least one"),
+    (["whatif", str(KIMI_LOG), "--kv-cache-dtype", "fp8_e4m3"], "--model-config"),
+])
+def test_usage_errors_exit_2(args, message):
+    r = cli(*args)
+    assert r.code == ExitStatus.BAD_INPUT, (r.stdout, r.stderr)
+    assert message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_config_that_is_not_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("{oops")
+    r = cli("explain", KIMI_LOG, "-c", p)
+    assert r.code == ExitStatus.BAD_INPUT and "not JSON" in r.stderr
+
+
+def test_all_startups_json_and_startup_selection(tmp_path):
+    p = tmp_path / "two.log"
+    p.write_bytes((SAMPLES / "sglang_029.log").read_bytes() + KIMI_LOG.read_bytes())
+    r = cli("explain", p, "--all-startups", "-f", "json")
+    d = r.json()
+    assert [a["startup"]["index"] for a in d["audits"]] == [1, 2]
+    first = cli("explain", p, "--startup", "1", "-f", "json").json()
+    assert first["formula"]["logged_tokens"] == 105531 and first["startup"]["total"] == 2
+
+
+def test_markdown_and_output_file(tmp_path):
+    out = tmp_path / "report.md"
+    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "markdown", "-o", out)
+    assert r.code == 0 and r.stdout == ""
+    md = out.read_text()
+    assert md.startswith("## kvaudit") and "| TP0 |" in md and "`RESERVE_EXPLAINS_FREE`" in md
+
+
+def test_colour_only_when_asked_or_on_a_terminal():
+    plain = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG)
+    assert "\x1b[" not in plain.stdout
+    coloured = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "--color", "always")
+    assert "\x1b[32mMATCH" in coloured.stdout
+
+
+def test_version_and_help():
+    assert cli("--version").stdout.startswith("kvaudit ")
+    r = cli_process("explain", "--help")
+    assert r.code == 0 and "--model-config" in r.stdout
+
+
+@pytest.mark.parametrize("mfs,risk", [("0.90", "ok"), ("0.95", "low"), ("0.97", "oom")])
+def test_whatif_fraction(mfs, risk):
+    r = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--mem-fraction-static", mfs, "-f", "json")
+    d = r.json()["whatif"]
+    assert d["risk"] == risk
+    gain = (float(mfs) - 0.88) * 94.01 * 2**30 / 70272
+    assert d["tokens_after"]["low"] - d["tokens_before"] == pytest.approx(gain, abs=150)
+    assert d["reserve_gib_after"] == pytest.approx((1 - float(mfs)) * 94.01, abs=0.01)
+    assert r.code == (0 if risk == "ok" else 1)
+
+
+def test_whatif_fp8_kv_doubles_tokens():
+    d = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3", "-f", "json").json()["whatif"]
+    assert d["tokens_after"]["low"] == pytest.approx(2 * 159277, abs=200)
+    text = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3").stdout
+    assert "KV tokens" in text and "318," in text
+
+
+def test_internal_errors_are_one_line(monkeypatch):
+    import kvaudit.explain as ex
+
+    def boom(*a, **k):
+        raise RuntimeError("synthetic")
+
+    monkeypatch.setattr(ex, "audit", boom)
+    r = cli("explain", KIMI_LOG)
+    assert r.code == ExitStatus.INTERNAL_ERROR and "internal error" in r.stderr and r.stderr.count("\n") == 1
