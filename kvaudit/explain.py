@@ -7,7 +7,7 @@ from typing import BinaryIO
 
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.lines import InputError, Line, ScanStats, scan
+from kvaudit.parse.lines import InputError, Line, ScanStats, scan_fast
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
 
@@ -24,7 +24,7 @@ class ParsedLog:
 
 def read_log(stream: BinaryIO) -> ParsedLog:
     stats = ScanStats()
-    lines = list(scan(stream, all_anchors(), stats))
+    lines = list(scan_fast(stream, all_anchors(), stats))
     return parse_lines(lines, stats)
 
 
@@ -44,7 +44,7 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
         if foreign:
             raise NoStartupError(
                 f"this looks like a {foreign[0]} log; kvaudit explain reads SGLang logs in this version")
-        what = f"{stats.lines_read:,} lines read" if stats.lines_read else "no complete line"
+        what = f"{stats.bytes_read:,} bytes read"
         if stats.overlong_lines:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
         raise NoStartupError(f"no SGLang startup lines found ({what})")

@@ -1,9 +1,10 @@
 """Reading raw log input into the few lines that matter.
 
 A server's journal is mostly decode-batch and HTTP lines; the memory story is a few dozen lines per startup.
-:func:`scan` reads the input in large blocks and keeps only lines that contain one of the engines' anchor
-strings (plain ``bytes.find`` per anchor, which runs at memory speed), so the cost is close to one pass of
-``grep -F`` and memory stays flat in the size of the input. Everything after that works on the survivors.
+Only lines that contain one of the engines' anchor strings are kept, streaming, so memory stays flat in the
+size of the input. :func:`scan_fast` hands that selection to ``grep -F`` (one multi-pattern pass at disk
+speed) when grep is on the machine, and falls back to :func:`scan`, pure Python (one ``bytes.find`` pass per
+anchor: fine for pastes, ~10x slower on gigabytes). Both yield the same lines; a test holds them to it.
 
 Cleaning, per surviving line: bytes are decoded as UTF-8 (bad bytes replaced), ANSI colour codes removed,
 and a line holding carriage returns (tqdm progress bars redraw with ``\\r``) is split into its segments,
@@ -14,7 +15,12 @@ message anywhere in the line.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import stat
+import subprocess
+import threading
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
@@ -138,3 +144,93 @@ def _select(body: bytes, line_base: int, anchors: tuple[bytes, ...], stats: Scan
         for text in clean(raw.decode("utf-8", "replace")):
             stats.lines_kept += 1
             yield Line(number, text)
+
+
+def _grep() -> str | None:
+    if os.environ.get("KVAUDIT_NO_GREP"):
+        return None
+    return shutil.which("grep")
+
+
+def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:
+    """Like :func:`scan`, with ``grep -a -n -F`` selecting the lines when grep exists."""
+    stats = stats if stats is not None else ScanStats()
+    grep = _grep()
+    if grep is None:
+        yield from scan(stream, anchors, stats)
+        return
+    origin = _regular_file_offset(stream)
+    head = stream.read(BINARY_PROBE_BYTES)
+    if not head:
+        raise InputError("the input is empty")
+    stats.first_bytes = head[:4096]
+    if b"\x00" in head:
+        stats.saw_nul = True
+        raise InputError(
+            "the input is binary, not a text log (for a journal file use "
+            "'journalctl --file FILE -o cat -a | kvaudit explain -')"
+        )
+    cmd = [grep, "-a", "-n", "-F"]
+    for a in anchors:
+        cmd += ["-e", a.decode("latin-1")]
+    env = dict(os.environ, LC_ALL="C")
+    feeder = None
+    if origin is not None:
+        stream.seek(origin)
+        stats.bytes_read = os.fstat(stream.fileno()).st_size - origin
+        proc = subprocess.Popen(cmd, stdin=stream, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    else:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        feeder = threading.Thread(target=_feed, args=(proc, head, stream, stats), daemon=True)
+        feeder.start()
+    assert proc.stdout is not None
+    try:
+        for raw in proc.stdout:
+            num, _, body = raw.partition(b":")
+            body = body.rstrip(b"\n")
+            if len(body) > MAX_LINE_BYTES:
+                stats.overlong_lines += 1
+                continue
+            number = int(num)
+            stats.lines_read = number
+            for text in clean(body.decode("utf-8", "replace")):
+                stats.lines_kept += 1
+                yield Line(number, text)
+    finally:
+        proc.stdout.close()
+        err = proc.stderr.read() if proc.stderr else b""
+        code = proc.wait()
+        if feeder is not None:
+            feeder.join(timeout=5)
+    if code > 1:
+        raise InputError(f"grep failed: {err.decode('utf-8', 'replace').strip() or f'exit status {code}'}")
+
+
+def _regular_file_offset(stream: BinaryIO) -> int | None:
+    """Where ``stream`` stands, when it is a seekable regular file that grep can read directly."""
+    try:
+        if stat.S_ISREG(os.fstat(stream.fileno()).st_mode) and stream.seekable():
+            return stream.tell()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both OSError and ValueError
+        return None
+    return None
+
+
+def _feed(proc: subprocess.Popen, head: bytes, stream: BinaryIO, stats: ScanStats) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(head)
+        stats.bytes_read += len(head)
+        while True:
+            block = stream.read(BLOCK_SIZE)
+            if not block:
+                break
+            stats.bytes_read += len(block)
+            proc.stdin.write(block)
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

@@ -64,3 +64,52 @@ def test_overlong_line_is_skipped_and_counted(monkeypatch):
 def test_invalid_utf8_is_replaced_not_fatal():
     got, _ = scan_all(b"caf\xe9 1 GB\n")
     assert got[0].text == "caf\ufffd 1 GB"
+
+
+# --- the grep-backed scanner must select exactly what the pure-Python one does ---------------------------
+
+from pathlib import Path  # noqa: E402
+
+from tests.conftest import KIMI_LOG, SAMPLES  # noqa: E402
+
+ALL_INPUTS = [KIMI_LOG, *sorted(SAMPLES.glob("*.log"))]
+
+
+def _both(data: bytes, anchors, tmp_path: Path):
+    from kvaudit.engines import all_anchors
+
+    anchors = anchors or all_anchors()
+    pure = list(L.scan(io.BytesIO(data), anchors))
+    piped = list(L.scan_fast(io.BytesIO(data), anchors))
+    p = tmp_path / "in.log"
+    p.write_bytes(data)
+    with p.open("rb") as fh:
+        direct = list(L.scan_fast(fh, anchors))
+    return pure, piped, direct
+
+
+@pytest.mark.parametrize("path", ALL_INPUTS, ids=[p.stem for p in ALL_INPUTS])
+def test_grep_and_python_scanners_agree(path, tmp_path):
+    pure, piped, direct = _both(path.read_bytes(), None, tmp_path)
+    assert pure == piped == direct
+    assert pure
+
+
+def test_scanners_agree_on_awkward_bytes(tmp_path):
+    data = b"a GB\r\n\x1b[1mb GB\x1b[0m\rc GB\n\xff\xfe GB\n\nno match\nlast GB"
+    pure, piped, direct = _both(data, (b"GB",), tmp_path)
+    assert pure == piped == direct
+    assert [l.number for l in pure] == [1, 2, 2, 3, 6]
+
+
+def test_without_grep_the_python_scanner_is_used(monkeypatch):
+    monkeypatch.setenv("KVAUDIT_NO_GREP", "1")
+    got = list(L.scan_fast(io.BytesIO(b"x GB\n"), (b"GB",)))
+    assert [l.text for l in got] == ["x GB"]
+
+
+def test_fast_scanner_refuses_empty_and_binary():
+    with pytest.raises(L.InputError, match="empty"):
+        list(L.scan_fast(io.BytesIO(b""), (b"GB",)))
+    with pytest.raises(L.InputError, match="binary"):
+        list(L.scan_fast(io.BytesIO(b"\x00GB\n"), (b"GB",)))

@@ -1,0 +1,106 @@
+"""kvaudit benchmarks (`make bench`). Prints ratios, never asserts: speed is measured, not tested.
+
+1. explain on a generated 1 GiB journal vs `grep -E` with the same line anchors on the same file
+   (target: within 2x), and peak memory at 64 MiB vs 1 GiB (target: flat).
+2. the pure-Python fallback scanner (no grep on the machine) on 64 MiB, for reference.
+3. CLI start-up: `kvaudit --version` vs a bare `python -c pass`.
+
+Each figure is the best of N runs (the least disturbed by other load). Results go to bench/out/results.json;
+bench/baseline.json holds an earlier run, printed side by side. `python bench/run.py --save-baseline`
+replaces the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = HERE / "out"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from genlog import generate  # noqa: E402
+
+from kvaudit.engines import all_anchors  # noqa: E402
+
+KVAUDIT = str(Path(sys.executable).with_name("kvaudit"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+
+
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of one run of cmd. Output goes to a file, not /dev/null: GNU grep
+    notices /dev/null and stops at the first match."""
+    with (OUT / "stdout.tmp").open("wb") as sink:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.PIPE, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode not in (0, 1):
+        err = p.stderr.read().decode() if p.stderr else ""
+        raise SystemExit(f"{cmd[0]} failed ({p.returncode}): {err}")
+    return wall, usage.ru_maxrss
+
+
+def best(cmd: list[str], env: dict | None = None, runs: int = RUNS) -> dict:
+    results = [measure(cmd, env) for _ in range(runs)]
+    return {"seconds": round(min(r[0] for r in results), 4), "peak_rss_kib": max(r[1] for r in results)}
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    big = generate(OUT / "log-1g.log", 1 << 30)
+    small = generate(OUT / "log-64m.log", 64 << 20)
+    pattern = "|".join(re.escape(a.decode()) for a in all_anchors())
+    cenv = dict(os.environ, LC_ALL="C")
+    grep = shutil.which("grep")
+    res: dict[str, dict] = {}
+    print(f"input: {big} ({big.stat().st_size / 2**30:.2f} GiB), {small.stat().st_size / 2**20:.0f} MiB; best of {RUNS}")
+    subprocess.run(["cat", str(big)], stdout=subprocess.DEVNULL)  # warm the page cache for both
+    res["grep_1g"] = best([grep, "-a", "-c", "-E", pattern, str(big)], cenv)
+    res["explain_1g"] = best([KVAUDIT, "explain", str(big), "--format", "json"])
+    res["explain_64m"] = best([KVAUDIT, "explain", str(small), "--format", "json"])
+    res["explain_64m_python_scanner"] = best([KVAUDIT, "explain", str(small), "--format", "json"],
+                                              dict(os.environ, KVAUDIT_NO_GREP="1"), runs=1)
+    res["grep_64m"] = best([grep, "-a", "-c", "-E", pattern, str(small)], cenv)
+    res["cli_version"] = best([KVAUDIT, "--version"], runs=5)
+    res["python_bare"] = best([sys.executable, "-c", "pass"], runs=5)
+
+    ratios = {
+        "explain_vs_grep_1g": res["explain_1g"]["seconds"] / res["grep_1g"]["seconds"],
+        "peak_rss_1g_vs_64m": res["explain_1g"]["peak_rss_kib"] / res["explain_64m"]["peak_rss_kib"],
+        "python_scanner_vs_grep_64m": res["explain_64m_python_scanner"]["seconds"] / res["grep_64m"]["seconds"],
+        "cli_startup_vs_bare_python": res["cli_version"]["seconds"] / res["python_bare"]["seconds"],
+    }
+    targets = {"explain_vs_grep_1g": 2.0, "peak_rss_1g_vs_64m": 1.2}
+    baseline_path = HERE / "baseline.json"
+    baseline = json.loads(baseline_path.read_text())["ratios"] if baseline_path.exists() else {}
+
+    print(f"\n{'measurement':34} {'seconds':>9} {'peak RSS MiB':>13}")
+    for k, v in res.items():
+        print(f"{k:34} {v['seconds']:9.3f} {v['peak_rss_kib'] / 1024:13.1f}")
+    print(f"\n{'ratio':34} {'now':>8} {'baseline':>9} {'target':>8}")
+    for k, v in ratios.items():
+        b = baseline.get(k)
+        t = targets.get(k)
+        bs = "-" if b is None else f"{b:.2f}"
+        ts = "" if t is None else f"< {t:g}"
+        print(f"{k:34} {v:8.2f} {bs:>9} {ts:>8}")
+    doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+           "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}}
+    (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if "--save-baseline" in sys.argv:
+        baseline_path.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"\nbaseline saved to {baseline_path}")
+
+
+if __name__ == "__main__":
+    main()
