@@ -233,6 +233,107 @@ def whatif(
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
+def _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
+                   accept_new_host_key, timeout, connect_timeout, startup, threshold):
+    from kvaudit.check import CheckOptions
+    from kvaudit.reconcile.interface import AuditOptions
+
+    if source is not None and not (source.startswith("docker:") or source.startswith("file:")) :
+        raise Fail(f"--source {source!r}: use docker:NAME or file:PATH (the systemd journal is the default)")
+    if source is not None and len(source.split(":", 1)[1]) == 0:
+        raise Fail(f"--source {source!r}: the name or path is missing")
+    return CheckOptions(
+        audit=AuditOptions(model_geometry=_geometry(model_config), mem_fraction_static=mem_fraction_static,
+                           thresholds=_thresholds(threshold)),
+        unit=unit, source=source, journal_directory=journal_directory,
+        ssh_config=str(ssh_config) if ssh_config else None, accept_new_host_key=accept_new_host_key,
+        deadline_s=timeout, connect_timeout=connect_timeout, startup=startup,
+    )
+
+
+TARGET_HELP = "user@host[:port], an ssh_config alias, 'local' (this machine), or a capture directory."
+
+
+@app.command()
+def check(
+    target: str = typer.Argument("local", help=TARGET_HELP),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file (default ~/.ssh/config)."),
+    accept_new_host_key: bool = typer.Option(
+        False, "--accept-new-host-key", help="Trust and record an unknown host key (never a changed one)."),
+    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's systemd unit (default: found on the host)."),
+    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH instead of the journal."),
+    journal_directory: Optional[str] = typer.Option(
+        None, "--journal-directory", help="Read the journal from this directory on the host (journalctl --directory)."),
+    model_config: Optional[Path] = typer.Option(
+        None, "--model-config", "-c", help="A local config.json (default: read from model_path on the host)."),
+    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", min=0.01, max=1.0),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1, help="TCP/SSH connect timeout."),
+    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
+    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup in the log (-1 = latest)."),
+    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    color: str = typer.Option("auto", "--color", help="auto, always or never."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
+) -> int:
+    """Audit a live server: its startup log, its GPUs now, and what does not add up."""
+    from kvaudit.check import check as run_check
+    from kvaudit.parse.lines import InputError
+    from kvaudit.report import host as host_report
+    from kvaudit.status import for_host
+
+    fmt = _check_format(fmt)
+    opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
+                          accept_new_host_key, timeout, connect_timeout, startup, threshold)
+    try:
+        h = run_check(target, opts)
+    except InputError as exc:
+        raise Fail(str(exc)) from None
+    if h.error is not None:
+        _env.stderr.write(f"kvaudit: {target}: {h.error.reason}: {h.error}\n")
+    if fmt == "json":
+        text = host_report.render_json([h])
+    elif fmt == "markdown":
+        text = host_report.render_markdown([h])
+    else:
+        text = host_report.render_text([h], color=_color(color) and output is None)
+    if h.error is None or fmt == "json":
+        _write(text, output)
+    return int(for_host(h))
+
+
+@app.command()
+def capture(
+    target: str = typer.Argument("local", help="user@host[:port], an ssh_config alias, or 'local'."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the capture into."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file (default ~/.ssh/config)."),
+    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Trust and record an unknown host key."),
+    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's systemd unit."),
+    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH instead of the journal."),
+    journal_directory: Optional[str] = typer.Option(None, "--journal-directory", help="journalctl --directory on the host."),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1),
+) -> int:
+    """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
+    from kvaudit.check import capture as run_capture
+    from kvaudit.collect.interface import CollectError
+    from kvaudit.status import _REASON
+
+    opts = _check_options(None, None, unit, source, journal_directory, ssh_config, accept_new_host_key, timeout,
+                          connect_timeout, None, [])
+    try:
+        c, path = run_capture(target, opts, str(output))
+    except CollectError as exc:
+        _env.stderr.write(f"kvaudit: {target}: {exc.reason}: {exc}\n")
+        return int(_REASON.get(exc.reason, ExitStatus.UNREACHABLE))
+    except OSError as exc:
+        raise Fail(f"cannot write the capture to {output}: {exc.strerror or exc}") from None
+    _env.stdout.write(f"captured {target}: {len(c.log_lines)} log lines, {len(c.gpus)} GPUs, "
+                      f"{c.bytes_received:,} bytes received -> {path}\n")
+    for p in c.partial:
+        _env.stdout.write(f"  partial: {p}\n")
+    return int(ExitStatus.PARTIAL_DATA if c.partial else ExitStatus.OK)
+
+
 def run(argv: list[str], env: Environment | None = None) -> int:
     """Run the CLI in-process and return its exit status; never raises, never prints a traceback
     (set KVAUDIT_DEBUG=1 to see one)."""

@@ -12,6 +12,9 @@ class ExitStatus(IntEnum):
     WARNINGS = 1  # audited; at least one warning finding
     BAD_INPUT = 2  # unreadable input, or a usage error (same code click uses for usage errors)
     LOG_ERRORS = 3  # audited; the log shows the startup failed or ran out of memory (error findings)
+    UNREACHABLE = 4  # check: connection refused, timed out, dropped, or past the host deadline
+    AUTH_REFUSED = 5  # check: authentication refused, or the host key unknown (no opt-in) or changed
+    PARTIAL_DATA = 6  # check: audited what could be read; something was missing (no GPU readings, no engine log...)
     INTERNAL_ERROR = 70  # a bug in kvaudit (EX_SOFTWARE); the message asks for a report
 
 
@@ -19,6 +22,26 @@ def for_audits(audits: list[Audit]) -> ExitStatus:
     worst = max((a.worst.rank for a in audits if a.worst is not None), default=0)
     if worst >= Severity.ERROR.rank:
         return ExitStatus.LOG_ERRORS
+    if worst >= Severity.WARNING.rank:
+        return ExitStatus.WARNINGS
+    return ExitStatus.OK
+
+
+_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
+           "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
+           "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA}
+
+
+def for_host(h) -> ExitStatus:
+    """A checked host: transport failures first, then what the log says, then missing data, then warnings."""
+    if h.error is not None:
+        return _REASON.get(h.error.reason, ExitStatus.UNREACHABLE)
+    findings = list(h.audit.findings if h.audit else ()) + list(h.findings)
+    worst = max((f.severity.rank for f in findings), default=0)
+    if worst >= Severity.ERROR.rank:
+        return ExitStatus.LOG_ERRORS
+    if h.partial:
+        return ExitStatus.PARTIAL_DATA
     if worst >= Severity.WARNING.rank:
         return ExitStatus.WARNINGS
     return ExitStatus.OK

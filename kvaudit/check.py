@@ -1,0 +1,179 @@
+"""``kvaudit check``: collect from a host (SSH, this machine, or a capture), then explain the startup and
+reconcile it with the GPUs' live readings. Orchestration only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvaudit.collect import capture as capture_mod
+from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
+from kvaudit.collect.session import CollectOptions, HostSession
+from kvaudit.engines import all_anchors
+from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select
+from kvaudit.parse.interface import Startup
+from kvaudit.parse.lines import Line, clean
+from kvaudit.reconcile.interface import Audit, AuditOptions, Finding
+from kvaudit.reconcile.live import GpuLedger, LiveThresholds, reconcile_gpus
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    audit: AuditOptions
+    unit: str | None = None
+    source: str | None = None
+    journal_directory: str | None = None
+    ssh_config: str | None = None
+    accept_new_host_key: bool = False
+    deadline_s: float = 120.0
+    connect_timeout: float | None = None
+    command_timeout: float = 60.0
+    startup: int | None = None
+    live: LiveThresholds = LiveThresholds()
+
+
+@dataclass(frozen=True)
+class HostAudit:
+    target: str
+    collected: Collected | None
+    audit: Audit | None
+    gpus: tuple[GpuLedger, ...]
+    findings: tuple[Finding, ...]  # live findings (the audit's own are in audit.findings)
+    error: CollectError | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        return self.collected.partial if self.collected else ()
+
+
+def is_local(target: str) -> bool:
+    return target in ("local", "localhost-local", "")
+
+
+def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | None, list[str]]:
+    """Read everything from the host. Raises CollectError subclasses for hosts that cannot be audited."""
+    if capture_mod.is_capture(target):
+        c = capture_mod.read(target)
+        return c, _parse(c), []
+    notes: list[str] = []
+    copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout)
+    if is_local(target):
+        from kvaudit.collect.local import LocalRunner
+
+        runner = LocalRunner()
+    else:
+        from kvaudit.collect.ssh import SSHRunner
+
+        runner = SSHRunner(target, opts.ssh_config, opts.accept_new_host_key, opts.deadline_s, opts.connect_timeout)
+        if runner.policy_note:
+            notes.append(runner.policy_note)
+    session = HostSession(runner, target, copts)
+    try:
+        session.hostname()
+        lines = _local_journal(session, opts) if is_local(target) else None
+        if lines is None:
+            lines = session.log_lines()
+        log = _parse_lines(target, lines, session)
+        startup = select(log, opts.startup)[0]
+        model_path = (startup.server_args or {}).get("model_path") if startup.server_args else None
+        config, config_source = (None, None)
+        if opts.audit.model_geometry is None:
+            config, config_source = session.config(model_path if isinstance(model_path, str) else None)
+        pids = session.server_pids()
+        gpus, apps, gpu_source = [], [], None
+        if is_local(target):
+            gpus, apps, gpu_source = _nvml(session)
+        if not gpus and gpu_source is None:
+            gpus, apps = session.gpus()
+            gpu_source = "nvidia-smi" if gpus else None
+        return session.result(lines, gpus, apps, config, config_source, pids, gpu_source), log, notes
+    finally:
+        runner.close()
+
+
+def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, str]] | None:
+    """On the host itself, read the journal through systemd-python when it is installed."""
+    if opts.source:
+        return None
+    from kvaudit.collect.local import journal_python
+
+    try:
+        unit = opts.unit or session._discover_unit()
+    except CollectError:
+        return None
+    session.unit = unit
+    gen = journal_python(unit, None, opts.journal_directory, session.opts.anchors)
+    if gen is None:
+        return None
+    lines = list(gen)
+    session.source_desc = f"journal (systemd-python) unit={unit}" + (
+        f" directory={opts.journal_directory}" if opts.journal_directory else "")
+    return lines or None
+
+
+def _nvml(session: HostSession):
+    from kvaudit.collect.nvml import NvmlUnavailable, read
+
+    try:
+        gpus, apps, version = read()
+    except NvmlUnavailable:
+        return [], [], None
+    return gpus, apps, f"nvml ({version} memory info)"
+
+
+def _cleaned(pairs) -> list[Line]:
+    """Host-filtered lines arrive raw (ANSI, \r progress bars): the same cleaning as a local file gets."""
+    return [Line(n, piece) for n, t in pairs for piece in clean(t)]
+
+
+def _parse(c: Collected) -> ParsedLog | None:
+    try:
+        return parse_lines(_cleaned(c.log_lines))
+    except NoStartupError:
+        return None
+
+
+def _parse_lines(target: str, lines: list[tuple[int, str]], session: HostSession) -> ParsedLog:
+    try:
+        return parse_lines(_cleaned(lines))
+    except NoStartupError as exc:
+        raise NoEngineFound(f"{target}: {exc} in {session.source_desc or 'the log'} "
+                            f"({sum(r.bytes_received for r in session.records):,} bytes received)") from None
+
+
+def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, notes: list[str] | None = None) -> HostAudit:
+    notes = list(notes or [])
+    if log is None:
+        raise NoEngineFound(f"{c.target}: no engine startup in the collected log ({len(c.log_lines)} lines)")
+    startup: Startup = select(log, opts.startup)[0]
+    aopts = replace(opts.audit, source=c.source)
+    if aopts.model_geometry is None and c.config_json is not None:
+        from kvaudit.model_config import ConfigError, geometry_from_text
+
+        try:
+            aopts = replace(aopts, model_geometry=geometry_from_text(c.config_json, c.config_source or "config.json"))
+        except ConfigError as exc:
+            notes.append(f"remote config.json unusable: {exc}")
+    audit = log.engine.reconcile(startup, aopts, len(log.startups))
+    base = 0
+    if startup.server_args and isinstance(startup.server_args.get("base_gpu_id"), int):
+        base = startup.server_args["base_gpu_id"]
+    gpus, findings = reconcile_gpus(audit, c, base, replace(opts.live, low_headroom_gib=opts.audit.thresholds.low_headroom_gib))
+    return HostAudit(c.target, c, audit, gpus, findings, None, tuple(notes))
+
+
+def check(target: str, opts: CheckOptions) -> HostAudit:
+    """One host, start to finish; a host that cannot be audited comes back as data (``error``), not raised."""
+    try:
+        c, log, notes = collect(target, opts)
+        return audit_collected(c, log, opts, notes)
+    except CollectError as exc:
+        return HostAudit(target, None, None, (), (), exc)
+    except NoStartupError as exc:
+        return HostAudit(target, None, None, (), (), NoEngineFound(f"{target}: {exc}"))
+
+
+def capture(target: str, opts: CheckOptions, directory: str) -> tuple[Collected, Path]:
+    c, _, _ = collect(target, opts)
+    return c, capture_mod.write(c, directory)

@@ -1,0 +1,114 @@
+"""What a collector hands on: the host's filtered log lines, its GPU readings, the model config, and a record
+of every command it ran. Frozen; no parsing of engine lines happens here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class CollectError(Exception):
+    """A host could not be audited. ``reason`` is a stable word fleet reports and exit codes use."""
+
+    reason = "error"
+
+
+class Unreachable(CollectError):
+    reason = "unreachable"  # refused, no route, DNS, connect or banner timeout
+
+
+class HostTimeout(CollectError):
+    reason = "timeout"  # the per-host deadline passed while commands ran
+
+
+class ConnectionDropped(CollectError):
+    reason = "dropped"  # the connection closed in the middle of a command's output
+
+
+class AuthFailed(CollectError):
+    reason = "auth"
+
+
+class HostKeyRefused(CollectError):
+    reason = "host_key"  # unknown (without --accept-new-host-key) or changed
+
+
+class NoEngineFound(CollectError):
+    reason = "no_engine"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str  # exactly what ran, shell-quoted
+    rc: int | None  # None when the command did not finish
+    stdout: bytes = field(repr=False)
+    stderr: bytes = field(repr=False)
+    seconds: float
+    truncated: bool = False  # output hit the size limit
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    """What a report and a capture keep of a command: no output, just the facts."""
+
+    command: str
+    rc: int | None
+    bytes_received: int
+    seconds: float
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU as NVML or nvidia-smi saw it. MiB throughout (nvidia-smi's unit); None when not reported."""
+
+    index: int
+    uuid: str
+    name: str
+    bus_id: str
+    total_mib: float | None
+    reserved_mib: float | None
+    used_mib: float | None
+    free_mib: float | None
+    driver: str | None = None
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    pid: int
+    gpu_uuid: str
+    name: str
+    used_mib: float | None
+
+
+@dataclass(frozen=True)
+class Collected:
+    """Everything read from one host for one audit."""
+
+    target: str  # as the user named it
+    host: str | None  # the host's own name (hostname), when read
+    source: str  # "journal unit=sglang.service invocation=...", "docker:NAME", "file:PATH", "capture:DIR"
+    log_lines: tuple[tuple[int, str], ...]  # (line number, text) already filtered on the host
+    gpus: tuple[GpuReading, ...]
+    apps: tuple[ComputeApp, ...]
+    config_json: str | None
+    config_source: str | None
+    server_pids: tuple[int, ...]  # the engine's processes (the unit's cgroup), when known
+    commands: tuple[CommandRecord, ...]
+    partial: tuple[str, ...]  # what could not be read, one sentence each
+    collected_at: str  # ISO 8601, UTC
+    unit: str | None = None
+    invocation_id: str | None = None
+    gpu_source: str | None = None  # "nvidia-smi" | "nvml" | None
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(c.bytes_received for c in self.commands)
+
+
+class Runner(Protocol):
+    """Runs one read-only shell command on a host and returns its output (bounded)."""
+
+    def run(self, command: str, timeout: float, max_bytes: int) -> CommandResult: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,51 @@
+"""nvidia-smi ``--format=csv,noheader,nounits`` output -> readings. Values are separated by ", "; special
+values such as ``[N/A]`` or ``[Requested functionality has been deprecated]`` become None."""
+
+from __future__ import annotations
+
+from kvaudit.collect.interface import ComputeApp, GpuReading
+
+
+class SmiParseError(ValueError):
+    pass
+
+
+def _num(s: str) -> float | None:
+    s = s.strip()
+    if not s or s.startswith("["):
+        return None
+    try:
+        return float(s.replace(" MiB", ""))
+    except ValueError:
+        return None
+
+
+def parse_gpus(text: str) -> list[GpuReading]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(", ")]
+        if len(cells) < 8:
+            raise SmiParseError(f"nvidia-smi GPU line {n} has {len(cells)} fields, expected 9: {line[:120]!r}")
+        idx = _num(cells[0])
+        if idx is None:
+            raise SmiParseError(f"nvidia-smi GPU line {n}: index {cells[0]!r} is not a number")
+        out.append(GpuReading(int(idx), cells[1], cells[2], cells[3], _num(cells[4]), _num(cells[5]),
+                              _num(cells[6]), _num(cells[7]), cells[8] if len(cells) > 8 else None))
+    return out
+
+
+def parse_apps(text: str) -> list[ComputeApp]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("No running"):
+            continue
+        cells = [c.strip() for c in line.split(", ")]
+        if len(cells) < 4:
+            continue
+        pid = _num(cells[0])
+        if pid is None:
+            continue
+        out.append(ComputeApp(int(pid), cells[1], ", ".join(cells[2:-1]), _num(cells[-1])))
+    return out

@@ -1,0 +1,217 @@
+"""Collecting from one host through a Runner: find the engine's unit and its latest start, pull that start's
+memory lines (filtered on the host, so only they cross the network), the GPUs' readings and the model
+config. Every command goes through :func:`kvaudit.collect.commands.is_allowed` and is recorded."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from kvaudit.collect import commands as C
+from kvaudit.collect.interface import (
+    CollectError,
+    Collected,
+    CommandRecord,
+    CommandResult,
+    ComputeApp,
+    GpuReading,
+    NoEngineFound,
+    Runner,
+)
+from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
+
+#: unit names that look like an inference engine (the audited engines and the ones recognised)
+ENGINE_UNIT = re.compile(r"sglang|vllm|lmdeploy|text-generation|tgi|trtllm|tensorrt|llm|inference", re.I)
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    anchors: tuple[bytes, ...]
+    unit: str | None = None
+    source: str | None = None  # None (systemd journal) | "docker:NAME" | "file:PATH"
+    journal_directory: str | None = None
+    command_timeout: float = 60.0
+    max_output: int = 64 << 20
+    fetch_config: bool = True
+
+
+@dataclass
+class HostSession:
+    runner: Runner
+    target: str
+    opts: CollectOptions
+    records: list[CommandRecord] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)
+    raw: dict[str, bytes] = field(default_factory=dict)  # outputs a capture keeps
+    unit: str | None = None
+    invocation: str | None = None
+    source_desc: str = ""
+    host: str | None = None
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        if not C.is_allowed(command):  # a programming error, never user input: refuse loudly
+            raise CollectError(f"refusing to run a command that is not on the read-only list: {command}")
+        res = self.runner.run(command, timeout or self.opts.command_timeout, self.opts.max_output)
+        self.records.append(CommandRecord(command, res.rc, len(res.stdout) + len(res.stderr), round(res.seconds, 3),
+                                          res.truncated))
+        return res
+
+    # --- log lines --------------------------------------------------------------------------------------
+    def log_lines(self) -> list[tuple[int, str]]:
+        src = self.opts.source
+        if src and src.startswith("docker:"):
+            return self._docker(src[7:])
+        if src and src.startswith("file:"):
+            path = src[5:]
+            self.source_desc = f"file:{path}"
+            res = self.run(C.file_lines(path, self.opts.anchors))
+            if res.rc not in (0, 1) or (res.rc == 1 and res.stderr.strip()):
+                raise NoEngineFound(f"{self.target}: cannot read {path}: {_first_line(res.stderr) or f'rc {res.rc}'}")
+            return self._lines(res)
+        return self._journal()
+
+    def _docker(self, name: str) -> list[tuple[int, str]]:
+        started = self.run(C.docker_started(name))
+        since = started.stdout.decode(errors="replace").strip() if started.rc == 0 else None
+        if started.rc != 0:
+            raise NoEngineFound(f"{self.target}: docker container {name!r}: "
+                                f"{_first_line(started.stderr) or _first_line(started.stdout) or f'rc {started.rc}'}")
+        self.source_desc = f"docker:{name} (since {since})"
+        return self._lines(self.run(C.docker_lines(name, since, self.opts.anchors)))
+
+    def _journal(self) -> list[tuple[int, str]]:
+        d = self.opts.journal_directory
+        unit = self.opts.unit or self._discover_unit()
+        self.unit = unit
+        inv = None
+        if not d:
+            res = self.run(C.invocation_id(unit))
+            if res.rc == 0:
+                inv = res.stdout.decode(errors="replace").strip() or None
+        if inv is None:
+            res = self.run(C.last_invocation_in_journal(unit, d))
+            m = re.search(rb"^_SYSTEMD_INVOCATION_ID=([0-9a-f]{32})$", res.stdout, re.M)
+            inv = m.group(1).decode() if m else None
+            if res.rc not in (0, 1) and not res.stdout:
+                raise NoEngineFound(f"{self.target}: cannot read the journal"
+                                    f"{' in ' + d if d else ''}: {_first_line(res.stderr) or f'rc {res.rc}'}")
+        self.invocation = inv
+        self.source_desc = f"journal unit={unit}" + (f" invocation={inv}" if inv else " (no invocation id: all starts)") + (
+            f" directory={d}" if d else "")
+        res = self.run(C.journal_lines(unit, inv, d, self.opts.anchors))
+        lines = self._lines(res)
+        if not lines:
+            why = _first_line(res.stderr)
+            raise NoEngineFound(f"{self.target}: the journal of {unit} has no engine lines"
+                                + (f" ({why})" if why else " (is the journal readable by this user? "
+                                   "root or the systemd-journal group is needed)"))
+        return lines
+
+    def _discover_unit(self) -> str:
+        names: list[str] = []
+        res = self.run(C.list_units()) if not self.opts.journal_directory else None
+        if res is not None and res.rc == 0:
+            for line in res.stdout.decode(errors="replace").splitlines():
+                cols = line.split()
+                if cols and cols[0].endswith(".service") and ENGINE_UNIT.search(cols[0]):
+                    active = len(cols) > 2 and cols[2] == "active"
+                    names.append(cols[0] if active else "~" + cols[0])
+            running = [n for n in names if not n.startswith("~")]
+            names = running or [n[1:] for n in names]
+        if not names:  # systemctl cannot answer (container, --journal-directory): ask the journal itself
+            res = self.run(C.journal_units(self.opts.journal_directory))
+            names = [u for u in res.stdout.decode(errors="replace").split() if ENGINE_UNIT.search(u)]
+        names = sorted(set(names))
+        if not names:
+            raise NoEngineFound(f"{self.target}: no systemd unit that looks like an inference engine; "
+                                "name it with --unit, or use --source docker:NAME / file:PATH")
+        if len(names) > 1:
+            raise NoEngineFound(f"{self.target}: several engine units ({', '.join(names)}); pick one with --unit")
+        return names[0]
+
+    def _lines(self, res: CommandResult) -> list[tuple[int, str]]:
+        self.raw["log"] = res.stdout
+        if res.truncated:
+            self.partial.append(f"log output cut at {self.opts.max_output:,} bytes")
+        out = []
+        for raw in res.stdout.split(b"\n"):
+            num, sep, body = raw.partition(b":")
+            if not sep or not num.isdigit():
+                continue
+            out.append((int(num), body.decode("utf-8", "replace")))
+        return out
+
+    # --- processes of the engine --------------------------------------------------------------------------
+    def server_pids(self) -> tuple[int, ...]:
+        if not self.unit or self.opts.journal_directory:
+            return ()
+        res = self.run(C.control_group(self.unit))
+        cg = res.stdout.decode(errors="replace").strip() if res.rc == 0 else ""
+        if not cg:
+            return ()
+        pids = self.run(C.cgroup_pids(cg))
+        return tuple(int(x) for x in pids.stdout.split() if x.isdigit())
+
+    # --- GPUs ---------------------------------------------------------------------------------------------
+    def gpus(self) -> tuple[list[GpuReading], list[ComputeApp]]:
+        res = self.run(C.query_gpus())
+        self.raw["gpus"] = res.stdout
+        if res.rc != 0:
+            why = _first_line(res.stderr) or _first_line(res.stdout) or f"rc {res.rc}"
+            if res.rc == 127 or "not found" in why:
+                self.partial.append("nvidia-smi not found on the host: no GPU readings")
+            else:
+                self.partial.append(f"nvidia-smi failed: {why}")
+            return [], []
+        try:
+            gpus = parse_gpus(res.stdout.decode(errors="replace"))
+        except SmiParseError as exc:
+            self.partial.append(str(exc))
+            return [], []
+        apps_res = self.run(C.query_apps())
+        self.raw["apps"] = apps_res.stdout
+        apps = parse_apps(apps_res.stdout.decode(errors="replace")) if apps_res.rc == 0 else []
+        if apps_res.rc != 0:
+            self.partial.append(f"nvidia-smi process list failed: {_first_line(apps_res.stderr) or apps_res.rc}")
+        return gpus, apps
+
+    # --- model config -------------------------------------------------------------------------------------
+    def config(self, model_path: str | None) -> tuple[str | None, str | None]:
+        if not model_path:
+            self.partial.append("server_args give no model_path: no config.json; bytes per token from the KV line")
+            return None, None
+        candidates = []
+        if model_path.startswith("/"):
+            candidates.append(model_path.rstrip("/") + "/config.json")
+        elif re.fullmatch(r"[\w.-]+/[\w.-]+", model_path):
+            res = self.run(C.hf_snapshots(model_path))
+            candidates += [d.rstrip("/") + "/config.json" for d in res.stdout.decode(errors="replace").split()]
+        for path in candidates:
+            res = self.run(C.read_config(path))
+            if res.rc == 0 and res.stdout.strip():
+                self.raw["config"] = res.stdout
+                return res.stdout.decode("utf-8", "replace"), path
+        self.partial.append(f"no config.json found for model_path {model_path!r}; bytes per token from the KV line")
+        return None, None
+
+    def hostname(self) -> None:
+        res = self.run(C.hostname())
+        if res.rc == 0:
+            self.host = res.stdout.decode(errors="replace").strip() or None
+
+    def result(self, lines, gpus, apps, config, config_source, pids, gpu_source) -> Collected:
+        return Collected(
+            target=self.target, host=self.host, source=self.source_desc, log_lines=tuple(lines),
+            gpus=tuple(gpus), apps=tuple(apps), config_json=config, config_source=config_source,
+            server_pids=tuple(pids), commands=tuple(self.records), partial=tuple(self.partial),
+            collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
+        )
+
+
+def _first_line(b: bytes) -> str:
+    for line in b.decode("utf-8", "replace").splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""

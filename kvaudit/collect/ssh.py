@@ -1,0 +1,365 @@
+"""SSH transport (paramiko): ssh_config, ProxyJump/ProxyCommand, host keys, timeouts, one deadline per host.
+
+paramiko parses ssh_config but applies none of it, implements no ProxyJump, ignores wildcard known_hosts
+entries and aborts on ``@cert-authority`` lines; this module does those parts the way OpenSSH does
+(see ../shared notes in docs/check.md). Host keys: unknown keys are refused unless the user opts in with
+``accept_new`` (OpenSSH's ``StrictHostKeyChecking=accept-new``), which records the key in the first
+UserKnownHostsFile; a changed key is always refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import getpass
+import hashlib
+import hmac
+import os
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvaudit.collect.interface import (
+    AuthFailed,
+    CollectError,
+    CommandResult,
+    ConnectionDropped,
+    HostKeyRefused,
+    HostTimeout,
+    Unreachable,
+)
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+_append_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Target:
+    user: str | None
+    host: str
+    port: int | None
+
+    @staticmethod
+    def parse(text: str) -> "Target":
+        user, _, rest = text.rpartition("@")
+        host, port = rest, None
+        if rest.startswith("["):  # [v6addr]:port
+            close = rest.find("]")
+            host, tail = rest[1:close], rest[close + 1 :]
+            if tail.startswith(":") and tail[1:].isdigit():
+                port = int(tail[1:])
+        elif rest.count(":") == 1:
+            h, p = rest.split(":")
+            if p.isdigit():
+                host, port = h, int(p)
+        if not host:
+            raise ValueError(f"not a host: {text!r}")
+        return Target(user or None, host, port)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    identities_only: bool
+    known_hosts: tuple[str, ...]
+    connect_timeout: float
+    proxy_jump: str | None
+    proxy_command: str | None
+
+
+def resolve(target: str, ssh_config: str | None) -> HostConfig:
+    """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias."""
+    import paramiko
+
+    t = Target.parse(target)
+    path = Path(ssh_config).expanduser() if ssh_config else Path("~/.ssh/config").expanduser()
+    cfg = paramiko.SSHConfig()
+    if path.exists():
+        try:
+            cfg = paramiko.SSHConfig.from_path(str(path))
+        except Exception as exc:  # paramiko raises several types for malformed files
+            raise CollectError(f"cannot read ssh config {path}: {exc}") from None
+    elif ssh_config:
+        raise CollectError(f"ssh config {path} does not exist")
+    hc = cfg.lookup(t.host)
+    port = t.port or int(hc.get("port", 22))
+    known = tuple(os.path.expanduser(p) for p in (hc.get("userknownhostsfile") or "").split()) or (
+        os.path.expanduser("~/.ssh/known_hosts"),)
+    pj = hc.get("proxyjump")
+    return HostConfig(
+        alias=t.host,
+        hostname=hc.get("hostname", t.host),
+        port=port,
+        user=t.user or hc.get("user") or getpass.getuser(),
+        identity_files=tuple(os.path.expanduser(p) for p in hc.get("identityfile", [])),
+        identities_only=str(hc.get("identitiesonly", "no")).lower() == "yes",
+        known_hosts=known,
+        connect_timeout=float(hc.get("connecttimeout", DEFAULT_CONNECT_TIMEOUT)),
+        proxy_jump=None if not pj or pj.lower() == "none" else pj,
+        proxy_command=hc.get("proxycommand") if str(hc.get("proxycommand", "none")).lower() != "none" else None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# host keys
+
+
+def fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _host_matches(patterns: str, name: str) -> bool:
+    """OpenSSH known_hosts host field: comma-separated patterns, ``*``/``?`` wildcards, ``!`` negation,
+    or one hashed ``|1|salt|hash`` entry."""
+    if patterns.startswith("|1|"):
+        try:
+            _, _, salt, digest = patterns.split("|")
+            mac = hmac.new(base64.b64decode(salt), name.encode(), hashlib.sha1).digest()
+            return hmac.compare_digest(base64.b64encode(mac).decode(), digest)
+        except (ValueError, TypeError):
+            return False
+    hit = False
+    for pat in patterns.split(","):
+        neg = pat.startswith("!")
+        if fnmatch.fnmatchcase(name, pat.lstrip("!")):
+            if neg:
+                return False
+            hit = True
+    return hit
+
+
+@dataclass(frozen=True)
+class KnownKey:
+    keytype: str
+    blob: str
+    revoked: bool
+    source: str
+
+
+def known_keys(files: tuple[str, ...], name: str) -> list[KnownKey]:
+    """Entries for ``name`` (``host`` or ``[host]:port``), line by line: a line paramiko cannot load
+    (``@cert-authority``, garbage) is skipped, not fatal."""
+    out = []
+    for f in list(files) + ["/etc/ssh/ssh_known_hosts"]:
+        try:
+            text = Path(f).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            parts = line.split()
+            if not parts or parts[0].startswith("#"):
+                continue
+            revoked = False
+            if parts[0].startswith("@"):
+                if parts[0] != "@revoked":
+                    continue  # @cert-authority: CA-signed host certificates are not supported here
+                revoked, parts = True, parts[1:]
+            if len(parts) < 3:
+                continue
+            if _host_matches(parts[0], name):
+                out.append(KnownKey(parts[1], parts[2], revoked, f"{f}:{n}"))
+    return out
+
+
+class HostKeyPolicy:
+    """Decides on every host key (paramiko is given no keys of its own, so all of them come here)."""
+
+    def __init__(self, files: tuple[str, ...], accept_new: bool):
+        self.files = files
+        self.accept_new = accept_new
+        self.accepted_new: str | None = None
+
+    def missing_host_key(self, client, hostname: str, key) -> None:
+        entries = known_keys(self.files, hostname)
+        blob = key.get_base64()
+        if any(e.revoked and e.blob == blob for e in entries):
+            raise HostKeyRefused(f"host key of {hostname} ({fingerprint(key)}) is marked @revoked")
+        same_type = [e for e in entries if e.keytype == key.get_name() and not e.revoked]
+        if any(e.blob == blob for e in same_type):
+            return
+        if same_type:
+            raise HostKeyRefused(
+                f"HOST KEY CHANGED for {hostname}: it offers {key.get_name()} {fingerprint(key)}, but "
+                f"{same_type[0].source} holds a different key. Refusing (a reinstalled host, or someone in "
+                "the middle); remove the old line only if you know why it changed")
+        if not self.accept_new:
+            raise HostKeyRefused(
+                f"host key of {hostname} is not known ({key.get_name()} {fingerprint(key)}); verify it and add "
+                f"it to {self.files[0]}, or rerun with --accept-new-host-key to trust it on first use")
+        path = Path(self.files[0])
+        with _append_lock:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write(f"{hostname} {key.get_name()} {blob}\n")
+        self.accepted_new = f"{hostname} {key.get_name()} {fingerprint(key)} -> {path}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# connections
+
+
+def _server_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class SSHRunner:
+    """One host: a connected SSHClient (plus its jump hosts) and the host's deadline."""
+
+    def __init__(self, target: str, ssh_config: str | None = None, accept_new: bool = False,
+                 deadline_s: float = 120.0, connect_timeout: float | None = None):
+        self.target = target
+        self.deadline = time.monotonic() + deadline_s
+        self.deadline_s = deadline_s
+        self._clients: list = []
+        self.policy_note: str | None = None
+        hc = resolve(target, ssh_config)
+        self.config = hc
+        self.client = self._connect(hc, accept_new, connect_timeout, depth=0, ssh_config=ssh_config)
+
+    def _remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.close()
+            raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline")
+        return left
+
+    def _connect(self, hc: HostConfig, accept_new: bool, connect_timeout: float | None, depth: int,
+                 ssh_config: str | None, sock=None):
+        import paramiko
+
+        if depth > 5:
+            raise CollectError(f"{hc.alias}: more than 5 ProxyJump hops")
+        timeout = min(connect_timeout or hc.connect_timeout, self._remaining())
+        if sock is None and hc.proxy_jump:
+            hops = [h.strip() for h in hc.proxy_jump.split(",") if h.strip()]
+            via = None
+            for i, hop in enumerate(hops):
+                hop_cfg = resolve(hop, ssh_config)
+                hop_client = self._connect(hop_cfg, accept_new, connect_timeout, depth + 1, ssh_config, sock=via)
+                nxt = resolve(hops[i + 1], ssh_config) if i + 1 < len(hops) else hc
+                try:
+                    via = hop_client.get_transport().open_channel(
+                        "direct-tcpip", (nxt.hostname, nxt.port), ("", 0), timeout=timeout)
+                except Exception as exc:
+                    raise Unreachable(f"{hc.alias}: jump host {hop} could not reach {nxt.hostname}:{nxt.port}: "
+                                      f"{exc}") from None
+            sock = via
+        elif sock is None and hc.proxy_command:
+            sock = paramiko.ProxyCommand(hc.proxy_command)
+        client = paramiko.SSHClient()
+        policy = HostKeyPolicy(hc.known_hosts, accept_new)
+        client.set_missing_host_key_policy(policy)
+        name = f"{hc.user}@{hc.hostname}:{hc.port}"
+        try:
+            client.connect(
+                hc.hostname, port=hc.port, username=hc.user,
+                key_filename=list(hc.identity_files) or None,
+                look_for_keys=not hc.identities_only,
+                allow_agent=not (hc.identities_only and hc.identity_files),
+                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
+                sock=sock,
+            )
+        except HostKeyRefused:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyRefused(f"HOST KEY CHANGED for {name}: {exc}") from None
+        except paramiko.PasswordRequiredException:
+            client.close()
+            raise AuthFailed(f"{name}: the private key needs a passphrase; load it into ssh-agent") from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise AuthFailed(f"{name}: authentication refused ({exc})") from None
+        except (socket.timeout, TimeoutError):
+            client.close()
+            raise Unreachable(f"{name}: connection timed out after {timeout:g} s") from None
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            client.close()
+            raise Unreachable(f"{name}: connection refused ({exc.strerror or exc})") from None
+        except socket.gaierror as exc:
+            client.close()
+            raise Unreachable(f"{name}: cannot resolve host ({exc.strerror})") from None
+        except paramiko.SSHException as exc:
+            client.close()
+            msg = str(exc)
+            if "banner" in msg.lower() or "timed out" in msg.lower() or "timeout" in msg.lower():
+                raise Unreachable(f"{name}: no SSH answer within {timeout:g} s ({msg})") from None
+            raise Unreachable(f"{name}: SSH failed: {msg}") from None
+        except OSError as exc:
+            client.close()
+            raise Unreachable(f"{name}: {exc.strerror or exc}") from None
+        if policy.accepted_new:
+            self.policy_note = f"new host key accepted and recorded: {policy.accepted_new}"
+        self._clients.append(client)
+        return client
+
+    def run(self, command: str, timeout: float, max_bytes: int) -> CommandResult:
+        """Run one command; drain stdout and stderr as they come (never wait for the exit status first,
+        which can deadlock on a full window); stop at the command timeout, the host deadline, or
+        ``max_bytes`` of output."""
+        import paramiko
+
+        start = time.monotonic()
+        limit = min(timeout, self._remaining())
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionDropped(f"{self.target}: connection closed")
+        try:
+            chan = transport.open_session(timeout=min(10.0, limit))
+            chan.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectionDropped(f"{self.target}: could not start a command ({exc})") from None
+        out, err = bytearray(), bytearray()
+        truncated = False
+        while True:
+            now = time.monotonic()
+            if now - start > limit:
+                chan.close()
+                if time.monotonic() >= self.deadline:
+                    self.close()
+                    raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
+                                      f"(while running: {command[:80]})")
+                return CommandResult(command, None, bytes(out), bytes(err) + b"\n[kvaudit: timed out]",
+                                     now - start, truncated)
+            r, _, _ = select.select([chan], [], [], 0.2)
+            got = False
+            while chan.recv_ready():
+                out += chan.recv(1 << 16)
+                got = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+                got = True
+            if len(out) > max_bytes:
+                truncated = True
+                del out[max_bytes:]
+                chan.close()
+                return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, True)
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                rc = chan.recv_exit_status()
+                chan.close()
+                return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
+            if not got and (chan.closed or chan.eof_received) and not chan.exit_status_ready():
+                if not transport.is_active() or chan.closed:
+                    raise ConnectionDropped(
+                        f"{self.target}: the connection dropped in the middle of a command's output "
+                        f"({len(out):,} bytes received of: {command[:80]})")
+            if not got and not transport.is_active():
+                raise ConnectionDropped(f"{self.target}: the connection dropped ({len(out):,} bytes received)")
+            del r
+
+    def close(self) -> None:
+        for c in reversed(self._clients):
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._clients.clear()

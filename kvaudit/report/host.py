@@ -1,0 +1,157 @@
+"""Reports for ``kvaudit check``: the startup audit, plus the host, its GPUs now, and what was missing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvaudit.check import HostAudit
+from kvaudit.report.json import SCHEMA_VERSION, audit_dict, finding_dict
+from kvaudit.report.text import _c, _table, _wrap, render_one
+
+GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
+               "free now", "drift", "engine", "others")
+
+
+def _f(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:+.2f}" if signed else f"{v:.2f}"
+
+
+def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
+    rows = []
+    for g in h.gpus:
+        others = sum(f.gib or 0 for f in g.foreign)
+        rows.append((str(g.index), g.rank or "-", _f(g.total_gib), _f(g.reserved_gib), _f(g.cuda_total_gib),
+                     _f(g.before_t_gib), _f(g.pre_load_free_gib), _f(g.free_at_end_gib), _f(g.used_gib),
+                     _f(g.free_gib), _f(g.drift_gib, True), _f(g.server_gib), _f(others) if g.foreign else "-"))
+    return rows
+
+
+def host_dict(h: HostAudit) -> dict[str, Any]:
+    c = h.collected
+    host = {
+        "target": h.target,
+        "host": c.host if c else None,
+        "source": c.source if c else None,
+        "unit": c.unit if c else None,
+        "invocation_id": c.invocation_id if c else None,
+        "collected_at": c.collected_at if c else None,
+        "bytes_received": c.bytes_received if c else None,
+        "config_source": c.config_source if c else None,
+        "gpu_source": c.gpu_source if c else None,
+        "server_pids": list(c.server_pids) if c else [],
+        "commands": [{"command": r.command, "rc": r.rc, "bytes_received": r.bytes_received, "seconds": r.seconds,
+                      "truncated": r.truncated} for r in c.commands] if c else [],
+        "partial": list(h.partial),
+        "error": {"reason": h.error.reason, "message": str(h.error)} if h.error else None,
+        "notes": list(h.notes),
+    }
+    gpus = [{
+        "index": g.index, "uuid": g.uuid, "name": g.name, "bus_id": g.bus_id, "rank": g.rank,
+        "mapped_by": g.mapped_by, "total_gib": g.total_gib, "reserved_gib": g.reserved_gib,
+        "cuda_total_gib": g.cuda_total_gib, "used_gib": g.used_gib, "free_gib": g.free_gib,
+        "pre_load_free_gib": g.pre_load_free_gib, "before_t_gib": g.before_t_gib,
+        "free_at_end_gib": g.free_at_end_gib, "drift_gib": g.drift_gib, "engine_gib": g.server_gib,
+        "foreign_processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in g.foreign],
+        "unattributed_gib": g.unattributed_gib, "nvml_identity_holds": g.nvml_identity,
+        "ledger": _rank_ledger(h, g.rank),
+    } for g in h.gpus]
+    if h.audit is not None:
+        doc = audit_dict(h.audit)
+        doc["findings"] = doc["findings"] + [finding_dict(f) for f in h.findings]
+    else:
+        doc = {"schema_version": SCHEMA_VERSION, "engine": None, "engine_version": None, "source": None,
+               "formula": None, "ranks": [], "findings": [finding_dict(f) for f in h.findings]}
+    doc["host"] = host
+    doc["gpus"] = gpus
+    return doc
+
+
+def _rank_ledger(h: HostAudit, label: str | None) -> Any:
+    if h.audit is None or label is None:
+        return None
+    for r in h.audit.ranks:
+        if r.label == label:
+            return {"unexplained_gib": r.unexplained_gib,
+                    "items": [{"key": i.key, "gib": i.gib} for i in r.items]}
+    return None
+
+
+def render_json(hosts: list[HostAudit]) -> str:
+    doc: Any = host_dict(hosts[0]) if len(hosts) == 1 else {"schema_version": SCHEMA_VERSION,
+                                                            "hosts": [host_dict(h) for h in hosts]}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def render_text(hosts: list[HostAudit], color: bool = False) -> str:
+    out = []
+    for h in hosts:
+        L: list[str] = []
+        c = h.collected
+        head = f"kvaudit check {h.target}"
+        if c and c.host:
+            head += f" ({c.host})"
+        L.append(_c(head, "1", color))
+        if h.error is not None:
+            L.append(_c(f"  FAILED [{h.error.reason}]: ", "31", color) + str(h.error))
+            out.append("\n".join(L) + "\n")
+            continue
+        assert c is not None
+        L.append(f"  source: {c.source}")
+        L.append(f"  received {c.bytes_received:,} bytes in {len(c.commands)} read-only commands"
+                 f"; GPUs from {c.gpu_source or 'nowhere'}; config from {c.config_source or 'nowhere'}")
+        for n in h.notes:
+            L.extend(_wrap("note: " + n))
+        L.append("")
+        if h.audit is not None:
+            L.append(render_one(h.audit, color).rstrip("\n"))
+            L.append("")
+        if h.gpus:
+            L.append(_c("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
+            L.extend(_table(GPU_COLUMNS, gpu_rows(h)))
+            L.append("")
+        if h.findings:
+            L.append(_c("Live findings", "1", color))
+            for f in h.findings:
+                L.append(f"  {f.severity.value:<7} {f.code}")
+                L.extend(_wrap(f.message, "    "))
+            L.append("")
+        if h.partial:
+            L.append(_c("Partial data", "33", color))
+            for p in h.partial:
+                L.extend(_wrap("- " + p))
+            L.append("")
+        out.append("\n".join(L))
+    return "\n".join(out)
+
+
+def render_markdown(hosts: list[HostAudit]) -> str:
+    from kvaudit.report.markdown import render_one as md_one
+
+    out = []
+    for h in hosts:
+        L = [f"# kvaudit check {h.target}", ""]
+        if h.error is not None:
+            L.append(f"**Failed ({h.error.reason})**: {h.error}")
+            out.append("\n".join(L) + "\n")
+            continue
+        c = h.collected
+        assert c is not None
+        L += [f"Source: {c.source}; {c.bytes_received:,} bytes received; GPUs from {c.gpu_source or 'nowhere'}.", ""]
+        if h.audit is not None:
+            L.append(md_one(h.audit))
+        if h.gpus:
+            L += ["### GPUs now (GiB)", "", "| " + " | ".join(GPU_COLUMNS) + " |",
+                  "|" + "---|" * 2 + "---:|" * (len(GPU_COLUMNS) - 2)]
+            L += ["| " + " | ".join(r) + " |" for r in gpu_rows(h)]
+            L.append("")
+        if h.findings:
+            L += ["### Live findings", "", "| severity | code | message |", "|---|---|---|"]
+            L += [f"| {f.severity.value} | `{f.code}` | {f.message} |" for f in h.findings]
+            L.append("")
+        if h.partial:
+            L += ["### Partial data", ""] + [f"- {p}" for p in h.partial] + [""]
+        out.append("\n".join(L))
+    return "\n".join(out)
