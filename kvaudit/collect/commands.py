@@ -69,11 +69,11 @@ def journal_units(directory: str | None) -> str:
 
 
 def invocation_id(unit: str) -> str:
-    return shlex.join(["systemctl", "show", "-p", "InvocationID", "--value", unit])
+    return shlex.join(["systemctl", "show", "-p", "InvocationID", "--value", "--", unit])
 
 
 def control_group(unit: str) -> str:
-    return shlex.join(["systemctl", "show", "-p", "ControlGroup", "--value", unit])
+    return shlex.join(["systemctl", "show", "-p", "ControlGroup", "--value", "--", unit])
 
 
 def cgroup_pids(cgroup: str) -> str:
@@ -81,21 +81,21 @@ def cgroup_pids(cgroup: str) -> str:
 
 
 def last_invocation_in_journal(unit: str, directory: str | None) -> str:
-    return shlex.join(_journal_base(directory) + ["-u", unit, "-n", "1", "-o", "export",
+    return shlex.join(_journal_base(directory) + [f"--unit={unit}", "-n", "1", "-o", "export",
                                                   "--output-fields=_SYSTEMD_INVOCATION_ID"])
 
 
 def journal_lines(unit: str, invocation: str | None, directory: str | None, anchors: tuple[bytes, ...]) -> str:
-    match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-u", unit]
+    match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else [f"--unit={unit}"]
     return shlex.join(_journal_base(directory) + match + ["-o", "cat", "-a"]) + " | " + _grep_filter(anchors)
 
 
 def docker_started(name: str) -> str:
-    return shlex.join(["docker", "inspect", "-f", "{{.State.StartedAt}}", name])
+    return shlex.join(["docker", "inspect", "-f", "{{.State.StartedAt}}", "--", name])
 
 
 def docker_lines(name: str, since: str | None, anchors: tuple[bytes, ...]) -> str:
-    argv = ["docker", "logs"] + (["--since", since] if since else []) + [name]
+    argv = ["docker", "logs"] + (["--since", since] if since else []) + ["--", name]
     return shlex.join(argv) + " 2>&1 | " + _grep_filter(anchors)
 
 
@@ -126,24 +126,34 @@ def hostname() -> str:
     return "hostname"
 
 
+NO_ARGS = {"hostname"}  # hostname with an argument would set it
+
+
 def is_allowed(command: str) -> bool:
-    """True when every stage of the pipeline is a read-only program from the list, used read-only."""
-    stages = command.replace(" 2>&1 |", " |").split(" | ")
-    for stage in stages:
+    """True when every stage of the pipeline is a read-only program from the list, used read-only, and
+    quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``, redirection or glob can
+    hide in it)."""
+    stages = command.split(" | ")
+    for i, stage in enumerate(stages):
+        if i == 0 and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
+            stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
         try:
             argv = shlex.split(stage)
         except ValueError:
             return False
-        if not argv or argv[0] not in READ_ONLY:
+        if not argv or shlex.join(argv) != stage:
             return False
-        subs = READ_ONLY[argv[0]]
+        prog = argv[0]
+        if prog not in READ_ONLY:
+            return False
+        if prog in NO_ARGS and len(argv) > 1:
+            return False
+        subs = READ_ONLY[prog]
         if subs is not None and (len(argv) < 2 or argv[1] not in subs):
             return False
-        if argv[0] == "sh" and (len(argv) < 3 or argv[1] != "-c" or argv[2] not in SCRIPTS):
+        if prog == "sh" and (len(argv) < 3 or argv[1] != "-c" or argv[2] not in SCRIPTS):
             return False
-        bad = FORBIDDEN_FLAGS.get(argv[0], set())
+        bad = FORBIDDEN_FLAGS.get(prog, set())
         if any(a.split("=", 1)[0] in bad for a in argv[1:]):
-            return False
-        if any(a.startswith(">") or a in (">", ">>", "tee", "rm", "dd") for a in argv):
             return False
     return True

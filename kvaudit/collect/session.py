@@ -120,7 +120,11 @@ class HostSession:
             running = [n for n in names if not n.startswith("~")]
             names = running or [n[1:] for n in names]
         if not names:  # systemctl cannot answer (container, --journal-directory): ask the journal itself
-            res = self.run(C.journal_units(self.opts.journal_directory))
+            d = self.opts.journal_directory
+            res = self.run(C.journal_units(d))
+            if res.rc != 0:
+                raise NoEngineFound(f"{self.target}: cannot read the journal{' in ' + d if d else ''}: "
+                                    f"{_first_line(res.stderr) or f'rc {res.rc}'}")
             names = [u for u in res.stdout.decode(errors="replace").split() if ENGINE_UNIT.search(u)]
         names = sorted(set(names))
         if not names:

@@ -10,11 +10,11 @@ UserKnownHostsFile; a changed key is always refused.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import getpass
 import hashlib
 import hmac
 import os
+import re
 import select
 import socket
 import threading
@@ -129,11 +129,16 @@ def _host_matches(patterns: str, name: str) -> bool:
     hit = False
     for pat in patterns.split(","):
         neg = pat.startswith("!")
-        if fnmatch.fnmatchcase(name, pat.lstrip("!")):
+        if _pattern(pat.lstrip("!")).fullmatch(name):
             if neg:
                 return False
             hit = True
     return hit
+
+
+def _pattern(pat: str) -> "re.Pattern[str]":
+    """OpenSSH patterns know only ``*`` and ``?``; ``[host]:port`` brackets are literal (not fnmatch classes)."""
+    return re.compile("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pat))
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,9 @@ class SSHRunner:
         except paramiko.SSHException as exc:
             client.close()
             msg = str(exc)
-            if "banner" in msg.lower() or "timed out" in msg.lower() or "timeout" in msg.lower():
+            # paramiko reports a server that never speaks as a banner error, or as "No existing session"
+            # when its transport thread gave up before authentication
+            if any(w in msg.lower() for w in ("banner", "timed out", "timeout", "no existing session")):
                 raise Unreachable(f"{name}: no SSH answer within {timeout:g} s ({msg})") from None
             raise Unreachable(f"{name}: SSH failed: {msg}") from None
         except OSError as exc:
@@ -346,6 +353,15 @@ class SSHRunner:
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 rc = chan.recv_exit_status()
                 chan.close()
+                if rc == -1:  # the channel closed without an exit status: killed, or the connection went
+                    settle = time.monotonic() + 1.0
+                    while transport.is_active() and time.monotonic() < settle:
+                        time.sleep(0.05)
+                    if not transport.is_active():
+                        raise ConnectionDropped(
+                            f"{self.target}: the connection dropped in the middle of a command's output "
+                            f"({len(out):,} bytes received of: {command[:80]})")
+                    return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, truncated)
                 return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
             if not got and (chan.closed or chan.eof_received) and not chan.exit_status_ready():
                 if not transport.is_active() or chan.closed:

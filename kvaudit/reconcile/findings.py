@@ -28,6 +28,13 @@ CODES: dict[str, Severity] = {
     "INCOMPLETE_LOG": INFO,
     "NOT_ENOUGH_MEMORY": ERROR,
     "STARTUP_FAILED": ERROR,
+    # live readings (kvaudit check; raised in reconcile/live.py)
+    "FOREIGN_PROCESS": WARNING,
+    "OCCUPIED_AT_STARTUP": WARNING,
+    "GPU_COUNT_MISMATCH": WARNING,
+    "IDLE_GPUS": INFO,
+    "MEMORY_DRIFT": INFO,
+    "UNATTRIBUTED_GPU_MEMORY": INFO,
 }
 
 

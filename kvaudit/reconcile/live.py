@@ -56,12 +56,14 @@ def _g(mib: float | None) -> float | None:
     return None if mib is None else round(mib * MIB / GIB, 3)
 
 
-def _is_server(app: ComputeApp, server_pids: set[int]) -> bool | None:
+def _is_server(app: ComputeApp, server_pids: set[int], names_identify: bool) -> bool | None:
+    """By the unit's PIDs when known; else by process title (sglang::scheduler_TPn) when the engine's
+    processes carry one on this host; else unknown."""
     if server_pids:
         return app.pid in server_pids
     if _ENGINE_NAME.search(app.name):
         return True
-    return None  # cannot tell
+    return False if names_identify else None
 
 
 def _map_ranks(audit: Audit | None, gpus: tuple[GpuReading, ...], apps: tuple[ComputeApp, ...],
@@ -91,13 +93,14 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
                    th: LiveThresholds = LiveThresholds()) -> tuple[tuple[GpuLedger, ...], tuple[Finding, ...]]:
     mapping, how = _map_ranks(audit, c.gpus, c.apps, base_gpu_id)
     pids = set(c.server_pids)
+    by_name = any(_ENGINE_NAME.search(a.name) for a in c.apps)
     ledgers: list[GpuLedger] = []
     findings: list[Finding] = []
     for g in sorted(c.gpus, key=lambda x: x.index):
         r = mapping.get(g.uuid)
         here = [a for a in c.apps if a.gpu_uuid == g.uuid]
-        server = [a for a in here if _is_server(a, pids) is True]
-        foreign = [a for a in here if _is_server(a, pids) is False]
+        server = [a for a in here if _is_server(a, pids, by_name) is True]
+        foreign = [a for a in here if _is_server(a, pids, by_name) is False]
         cuda_total = (g.total_mib - (g.reserved_mib or 0)) if g.total_mib is not None else None
         identity = None
         if None not in (g.total_mib, g.reserved_mib, g.used_mib, g.free_mib):

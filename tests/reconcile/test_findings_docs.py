@@ -29,4 +29,6 @@ def test_every_threshold_documented_with_its_default():
 def test_emitted_codes_are_registered():
     src = (ROOT / "kvaudit" / "reconcile" / "findings.py").read_text()
     used = set(re.findall(r'_f\(\s*"([A-Z_]+)"', src)) | set(re.findall(r'"([A-Z_]{6,})" if', src))
-    assert used <= set(CODES), used - set(CODES)
+    live = (ROOT / "kvaudit" / "reconcile" / "live.py").read_text()
+    used |= set(re.findall(r'Finding\(\s*"([A-Z_]+)"', live))
+    assert used and used <= set(CODES), used - set(CODES)

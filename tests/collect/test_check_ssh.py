@@ -1,0 +1,227 @@
+"""kvaudit check against a real sshd on 127.0.0.1, through the real CLI; every fault has a clean outcome."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from kvaudit.collect.commands import is_allowed
+from kvaudit.status import ExitStatus
+from tests.collect.conftest import needs_journal, needs_sshd
+from tests.conftest import cli_process
+
+pytestmark = [needs_sshd, needs_journal]
+
+
+def check(site, *args, cfg=None, timeout=60):
+    cfg = cfg or site.trusted_config()
+    return cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
+                       *args, timeout=timeout)
+
+
+def test_kimi_over_ssh_reconciles_all_8_gpus(site):
+    before = site.host.snapshot()
+    r = check(site, "--format", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    d = r.json()
+    f = d["formula"]
+    assert f["logged_tokens"] == 159277 and f["verdict"] == "match"
+    assert f["bytes_per_token"] == 70272 and f["bytes_per_token_source"] == "config"
+    assert d["host"]["config_source"] == f"{site.host.model_dir}/config.json"
+    assert "RESERVE_EXPLAINS_FREE" in {x["code"] for x in d["findings"]}
+    assert [g["rank"] for g in d["gpus"]] == [f"TP{i}" for i in range(8)]
+    assert all(g["mapped_by"] == "process name" for g in d["gpus"])
+    assert d["gpus"][0]["before_t_gib"] == pytest.approx(1.55, abs=0.01)
+    # the journal holds two starts of the unit; only the latest invocation's lines crossed
+    assert d["startup"]["total"] == 1 and d["host"]["invocation_id"] == "b" * 32
+    assert d["host"]["unit"] == "sglang.service"  # found in the journal, not given
+    assert 0 < d["host"]["bytes_received"] < 64 << 10
+    for c in d["host"]["commands"]:
+        assert is_allowed(c["command"]), c["command"]
+    assert site.host.snapshot() == before  # nothing on the host changed
+
+
+def test_text_view_over_ssh(site):
+    r = check(site)
+    assert r.code == 0
+    assert "GPUs now" in r.stdout and "MATCH" in r.stdout and "bytes in" in r.stdout
+
+
+def test_unknown_host_key_refused_then_accepted_and_recorded(site):
+    cfg = site.ssh_config("unknown")
+    kh = site.root / "unknown.known_hosts"
+    kh.unlink(missing_ok=True)
+    r = check(site, cfg=cfg)
+    assert r.code == ExitStatus.AUTH_REFUSED
+    assert "not known" in r.stderr and "--accept-new-host-key" in r.stderr and r.stdout == ""
+    assert not kh.exists()
+    r = check(site, "--accept-new-host-key", cfg=cfg)
+    assert r.code == ExitStatus.OK, r.stderr
+    assert site.sshd.host_pub.split()[1] in kh.read_text()
+    assert f"[127.0.0.1]:{site.sshd.port}" in kh.read_text()
+    assert check(site, cfg=cfg).code == ExitStatus.OK  # now known
+
+
+def test_changed_host_key_always_refused(site, tmp_path):
+    from tests.hostsim import keygen
+
+    other = keygen(tmp_path / "other")
+    cfg = site.ssh_config("changed")
+    (site.root / "changed.known_hosts").write_text(f"[127.0.0.1]:{site.sshd.port} {' '.join(other.split()[:2])}\n")
+    r = check(site, "--accept-new-host-key", cfg=cfg)
+    assert r.code == ExitStatus.AUTH_REFUSED and "CHANGED" in r.stderr
+
+
+def test_tolerant_known_hosts_hashed_wildcard_and_cert_authority(site):
+    import base64
+    import hashlib
+    import hmac
+
+    name = f"[127.0.0.1]:{site.sshd.port}"
+    salt = b"0123456789abcdefghij"
+    digest = base64.b64encode(hmac.new(salt, name.encode(), hashlib.sha1).digest()).decode()
+    for entry in (f"|1|{base64.b64encode(salt).decode()}|{digest} {site.sshd.host_pub}",
+                  f"[127.0.0.*]:{site.sshd.port} {site.sshd.host_pub}"):
+        cfg = site.ssh_config("tolerant")
+        (site.root / "tolerant.known_hosts").write_text(
+            "@cert-authority *.example.com ssh-ed25519 AAAAnotbase64!!\n# comment\ngarbage\n" + entry + "\n")
+        r = check(site, cfg=cfg)
+        assert r.code == ExitStatus.OK, (entry, r.stderr)
+
+
+def test_connection_refused(site):
+    from tests.hostsim import free_port
+
+    cfg = site.ssh_config("refused", port=free_port())
+    r = check(site, cfg=cfg, timeout=30)
+    assert r.code == ExitStatus.UNREACHABLE and "refused" in r.stderr
+
+
+def test_blackholed_connect_times_out(site):
+    """A port that accepts TCP but never speaks SSH (a blackholed service): bounded by the connect timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    conns = []
+    threading.Thread(target=lambda: conns.append(srv.accept()), daemon=True).start()
+    cfg = site.ssh_config("blackhole", port=srv.getsockname()[1])
+    t = time.monotonic()
+    r = check(site, "--connect-timeout", "1.5", cfg=cfg, timeout=30)
+    assert r.code == ExitStatus.UNREACHABLE and "within" in r.stderr
+    assert time.monotonic() - t < 15
+    srv.close()
+
+
+def test_authentication_refused(site, tmp_path):
+    from tests.hostsim import keygen
+
+    keygen(tmp_path / "stranger")
+    cfg = site.ssh_config("auth", key=tmp_path / "stranger")
+    (site.root / "auth.known_hosts").write_text(f"[127.0.0.1]:{site.sshd.port} {site.sshd.host_pub}\n")
+    r = check(site, cfg=cfg)
+    assert r.code == ExitStatus.AUTH_REFUSED and "authentication" in r.stderr
+
+
+def test_remote_command_hanging_past_the_deadline(site):
+    site.host.set_smi_mode("hang")
+    try:
+        t = time.monotonic()
+        r = check(site, "--timeout", "4")
+        assert r.code == ExitStatus.UNREACHABLE and "deadline" in r.stderr
+        assert time.monotonic() - t < 15
+    finally:
+        site.host.set_smi_mode("ok")
+
+
+def test_connection_dropped_mid_output(site):
+    site.host.set_smi_mode("drop")
+    try:
+        r = check(site)
+        assert r.code == ExitStatus.UNREACHABLE and "dropped" in r.stderr
+    finally:
+        site.host.set_smi_mode("ok")
+
+
+@pytest.mark.parametrize("journal,message", [
+    ("/nonexistent/journal", "journal"),
+    ("journal-empty", "no systemd unit"),
+    ("journal-other", "no systemd unit"),
+])
+def test_journal_unreadable_or_empty(site, journal, message):
+    path = journal if journal.startswith("/") else str(site.host.root / journal)
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory", path)
+    assert r.code == ExitStatus.PARTIAL_DATA and message in r.stderr, r.stderr
+
+
+def test_nvidia_smi_failing_gives_partial_data(site):
+    site.host.set_smi_mode("fail")
+    try:
+        r = check(site, "--format", "json")
+        assert r.code == ExitStatus.PARTIAL_DATA
+        d = r.json()
+        assert "NVIDIA-SMI has failed" in d["host"]["partial"][0]
+        assert d["formula"]["verdict"] == "match" and d["gpus"] == []
+    finally:
+        site.host.set_smi_mode("ok")
+
+
+def test_nvidia_smi_missing_gives_partial_data(site):
+    smi = site.host.bin / "nvidia-smi"
+    saved = smi.read_bytes()
+    smi.unlink()
+    try:
+        r = check(site, "--format", "json")
+        assert r.code == ExitStatus.PARTIAL_DATA
+        assert "nvidia-smi not found" in r.json()["host"]["partial"][0]
+    finally:
+        smi.write_bytes(saved)
+        smi.chmod(0o755)
+
+
+def test_config_json_missing_falls_back_to_the_kv_line(site):
+    cfg = site.host.model_dir / "config.json"
+    saved = cfg.read_bytes()
+    cfg.unlink()
+    try:
+        r = check(site, "--format", "json")
+        assert r.code == ExitStatus.PARTIAL_DATA
+        d = r.json()
+        assert d["formula"]["bytes_per_token_source"] == "kv_line"
+        assert any("config.json" in p for p in d["host"]["partial"])
+    finally:
+        cfg.write_bytes(saved)
+
+
+def test_a_50_mb_journal_line_is_cut_on_the_host(site):
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                    str(site.host.root / "journal-big"), "--format", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    d = r.json()
+    assert d["formula"]["logged_tokens"] == 159277
+    assert d["host"]["bytes_received"] < 2 << 20  # 1 MiB of the 50 MB line at most
+
+
+def test_proxyjump_through_a_bastion(site):
+    cfg = site.trusted_config("jump")
+    text = cfg.read_text().replace("Host gpu-test", "Host gpu-test\n    ProxyJump bastion")
+    text += text.split("Host gpu-test")[1].replace("    ProxyJump bastion\n", "").join(["Host bastion", ""])
+    cfg.write_text(text)
+    r = check(site, cfg=cfg)
+    assert r.code == ExitStatus.OK, r.stderr
+
+
+def test_capture_over_ssh_then_replay(site, tmp_path):
+    out = tmp_path / "cap"
+    r = cli_process("capture", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                    str(site.host.journal), "-o", out)
+    assert r.code == 0, r.stderr
+    live = check(site, "--format", "json").json()
+    replay = cli_process("check", out, "--format", "json")
+    assert replay.code == 0
+    d = replay.json()
+    for key in ("logged_tokens", "predicted_tokens", "verdict", "bytes_per_token"):
+        assert d["formula"][key] == live["formula"][key]
+    assert [g["free_gib"] for g in d["gpus"]] == [g["free_gib"] for g in live["gpus"]]

@@ -1,0 +1,49 @@
+"""The read-only command list: quoting of hostile input, and the allow-list gate."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from kvaudit.collect import commands as C
+from kvaudit.engines import all_anchors
+
+HOSTILE = ["sglang server; rm -rf /", "$(reboot)", "`id`", "a' || touch /tmp/x '", "x\nrm -rf /", "--vacuum-size=1"]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_user_input_reaches_the_host_as_one_literal_argument(name):
+    for cmd in (C.invocation_id(name), C.control_group(name), C.read_config(name), C.docker_started(name)):
+        argv = shlex.split(cmd)
+        assert argv[-1] == name and argv[-2] == "--", cmd  # a positional after --: never an option
+        assert C.is_allowed(cmd)
+    for cmd in (C.last_invocation_in_journal(name, None), C.journal_lines(name, None, None, all_anchors())):
+        first = cmd.split(" | ")[0]
+        assert f"--unit={name}" in shlex.split(first), cmd  # bound to --unit, never parsed as an option
+        if "\n" not in name:
+            assert C.is_allowed(cmd)
+    hf = C.hf_snapshots(name.replace(" ", "_"))
+    assert shlex.split(hf)[2] == C.HF_SNAPSHOT_SCRIPT  # the script is a constant; input is only $1
+
+
+def test_every_builder_passes_the_gate():
+    a = all_anchors()
+    for cmd in (C.list_units(), C.journal_units(None), C.journal_units("/var/log/journal"), C.invocation_id("u"),
+                C.control_group("u"), C.cgroup_pids("/system.slice/u.service"), C.last_invocation_in_journal("u", None),
+                C.journal_lines("u", "b" * 32, None, a), C.journal_lines("u", None, "/j", a),
+                C.docker_started("c"), C.docker_lines("c", "2026-01-01T00:00:00Z", a), C.file_lines("/f", a),
+                C.query_gpus(), C.query_apps(), C.read_config("/m/config.json"), C.hf_snapshots("org/name"),
+                C.hostname()):
+        assert C.is_allowed(cmd), cmd
+
+
+@pytest.mark.parametrize("cmd", [
+    "rm -rf /", "journalctl --vacuum-size=1M", "journalctl --rotate", "systemctl restart sglang",
+    "systemctl stop sglang.service", "nvidia-smi -r", "nvidia-smi --gpu-reset", "docker rm x", "docker exec x sh",
+    "sh -c 'touch /x'", "grep x /etc/passwd > /tmp/out", "cat /etc/shadow", "journalctl -u x | tee /tmp/y",
+    "hostname newname; reboot", "hostname newname", "python3 -c 1", "grep $(reboot) /f", "grep x /f; reboot",
+    "journalctl -u x && reboot", "grep x /f > /etc/passwd", "nvidia-smi `reboot`",
+])
+def test_the_gate_refuses_anything_else(cmd):
+    assert not C.is_allowed(cmd)
