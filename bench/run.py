@@ -94,11 +94,14 @@ def main() -> None:
         bs = "-" if b is None else f"{b:.2f}"
         ts = "" if t is None else f"< {t:g}"
         print(f"{k:34} {v:8.2f} {bs:>9} {ts:>8}")
+    import fleet_scaling
     import journal_bytes
 
     network = journal_bytes.main()
+    fleet = fleet_scaling.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-           "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network}
+           "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
+           "fleet": fleet}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     if "--save-baseline" in sys.argv:
         baseline_path.write_text(json.dumps(doc, indent=2) + "\n")

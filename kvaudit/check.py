@@ -70,6 +70,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
             notes.append(runner.policy_note)
     session = HostSession(runner, target, copts)
     try:
+        session.prefetch_start()
         session.hostname()
         lines = _local_journal(session, opts) if is_local(target) else None
         if lines is None:

@@ -274,6 +274,8 @@ def check(
     threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
     color: str = typer.Option("auto", "--color", help="auto, always or never."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
+    textfile_dir: Optional[Path] = typer.Option(
+        None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit.prom) here."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -284,10 +286,21 @@ def check(
     fmt = _check_format(fmt)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
                           accept_new_host_key, timeout, connect_timeout, startup, threshold)
+    import time as _time
+
+    t0 = _time.time()
     try:
         h = run_check(target, opts)
     except InputError as exc:
         raise Fail(str(exc)) from None
+    if textfile_dir is not None:
+        from kvaudit.report import prometheus
+
+        name = h.collected.host if (h.collected and h.collected.host) else target
+        try:
+            prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0))
+        except OSError as exc:
+            raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {target}: {h.error.reason}: {h.error}\n")
     if fmt == "json":
@@ -332,6 +345,152 @@ def capture(
     for p in c.partial:
         _env.stdout.write(f"  partial: {p}\n")
     return int(ExitStatus.PARTIAL_DATA if c.partial else ExitStatus.OK)
+
+
+@app.command()
+def fleet(
+    inventory: Optional[str] = typer.Argument(
+        None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Only hosts (or groups) matching this pattern."),
+    config: Optional[Path] = typer.Option(None, "--config", help="kvaudit.toml with defaults (default ./kvaudit.toml)."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", min=1, max=1024, help="Hosts at a time (8)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0, help="Deadline per host, seconds (120)."),
+    run_timeout: Optional[float] = typer.Option(None, "--run-timeout", min=1.0, help="Deadline for the run (1800)."),
+    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1),
+    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's unit on every host."),
+    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH on every host."),
+    journal_directory: Optional[str] = typer.Option(None, "--journal-directory"),
+    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key"),
+    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Also write one row per GPU as CSV."),
+    parquet: bool = typer.Option(False, "--parquet", help="Write --csv's table as Parquet instead (needs pyarrow)."),
+    textfile_dir: Optional[Path] = typer.Option(None, "--textfile-dir", help="Write a Prometheus textfile here."),
+    history: Optional[Path] = typer.Option(None, "--history", help="SQLite file keeping every run (drift)."),
+    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    color: str = typer.Option("auto", "--color", help="auto, always or never."),
+) -> int:
+    """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
+    from kvaudit.fleet import inventory as inv
+    from kvaudit.fleet import runner, settings
+    from kvaudit.status import for_fleet
+
+    fmt = _check_format(fmt)
+    try:
+        file_settings, _ = settings.load(str(config) if config else None)
+    except settings.SettingsError as exc:
+        raise Fail(str(exc)) from None
+    st = settings.merge(file_settings, parallel=parallel, timeout=timeout, run_timeout=run_timeout,
+                        connect_timeout=connect_timeout, unit=unit, source=source,
+                        journal_directory=journal_directory, ssh_config=str(ssh_config) if ssh_config else None,
+                        accept_new_host_key=accept_new_host_key, history=str(history) if history else None,
+                        textfile_dir=str(textfile_dir) if textfile_dir else None, html=str(html) if html else None,
+                        csv=str(csv) if csv else None)
+    try:
+        if inventory:
+            fleet_hosts = inv.load(inventory, hosts)
+        elif st.ssh_config and hosts:
+            fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
+        else:
+            raise Fail("name an inventory, or --ssh-config FILE with --hosts PATTERN")
+    except inv.InventoryError as exc:
+        raise Fail(str(exc)) from None
+    pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
+    opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
+                          st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
+    progress = None
+    if not quiet and _env.stdout_isatty and output is None:
+        done = [0]
+
+        def progress(fh, h):  # noqa: ANN001
+            done[0] += 1
+            _env.stderr.write(f"\r[{done[0]}/{len(fleet_hosts)}] {fh.name}: "
+                              f"{'ok' if h.error is None else h.error.reason}\x1b[K")
+            _env.stderr.flush()
+
+    run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, progress)
+    if progress is not None:
+        _env.stderr.write("\n")
+    results = [(f.name, h) for f, h in run.results]
+    drift, prev = None, None
+    if st.history:
+        from kvaudit.fleet import history as hist
+        from kvaudit.report.rows import gpu_rows, host_summary
+
+        try:
+            run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
+                                 [host_summary(n, h) for n, h in results],
+                                 [r for n, h in results for r in gpu_rows(n, h)])
+            prev, drift = hist.drift(st.history, run_id)
+        except hist.HistoryError as exc:
+            raise Fail(str(exc)) from None
+    if st.textfile_dir:
+        from kvaudit.report import prometheus
+
+        try:
+            prometheus.write(st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s))
+        except OSError as exc:
+            raise Fail(f"cannot write the textfile to {st.textfile_dir}: {exc.strerror or exc}") from None
+    if st.html:
+        from kvaudit.report import html as html_report
+
+        _write(html_report.render(run, drift), Path(st.html))
+    if st.csv:
+        from kvaudit.report import table_export
+
+        try:
+            table_export.write(results, st.csv, parquet)
+        except table_export.ExportError as exc:
+            raise Fail(str(exc)) from None
+    from kvaudit.report import fleet as fleet_report
+
+    if fmt == "json":
+        text = fleet_report.render_json(run, drift, prev)
+    elif fmt == "markdown":
+        text = fleet_report.render_markdown(run, drift)
+    else:
+        text = fleet_report.render_text(run, drift, color=_color(color) and output is None)
+    _write(text, output)
+    return int(for_fleet([h for _, h in results]))
+
+
+@app.command("history")
+def history_cmd(
+    host: str = typer.Argument(..., help="The host's name as the fleet report shows it."),
+    history: Path = typer.Option(..., "--history", help="The SQLite file fleet --history writes."),
+    limit: int = typer.Option(30, "--limit", min=1, help="How many runs back."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+) -> int:
+    """A host's trend across fleet runs: status, tokens, free memory, findings."""
+    import json as _json
+
+    from kvaudit.fleet import history as hist
+
+    if not history.exists():
+        raise Fail(f"history file {history} does not exist")
+    try:
+        rows = hist.host_history(str(history), host, limit)
+    except hist.HistoryError as exc:
+        raise Fail(str(exc)) from None
+    if not rows:
+        raise Fail(f"{host}: not in {history}")
+    if fmt == "json":
+        _env.stdout.write(_json.dumps({"host": host, "runs": rows}, indent=2) + "\n")
+        return 0
+    from kvaudit.report.text import _table
+
+    def f(v, nd=2):  # noqa: ANN001
+        return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
+
+    body = [(r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]),
+             f(r["weights_gib"]), ",".join(r["findings"]) or "-") for r in rows]
+    _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
+    _env.stdout.write("\n".join(_table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
+                                       body)) + "\n")
+    return 0
 
 
 def run(argv: list[str], env: Environment | None = None) -> int:

@@ -45,3 +45,15 @@ def for_host(h) -> ExitStatus:
     if worst >= Severity.WARNING.rank:
         return ExitStatus.WARNINGS
     return ExitStatus.OK
+
+
+def for_fleet(hosts) -> ExitStatus:
+    """A fleet run: some hosts not audited -> UNREACHABLE ("some unreachable"); else the worst host."""
+    codes = [for_host(h) for h in hosts]
+    if any(c in (ExitStatus.UNREACHABLE, ExitStatus.AUTH_REFUSED) for c in codes) or any(
+            h.error is not None for h in hosts):
+        return ExitStatus.UNREACHABLE
+    for c in (ExitStatus.LOG_ERRORS, ExitStatus.PARTIAL_DATA, ExitStatus.WARNINGS):
+        if c in codes:
+            return c
+    return ExitStatus.OK

@@ -24,16 +24,19 @@ JOURNAL_REMOTE = next((p for p in ("/usr/lib/systemd/systemd-journal-remote", "/
                        if os.path.exists(p)), None)
 
 FAKE_SMI = r"""#!/bin/sh
-# nvidia-smi stand-in: replays recorded CSV (kvaudit tests; no GPU on this machine)
-d="$(dirname "$0")/../smi"
-mode=$(cat "$d/mode" 2>/dev/null || echo ok)
+# nvidia-smi stand-in: replays recorded CSV (kvaudit tests; no GPU on this machine). Shell builtins only,
+# so it costs about what one real nvidia-smi exec does.
+d="${0%/*}/../smi"
+mode=ok
+[ -r "$d/mode" ] && read -r mode < "$d/mode"
+replay() { while IFS= read -r line || [ -n "$line" ]; do printf '%s\n' "$line"; done < "$1"; }
 case "$mode" in
   fail) echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9;;
   hang) sleep 30; exit 0;;
 esac
 for a in "$@"; do
   case "$a" in
-    --query-gpu=*) cat "$d/gpus.csv"; exit 0;;
+    --query-gpu=*) replay "$d/gpus.csv"; exit 0;;
     --query-compute-apps=*)
       if [ "$mode" = drop ]; then
         head -c 40 "$d/apps.csv"
@@ -42,7 +45,7 @@ for a in "$@"; do
         case "$comm" in sh|bash|dash) p=$(cut -d' ' -f4 /proc/$p/stat);; esac
         kill -9 "$p"; sleep 5; exit 0
       fi
-      cat "$d/apps.csv"; exit 0;;
+      replay "$d/apps.csv"; exit 0;;
   esac
 done
 echo "nvidia-smi stand-in: unsupported arguments: $*" >&2
@@ -193,11 +196,11 @@ def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int 
         "PrintMotd no", "",
     ]))
     os.makedirs("/run/sshd", exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(workdir / "sshd.log", "wb"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited: {proc.stderr.read().decode()[-500:]}")
+            raise RuntimeError(f"sshd exited: {(workdir / 'sshd.log').read_text()[-500:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break

@@ -22,6 +22,9 @@ class LocalRunner:
         truncated = len(out) > max_bytes
         return CommandResult(command, p.returncode, out[:max_bytes], p.stderr, time.monotonic() - start, truncated)
 
+    def run_batch(self, commands: list[str], timeout: float, max_bytes: int) -> list[CommandResult]:
+        return [self.run(c, timeout, max_bytes) for c in commands]
+
     def close(self) -> None:
         pass
 

@@ -48,14 +48,49 @@ class HostSession:
     invocation: str | None = None
     source_desc: str = ""
     host: str | None = None
+    cache: dict[str, CommandResult] = field(default_factory=dict)  # prefetched results
 
-    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+    def _gate(self, command: str) -> None:
         if not C.is_allowed(command):  # a programming error, never user input: refuse loudly
             raise CollectError(f"refusing to run a command that is not on the read-only list: {command}")
+
+    def _record(self, res: CommandResult) -> None:
+        self.records.append(CommandRecord(res.command, res.rc, len(res.stdout) + len(res.stderr),
+                                          round(res.seconds, 3), res.truncated))
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        if command in self.cache:
+            return self.cache[command]
+        self._gate(command)
         res = self.runner.run(command, timeout or self.opts.command_timeout, self.opts.max_output)
-        self.records.append(CommandRecord(command, res.rc, len(res.stdout) + len(res.stderr), round(res.seconds, 3),
-                                          res.truncated))
+        self._record(res)
         return res
+
+    def prefetch(self, commands: list[str]) -> None:
+        """Run commands that will be needed together, in one round trip; later run() calls get the results."""
+        todo = [c for c in dict.fromkeys(commands) if c not in self.cache]
+        for c in todo:
+            self._gate(c)
+        if not todo:
+            return
+        for res in self.runner.run_batch(todo, self.opts.command_timeout, self.opts.max_output):
+            self.cache[res.command] = res
+            self._record(res)
+
+    def prefetch_start(self) -> None:
+        """Round trip 1: everything that needs nothing else: the host name, unit candidates, GPU readings."""
+        first = [C.hostname(), C.query_gpus(), C.query_apps()]
+        if not self.opts.source:
+            if self.opts.journal_directory:
+                if self.opts.unit:
+                    first.append(C.last_invocation_in_journal(self.opts.unit, self.opts.journal_directory))
+                else:
+                    first.append(C.journal_units(self.opts.journal_directory))
+            elif self.opts.unit:
+                first += [C.invocation_id(self.opts.unit), C.control_group(self.opts.unit)]
+            else:
+                first.append(C.list_units())
+        self.prefetch(first)
 
     # --- log lines --------------------------------------------------------------------------------------
     def log_lines(self) -> list[tuple[int, str]]:
@@ -85,6 +120,7 @@ class HostSession:
         unit = self.opts.unit or self._discover_unit()
         self.unit = unit
         inv = None
+        self.prefetch([C.last_invocation_in_journal(unit, d)] if d else [C.invocation_id(unit), C.control_group(unit)])
         if not d:
             res = self.run(C.invocation_id(unit))
             if res.rc == 0:
@@ -182,6 +218,12 @@ class HostSession:
 
     # --- model config -------------------------------------------------------------------------------------
     def config(self, model_path: str | None) -> tuple[str | None, str | None]:
+        # the unit's processes are read in the same round trip as the config
+        if self.unit and not self.opts.journal_directory:
+            cg = self.run(C.control_group(self.unit))
+            group = cg.stdout.decode(errors="replace").strip() if cg.rc == 0 else ""
+            if model_path and model_path.startswith("/") and group:
+                self.prefetch([C.read_config(model_path.rstrip("/") + "/config.json"), C.cgroup_pids(group)])
         if not model_path:
             self.partial.append("server_args give no model_path: no config.json; bytes per token from the KV line")
             return None, None

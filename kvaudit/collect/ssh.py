@@ -13,8 +13,10 @@ import base64
 import getpass
 import hashlib
 import hmac
+import logging
 import os
 import re
+import secrets
 import select
 import socket
 import threading
@@ -34,6 +36,12 @@ from kvaudit.collect.interface import (
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 _append_lock = threading.Lock()
+
+# paramiko's transport thread logs failures (with tracebacks) at ERROR; with no logging configured Python's
+# last-resort handler would print them on stderr. kvaudit reports each failure itself, in one line.
+_plog = logging.getLogger("paramiko")
+_plog.addHandler(logging.NullHandler())
+_plog.propagate = False
 
 
 @dataclass(frozen=True)
@@ -306,8 +314,17 @@ class SSHRunner:
             raise Unreachable(f"{name}: {exc.strerror or exc}") from None
         if policy.accepted_new:
             self.policy_note = f"new host key accepted and recorded: {policy.accepted_new}"
+        try:  # small request/response packets: without this, Nagle + delayed ACK add ~40 ms to each
+            client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AttributeError):
+            pass  # a ProxyCommand or jump channel is not a TCP socket
         self._clients.append(client)
         return client
+
+    def run_batch(self, commands: list[str], timeout: float, max_bytes: int) -> list[CommandResult]:
+        """Several small commands in one SSH session (one round trip, one remote shell), told apart by
+        marker lines carrying a random nonce; each command's stderr is merged into its output."""
+        return run_batch(self, commands, timeout, max_bytes)
 
     def run(self, command: str, timeout: float, max_bytes: int) -> CommandResult:
         """Run one command; drain stdout and stderr as they come (never wait for the exit status first,
@@ -337,7 +354,6 @@ class SSHRunner:
                                       f"(while running: {command[:80]})")
                 return CommandResult(command, None, bytes(out), bytes(err) + b"\n[kvaudit: timed out]",
                                      now - start, truncated)
-            r, _, _ = select.select([chan], [], [], 0.2)
             got = False
             while chan.recv_ready():
                 out += chan.recv(1 << 16)
@@ -363,14 +379,15 @@ class SSHRunner:
                             f"({len(out):,} bytes received of: {command[:80]})")
                     return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, truncated)
                 return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
-            if not got and (chan.closed or chan.eof_received) and not chan.exit_status_ready():
-                if not transport.is_active() or chan.closed:
-                    raise ConnectionDropped(
-                        f"{self.target}: the connection dropped in the middle of a command's output "
-                        f"({len(out):,} bytes received of: {command[:80]})")
-            if not got and not transport.is_active():
-                raise ConnectionDropped(f"{self.target}: the connection dropped ({len(out):,} bytes received)")
-            del r
+            if got:
+                continue
+            if not transport.is_active():
+                raise ConnectionDropped(f"{self.target}: the connection dropped in the middle of a command's output "
+                                        f"({len(out):,} bytes received of: {command[:80]})")
+            if chan.eof_received:
+                chan.status_event.wait(0.1)  # output is complete; the exit status is on its way
+            else:
+                select.select([chan], [], [], 0.2)
 
     def close(self) -> None:
         for c in reversed(self._clients):
@@ -379,3 +396,34 @@ class SSHRunner:
             except Exception:
                 pass
         self._clients.clear()
+
+
+def run_batch(runner, commands: list[str], timeout: float, max_bytes: int) -> list[CommandResult]:
+    if len(commands) == 1:
+        return [runner.run(commands[0], timeout, max_bytes)]
+    nonce = secrets.token_hex(8)
+    script = "; ".join(
+        f"printf '\\n@@{nonce} {i} begin\\n'; {{ {c} ; }} 2>&1; printf '\\n@@{nonce} {i} end %s\\n' \"$?\""
+        for i, c in enumerate(commands))
+    res = runner.run(script, timeout * len(commands), max_bytes * len(commands))
+    marker = re.compile(rb"\n@@" + nonce.encode() + rb" (\d+) (begin|end)(?: (\d+))?\n")
+    outs: dict[int, bytes] = {}
+    rcs: dict[int, int] = {}
+    start = None
+    for m in marker.finditer(res.stdout):
+        i = int(m.group(1))
+        if m.group(2) == b"begin":
+            start = m.end()
+        elif start is not None:
+            outs[i] = res.stdout[start:m.start()]
+            rcs[i] = int(m.group(3))
+            start = None
+    each = res.seconds / len(commands)
+    results = []
+    for i, c in enumerate(commands):
+        if i in outs:
+            results.append(CommandResult(c, rcs[i], outs[i], b"" if rcs[i] == 0 else outs[i], each, res.truncated))
+        else:  # the batch stopped before this command finished (timeout, size limit)
+            results.append(CommandResult(c, None, b"", res.stderr or b"[kvaudit: batch did not reach this command]",
+                                         each, res.truncated))
+    return results

@@ -351,7 +351,13 @@ class _Parsed:
 
 
 def _prefix(text: str, start: int) -> tuple[Rank, list[VersionRange]]:
-    m = _PREFIX.search(text, 0, start) if start > 0 else None
+    # the prefix is the last [...] that ends right where the message starts
+    m = None
+    open_at = text.rfind("[", 0, start)
+    while m is None and open_at >= 0:
+        m = _PREFIX.match(text, open_at, start)
+        if m is None:
+            open_at = text.rfind("[", 0, open_at)
     if m is None:
         return SINGLE_RANK, []
     if m.group("kv"):
@@ -387,8 +393,10 @@ def parse_line(line: Line) -> _Parsed:
     def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
         return _prefix(text, match.start())
 
-    # failures first: their text can contain other anchors
+    # failures first: their text can contain other anchors (cheap substring tests guard every regex)
     for rx, kind in ((_NO_KV, "no_kv_memory"), (_NOT_ENOUGH, "not_enough_memory")):
+        if "Loaded weights leave" not in text and "Not enough memory" not in text:
+            break
         m = rx.search(text)
         if m:
             rank, clues = at(m)
@@ -409,7 +417,7 @@ def parse_line(line: Line) -> _Parsed:
                 else:
                     clues.append(_clue(OLDEST, (0, 5, 2), "'Not enough memory.' without a value"))
             return _Parsed(Failure(n, text, rank, "target", kind, m.group(0), nums), clues)
-    m = _HICACHE_FAIL.search(text)
+    m = _HICACHE_FAIL.search(text) if "Not enough host" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(
@@ -417,7 +425,7 @@ def parse_line(line: Line) -> _Parsed:
                     {"requested_gb": float(m.group(1)), "available_gb": float(m.group(2))}),
             clues,
         )
-    m = _UNBALANCED.search(text)
+    m = _UNBALANCED.search(text) if "unbalanced" in text else None
     if m:
         rank, clues = at(m)
         nums = {}
@@ -430,7 +438,7 @@ def parse_line(line: Line) -> _Parsed:
             )
         return _Parsed(Failure(n, text, rank, "target", "unbalanced", m.group(0), nums), clues)
 
-    m = _W_END.search(text)
+    m = _W_END.search(text) if "Load weight end" in text else None
     if m:
         rank, clues = at(m)
         rest = m.group("rest")
@@ -460,12 +468,12 @@ def parse_line(line: Line) -> _Parsed:
                       avail, usage, elapsed),
             clues,
         )
-    m = _W_BEGIN.search(text)
+    m = _W_BEGIN.search(text) if "Load weight begin" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(WeightBegin(n, text, rank, "target", _f(m)), clues)
 
-    m = _KV.search(text)
+    m = _KV.search(text) if "KV Cache" in text else None
     if m:
         rank, clues = _prefix(text, _label_start(text, m.start()))
         label = text[_label_start(text, m.start()) : m.start()].strip()
@@ -495,12 +503,12 @@ def parse_line(line: Line) -> _Parsed:
                     k, v, kv, upper),
             clues,
         )
-    m = _POOL_END.search(text)
+    m = _POOL_END.search(text) if "Memory pool end" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(PoolEnd(n, text, rank, "target", _f(m)), clues)
 
-    m = _GRAPH.search(text)
+    m = _GRAPH.search(text) if "Capture " in text else None
     if m:
         rank, clues = at(m)
         raw_name = " ".join(m.group("name").split())
@@ -527,7 +535,7 @@ def parse_line(line: Line) -> _Parsed:
                 clues.append(_clue((0, 4, 7), (0, 5, 13), "graph end with mem usage before avail mem"))
         return _Parsed(GraphEnd(n, text, rank, role, name, usage, avail, elapsed), clues)
 
-    m = _SUMMARY.search(text)
+    m = _SUMMARY.search(text) if "max_total_num_tokens=" in text else None
     if m:
         rank, clues = at(m)
         kv = dict(re.findall(r"(\w+)=(-?[\d.]+)", m.group("rest")))
@@ -547,6 +555,8 @@ def parse_line(line: Line) -> _Parsed:
             clues,
         )
 
+    if "Init " not in text and "Memory baseline" not in text:
+        return _other_lines(line)
     m = _INIT_END.search(text)
     if m:
         rank, clues = at(m)
@@ -573,6 +583,17 @@ def parse_line(line: Line) -> _Parsed:
         else:
             clues.append(_clue((0, 3, 4), (0, 5, 20), "'Init torch distributed begin'"))
         return _Parsed(None, clues)
+
+    return _other_lines(line)
+
+
+def _other_lines(line: Line) -> _Parsed:
+    """The rarer pools, HiCache, dtype, caps, and generic failures."""
+    text = line.text
+    n = line.number
+
+    def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
+        return _prefix(text, match.start())
 
     m = _SWA_SUMMARY.search(text)
     if m:

@@ -110,7 +110,7 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
             L.append("")
         if h.gpus:
             L.append(_c("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
-            L.extend(_table(GPU_COLUMNS, gpu_rows(h)))
+            L.extend(_table(GPU_COLUMNS, gpu_rows(h), left=2))
             L.append("")
         if h.findings:
             L.append(_c("Live findings", "1", color))

@@ -16,12 +16,15 @@ def _c(text: str, code: str, color: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
 
-def _table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
+    """Plain-text table: the first ``left`` columns left-aligned (names), the rest right-aligned (numbers)."""
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
-    out = [indent + "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    for r in body:
-        out.append(indent + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    return out
+
+    def line(cells) -> str:
+        return indent + "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header)] + [line(r) for r in body]
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:

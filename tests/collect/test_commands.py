@@ -47,3 +47,19 @@ def test_every_builder_passes_the_gate():
 ])
 def test_the_gate_refuses_anything_else(cmd):
     assert not C.is_allowed(cmd)
+
+
+def test_batched_commands_keep_their_own_output_and_status():
+    from kvaudit.collect.local import LocalRunner
+    from kvaudit.collect.ssh import run_batch
+
+    class Once(LocalRunner):
+        calls = 0
+
+        def run(self, command, timeout, max_bytes):
+            Once.calls += 1
+            return super().run(command, timeout, max_bytes)
+
+    out = run_batch(Once(), ["echo one", "sh -c 'echo oops >&2; exit 3'", "printf '@@fake 0 end 0\\n'"], 10, 1000)
+    assert Once.calls == 1  # one round trip
+    assert [(r.rc, r.stdout) for r in out] == [(0, b"one\n"), (3, b"oops\n"), (0, b"@@fake 0 end 0\n")]

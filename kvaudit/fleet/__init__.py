@@ -1,0 +1,1 @@
+"""The fleet: many hosts audited in parallel, reported together, remembered between runs."""

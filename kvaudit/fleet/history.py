@@ -1,0 +1,136 @@
+"""Run history in SQLite: every run's host summaries and GPU rows, and the drift between two runs
+("gpu-17: KV tokens fell from 159,277 to 133,500")."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, started_at TEXT NOT NULL,
+    started_ts REAL NOT NULL, duration_s REAL NOT NULL, hosts INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS hosts (run_id INTEGER NOT NULL REFERENCES runs(id), host TEXT NOT NULL,
+    status TEXT NOT NULL, reason TEXT, tokens INTEGER, verdict TEXT, weights_gib REAL, free_min_gib REAL,
+    unexplained_gib REAL, findings TEXT NOT NULL, PRIMARY KEY (run_id, host));
+CREATE TABLE IF NOT EXISTS gpus (run_id INTEGER NOT NULL REFERENCES runs(id), host TEXT NOT NULL,
+    gpu INTEGER, rank TEXT, tokens INTEGER, kv_gib REAL, weights_gib REAL, free_now_gib REAL,
+    free_at_end_gib REAL, unexplained_gib REAL);
+CREATE INDEX IF NOT EXISTS hosts_by_name ON hosts(host, run_id);
+"""
+
+FREE_DRIFT_GIB = 0.5
+WEIGHTS_DRIFT_GIB = 0.05
+
+
+class HistoryError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Drift:
+    host: str
+    gpu: int | None
+    what: str  # tokens | free | weights | finding_new | finding_resolved | status
+    before: Any
+    after: Any
+    message: str
+
+
+def connect(path: str) -> sqlite3.Connection:
+    try:
+        db = sqlite3.connect(path)
+        db.executescript(SCHEMA)
+        return db
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
+
+
+def record(path: str, started_at: str, started_ts: float, duration_s: float, summaries: list[dict],
+           gpu_rows: list[dict]) -> int:
+    db = connect(path)
+    try:
+        with db:
+            cur = db.execute("INSERT INTO runs (started_at, started_ts, duration_s, hosts) VALUES (?, ?, ?, ?)",
+                             (started_at, started_ts, duration_s, len(summaries)))
+            run_id = int(cur.lastrowid)
+            db.executemany(
+                "INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, s["host"], s["status"], s["reason"], s["tokens"], s["verdict"], s["weights_gib"],
+                  s["free_min_gib"], s["unexplained_gib"], json.dumps(s["all_findings"])) for s in summaries])
+            db.executemany(
+                "INSERT INTO gpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, r["host"], r["gpu"], r["rank"], r["kv_tokens"], r["kv_gib"], r["weights_gib"],
+                  r["free_now_gib"], r["free_at_end_gib"], r["unexplained_gib"]) for r in gpu_rows])
+        return run_id
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
+    finally:
+        db.close()
+
+
+def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict]]:
+    db.row_factory = sqlite3.Row
+    hosts = {r["host"]: dict(r) for r in db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,))}
+    gpus = {(r["host"], r["gpu"] if r["gpu"] is not None else r["rank"]): dict(r)
+            for r in db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,))}
+    return hosts, gpus
+
+
+def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
+    """What changed between run ``run_id`` and the run before it (None, [] for the first run)."""
+    db = connect(path)
+    try:
+        prev = db.execute("SELECT MAX(id) FROM runs WHERE id < ?", (run_id,)).fetchone()[0]
+        if prev is None:
+            return None, []
+        h0, g0 = _run_rows(db, prev)
+        h1, g1 = _run_rows(db, run_id)
+    finally:
+        db.close()
+    out: list[Drift] = []
+    for host, now in h1.items():
+        before = h0.get(host)
+        if before is None:
+            out.append(Drift(host, None, "status", None, now["status"], f"{host}: new in this run ({now['status']})"))
+            continue
+        if before["status"] != now["status"]:
+            out.append(Drift(host, None, "status", before["status"], now["status"],
+                             f"{host}: status {before['status']} -> {now['status']}"))
+        if before["tokens"] != now["tokens"] and None not in (before["tokens"], now["tokens"]):
+            verb = "fell" if now["tokens"] < before["tokens"] else "rose"
+            out.append(Drift(host, None, "tokens", before["tokens"], now["tokens"],
+                             f"{host}: KV tokens {verb} from {before['tokens']:,} to {now['tokens']:,}"))
+        f0, f1 = set(json.loads(before["findings"])), set(json.loads(now["findings"]))
+        for code in sorted(f1 - f0):
+            out.append(Drift(host, None, "finding_new", None, code, f"{host}: new finding {code}"))
+        for code in sorted(f0 - f1):
+            out.append(Drift(host, None, "finding_resolved", code, None, f"{host}: {code} resolved"))
+    for (host, gpu), now in g1.items():
+        before = g0.get((host, gpu))
+        if before is None:
+            continue
+        label = f"{host} GPU {gpu}" + (f" ({now['rank']})" if now["rank"] else "")
+        for key, what, limit in (("free_now_gib", "free", FREE_DRIFT_GIB), ("weights_gib", "weights", WEIGHTS_DRIFT_GIB)):
+            a, b = before[key], now[key]
+            if a is not None and b is not None and abs(b - a) > limit:
+                out.append(Drift(host, now["gpu"], what, a, b, f"{label}: {what} {a:.2f} -> {b:.2f} GiB ({b - a:+.2f})"))
+    for host in sorted(set(h0) - set(h1)):
+        out.append(Drift(host, None, "status", h0[host]["status"], None, f"{host}: not in this run"))
+    return prev, out
+
+
+def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
+    db = connect(path)
+    try:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(
+            "SELECT r.id AS run_id, r.started_at, h.status, h.reason, h.tokens, h.verdict, h.weights_gib, "
+            "h.free_min_gib, h.unexplained_gib, h.findings FROM hosts h JOIN runs r ON r.id = h.run_id "
+            "WHERE h.host = ? ORDER BY r.id DESC LIMIT ?", (host, limit)).fetchall()
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
+    finally:
+        db.close()
+    return [dict(r, findings=json.loads(r["findings"])) for r in reversed(rows)]

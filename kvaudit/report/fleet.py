@@ -1,0 +1,94 @@
+"""The fleet at a glance: one row per host, the failures with their reasons, the drift since last run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvaudit import __version__
+from kvaudit.fleet.history import Drift
+from kvaudit.fleet.runner import FleetRun
+from kvaudit.report.host import host_dict
+from kvaudit.report.json import SCHEMA_VERSION
+from kvaudit.report.rows import host_summary
+from kvaudit.report.text import _c, _table, _wrap
+
+COLUMNS = ("host", "status", "GPUs", "tokens", "verdict", "free min", "unexpl.", "findings")
+STATUS_COLOUR = {"ok": "32", "warning": "33", "partial": "33", "error": "31"}
+
+
+def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
+
+
+def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
+    return [host_summary(f.name, h) for f, h in run.results]
+
+
+def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False) -> str:
+    rows = summary_rows(run)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
+    L = [_c(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
+            + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), "1", color)]
+    if run.deadline_hit:
+        L.append(_c("  the run deadline passed before every host finished", "31", color))
+    body = []
+    for r in rows:
+        body.append((r["host"], r["status"], str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
+                     _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
+                     ",".join(r["findings"]) or "-"))
+    L.extend(_table(COLUMNS, body, left=2))
+    failed = [r for r in rows if r["reason"]]
+    if failed:
+        L += ["", _c("Not audited", "1", color)]
+        for r in failed:
+            L.extend(_wrap(f"{r['host']}: {r['reason']}: {r['error']}"))
+    if drift:
+        L += ["", _c("Since the last run", "1", color)]
+        for d in drift:
+            L.extend(_wrap("- " + d.message))
+    elif drift is not None:
+        L += ["", "Since the last run: no change."]
+    return "\n".join(L) + "\n"
+
+
+def render_markdown(run: FleetRun, drift: list[Drift] | None = None) -> str:
+    rows = summary_rows(run)
+    L = [f"# kvaudit fleet report", "", f"{len(rows)} hosts, {run.started_at}, {run.duration_s:.1f} s.", "",
+         "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
+    for r in rows:
+        L.append(f"| {r['host']} | {r['status']} | {r['gpus']} | {_f(r['tokens'])} | {r['verdict'] or '–'} | "
+                 f"{_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
+                 f"{', '.join('`%s`' % c for c in r['findings']) or '–'} |")
+    failed = [r for r in rows if r["reason"]]
+    if failed:
+        L += ["", "## Not audited", ""] + [f"- **{r['host']}** ({r['reason']}): {r['error']}" for r in failed]
+    if drift:
+        L += ["", "## Since the last run", ""] + [f"- {d.message}" for d in drift]
+    return "\n".join(L) + "\n"
+
+
+def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: int | None = None) -> str:
+    hosts = []
+    for f, h in run.results:
+        d = host_dict(h)
+        d["name"] = f.name
+        d["summary"] = host_summary(f.name, h)
+        hosts.append(d)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kvaudit_version": __version__,
+        "run": {"started_at": run.started_at, "duration_s": run.duration_s, "parallel": run.parallel,
+                "hosts": len(run.results), "failed": len(run.failed), "deadline_hit": run.deadline_hit,
+                "previous_run_id": previous_run},
+        "hosts": hosts,
+        "drift": [{"host": d.host, "gpu": d.gpu, "what": d.what, "before": d.before, "after": d.after,
+                   "message": d.message} for d in (drift or [])],
+    }
+    return json.dumps(doc, indent=2) + "\n"

@@ -1,0 +1,117 @@
+"""A self-contained HTML fleet report (no network needed to read it): a sortable fleet table, a bar per GPU
+(weights / KV / graphs / draft / reserve-side tables / free at end / unexplained), and the findings."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from kvaudit.fleet.history import Drift
+from kvaudit.fleet.runner import FleetRun
+from kvaudit.report.rows import findings, gpu_rows, host_summary
+
+SEGMENTS = (  # (key in the bar, label, colour)
+    ("weights_gib", "weights", "#4c72b0"),
+    ("kv_gib", "KV cache", "#55a868"),
+    ("graphs_gib", "CUDA graphs", "#c44e52"),
+    ("draft_gib", "draft", "#8172b2"),
+    ("other_gib", "tables & other", "#937860"),
+    ("free_at_end_gib", "free at end", "#dddddd"),
+    ("unexplained_gib", "unexplained", "#ff9f1c"),
+)
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-bottom:1px solid #eee;text-align:right}
+th{cursor:pointer;background:#f6f6f6;position:sticky;top:0}td:first-child,th:first-child,td.l{text-align:left}
+.s-ok{color:#2a7a2a}.s-warning,.s-partial{color:#a66d00}.s-error,.s-failed{color:#b00020;font-weight:600}
+.bar{display:flex;height:14px;width:520px;border:1px solid #ccc}.bar div{height:100%}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+.finding{font-size:13px;margin:2px 0}.sev-error{color:#b00020}.sev-warning{color:#a66d00}.sev-info{color:#555}
+"""
+
+JS = """
+document.querySelectorAll('table.sortable th').forEach(function(th, i){
+  th.addEventListener('click', function(){
+    var tb = th.closest('table').tBodies[0], rows = Array.from(tb.rows), asc = th.dataset.asc !== '1';
+    rows.sort(function(a, b){
+      var x = a.cells[i].dataset.v || a.cells[i].textContent, y = b.cells[i].dataset.v || b.cells[i].textContent;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return asc ? c : -c;
+    });
+    th.dataset.asc = asc ? '1' : '0'; rows.forEach(function(r){ tb.appendChild(r); });
+  });
+});
+"""
+
+
+def _v(x: Any, nd: int = 2) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,}" if isinstance(x, int) else f"{x:.{nd}f}"
+
+
+def _bar(r: dict[str, Any], total: float) -> str:
+    parts = []
+    known = 0.0
+    for key, _, _ in SEGMENTS:
+        if key != "other_gib" and isinstance(r.get(key), (int, float)) and key != "unexplained_gib":
+            known += r[key]
+    values = dict(r)
+    values["other_gib"] = max(0.0, (r.get("pre_load_free_gib") or 0) - known - max(0.0, r.get("unexplained_gib") or 0))
+    values["unexplained_gib"] = abs(r.get("unexplained_gib") or 0)
+    for key, label, colour in SEGMENTS:
+        v = values.get(key)
+        if not isinstance(v, (int, float)) or v <= 0 or total <= 0:
+            continue
+        parts.append(f'<div title="{escape(label)}: {v:.2f} GiB" style="width:{100 * v / total:.3f}%;'
+                     f'background:{colour}"></div>')
+    return '<div class="bar">' + "".join(parts) + "</div>"
+
+
+def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
+    summaries = [host_summary(f.name, h) for f, h in run.results]
+    H = ["<!doctype html><html><head><meta charset='utf-8'><title>kvaudit fleet report</title>",
+         f"<style>{CSS}</style></head><body>",
+         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts, started {escape(run.started_at)}, "
+         f"{run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
+         "<h2>Fleet</h2><table class='sortable'><thead><tr>"
+         + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
+                                            "unexplained GiB", "errors", "warnings", "findings"))
+         + "</tr></thead><tbody>"]
+    for s in summaries:
+        st = s["status"].split(":")[0]
+        H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
+                 f"<td class='l s-{escape(st)}'>{escape(s['status'])}</td><td>{s['gpus']}</td>"
+                 f"<td data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td><td class='l'>{escape(s['verdict'] or '–')}</td>"
+                 f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
+                 f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td></tr>")
+    H.append("</tbody></table>")
+    if drift:
+        H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
+    H.append("<h2>GPUs</h2><p class='legend'>" + "".join(
+        f"<span><i style='background:{c}'></i>{escape(l)}</span>" for _, l, c in SEGMENTS) + "</p>")
+    for (f, h), s in zip(run.results, summaries):
+        H.append(f"<h3 id='h-{escape(f.name)}'>{escape(f.name)} <small class='s-{escape(s['status'].split(':')[0])}'>"
+                 f"{escape(s['status'])}</small></h3>")
+        if h.error is not None:
+            H.append(f"<p class='finding sev-error'>{escape(str(h.error))}</p>")
+            continue
+        rows = gpu_rows(f.name, h)
+        H.append("<table><thead><tr><th>GPU</th><th>rank</th><th>T GiB</th><th>memory at startup</th>"
+                 "<th>free now GiB</th><th>unexplained GiB</th></tr></thead><tbody>")
+        for r in rows:
+            total = r["pre_load_free_gib"] or 0
+            H.append(f"<tr><td>{_v(r['gpu'])}</td><td class='l'>{escape(r['rank'] or '–')}</td><td>{_v(total)}</td>"
+                     f"<td class='l'>{_bar(r, total)}</td><td>{_v(r['free_now_gib'])}</td>"
+                     f"<td>{_v(r['unexplained_gib'])}</td></tr>")
+        H.append("</tbody></table>")
+        for fi in findings(h):
+            H.append(f"<p class='finding sev-{fi.severity.value}'><b>{escape(fi.code)}</b> "
+                     f"({fi.severity.value}): {escape(fi.message)}</p>")
+        for p in h.partial:
+            H.append(f"<p class='finding sev-warning'>partial: {escape(p)}</p>")
+    H.append(f"<script>{JS}</script></body></html>")
+    return "\n".join(H) + "\n"

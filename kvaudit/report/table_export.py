@@ -1,0 +1,33 @@
+"""One row per GPU as CSV (or Parquet), through pandas (imported here only: it is slow to import)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from kvaudit.check import HostAudit
+from kvaudit.report.rows import GPU_FIELDS, gpu_rows
+
+
+class ExportError(Exception):
+    pass
+
+
+def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = False) -> int:
+    import pandas as pd
+
+    rows = [r for name, h in hosts for r in gpu_rows(name, h)]
+    df = pd.DataFrame(rows, columns=list(GPU_FIELDS))
+    df["gpu"] = df["gpu"].astype("Int64")
+    df["kv_tokens"] = df["kv_tokens"].astype("Int64")
+    df["kv_bytes"] = df["kv_bytes"].astype("Int64")
+    try:
+        if parquet:
+            try:
+                df.to_parquet(path, index=False)
+            except ImportError:
+                raise ExportError("Parquet needs pyarrow: pip install pyarrow") from None
+        else:
+            df.to_csv(path, index=False)
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return len(df)

@@ -1,0 +1,150 @@
+"""kvaudit fleet against 20 real sshd instances on 127.0.0.1, each with its own journal and replayed
+nvidia-smi; three of them broken (down, hanging, changed host key)."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests import hostsim
+from tests.collect.conftest import CAPTURE, needs_journal, needs_sshd
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli_process
+
+pytestmark = [needs_sshd, needs_journal]
+N = 20
+DOWN, HANGS, CHANGED = 18, 19, 20
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fleet")
+    key = root / "client_key"
+    pub = hostsim.keygen(key)
+    other = hostsim.keygen(root / "impostor")
+    gpus = (CAPTURE / "nvidia-smi-gpus.csv").read_text()
+    apps = (CAPTURE / "nvidia-smi-apps.csv").read_text()
+    qwen_gpu = "0, GPU-qwen-0000, NVIDIA GeForce RTX 3090, 00000000:01:00.0, 24576, 283, 22538, 1755, 550.54.15\n"
+    hosts, daemons, lines, known = [], [], ["[gpus]"], []
+    for i in range(1, N + 1):
+        name = f"gpu-{i:02d}"
+        if i % 5 == 0:  # every fifth host serves a small Qwen model on one RTX 3090
+            h = hostsim.make_host(root / name, (SAMPLES / "sglang_029.log").read_bytes(), qwen_gpu,
+                                  f"4711, GPU-qwen-0000, sglang::scheduler_TP0, 22500\n",
+                                  (Path(__file__).parents[2] / "fixtures/configs/qwen2.5-7b.json").read_text())
+        else:
+            h = hostsim.make_host(root / name, KIMI_LOG.read_bytes(), gpus, apps, KIMI_CONFIG.read_text())
+        if i == HANGS:
+            h.set_smi_mode("hang")
+        d = None if i == DOWN else hostsim.start_sshd(root / name / "sshd", pub, [h.bin])
+        port = d.port if d else hostsim.free_port()
+        if d:
+            daemons.append(d)
+            pubkey = d.host_pub if i != CHANGED else " ".join(other.split()[:2])
+            known.append(f"[127.0.0.1]:{port} {pubkey}")
+        lines.append(f"{name} ansible_host=127.0.0.1 ansible_port={port} kvaudit_journal_directory={h.journal}")
+        hosts.append(h)
+    user = os.environ.get("USER") or "root"
+    (root / "inventory.ini").write_text("\n".join(lines) + f"\n\n[gpus:vars]\nansible_user={user}\n")
+    (root / "known_hosts").write_text("\n".join(known) + "\n")
+    (root / "ssh_config").write_text(f"Host 127.0.0.1\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+                                     f"  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 3\n")
+    yield root, hosts
+    for d in daemons:
+        d.stop()
+
+
+def run_fleet(root: Path, *extra: str):
+    t = time.monotonic()
+    r = cli_process("fleet", root / "inventory.ini", "--ssh-config", root / "ssh_config", "--parallel", "8",
+                    "--timeout", "8", "--run-timeout", "90", "--history", root / "history.sqlite", "--format",
+                    "json", "--quiet", *extra, timeout=180)
+    return r, time.monotonic() - t
+
+
+def test_twenty_hosts_three_broken(fleet):
+    root, hosts = fleet
+    r, wall = run_fleet(root, "--textfile-dir", root / "textfile", "--html", root / "report.html",
+                        "--csv", root / "gpus.csv")
+    assert r.code == ExitStatus.UNREACHABLE, r.stderr  # "some hosts unreachable"
+    assert wall < 90
+    d = r.json()
+    by_name = {h["name"]: h for h in d["hosts"]}
+    failed = {n: h["host"]["error"]["reason"] for n, h in by_name.items() if h["host"]["error"]}
+    assert failed == {f"gpu-{DOWN:02d}": "unreachable", f"gpu-{HANGS:02d}": "timeout",
+                      f"gpu-{CHANGED:02d}": "host_key"}
+    audited = [h for h in d["hosts"] if not h["host"]["error"]]
+    assert len(audited) == 17
+    for h in audited:
+        assert h["formula"]["verdict"] == "match"
+        expected = 105531 if int(h["name"][4:]) % 5 == 0 else 159277
+        assert h["formula"]["logged_tokens"] == expected
+    assert d["run"]["failed"] == 3 and d["run"]["deadline_hit"] is False
+
+    # the textfile passes Prometheus' own parser and carries the JSON's numbers
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (root / "textfile" / "kvaudit.prom").read_text()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    up = {s.labels["host"]: s.value for s in fams["kvaudit_host_up"].samples}
+    assert up[f"gpu-{DOWN:02d}"] == 0 and up["gpu-01"] == 1 and sum(up.values()) == 17
+    tokens = {(s.labels["host"], s.labels["gpu"]): s.value for s in fams["kvaudit_kv_tokens"].samples}
+    assert tokens[("gpu-01", "7")] == 159277 and tokens[("gpu-05", "0")] == 105531
+    kv = {(s.labels["host"], s.labels["gpu"]): s.value for s in fams["kvaudit_kv_cache_bytes"].samples}
+    gpu0 = by_name["gpu-01"]["ranks"][0]
+    assert kv[("gpu-01", "0")] == round(gpu0["kv_gib"] * 2**30)
+    free = {(s.labels["host"], s.labels["gpu"]): s.value for s in fams["kvaudit_gpu_free_bytes"].samples}
+    assert free[("gpu-01", "3")] == round(by_name["gpu-01"]["gpus"][3]["free_gib"] * 2**30)
+    assert "kvaudit_last_run_timestamp_seconds" in fams and "kvaudit_run_duration_seconds" in fams
+
+    # the HTML report opens and holds the fleet
+    class Collect(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.text, self.bars = [], 0
+
+        def handle_starttag(self, tag, attrs):
+            if dict(attrs).get("class") == "bar":
+                self.bars += 1
+
+        def handle_data(self, data):
+            self.text.append(data)
+
+    page = Collect()
+    page.feed((root / "report.html").read_text())
+    body = " ".join(page.text)
+    assert all(f"gpu-{i:02d}" in body for i in range(1, N + 1))
+    assert "failed:host_key" in body and "RESERVE_EXPLAINS_FREE" in body
+    assert page.bars == 14 * 8 + 3  # one bar per audited GPU: 14 Kimi hosts (8 GPUs), 3 Qwen (1)
+
+    import pandas as pd
+
+    df = pd.read_csv(root / "gpus.csv")
+    assert len(df) == 14 * 8 + 3
+    assert set(df[df.host == "gpu-01"].kv_tokens) == {159277}
+
+
+def test_second_run_shows_drift_only_where_the_journal_changed(fleet):
+    root, hosts = fleet
+    changed = hosts[16]  # gpu-17: an engine upgrade, a smaller pool
+    log = (KIMI_LOG.read_bytes().replace(b"#tokens: 159277", b"#tokens: 133500")
+           .replace(b"max_total_num_tokens=159277", b"max_total_num_tokens=133500")
+           .replace(b"/models/moonshotai/Kimi-K2.5", str(changed.model_dir).encode()))
+    hostsim.write_journal(changed.root / "journal-new", hostsim.export_entries(
+        log.rstrip(b"\n").split(b"\n"), "sglang.service", "f" * 32, 50000, 1_780_000_000_000_000))
+    (changed.root / "journal-new" / "remote.journal").rename(changed.journal / "remote-new.journal")
+    r, _ = run_fleet(root)
+    d = r.json()
+    assert d["run"]["previous_run_id"] is not None
+    drift = [x for x in d["drift"] if x["what"] != "status" or x["before"] is not None]
+    assert {x["host"] for x in drift} == {"gpu-17"}, drift
+    tok = next(x for x in drift if x["what"] == "tokens")
+    assert (tok["before"], tok["after"]) == (159277, 133500)
+    assert "gpu-17: KV tokens fell from 159,277 to 133,500" in tok["message"]
+    h = cli_process("history", "gpu-17", "--history", root / "history.sqlite", "--format", "json").json()
+    assert [x["tokens"] for x in h["runs"]][-2:] == [159277, 133500]

@@ -1,0 +1,103 @@
+"""Inventories (plain, Ansible INI and YAML, ssh_config patterns) and kvaudit.toml precedence."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.fleet import inventory as inv
+from kvaudit.fleet import settings
+
+INI = """
+# production GPU hosts
+[sglang]
+gpu-01 ansible_host=10.0.0.1 ansible_user=ops ansible_port=2222
+gpu-02 ansible_host=10.0.0.2 kvaudit_unit=sglang-kimi.service
+
+[vllm]
+gpu-03
+
+[gpus:children]
+sglang
+vllm
+
+[gpus:vars]
+ansible_user=root
+kvaudit_journal_directory=/var/log/journal-remote
+"""
+
+YAML = """
+all:
+  vars:
+    ansible_user: root
+  children:
+    sglang:
+      hosts:
+        gpu-01:
+          ansible_host: 10.0.0.1
+          ansible_port: 2222
+        gpu-02:
+    vllm:
+      hosts:
+        gpu-03:
+          ansible_user: admin
+"""
+
+
+def test_ansible_ini_groups_children_and_vars(tmp_path):
+    p = tmp_path / "hosts.ini"
+    p.write_text(INI)
+    hosts = {h.name: h for h in inv.load(str(p))}
+    assert hosts["gpu-01"].target == "ops@10.0.0.1:2222"  # host vars beat group vars
+    assert hosts["gpu-02"].target == "root@10.0.0.2" and hosts["gpu-02"].setting("unit") == "sglang-kimi.service"
+    assert hosts["gpu-03"].target == "root@gpu-03"
+    assert hosts["gpu-03"].setting("journal_directory") == "/var/log/journal-remote"
+    assert set(hosts["gpu-01"].groups) == {"gpus", "sglang"}
+    assert [h.name for h in inv.load(str(p), "vllm")] == ["gpu-03"]
+    assert [h.name for h in inv.load(str(p), "gpu-0[12]")] == ["gpu-01", "gpu-02"]
+
+
+def test_ansible_yaml(tmp_path):
+    p = tmp_path / "hosts.yml"
+    p.write_text(YAML)
+    hosts = {h.name: h for h in inv.load(str(p))}
+    assert hosts["gpu-01"].target == "root@10.0.0.1:2222"
+    assert hosts["gpu-02"].target == "root@gpu-02"
+    assert hosts["gpu-03"].target == "admin@gpu-03"
+
+
+def test_plain_hosts_file(tmp_path):
+    p = tmp_path / "hosts.txt"
+    p.write_text("# one per line\nroot@gpu-01:2222\ngpu-02   # an alias\n\ngpu-03 kvaudit_source=docker:sglang\n")
+    hosts = inv.load(str(p))
+    assert [(h.name, h.target) for h in hosts] == [("root@gpu-01:2222", "root@gpu-01:2222"), ("gpu-02", "gpu-02"),
+                                                   ("gpu-03", "gpu-03")]
+    assert hosts[2].setting("source") == "docker:sglang"
+
+
+def test_ssh_config_aliases(tmp_path):
+    p = tmp_path / "ssh_config"
+    p.write_text("Host gpu-*\n  User root\nHost gpu-a gpu-b bastion\n  HostName 10.0.0.9\nHost gpu-c\n")
+    assert [h.name for h in inv.from_ssh_config(str(p), "gpu-*")] == ["gpu-a", "gpu-b", "gpu-c"]
+    with pytest.raises(inv.InventoryError, match="matches"):
+        inv.from_ssh_config(str(p), "db-*")
+
+
+@pytest.mark.parametrize("text,message", [("", "no hosts"), ("all:\n  - a\n", "mapping"), ("[g]\nx='\n", "x.ini:2: No closing quotation")])
+def test_bad_inventories(tmp_path, text, message):
+    p = tmp_path / ("x.yml" if text.startswith("all") else "x.ini")
+    p.write_text(text)
+    with pytest.raises(inv.InventoryError, match=message):
+        inv.load(str(p))
+
+
+def test_settings_precedence(tmp_path):
+    p = tmp_path / "kvaudit.toml"
+    p.write_text('[fleet]\nparallel = 4\ntimeout = 30\nunit = "sglang.service"\n\n[thresholds]\nunused_fraction = 0.1\n')
+    file, _ = settings.load(str(p))
+    assert (file.parallel, file.timeout, file.unit, file.thresholds) == (4, 30, "sglang.service", {"unused_fraction": 0.1})
+    merged = settings.merge(file, parallel=16, timeout=None, unit=None)
+    assert (merged.parallel, merged.timeout, merged.unit) == (16, 30, "sglang.service")  # flag > file > default
+    assert settings.merge(settings.FleetSettings()).parallel == 8
+    p.write_text("[fleet]\nparalel = 4\n")
+    with pytest.raises(settings.SettingsError, match="unknown setting 'paralel'"):
+        settings.load(str(p))
