@@ -77,7 +77,8 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
             lines = session.log_lines()
         log = _parse_lines(target, lines, session)
         startup = select(log, opts.startup)[0]
-        model_path = (startup.server_args or {}).get("model_path") if startup.server_args else None
+        args = startup.server_args or {}
+        model_path = args.get("model_path") or args.get("model")  # SGLang's name, then vLLM's
         config, config_source = (None, None)
         if opts.audit.model_geometry is None:
             config, config_source = session.config(model_path if isinstance(model_path, str) else None)

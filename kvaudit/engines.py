@@ -11,7 +11,9 @@ from typing import Callable
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.sglang import SGLangParser
+from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile import sglang as sglang_formula
+from kvaudit.reconcile import vllm as vllm_formula
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
 
@@ -26,24 +28,23 @@ class Engine:
 
 ENGINES: tuple[Engine, ...] = (
     Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif),
+    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
 RECOGNISED_ONLY: dict[str, tuple[str, ...]] = {
-    "vLLM": ("# GPU blocks", "# CUDA blocks", "# cuda blocks", "GPU KV cache size", "Memory profiling",
-             "Available KV cache memory", "VllmWorker", "vllm.", "Loading model weights took",
-             "model weights took", "vLLM"),
+    "TensorRT-LLM": ("[TensorRT-LLM]", "TRTLLM"),
+    "TGI": ("text_generation_launcher", "text_generation_router"),
+    "LMDeploy": ("lmdeploy",),
 }
 
 
 def all_anchors() -> tuple[bytes, ...]:
+    """The union of the engines' anchors (recognised-only engines are told from the input's head instead)."""
     seen: dict[bytes, None] = {}
     for e in ENGINES:
         for a in e.parser.anchors:
             seen[a] = None
-    for markers in RECOGNISED_ONLY.values():
-        for m in markers:
-            seen[m.encode()] = None
     return tuple(seen)
 
 

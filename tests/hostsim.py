@@ -137,7 +137,8 @@ def make_host(root: Path, log: bytes, gpus_csv: str, apps_csv: str, config_json:
     host.model_dir.mkdir(parents=True)
     if config_json is not None:
         (host.model_dir / "config.json").write_text(config_json)
-    log = log.replace(b"model_path='/models/moonshotai/Kimi-K2.5'", f"model_path='{host.model_dir}'".encode())
+    log = log.replace(b"/models/moonshotai/Kimi-K2.5", str(host.model_dir).encode())  # model_path / 'model'
+
     export = b""
     t0 = 1_771_900_000_000_000
     if previous_log is not None:

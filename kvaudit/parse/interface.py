@@ -76,9 +76,11 @@ class Startup:
 
 
 class EngineParser(Protocol):
-    """A log grammar. ``anchors`` are byte strings at least one of which every line it reads contains."""
+    """A log grammar. ``anchors`` are byte strings at least one of which every line it reads contains;
+    ``markers`` are strings only this engine's startup lines contain (to tell the engine from a log's head)."""
 
     name: str
     anchors: tuple[bytes, ...]
+    markers: tuple[str, ...]
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]: ...

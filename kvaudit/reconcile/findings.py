@@ -28,6 +28,12 @@ CODES: dict[str, Severity] = {
     "INCOMPLETE_LOG": INFO,
     "NOT_ENOUGH_MEMORY": ERROR,
     "STARTUP_FAILED": ERROR,
+    # vLLM's budget (reconcile/vllm.py)
+    "BUDGET_RECONCILES": INFO,
+    "BUDGET_MISMATCH": WARNING,
+    "NON_TORCH_HIGH": WARNING,
+    "GRAPH_ESTIMATE_HIGH": WARNING,
+    "CONCURRENCY_MISMATCH": INFO,
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
     "OCCUPIED_AT_STARTUP": WARNING,
@@ -43,14 +49,16 @@ def _f(code: str, message: str, fields: dict[str, Any], ranks: tuple[str, ...] =
     return Finding(code, severity or CODES[code], message, fields, ranks)
 
 
-def tokens_match(f: Formula) -> Finding:
+def tokens_match(f: Formula, formula_text: str | None = None) -> Finding:
     assert f.predicted_tokens is not None and f.logged_tokens is not None
     p = f.predicted_tokens
+    formula_text = formula_text or (
+        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}) GiB / "
+        f"{f.bytes_per_token:,} B per token")
     return _f(
         "TOKENS_MATCH",
-        f"KV pool of {f.logged_tokens:,} tokens is what SGLang's formula gives: "
-        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}) GiB / "
-        f"{f.bytes_per_token:,} B per token -> {p.low:,}..{p.high:,}",
+        f"KV pool of {f.logged_tokens:,} tokens is what the engine's formula gives: {formula_text} -> "
+        f"{p.low:,}..{p.high:,}",
         {"logged_tokens": f.logged_tokens, "predicted_low": p.low, "predicted_high": p.high, "rule": f.rule},
     )
 
@@ -191,10 +199,10 @@ def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: fl
               f"rank, outside the GPU ledger{extra}", fields)
 
 
-def incomplete_log(last_line: int) -> Finding:
+def incomplete_log(last_line: int, missing: str = "scheduler summary (max_total_num_tokens=...)") -> Finding:
     return _f("INCOMPLETE_LOG",
-              f"no scheduler summary (max_total_num_tokens=...) before line {last_line}: the log was cut, or the "
-              "server had not finished starting", {"last_line": last_line})
+              f"no {missing} before line {last_line}: the log was cut, or the server had not finished starting",
+              {"last_line": last_line})
 
 
 def not_enough_memory(message: str, line: int, numbers: dict[str, Any]) -> Finding:
@@ -207,3 +215,61 @@ def not_enough_memory(message: str, line: int, numbers: dict[str, Any]) -> Findi
 def startup_failed(line: int, detail: str) -> Finding:
     return _f("STARTUP_FAILED", f"the server did not finish starting: {detail} (line {line})",
               {"line": line, "detail": detail})
+
+
+# --- vLLM ---------------------------------------------------------------------------------------------------
+
+
+def budget_reconciles(r: dict, util: float | None, estimate_applied: bool, ranks: list[str]) -> Finding:
+    if "peak_torch_gib" in r:
+        terms = f"torch peak {r['peak_torch_gib']:.2f} + non-torch {r.get('non_torch_gib', 0):.2f}"
+    else:
+        terms = (f"weights {r.get('weights_gib', 0):.2f} + activation peak {r.get('activation_gib', 0):.2f} + "
+                 f"non-torch {r.get('non_torch_gib', 0):.2f}")
+        if estimate_applied and "graph_estimate_gib" in r:
+            terms += f" + CUDA graph estimate {r['graph_estimate_gib']:.2f}"
+    req = r.get("requested_gib") or (r["total_gib"] * util if ("total_gib" in r and util) else None)
+    head = f"total {r['total_gib']:.2f} x {util:g} = {req:.2f}" if ("total_gib" in r and util) else (
+        f"{req:.2f}" if req is not None else "the budget")
+    return _f("BUDGET_RECONCILES",
+              f"the KV budget adds up on {len(ranks)} rank(s): {head} GiB - ({terms}) = {r.get('kv_gib', 0):.2f} GiB "
+              "available for the KV cache", {"ranks": ranks, "kv_gib": r.get("kv_gib")})
+
+
+def budget_mismatch(rank: str, residual: float, tol: float, ranks: list[str]) -> Finding:
+    return _f("BUDGET_MISMATCH",
+              f"on {rank} the logged terms do not add up to the KV budget: {residual:+.2f} GiB off (rounding allows "
+              f"+-{tol:.2f}); another version's rule, or a term the log does not show", {"rank": rank,
+                                                                                       "residual_gib": round(residual, 3)},
+              tuple(ranks))
+
+
+def non_torch_high(rank: str, non_torch: float, total: float) -> Finding:
+    return _f("NON_TORCH_HIGH",
+              f"{rank}: non-torch memory {non_torch:.2f} GiB ({non_torch / total:.0%} of {total:.2f} GiB) was counted "
+              "against the KV budget; it is usually under 1 GiB (CUDA context, NCCL). Another process on the GPU, or "
+              "a second vLLM starting at the same time, shows up here and shrinks (or negates) the KV memory",
+              {"rank": rank, "non_torch_gib": non_torch, "total_gib": total}, (rank,))
+
+
+def graph_estimate_high(rank: str, est: float, actual: float, cell: int | None) -> Finding:
+    lost = f" (about {int((est - actual) * GIB / cell):,} tokens)" if cell else ""
+    return _f("GRAPH_ESTIMATE_HIGH",
+              f"{rank}: the CUDA-graph estimate ({est:.2f} GiB) taken from the KV budget is {est / actual:.1f}x what "
+              f"the capture used ({actual:.2f} GiB): {est - actual:.2f} GiB of KV cache lost{lost}; "
+              "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 with a correspondingly lower --gpu-memory-utilization "
+              "recovers it", {"rank": rank, "estimate_gib": est, "actual_gib": actual}, (rank,))
+
+
+def vllm_low_headroom(head: float, util: float, total: float, graphs: float, threshold: float) -> Finding:
+    return _f("LOW_HEADROOM",
+              f"only {head:.2f} GiB lies outside the budget ((1 - {util:g}) x {total:.2f} GiB, less {graphs:.2f} GiB "
+              f"of CUDA graphs; below {threshold:g} GiB): allocations after startup (sampler, NCCL growth) may OOM",
+              {"headroom_gib": round(head, 3), "threshold_gib": threshold})
+
+
+def concurrency_mismatch(tokens: int, max_len: int, logged: float, implied: float) -> Finding:
+    return _f("CONCURRENCY_MISMATCH",
+              f"{tokens:,} tokens / max_model_len {max_len:,} = {implied:.2f}x, but the log says {logged:.2f}x "
+              "(hybrid or sliding-window layers, or a per-request need above max_model_len)",
+              {"tokens": tokens, "max_model_len": max_len, "logged": logged, "implied": round(implied, 4)})

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
 
-COLUMNS = ("GPU", "T", "weights", "KV", "tables", "graphs", "draft", "free@pool", "free@end", "unexpl.")
+COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 COLUMN_HELP = {
-    "T": "free before the weights loaded",
-    "tables": "request table + allocator rounding (modelled)",
+    "T": "free before the weights loaded (SGLang) / total (vLLM)",
+    "other": "request table, allocator rounding, activations, non-torch, headroom",
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
     "free@pool": "free after the KV pool (Memory pool end)",
@@ -24,14 +24,28 @@ def _sum(r: RankLedger, pred) -> float | None:
     return sum(vals) if vals else None
 
 
+def _group(key: str) -> str:
+    if key in ("weights", "torch_peak"):
+        return "weights"
+    if key == "kv_cache" or key.startswith("pool_"):
+        return "kv"
+    if key.startswith("graphs_target") or key == "attention_backend":
+        return "graphs"
+    if key.startswith("draft") or key.startswith("graphs_draft"):
+        return "draft"
+    if key == "before_t":
+        return "before_t"
+    return "other"
+
+
 def rank_cells(r: RankLedger) -> tuple[float | None, ...]:
     return (
         r.pre_load_free_gib,
-        r.weights_gib,
-        _sum(r, lambda k: k == "kv_cache" or k.startswith("pool_")),
-        _sum(r, lambda k: k in ("request_table", "allocator_rounding")),
-        _sum(r, lambda k: k.startswith("graphs_target") or k == "attention_backend"),
-        _sum(r, lambda k: k.startswith("draft") or k.startswith("graphs_draft")),
+        r.weights_gib if r.weights_gib is not None else _sum(r, lambda k: _group(k) == "weights"),
+        _sum(r, lambda k: _group(k) == "kv"),
+        _sum(r, lambda k: _group(k) == "graphs"),
+        _sum(r, lambda k: _group(k) == "draft"),
+        _sum(r, lambda k: _group(k) == "other"),
         r.free_after_pool_gib,
         r.free_at_end_gib,
         r.unexplained_gib,
@@ -89,13 +103,17 @@ def summary_sentences(a: Audit) -> list[str]:
         r = min(ranks, key=lambda x: (x.free_at_end_gib if x.free_at_end_gib is not None else 1e9))
         c = rank_cells(r)
         parts = []
-        names = ("weights", "the KV cache", "the request table and allocator", "CUDA graphs", "the draft model")
+        others = [i.label.split(" (")[0] for i in r.items if _group(i.key) == "other" and i.gib is not None]
+        other_name = (" and ".join(others) if len(others) <= 2 else ", ".join(others[:-1]) + " and " + others[-1]) \
+            if others else "other items"
+        names = ("weights", "the KV cache", "CUDA graphs", "the draft model", other_name)
         for name, v in zip(names, c[1:6]):
             if v is not None:
                 parts.append(f"{name} {v:.2f}")
         if f.logged_tokens and parts and c[2] is not None:
             parts[min(1, len(parts) - 1)] += f" ({f.logged_tokens:,} tokens)"
-        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB free before loading: " + ", ".join(parts)
+        base = "total" if a.engine == "vllm" else "free before loading"
+        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {base}: " + ", ".join(parts)
         if r.free_at_end_gib is not None:
             s += f"; {r.free_at_end_gib:.2f} GiB was free at the end"
             if not r.end_is_final and r.free_at_end_source:
@@ -105,8 +123,9 @@ def summary_sentences(a: Audit) -> list[str]:
             s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"
                   if abs(r.unexplained_gib) <= tol + 0.01 else f", and {r.unexplained_gib:+.2f} GiB is unexplained")
         out.append(s + ".")
+    engine = {"sglang": "SGLang", "vllm": "vLLM"}.get(a.engine, a.engine)
     if f.verdict == Verdict.MATCH:
-        out.append(f"The KV pool size is exactly what SGLang's formula gives for these numbers ({f.verdict_reason}).")
+        out.append(f"The KV pool size is exactly what {engine}'s formula gives for these numbers ({f.verdict_reason}).")
     elif f.verdict == Verdict.EXPLAINED:
         out.append(f"The KV pool size differs from the plain formula, for a known reason: {f.verdict_reason}.")
     elif f.verdict == Verdict.MISMATCH:

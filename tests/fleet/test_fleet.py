@@ -19,6 +19,7 @@ from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli_process
 pytestmark = [needs_sshd, needs_journal]
 N = 20
 DOWN, HANGS, CHANGED = 18, 19, 20
+VLLM = 7  # a vLLM V1 host (Llama-3-8B on one H200) among the SGLang ones
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,14 @@ def fleet(tmp_path_factory):
     hosts, daemons, lines, known = [], [], ["[gpus]"], []
     for i in range(1, N + 1):
         name = f"gpu-{i:02d}"
-        if i % 5 == 0:  # every fifth host serves a small Qwen model on one RTX 3090
+        if i == VLLM:
+            from tests.reconcile.test_vllm import V1_0101
+
+            log = V1_0101.replace("/models/Meta-Llama-3-8B", "/models/moonshotai/Kimi-K2.5").encode()
+            h = hostsim.make_host(root / name, log, "0, GPU-h200-0000, NVIDIA H200, 00000000:18:00.0, 143771, 614, "
+                                  "127500, 15657, 590.48.01\n", "454, GPU-h200-0000, VLLM::EngineCore, 127480\n",
+                                  (Path(__file__).parents[2] / "fixtures/configs/llama3-8b.json").read_text())
+        elif i % 5 == 0:  # every fifth host serves a small Qwen model on one RTX 3090
             h = hostsim.make_host(root / name, (SAMPLES / "sglang_029.log").read_bytes(), qwen_gpu,
                                   f"4711, GPU-qwen-0000, sglang::scheduler_TP0, 22500\n",
                                   (Path(__file__).parents[2] / "fixtures/configs/qwen2.5-7b.json").read_text())
@@ -81,9 +89,13 @@ def test_twenty_hosts_three_broken(fleet):
     audited = [h for h in d["hosts"] if not h["host"]["error"]]
     assert len(audited) == 17
     for h in audited:
-        assert h["formula"]["verdict"] == "match"
-        expected = 105531 if int(h["name"][4:]) % 5 == 0 else 159277
+        assert h["formula"]["verdict"] == "match", h["name"]
+        n = int(h["name"][4:])
+        expected = 702800 if n == VLLM else (105531 if n % 5 == 0 else 159277)
         assert h["formula"]["logged_tokens"] == expected
+        assert h["engine"] == ("vllm" if n == VLLM else "sglang")
+    assert by_name["gpu-07"]["formula"]["bytes_per_token"] == 131072  # from the host's config.json
+    assert by_name["gpu-07"]["gpus"][0]["rank"] == "TP0"
     assert d["run"]["failed"] == 3 and d["run"]["deadline_hit"] is False
 
     # the textfile passes Prometheus' own parser and carries the JSON's numbers
@@ -120,12 +132,13 @@ def test_twenty_hosts_three_broken(fleet):
     body = " ".join(page.text)
     assert all(f"gpu-{i:02d}" in body for i in range(1, N + 1))
     assert "failed:host_key" in body and "RESERVE_EXPLAINS_FREE" in body
-    assert page.bars == 14 * 8 + 3  # one bar per audited GPU: 14 Kimi hosts (8 GPUs), 3 Qwen (1)
+    assert page.bars == 13 * 8 + 3 + 1  # one bar per audited GPU: 13 Kimi hosts (8 GPUs), 3 Qwen, 1 vLLM
 
     import pandas as pd
 
     df = pd.read_csv(root / "gpus.csv")
-    assert len(df) == 14 * 8 + 3
+    assert len(df) == 13 * 8 + 3 + 1
+    assert set(df[df.host == "gpu-07"].kv_tokens) == {702800}
     assert set(df[df.host == "gpu-01"].kv_tokens) == {159277}
 
 

@@ -73,3 +73,21 @@ def test_arbitrary_bytes(data):
         read_log(io.BytesIO(data))
     except (NoStartupError, InputError):
         pass
+
+
+def test_long_lines_parse_in_linear_time():
+    """A 1 MiB line (the most the host-side cut lets through) of letters, digits and anchor words must not
+    make any pattern backtrack quadratically. The bound is a hang guard (quadratic means hours), not a speed
+    claim; speed is measured in bench/."""
+    import time
+
+    from kvaudit.explain import parse_lines
+
+    for filler in ("x", "a b", "1.", "[", "GB ", "blocks: ", "took ", "TP1 "):
+        line = filler * ((1 << 20) // len(filler)) + " 1.00 GB"
+        t = time.process_time()
+        try:
+            parse_lines([Line(1, line)])
+        except NoStartupError:
+            pass
+        assert time.process_time() - t < 5, filler  # linear: well under a second; quadratic: hours

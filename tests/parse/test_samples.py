@@ -105,10 +105,72 @@ def test_sglang_006_idle_memory_beside_a_capped_pool():
     assert unused and unused[0].fields["idle_gib"] == 33.08
 
 
-@pytest.mark.parametrize("name", ["vllm_001", "vllm_004", "vllm_006", "vllm_008", "vllm_010", "vllm_012",
-                                  "vllm_013", "vllm_016", "vllm_019", "vllm_020"])
-def test_vllm_logs_are_recognised_not_misread(name):
-    from kvaudit.explain import NoStartupError
+# vLLM: numbers from INDEX.md's key-numbers column
+VLLM_EXPECTED = {
+    # file: (tokens, {reading: value} on the first rank, GPU blocks)
+    "vllm_001": (22096, {"weights_gib": 67.7229}, 1381),
+    "vllm_004": (None, {"total_gib": 79.22, "util": 0.90, "requested_gib": 71.29, "weights_gib": 14.96,
+                        "non_torch_gib": 1.79, "activation_gib": 1.26, "kv_gib": 53.29}, None),
+    "vllm_006": (158656, {"weights_gib": 14.9889}, None),
+    "vllm_008": (160624, {"weights_gib": 6.1138}, 10039),
+    "vllm_010": (20128, {"weights_gib": 10.89, "non_torch_gib": 0.12, "activation_gib": 1.03, "kv_gib": 1.23}, 1258),
+    "vllm_012": (1767200, {"weights_gib": 3.76, "kv_gib": 60.67}, None),
+    "vllm_013": (31232, {"weights_gib": 14.9888, "total_gib": 23.58, "kv_gib": 3.81, "non_torch_gib": 0.35}, 1952),
+    "vllm_016": (115056, {"total_gib": 79.19, "util": 0.90, "requested_gib": 71.27, "weights_gib": 12.55,
+                          "non_torch_gib": 0.16, "activation_gib": 2.38, "kv_gib": 56.18}, 7191),
+    "vllm_019": (None, {"total_gib": 139.72, "util": 1.00, "weights_gib": 39.66, "non_torch_gib": 2.53,
+                        "activation_gib": 0.24, "kv_gib": 97.29}, None),
+    "vllm_020": (None, {"kv_gib": 15.72}, None),
+}
 
-    with open(SAMPLES / f"{name}.log", "rb") as fh, pytest.raises(NoStartupError, match="vLLM"):
-        read_log(fh)
+
+@pytest.mark.parametrize("name", sorted(VLLM_EXPECTED))
+def test_vllm_sample_numbers(name):
+    from kvaudit.parse.vllm import Blocks, Reading
+
+    tokens, readings, blocks = VLLM_EXPECTED[name]
+    with open(SAMPLES / f"{name}.log", "rb") as fh:
+        log = read_log(fh)
+    assert log.engine.name == "vllm"
+    s = log.startups[-1]
+    (a,) = audit(log, AuditOptions(source=name))
+    assert a.engine == "vllm" and a.formula.logged_tokens == tokens
+    got: dict[str, float] = {}
+    for e in s.of(Reading):
+        got.setdefault(e.key, e.value)
+    for k, v in readings.items():
+        assert got[k] == v, (k, got.get(k))
+    if blocks is not None:
+        assert min(b.gpu_blocks for b in s.of(Blocks)) == blocks
+    if {"requested_gib", "kv_gib", "weights_gib"} <= set(readings) or name == "vllm_013":
+        assert "BUDGET_RECONCILES" in {f.code for f in a.findings}
+
+
+def test_vllm_013_tokens_follow_from_the_budget_with_the_config():
+    """0.6.4: 23.58 x 0.90 - (17.06 + 0.35) = 3.81 GiB; Llama-3.1-8B: 131,072 B/token, blocks of 16 -> 1952 blocks."""
+    a = _audit_v("vllm_013", "llama31-8b")
+    f = a.formula
+    assert f.bytes_per_token == 131072 and f.verdict.value == "match"
+    assert f.predicted_tokens.low <= 31232 <= f.predicted_tokens.high
+    assert f.mem_fraction_static == 0.90 and f.pre_load_free_gib == 23.58
+
+
+def test_vllm_016_bytes_per_token_from_the_blocks():
+    """No config: 56.18 GiB / (7191 blocks x 16) = 524,291 B/token, a 32-layer, 32-KV-head 7B model (524,288)."""
+    a = _audit_v("vllm_016", None)
+    assert a.formula.bytes_per_token_source == "kv_line"
+    assert abs(a.formula.bytes_per_token - 524288) < 100
+    assert abs(a.ranks[0].unexplained_gib) <= a.ranks[0].unexplained_tolerance_gib
+
+
+def test_vllm_019_full_utilisation_leaves_no_headroom():
+    a = _audit_v("vllm_019", None)
+    assert "LOW_HEADROOM" in {f.code for f in a.findings}
+
+
+def _audit_v(name, config):
+    with open(SAMPLES / f"{name}.log", "rb") as fh:
+        log = read_log(fh)
+    geom = load_config(CONFIGS / f"{config}.json") if config else None
+    (a,) = audit(log, AuditOptions(source=name, model_geometry=geom))
+    return a

@@ -1,0 +1,397 @@
+"""vLLM startup-log grammar, V0 worker (0.2.x-0.10.x) and V1 (0.6.4 onwards).
+
+Format strings quoted from vLLM's source (paths under ``vllm/`` upstream; version ranges per the shared
+reference, section 1.4; docs/vllm-log-grammar.md has the table):
+
+* weights: ``worker/model_runner.py`` / ``v1/worker/gpu_model_runner.py``: "Loading model weights took %.4f GB"
+  (0.4-0.7.3), "Model loading took %.4f GB|GiB[ memory] and %.6f seconds" (0.8+); "GB" is GiB here;
+* V0 profiling summary (``worker/worker.py::determine_num_available_blocks``): the 0.6.4 one-liner
+  "Memory profiling results: total_gpu_memory=...", the 0.6.5-0.10 three-line record ("the current vLLM
+  instance can use total_gpu_memory (T GiB) x gpu_memory_utilization (u) = R GiB" / "model weights take
+  ...; the rest of the memory reserved for KV Cache is K GiB."), and the column-aligned table some builds print;
+* blocks: "# GPU blocks: %d, # CPU blocks: %d" (also "# CUDA blocks", "# cuda blocks", V1 0.6.4-0.7 without
+  CPU blocks), "num_gpu_blocks is: %d"; V1 tokens: "GPU KV cache size: %s tokens" (``v1/core/kv_cache_utils.py``),
+  "Maximum concurrency for %s tokens per request: %.2fx";
+* V1 budget: "Available KV cache memory: %.2f GiB" (``v1/worker/gpu_worker.py``, every worker), the
+  "Free memory on device (F/T GiB) on startup ..." suggestion and error lines, kv_cache_memory_bytes;
+* graphs: "Graph capturing finished in %.0f secs, took %.2f GiB", "Estimated CUDA graph memory: %.2f GiB total",
+  "CUDA graph pool memory: %s GiB (actual), %s GiB (estimated)", the gpu-memory-utilization equivalence note.
+
+Process tags: ``(VllmWorkerProcess pid=N)``, ``(VllmWorker rank=N pid=P)``, ``(Worker_TP0 pid=P)``,
+``(RayWorkerWrapper pid=N)``, ``(EngineCore_DP0 pid=P)``; Ray's "[repeated Nx across cluster]" suffix and
+vLLM-Omni's pipe-delimited lines are tolerated. Values labelled GB, GiB or Gib are all GiB.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.lines import Line
+from kvaudit.versions import VersionRange, narrow
+
+ENGINE = "vllm"
+
+ANCHORS: tuple[bytes, ...] = (
+    # shared with SGLang's where they can be (GB, KV , Error); "GiB" catches nearly every memory line
+    b"GB",
+    b"GiB",
+    b"KV ",
+    b"Error",
+    b"profiling results",
+    b"memory_utilization",
+    b"memory-utilization",
+    b"No available",
+    b"blocks: ",
+    b"num_gpu_blocks",
+    b"concurrency",
+    b"LLM engine",
+    b"server version",
+    b"non-default args",
+    b"max seq len",
+    b"failed to start",
+)
+
+MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Loading model weights took", "Model loading took",
+                            "GPU KV cache size", "Available KV cache memory", "# GPU blocks", "# CUDA blocks",
+                            "# cuda blocks", "vLLM instance can use", "VllmWorker")
+
+NUM = r"(-?\d+(?:\.\d+)?)"
+GI = r"\s?(?:GiB|GB|Gib)"
+
+
+@dataclass(frozen=True)
+class Banner(Event):
+    version: str | None = None
+    engine_kind: str | None = None  # "V0" | "V1"
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reading(RankEvent):
+    """One number from a memory line: ``key`` names it (total_gib, util, requested_gib, weights_gib,
+    non_torch_gib, activation_gib, kv_gib, graph_gib, graph_estimate_gib, equiv_util, ...)."""
+
+    key: str = ""
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class Blocks(RankEvent):
+    gpu_blocks: int = 0
+    cpu_blocks: int | None = None
+
+
+@dataclass(frozen=True)
+class KVTokens(Event):
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Concurrency(Event):
+    max_model_len: int = 0
+    factor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure(RankEvent):
+    kind: str = ""  # no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
+    message: str = ""
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+_TAG = re.compile(r"\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)")
+_BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine \(v(?P<ver>[\w.+-]+)\) with config: (?P<cfg>.*)$")
+_API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
+_ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
+_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + NUM + GI
+                      + r"(?: memory)?(?: and " + NUM + r" seconds)?")
+_V0_CAN_USE = re.compile(r"the current vLLM instance can use total_gpu_memory \(" + NUM + GI + r"\) x "
+                         r"gpu_memory_utilization \(" + NUM + r"\) = " + NUM + GI)
+_V0_TAKE = re.compile(r"model weights take " + NUM + GI + r"; non_torch_memory takes " + NUM + GI
+                      + r"; PyTorch activation peak memory takes " + NUM + GI
+                      + r"; the rest of the memory reserved for KV Cache is " + NUM + GI)
+_V0_064 = re.compile(r"Memory profiling results: (?P<kv>(?:\w+=\d+(?:\.\d+)?(?:GiB|Gib|GB)?\s*)+)")
+_V0_TABLE = re.compile(
+    r"(?P<k>total_gpu_memory|gpu_memory_utilization|the current vLLM instance can use|model weights take|"
+    r"non_torch_memory(?: takes)?|PyTorch activation peak memory(?: takes)?|available_kv_cache_memory|"
+    r"duration)\s+" + NUM + r"\s*(?:GiB|Gib|GB|seconds)?\s*$")
+_TABLE_WORDS = re.compile(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can use|model weights take|"
+                          r"non_torch_memory|activation peak memory|available_kv_cache_memory|duration")
+_PROFILE_TIME = re.compile(r"Memory profiling takes " + NUM + r" seconds")
+_BLOCKS = re.compile(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+_NUM_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)")
+_TOKENS = re.compile(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
+_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
+_FREE_ON_DEVICE = re.compile(r"Free memory on device (?:\S+ )?\(" + NUM + r"/" + NUM + r" GiB\) on startup")
+_DESIRED = re.compile(r"(?:Desired GPU memory utilization is|desired GPU memory utilization) \(" + NUM + ", "
+                      + NUM + r" GiB\)")
+_ACTUAL = re.compile(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB for peak activation, " + NUM
+                     + r" GiB for non-torch memory, and " + NUM + r" GiB for CUDAGraph memory")
+_KV_IN_USE = re.compile(r"Current kv cache memory in use is " + NUM + " GiB")
+_KV_BYTES = re.compile(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
+_GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
+_GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
+_GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+_GRAPH_UTIL = re.compile(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
+_FAILURES = (
+    (re.compile(r"No available memory for the cache blocks"), "no_kv_memory"),
+    (re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+                r"cache \((\d+)\)"), "max_len"),
+    (re.compile(r"Error in memory profiling"), "profiling"),
+    (re.compile(r"\(" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV cache memory \("
+                + NUM + r" G(?:i)?B\)"), "kv_needed"),
+    (re.compile(r"on startup is less than desired GPU memory utilization"), "free_memory"),
+    (re.compile(r"EngineCore failed to start"), "engine_failed"),
+    (re.compile(r"CUDA out of memory"), "oom"),
+)
+
+
+_FAILURE_WORDS = ("No available memory", "max seq len", "Error in memory profiling", "KV cache is needed",
+                  "less than desired GPU memory", "EngineCore failed", "out of memory")
+
+
+def _rank(text: str, upto: int) -> Rank:
+    tags = list(_TAG.finditer(text, 0, upto))
+    if not tags:
+        return SINGLE_RANK
+    proc, pid = tags[-1].group("proc"), int(tags[-1].group("pid"))
+    m = re.search(r"(?:^|_|\s)(?:PP(\d+)_)?TP(\d+)", proc)
+    if m:
+        return Rank((int(m.group(1) or 0), int(m.group(2)), 0), f"PP{m.group(1)} TP{m.group(2)}" if m.group(1)
+                    else f"TP{m.group(2)}")
+    m = re.search(r"rank=(\d+)", proc)
+    if m:
+        return Rank((0, int(m.group(1)), 0), f"TP{m.group(1)}")
+    if proc.startswith(("EngineCore", "APIServer")):
+        return SINGLE_RANK
+    return Rank((0, 1_000_000 + pid, 0), f"pid {pid}")  # a worker process that names no rank
+
+
+def _clue(lo, hi, why) -> VersionRange:
+    return VersionRange(lo, hi, (why,))
+
+
+@dataclass
+class _Parsed:
+    events: list[Event]
+    clues: list[VersionRange]
+
+
+def parse_line(line: Line) -> _Parsed:
+    t, n = line.text, line.number
+    ev: list[Event] = []
+    clues: list[VersionRange] = []
+
+    def rank_at(m: re.Match[str]) -> Rank:
+        return _rank(t, m.start())
+
+    def read(m: re.Match[str], pairs: Iterable[tuple[str, int]]) -> None:
+        r = rank_at(m)
+        for key, group in pairs:
+            if m.group(group) is not None:
+                ev.append(Reading(n, t, r, "target", key, float(m.group(group))))
+
+    m = _BANNER.search(t) if "LLM engine (v" in t else None
+    if m:
+        ver = m.group("ver")
+        ev.append(Banner(n, t, ver, m.group("kind") or ("V0" if ver.startswith(("0.4", "0.5", "0.6")) else None),
+                         _config(m.group("cfg"))))
+        return _Parsed(ev, [_version_clue(ver)])
+    m = _API.search(t) if "API server version" in t else None
+    if m:
+        return _Parsed([Banner(n, t, m.group("ver"), None, {})], [_version_clue(m.group("ver"))])
+    m = _ARGS.search(t) if "non-default args" in t else None
+    if m:
+        try:
+            args = ast.literal_eval(m.group("d"))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            args = {}
+        return _Parsed([Banner(n, t, None, None, args if isinstance(args, dict) else {})],
+                       [_clue((0, 10, 0), None, "'non-default args:' line")])
+    for (rx, kind), word in zip(_FAILURES, _FAILURE_WORDS):
+        if word not in t:
+            continue
+        m = rx.search(t)
+        if m:
+            nums = {}
+            if kind == "max_len":
+                nums = {"max_model_len": float(m.group(1)), "max_tokens": float(m.group(2))}
+            elif kind == "kv_needed":
+                nums = {"needed_gib": float(m.group(1)), "available_gib": float(m.group(2))}
+            return _Parsed([Failure(n, t, rank_at(m), "target", kind, t[m.start():][:300], nums)], [])
+    m = _WEIGHTS.search(t) if "took" in t else None
+    if m:
+        read(m, (("weights_gib", 1),))
+        unit = "GB" if " GB" in m.group(0) else "GiB"
+        if m.group(0).startswith("Loading model weights"):
+            clues.append(_clue((0, 4, 0), (0, 7, 3), "'Loading model weights took'"))
+        elif unit == "GB":
+            clues.append(_clue((0, 8, 0), (0, 8, 2), "'Model loading took ... GB'"))
+        elif " memory and" in m.group(0):
+            clues.append(_clue((0, 12, 0), None, "'Model loading took ... GiB memory'"))
+        else:
+            clues.append(_clue((0, 8, 3), None, "'Model loading took ... GiB'"))
+        return _Parsed(ev, clues)
+    m = _V0_CAN_USE.search(t) if "vLLM instance can use" in t else None
+    if m:
+        read(m, (("total_gib", 1), ("util", 2), ("requested_gib", 3)))
+        return _Parsed(ev, [_clue((0, 6, 5), (0, 10, 99), "V0 three-line profiling record")])
+    m = _V0_TAKE.search(t) if "model weights take" in t and ";" in t else None
+    if m:
+        read(m, (("weights_gib", 1), ("non_torch_gib", 2), ("activation_gib", 3), ("kv_gib", 4)))
+        return _Parsed(ev, [_clue((0, 6, 5), (0, 10, 99), "V0 three-line profiling record")])
+    m = _V0_064.search(t) if "Memory profiling results: " in t else None
+    if m:
+        kv = dict(re.findall(r"(\w+)=(\d+(?:\.\d+)?)(?![\d.])", m.group("kv")))
+        r = rank_at(m)
+        names = {"total_gpu_memory": "total_gib", "initial_memory_usage": "initial_used_gib",
+                 "peak_torch_memory": "peak_torch_gib", "memory_usage_post_profile": "post_profile_gib",
+                 "non_torch_memory": "non_torch_gib", "kv_cache_size": "kv_gib", "gpu_memory_utilization": "util"}
+        ev += [Reading(n, t, r, "target", names[k], float(v)) for k, v in kv.items() if k in names]
+        return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 4), "0.6.4 'Memory profiling results:' line")])
+    m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
+    if m:
+        read(m, (("profile_s", 1),))
+        return _Parsed(ev, [])
+    m = _V0_TABLE.search(t) if len(t) < 400 and _TABLE_WORDS.search(t) else None
+    if m:
+        key = {"total_gpu_memory": "total_gib", "gpu_memory_utilization": "util",
+               "the current vLLM instance can use": "requested_gib", "model weights take": "weights_gib",
+               "available_kv_cache_memory": "kv_gib", "duration": "profile_s"}.get(m.group("k"))
+        if key is None:
+            key = "non_torch_gib" if m.group("k").startswith("non_torch") else "activation_gib"
+        read(m, ((key, 2),))
+        return _Parsed(ev, [])
+    m = _AVAILABLE.search(t) if "Available KV cache memory" in t else None
+    if m:
+        read(m, (("kv_gib", 1),))
+        return _Parsed(ev, [_clue((0, 9, 1), None, "'Available KV cache memory'")])
+    m = _FREE_ON_DEVICE.search(t) if "Free memory on device" in t else None
+    if m:
+        read(m, (("init_free_gib", 1), ("total_gib", 2)))
+        d = _DESIRED.search(t)
+        if d:
+            read(d, (("util", 1), ("requested_gib", 2)))
+        a = _ACTUAL.search(t)
+        if a:
+            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
+        k = _KV_IN_USE.search(t)
+        if k:
+            read(k, (("kv_gib", 1),))
+        return _Parsed(ev, [_clue((0, 9, 1), None, "'Free memory on device' line")])
+    m = _KV_BYTES.search(t) if "kv_cache_memory_bytes" in t else None
+    if m:
+        read(m, (("kv_bytes_config_gib", 1),))
+        return _Parsed(ev, [_clue((0, 10, 2), None, "kv_cache_memory_bytes")])
+    m = _GRAPH.search(t) if "Graph capturing finished" in t else None
+    if m:
+        read(m, (("graph_gib", 2),))
+        return _Parsed(ev, [])
+    m = _GRAPH_POOL.search(t) if "CUDA graph pool memory" in t else None
+    if m:
+        read(m, (("graph_gib", 1), ("graph_estimate_gib", 2)))
+        return _Parsed(ev, [_clue((0, 18, 0), None, "CUDA graph pool memory line")])
+    m = _GRAPH_EST.search(t) if "Estimated CUDA graph memory" in t else None
+    if m:
+        read(m, (("graph_estimate_gib", 1),))
+        return _Parsed(ev, [_clue((0, 18, 0), None, "'Estimated CUDA graph memory'")])
+    m = _GRAPH_UTIL.search(t) if "is equivalent to --gpu-memory-utilization" in t else None
+    if m:
+        read(m, (("util", 1), ("equiv_util", 2)))
+        clue = (_clue((0, 20, 0), None, "CUDA graph profiling 'default since v0.21.0'") if "default since" in t
+                else _clue((0, 18, 0), (0, 19, 99), "CUDA graph profiling opt-in note"))
+        return _Parsed(ev, [clue])
+    m = _TOKENS.search(t) if "KV cache size" in t else None
+    if m:
+        ev.append(KVTokens(n, t, int(m.group(1).replace(",", ""))))
+        c = _CONCURRENCY.search(t)
+        if c:
+            ev.append(Concurrency(n, t, int(c.group(1).replace(",", "")), float(c.group(2))))
+        return _Parsed(ev, [_clue((0, 8, 0), None, "'GPU KV cache size: N tokens'")])
+    m = _CONCURRENCY.search(t) if "Maximum concurrency" in t else None
+    if m:
+        ev.append(Concurrency(n, t, int(m.group(1).replace(",", "")), float(m.group(2))))
+        clue = (_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'") if "," in m.group(1)
+                else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer"))
+        return _Parsed(ev, [clue])
+    m = (_NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None) or (
+        _BLOCKS.search(t) if "blocks: " in t else None)
+    if m:
+        cpu = int(m.group(2)) if m.re is _BLOCKS and m.group(2) else None
+        ev.append(Blocks(n, t, rank_at(m), "target", int(m.group(1)), cpu))
+        if m.re is _BLOCKS and "CPU blocks" not in t:
+            clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
+        elif "# cuda blocks" in t:
+            clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
+        elif "# CUDA blocks" in t:
+            clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
+        return _Parsed(ev, clues)
+    return _Parsed([], [])
+
+
+def _config(text: str) -> dict[str, Any]:
+    """The banner's ``key=value, ...`` config (model='...', dtype=torch.bfloat16, tensor_parallel_size=8...)."""
+    out: dict[str, Any] = {}
+    for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", text):
+        v = v.strip()
+        try:
+            out[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            out[k] = v
+    return out
+
+
+def _version_clue(ver: str) -> VersionRange:
+    from kvaudit.versions import parse_version
+
+    try:
+        v = parse_version(ver)
+    except ValueError:
+        return VersionRange((0, 1, 0), None)
+    return VersionRange(v[:3], v[:3], (f"version banner v{ver}",))
+
+
+class VLLMParser:
+    name = ENGINE
+    anchors = ANCHORS
+    markers = MARKERS
+
+    def parse(self, lines: Iterable[Line]) -> list[Startup]:
+        startups: list[Startup] = []
+        events: list[Event] = []
+        clues: list[VersionRange] = []
+        first = last = 0
+        config: dict[str, Any] = {}
+        seen_memory = False
+
+        def flush() -> None:
+            if any(not isinstance(e, Banner) for e in events):
+                era = narrow(clues, VersionRange((0, 2, 0), None))
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era))
+
+        for line in lines:
+            p = parse_line(line)
+            if not p.events:
+                continue
+            banner = next((e for e in p.events if isinstance(e, Banner)), None)
+            # a new start: a banner once memory lines were seen, or a second weight load on the same rank
+            restart = banner is not None and seen_memory
+            if restart:
+                flush()
+                events, clues, config, seen_memory = [], [], {}, False
+            if not events:
+                first = line.number
+            last = line.number
+            events.extend(p.events)
+            clues.extend(p.clues)
+            if banner is not None:
+                config.update(banner.config)
+            else:
+                seen_memory = True
+        flush()
+        return startups
