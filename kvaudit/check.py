@@ -9,7 +9,7 @@ from pathlib import Path
 from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
 from kvaudit.collect.session import CollectOptions, HostSession
-from kvaudit.engines import all_anchors
+from kvaudit.engines import all_anchors, process_names
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
@@ -57,7 +57,8 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         c = capture_mod.read(target)
         return c, _parse(c), []
     notes: list[str] = []
-    copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout)
+    copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout,
+                           engine_names=process_names())
     if is_local(target):
         from kvaudit.collect.local import LocalRunner
 
@@ -77,8 +78,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
             lines = session.log_lines()
         log = _parse_lines(target, lines, session)
         startup = select(log, opts.startup)[0]
-        args = startup.server_args or {}
-        model_path = args.get("model_path") or args.get("model")  # SGLang's name, then vLLM's
+        model_path = startup.model_path
         config, config_source = (None, None)
         if opts.audit.model_geometry is None:
             config, config_source = session.config(model_path if isinstance(model_path, str) else None)
@@ -161,7 +161,8 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
     base = 0
     if startup.server_args and isinstance(startup.server_args.get("base_gpu_id"), int):
         base = startup.server_args["base_gpu_id"]
-    gpus, findings = reconcile_gpus(audit, c, base, replace(opts.live, low_headroom_gib=opts.audit.thresholds.low_headroom_gib))
+    gpus, findings = reconcile_gpus(audit, c, base, replace(opts.live, low_headroom_gib=opts.audit.thresholds.low_headroom_gib),
+                                    process_names())
     return HostAudit(c.target, c, audit, gpus, findings, None, tuple(notes))
 
 

@@ -24,11 +24,12 @@ class Engine:
     parser: EngineParser
     reconcile: Callable[[Startup, AuditOptions, int], Audit]
     whatif: Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]
+    process_names: tuple[str, ...] = ()  # what its systemd units and process titles contain (lower case)
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif),
-    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif),
+    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",)),
+    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",)),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
@@ -46,6 +47,11 @@ def all_anchors() -> tuple[bytes, ...]:
         for a in e.parser.anchors:
             seen[a] = None
     return tuple(seen)
+
+
+def process_names() -> tuple[str, ...]:
+    """Every engine's unit/process name fragments, for finding a host's engine unit and its processes."""
+    return tuple(n for e in ENGINES for n in e.process_names)
 
 
 def by_name(name: str) -> Engine:

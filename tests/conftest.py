@@ -59,6 +59,7 @@ def golden(request: pytest.FixtureRequest):
     update = request.config.getoption("--update-golden")
 
     def check(name: str, text: str) -> None:
+        assert text.strip(), f"refusing an empty output for golden file {name}"
         path = FIXTURES / "golden" / name
         if update or not path.exists():
             if not update:

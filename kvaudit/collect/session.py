@@ -21,8 +21,8 @@ from kvaudit.collect.interface import (
 )
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 
-#: unit names that look like an inference engine (the audited engines and the ones recognised)
-ENGINE_UNIT = re.compile(r"sglang|vllm|lmdeploy|text-generation|tgi|trtllm|tensorrt|llm|inference", re.I)
+#: unit names that look like some inference engine (the audited engines' own names come in CollectOptions)
+GENERIC_ENGINE_UNIT = ("lmdeploy", "text-generation", "tgi", "trtllm", "tensorrt", "llm", "inference")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,12 @@ class CollectOptions:
     command_timeout: float = 60.0
     max_output: int = 64 << 20
     fetch_config: bool = True
+    engine_names: tuple[str, ...] = ()  # unit-name fragments of the engines kvaudit audits
+
+    @property
+    def unit_pattern(self) -> "re.Pattern[str]":
+        names = self.engine_names + GENERIC_ENGINE_UNIT
+        return re.compile("|".join(re.escape(n) for n in names), re.I)
 
 
 @dataclass
@@ -150,7 +156,7 @@ class HostSession:
         if res is not None and res.rc == 0:
             for line in res.stdout.decode(errors="replace").splitlines():
                 cols = line.split()
-                if cols and cols[0].endswith(".service") and ENGINE_UNIT.search(cols[0]):
+                if cols and cols[0].endswith(".service") and self.opts.unit_pattern.search(cols[0]):
                     active = len(cols) > 2 and cols[2] == "active"
                     names.append(cols[0] if active else "~" + cols[0])
             running = [n for n in names if not n.startswith("~")]
@@ -161,7 +167,7 @@ class HostSession:
             if res.rc != 0:
                 raise NoEngineFound(f"{self.target}: cannot read the journal{' in ' + d if d else ''}: "
                                     f"{_first_line(res.stderr) or f'rc {res.rc}'}")
-            names = [u for u in res.stdout.decode(errors="replace").split() if ENGINE_UNIT.search(u)]
+            names = [u for u in res.stdout.decode(errors="replace").split() if self.opts.unit_pattern.search(u)]
         names = sorted(set(names))
         if not names:
             raise NoEngineFound(f"{self.target}: no systemd unit that looks like an inference engine; "

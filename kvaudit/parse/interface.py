@@ -67,6 +67,7 @@ class Startup:
     server_args: Mapping[str, Any] | None
     events: tuple[Event, ...]
     era: VersionRange
+    model_path: str | None = None  # where the model (and its config.json) lives, as the engine's args say
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
         return tuple(e for e in self.events if isinstance(e, kind))

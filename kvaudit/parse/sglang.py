@@ -760,8 +760,9 @@ class _Builder:
 
     def build(self) -> Startup:
         era = narrow(self.clues, VersionRange(OLDEST, None))
+        path = (self.server_args or {}).get("model_path")
         return Startup(ENGINE, self.index, self.first_line, self.last_line, self.server_args,
-                       tuple(_peer_roles(self.events, self.ranks)), era)
+                       tuple(_peer_roles(self.events, self.ranks)), era, path if isinstance(path, str) else None)
 
 
 def _peer_roles(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Event]:

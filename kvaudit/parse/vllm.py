@@ -372,7 +372,9 @@ class VLLMParser:
         def flush() -> None:
             if any(not isinstance(e, Banner) for e in events):
                 era = narrow(clues, VersionRange((0, 2, 0), None))
-                startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era))
+                path = config.get("model")
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
+                                        path if isinstance(path, str) else None))
 
         for line in lines:
             p = parse_line(line)

@@ -162,6 +162,11 @@ class Audit:
     speculative: str | None
     hicache_host_gb: float | None  # decimal GB, host RAM per rank
     notes: tuple[str, ...] = ()
+    # how the engine's formula reads, for the human reports (the engine module writes these; reports print them)
+    engine_display: str = ""
+    formula_text: str = ""
+    formula_rows: tuple[tuple[str, str, str], ...] = ()  # (quantity, value, source)
+    pre_load_label: str = "free before loading"
 
     @property
     def worst(self) -> Severity | None:

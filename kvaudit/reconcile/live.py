@@ -10,8 +10,10 @@ from kvaudit.collect.interface import Collected, ComputeApp, GpuReading
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity
 from kvaudit.units import MIB, GIB
 
-_RANK_IN_NAME = re.compile(r"(?:sglang|vllm)\S*?(?:TP|_tp|rank)[_=]?(\d+)", re.I)
-_ENGINE_NAME = re.compile(r"sglang|vllm", re.I)
+def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[str]"]:
+    """Engine processes carry the engine's name in their title (sglang::scheduler_TP3, VLLM::Worker_TP0)."""
+    alt = "|".join(re.escape(n) for n in names) or r"(?!)"
+    return re.compile(rf"(?:{alt})\S*?(?:TP|_tp|rank)[_=]?(\d+)", re.I), re.compile(alt, re.I)
 
 
 @dataclass(frozen=True)
@@ -56,18 +58,19 @@ def _g(mib: float | None) -> float | None:
     return None if mib is None else round(mib * MIB / GIB, 3)
 
 
-def _is_server(app: ComputeApp, server_pids: set[int], names_identify: bool) -> bool | None:
+def _is_server(app: ComputeApp, server_pids: set[int], names_identify: bool,
+               engine_name: "re.Pattern[str]") -> bool | None:
     """By the unit's PIDs when known; else by process title (sglang::scheduler_TPn) when the engine's
     processes carry one on this host; else unknown."""
     if server_pids:
         return app.pid in server_pids
-    if _ENGINE_NAME.search(app.name):
+    if engine_name.search(app.name):
         return True
     return False if names_identify else None
 
 
 def _map_ranks(audit: Audit | None, gpus: tuple[GpuReading, ...], apps: tuple[ComputeApp, ...],
-               base_gpu_id: int) -> tuple[dict[str, RankLedger], dict[str, str]]:
+               base_gpu_id: int, rank_in_name: "re.Pattern[str]") -> tuple[dict[str, RankLedger], dict[str, str]]:
     """uuid -> rank ledger, and how each was mapped. Process titles (sglang::scheduler_TP3) first; else
     rank i -> the (base_gpu_id + i)-th GPU in index order (CUDA_VISIBLE_DEVICES unknown)."""
     if audit is None or not audit.ranks:
@@ -76,7 +79,7 @@ def _map_ranks(audit: Audit | None, gpus: tuple[GpuReading, ...], apps: tuple[Co
     out: dict[str, RankLedger] = {}
     how: dict[str, str] = {}
     for a in apps:
-        m = _RANK_IN_NAME.search(a.name)
+        m = rank_in_name.search(a.name)
         if m:
             label = f"TP{m.group(1)}"
             if label in by_label and a.gpu_uuid not in out:
@@ -90,17 +93,19 @@ def _map_ranks(audit: Audit | None, gpus: tuple[GpuReading, ...], apps: tuple[Co
 
 
 def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
-                   th: LiveThresholds = LiveThresholds()) -> tuple[tuple[GpuLedger, ...], tuple[Finding, ...]]:
-    mapping, how = _map_ranks(audit, c.gpus, c.apps, base_gpu_id)
+                   th: LiveThresholds = LiveThresholds(),
+                   engine_names: tuple[str, ...] = ()) -> tuple[tuple[GpuLedger, ...], tuple[Finding, ...]]:
+    rank_in_name, engine_name = _patterns(engine_names)
+    mapping, how = _map_ranks(audit, c.gpus, c.apps, base_gpu_id, rank_in_name)
     pids = set(c.server_pids)
-    by_name = any(_ENGINE_NAME.search(a.name) for a in c.apps)
+    by_name = any(engine_name.search(a.name) for a in c.apps)
     ledgers: list[GpuLedger] = []
     findings: list[Finding] = []
     for g in sorted(c.gpus, key=lambda x: x.index):
         r = mapping.get(g.uuid)
         here = [a for a in c.apps if a.gpu_uuid == g.uuid]
-        server = [a for a in here if _is_server(a, pids, by_name) is True]
-        foreign = [a for a in here if _is_server(a, pids, by_name) is False]
+        server = [a for a in here if _is_server(a, pids, by_name, engine_name) is True]
+        foreign = [a for a in here if _is_server(a, pids, by_name, engine_name) is False]
         cuda_total = (g.total_mib - (g.reserved_mib or 0)) if g.total_mib is not None else None
         identity = None
         if None not in (g.total_mib, g.reserved_mib, g.used_mib, g.free_mib):

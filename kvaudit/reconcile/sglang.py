@@ -678,6 +678,25 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         speculative=ctx.spec_algo,
         hicache_host_gb=hicache_gb,
         notes=tuple(ctx.notes),
+        engine_display="SGLang",
+        formula_text="rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)",
+        formula_rows=_formula_rows(formula),
+        pre_load_label="free before loading",
+    )
+
+
+def _show(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} GiB"
+
+
+def _formula_rows(f: Formula) -> tuple[tuple[str, str, str], ...]:
+    mfs = "-" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}"
+    return (
+        ("T (free before weights, min over ranks)", _show(f.pre_load_free_gib), f.pre_load_free_source or ""),
+        ("post (free after weights, min)", _show(f.post_load_free_gib), "Load weight end" if f.post_load_free_gib else ""),
+        ("mem_fraction_static", mfs, f.mem_fraction_static_source or ""),
+        ("reserve = (1 - mfs) x T", _show(f.reserve_gib), ""),
+        ("rest = post - reserve", _show(f.rest_gib), "the KV budget"),
     )
 
 

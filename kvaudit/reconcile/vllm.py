@@ -125,6 +125,11 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 
     # --- the budget per rank ----------------------------------------------------------------------------
     kvs = [rr.r["kv_gib"] for rr in ranks.values() if "kv_gib" in rr.r]
+    fixed = [rr.r["kv_bytes_config_gib"] for rr in ranks.values() if "kv_bytes_config_gib" in rr.r]
+    if fixed and not kvs:  # --kv-cache-memory-bytes (0.10.2+): the KV size is set, the util budget is skipped
+        kvs = fixed
+        notes.append(f"--kv-cache-memory-bytes fixed the KV cache at {min(fixed)} GiB: gpu_memory_utilization and "
+                     "the profiling budget do not apply")
     K = min(kvs) if kvs else None
     estimate_applied = era.lo >= (0, 20, 0) or any("equiv_util" in rr.r for rr in ranks.values())
     totals = [rr.r["total_gib"] for rr in ranks.values() if "total_gib" in rr.r]
@@ -139,7 +144,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
             notes.append(f"total GPU memory ~{T:.1f} GiB recovered from the CUDA-graph note: estimate {est} GiB = "
                          f"({u_note} - {equiv}) x total (approximate: the estimate is rounded to 0.01 GiB)")
     residuals: dict[str, float] = {}
-    for rr in ranks.values():
+    for rr in (ranks.values() if not fixed else ()):
         res = _budget_residual(rr.r, util, estimate_applied)
         if res is not None:
             residuals[rr.rank.display] = res
@@ -242,7 +247,21 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         speculative=None,
         hicache_host_gb=None,
         notes=tuple(notes + ([f"bytes per token: {cell_desc}"] if cell_desc else [])),
+        engine_display="vLLM",
+        formula_text=("KV = total x util - (weights + activation peak + non-torch);  "
+                      "tokens = floor(KV / (bytes per token x block)) x block"),
+        formula_rows=(
+            ("total GPU memory", _show(formula.pre_load_free_gib), "the fraction applies to the total"),
+            ("gpu_memory_utilization", "-" if util is None else f"{util:g}", util_source or ""),
+            ("headroom = (1 - util) x total", _show(formula.reserve_gib), "outside the budget"),
+            ("available KV cache memory (min)", _show(K), "the KV budget"),
+        ),
+        pre_load_label="total",
     )
+
+
+def _show(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} GiB"
 
 
 def _rule(era, estimate_applied: bool) -> str:

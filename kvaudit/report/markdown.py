@@ -15,27 +15,19 @@ def _esc(s: str) -> str:
 def render_one(a: Audit) -> str:
     f = a.formula
     L = [f"## kvaudit: {_esc(a.source)}", "",
-         f"{a.engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
+         f"{a.engine_display or a.engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
          f"(lines {a.first_line}-{a.last_line}); model {a.model.architecture or 'unknown'}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 
-    def g(v: float | None) -> str:
-        return "–" if v is None else f"{v:.2f} GiB"
-
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "–"
-    for name, val, src in (
-        ("T (free before weights, min over ranks)", g(f.pre_load_free_gib), f.pre_load_free_source),
-        ("post (free after weights, min)", g(f.post_load_free_gib), ""),
-        ("mem_fraction_static", "–" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}",
-         f.mem_fraction_static_source),
-        ("reserve = (1 − mfs) × T", g(f.reserve_gib), ""),
-        ("rest = post − reserve", g(f.rest_gib), ""),
-        ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source),
-        ("predicted tokens", pred, f.rule),
+    formula_rows = list(a.formula_rows) + [
+        ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source or ""),
+        ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "–", ""),
-    ):
-        L.append(f"| {name} | {val} | {_esc(src or '')} |")
+    ]
+    for name, val, src in formula_rows:
+        L.append(f"| {name} | {'–' if val == '-' else val} | {_esc(src)} |")
     L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" + "---:|" * (len(COLUMNS) - 1)]
     for r in rows(a):

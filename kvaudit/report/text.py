@@ -34,7 +34,7 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
 def render_one(a: Audit, color: bool = False) -> str:
     f, m = a.formula, a.model
     L: list[str] = []
-    engine = {"sglang": "SGLang", "vllm": "vLLM"}.get(a.engine, a.engine)
+    engine = a.engine_display or a.engine
     L.append(_c(f"{a.source}: {engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
                 f"(lines {a.first_line}-{a.last_line})", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
@@ -44,28 +44,14 @@ def render_one(a: Audit, color: bool = False) -> str:
              f"speculative {a.speculative}" if a.speculative else None]
     L.append("  " + ", ".join(x for x in model if x))
     L.append("")
-    if a.engine == "vllm":
-        L.append(_c("Budget", "1", color) + "  KV = total x util - (weights + activation peak + non-torch);  "
-                 "tokens = floor(KV / (bytes per token x block)) x block")
-    else:
-        L.append(_c("Formula", "1", color) + "  rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)")
+    L.append(_c("Formula", "1", color) + "  " + a.formula_text)
 
     def g(v: float | None, nd: int = 2) -> str:
         return "-" if v is None else f"{v:.{nd}f} GiB"
 
     mfs = "-" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}"
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
-    if a.engine == "vllm":
-        head = [("total GPU memory", g(f.pre_load_free_gib), f.pre_load_free_source or ""),
-                ("gpu_memory_utilization", mfs, f.mem_fraction_static_source or ""),
-                ("headroom = (1 - util) x total", g(f.reserve_gib), "outside the budget"),
-                ("available KV cache memory (min)", g(f.rest_gib), "the KV budget")]
-    else:
-        head = [("T (free before weights, min over ranks)", g(f.pre_load_free_gib), f.pre_load_free_source or ""),
-                ("post (free after weights, min)", g(f.post_load_free_gib), "Load weight end" if f.post_load_free_gib else ""),
-                ("mem_fraction_static", mfs, f.mem_fraction_static_source or ""),
-                ("reserve = (1 - mfs) x T", g(f.reserve_gib), ""),
-                ("rest = post - reserve", g(f.rest_gib), "the KV budget")]
+    head = list(a.formula_rows)
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),

@@ -9,7 +9,7 @@ from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 COLUMN_HELP = {
-    "T": "free before the weights loaded (SGLang) / total (vLLM)",
+    "T": "the memory the engine's fraction applies to (SGLang: free before the weights; vLLM: total)",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
@@ -112,8 +112,7 @@ def summary_sentences(a: Audit) -> list[str]:
                 parts.append(f"{name} {v:.2f}")
         if f.logged_tokens and parts and c[2] is not None:
             parts[min(1, len(parts) - 1)] += f" ({f.logged_tokens:,} tokens)"
-        base = "total" if a.engine == "vllm" else "free before loading"
-        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {base}: " + ", ".join(parts)
+        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {a.pre_load_label}: " + ", ".join(parts)
         if r.free_at_end_gib is not None:
             s += f"; {r.free_at_end_gib:.2f} GiB was free at the end"
             if not r.end_is_final and r.free_at_end_source:
@@ -123,7 +122,7 @@ def summary_sentences(a: Audit) -> list[str]:
             s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"
                   if abs(r.unexplained_gib) <= tol + 0.01 else f", and {r.unexplained_gib:+.2f} GiB is unexplained")
         out.append(s + ".")
-    engine = {"sglang": "SGLang", "vllm": "vLLM"}.get(a.engine, a.engine)
+    engine = a.engine_display or a.engine
     if f.verdict == Verdict.MATCH:
         out.append(f"The KV pool size is exactly what {engine}'s formula gives for these numbers ({f.verdict_reason}).")
     elif f.verdict == Verdict.EXPLAINED:

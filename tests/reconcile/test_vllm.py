@@ -94,3 +94,14 @@ def test_whatif_utilisation_on_vllm():
     gain = 0.05 * 79.19 * 2**30 / (524291 * 16)
     assert (d["tokens_after"]["low"] - d["tokens_before"]) / 16 == pytest.approx(gain, rel=0.01)
     assert d["reserve_gib_after"] == pytest.approx(0.05 * 79.19, abs=0.01)
+
+
+def test_kv_cache_memory_bytes_fixes_the_size():
+    text = V1_0101.replace(
+        "Available KV cache memory: 85.79 GiB",
+        "Initial free memory 139.81 GiB, reserved 85.79GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+        "config and skipped memory profiling. This does not respect the gpu_memory_utilization config.")
+    a = run(text)
+    assert a.formula.rest_gib == 85.79 and a.formula.verdict.value == "match"
+    assert any("kv-cache-memory-bytes" in n for n in a.notes)
+    assert "BUDGET_RECONCILES" not in {x.code for x in a.findings}
