@@ -11,7 +11,7 @@ import pytest
 from kvaudit.collect.commands import is_allowed
 from kvaudit.status import ExitStatus
 from tests.collect.conftest import needs_journal, needs_sshd
-from tests.conftest import cli_process
+from tests.conftest import KIMI_LOG, cli_process
 
 pytestmark = [needs_sshd, needs_journal]
 
@@ -225,3 +225,29 @@ def test_capture_over_ssh_then_replay(site, tmp_path):
     for key in ("logged_tokens", "predicted_tokens", "verdict", "bytes_per_token"):
         assert d["formula"][key] == live["formula"][key]
     assert [g["free_gib"] for g in d["gpus"]] == [g["free_gib"] for g in live["gpus"]]
+
+
+def test_source_file_on_the_host(site):
+    log = site.host.root / "sglang.log"
+    log.write_bytes(KIMI_LOG.read_bytes().replace(b"/models/moonshotai/Kimi-K2.5", str(site.host.model_dir).encode()))
+    before = site.host.snapshot()
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--source", f"file:{log}",
+                    "--format", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    d = r.json()
+    assert d["host"]["source"] == f"file:{log}" and d["formula"]["logged_tokens"] == 159277
+    assert site.host.snapshot() == before
+
+
+def test_proxycommand(site):
+    import shutil
+
+    if shutil.which("ssh") is None:
+        pytest.skip("openssh-client not installed")
+    cfg = site.trusted_config("proxycmd")
+    kh = site.root / "proxycmd.known_hosts"
+    cfg.write_text(cfg.read_text() + f"    ProxyCommand ssh -q -i {site.key} -o IdentitiesOnly=yes -o BatchMode=yes "
+                   f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes -p {site.sshd.port} "
+                   f"-W %h:%p 127.0.0.1\n")
+    r = check(site, cfg=cfg)
+    assert r.code == ExitStatus.OK, r.stderr
