@@ -284,6 +284,9 @@ def check(
     from kvaudit.status import for_host
 
     fmt = _check_format(fmt)
+    if "/" in target and not Path(target, "capture.json").is_file():  # host names hold no "/": a path was meant
+        raise Fail(f"{target}: not a kvaudit capture directory (no capture.json); targets are user@host[:port], "
+                   "an ssh_config alias, 'local', or a capture directory")
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
                           accept_new_host_key, timeout, connect_timeout, startup, threshold)
     import time as _time

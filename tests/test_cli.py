@@ -60,6 +60,10 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path, content, message):
     (["explain"], "Missing argument"),
     (["nosuchcommand"], "No such command"),
     (["whatif", str(KIMI_LOG)], "at least one"),
+    (["check", "/nonexistent/capture"], "not a kvaudit capture directory"),
+    (["check", "local", "--source", "kubectl:pod"], "docker:NAME or file:PATH"),
+    (["fleet"], "name an inventory"),
+    (["fleet", "/nonexistent/inventory.ini"], "cannot read inventory"),
     (["whatif", str(KIMI_LOG), "--kv-cache-dtype", "fp8_e4m3"], "--model-config"),
 ])
 def test_usage_errors_exit_2(args, message):
