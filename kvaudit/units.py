@@ -9,7 +9,6 @@ SGLang figure in decimal GB (10**9 bytes).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 GIB = 1 << 30
@@ -58,14 +57,6 @@ class Interval:
     def contains(self, x: float, slack: float = 0.0) -> bool:
         return self.lo - slack <= x <= self.hi + slack
 
-    def distance(self, x: float) -> float:
-        """0 inside the interval, else how far x lies outside it."""
-        if x < self.lo:
-            return self.lo - x
-        if x > self.hi:
-            return x - self.hi
-        return 0.0
-
 
 def _as_interval(x: "Interval | float") -> Interval:
     return x if isinstance(x, Interval) else Interval(x, x)
@@ -73,10 +64,3 @@ def _as_interval(x: "Interval | float") -> Interval:
 
 def gib(nbytes: float) -> float:
     return nbytes / GIB
-
-
-def floor_tokens(rest_gib: float, cell_bytes: float) -> int:
-    """SGLang's ``int(rest * (1 << 30)) // cell_size`` (v0.5.7+; same value as the older float form)."""
-    if cell_bytes <= 0:
-        raise ValueError("cell size must be positive")
-    return math.floor(rest_gib * GIB / cell_bytes)

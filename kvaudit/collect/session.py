@@ -33,7 +33,6 @@ class CollectOptions:
     journal_directory: str | None = None
     command_timeout: float = 60.0
     max_output: int = 64 << 20
-    fetch_config: bool = True
     engine_names: tuple[str, ...] = ()  # unit-name fragments of the engines kvaudit audits
 
     @property
