@@ -424,7 +424,9 @@ def _kv_line_cell(ctx: _Context, tokens: int | None) -> tuple[Interval | None, f
         return None, None
     rows = tokens + _pad_rows(ctx.era, ctx.page_size)
     total = Interval(sizes[0] - comps * LOG_HALF_ULP, sizes[0] + comps * LOG_HALF_ULP)
-    cell = Interval(max(total.lo, 0.0) * GIB / rows, total.hi * GIB / rows)
+    if total.lo <= 0:  # a size that rounds to 0.00 bounds nothing below: no usable bytes per token
+        return None, None
+    cell = Interval(total.lo * GIB / rows, total.hi * GIB / rows)
     return cell, sizes[0] * GIB / rows
 
 

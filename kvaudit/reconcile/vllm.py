@@ -156,8 +156,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         cell, cell_desc = cell_size(geom, tp, elt, pp, split_v=era.lo >= (0, 14, 0))
         bpt_source = "config"
     line_cell = None
-    if K is not None and logged:
-        line_cell = Interval(max(0.0, K - LOG_HALF_ULP) * GIB / logged, (K + LOG_HALF_ULP) * GIB / logged)
+    if K is not None and logged and K - LOG_HALF_ULP > 0:  # a KV memory that rounds to ~0 bounds nothing below
+        line_cell = Interval((K - LOG_HALF_ULP) * GIB / logged, (K + LOG_HALF_ULP) * GIB / logged)
     if cell is not None and line_cell is not None and not line_cell.contains(cell, slack=cell * 0.002 + block_size):
         if K is not None and K > 0 and logged * cell > (K + LOG_HALF_ULP) * GIB:
             findings.append(F.geometry_mismatch(cell, line_cell.mid, geom.source if geom else "config"))

@@ -13,7 +13,7 @@ from kvaudit.parse.sglang import SGLangParser, parse_line
 from kvaudit.reconcile.interface import AuditOptions
 from tests.conftest import KIMI_LOG, SAMPLES
 
-REAL_LINES = [l for p in [KIMI_LOG, *sorted(SAMPLES.glob("sglang_*.log"))]
+REAL_LINES = [l for p in [KIMI_LOG, *sorted(SAMPLES.glob("*.log"))]  # SGLang and vLLM
               for l in p.read_bytes().decode("utf-8", "replace").split("\n") if l.strip()]
 
 
@@ -63,7 +63,19 @@ def test_whole_pipeline_never_raises(lines):
 
 @given(st.text(max_size=300))
 def test_single_arbitrary_line(text):
+    from kvaudit.parse import vllm
+
     parse_line(Line(1, text))
+    vllm.parse_line(Line(1, text))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.one_of(mutated_line(), st.text(max_size=200)), max_size=40))
+def test_vllm_parser_never_raises(lines):
+    from kvaudit.parse.vllm import VLLMParser
+
+    for s in VLLMParser().parse([Line(i + 1, t) for i, t in enumerate(lines)]):
+        assert s.first_line <= s.last_line
 
 
 @settings(max_examples=200, deadline=None)

@@ -190,3 +190,19 @@ def test_failures_are_errors(line, code):
     hit = [x for x in a.findings if x.code == code and x.severity.value == "error"]
     assert hit, [x.code for x in a.findings]
     assert any(x.code == "STARTUP_FAILED" for x in a.findings) or code == "NOT_ENOUGH_MEMORY"
+
+
+def test_a_kv_size_that_rounds_to_zero_gives_no_bytes_per_token():
+    """Found by a long hypothesis run: 'K size: 0.00 GB' bounded bytes per token by 0 and the what-if divided by it."""
+    from tests.conftest import cli
+
+    text = ("[2026-01-01 10:00:00 TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=7.73 GB, mem usage=1.55 GB.\n"
+            "[2026-01-01 10:00:01 TP0] KV Cache is allocated. #tokens: 1, K size: 0.00 GB, V size: 0.00 GB\n")
+    a = run(text, model_geometry=None, mem_fraction_static=0.88)
+    assert a.formula.bytes_per_token is None and a.formula.verdict.value == "unknown"
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as fh:
+        fh.write(text)
+    r = cli("whatif", fh.name, "--mem-fraction-static", "0.9", "--log-mem-fraction-static", "0.88")
+    assert r.code in (0, 1) and "internal error" not in r.stderr
