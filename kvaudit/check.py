@@ -14,7 +14,7 @@ from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
 from kvaudit.reconcile.interface import Audit, AuditOptions, Finding
-from kvaudit.reconcile.live import GpuLedger, LiveThresholds, reconcile_gpus
+from kvaudit.reconcile.live import GpuLedger, reconcile_gpus
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,6 @@ class CheckOptions:
     connect_timeout: float | None = None
     command_timeout: float = 60.0
     startup: int | None = None
-    live: LiveThresholds = LiveThresholds()
 
 
 @dataclass(frozen=True)
@@ -161,8 +160,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
     base = 0
     if startup.server_args and isinstance(startup.server_args.get("base_gpu_id"), int):
         base = startup.server_args["base_gpu_id"]
-    gpus, findings = reconcile_gpus(audit, c, base, replace(opts.live, low_headroom_gib=opts.audit.thresholds.low_headroom_gib),
-                                    process_names())
+    gpus, findings = reconcile_gpus(audit, c, base, opts.audit.thresholds, process_names())
     return HostAudit(c.target, c, audit, gpus, findings, None, tuple(notes))
 
 

@@ -38,6 +38,10 @@ class Thresholds:
     unused_fraction: float = 0.2  # ... and at least this fraction of T
     low_headroom_gib: float = 1.0  # free at end of startup below this
     reserve_tolerance_gib: float = 0.03  # free-after-pool vs reserve - request table - rounding
+    # live readings (kvaudit check)
+    drift_gib: float = 1.0  # free memory now vs at the end of startup
+    unattributed_gib: float = 0.5  # NVML used that no process accounts for
+    occupied_at_startup_gib: float = 3.0  # memory gone before T (CUDA context + NCCL is ~1-2 GiB)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -7,21 +7,13 @@ import re
 from dataclasses import dataclass
 
 from kvaudit.collect.interface import Collected, ComputeApp, GpuReading
-from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity
+from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Thresholds
 from kvaudit.units import MIB, GIB
 
 def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[str]"]:
     """Engine processes carry the engine's name in their title (sglang::scheduler_TP3, VLLM::Worker_TP0)."""
     alt = "|".join(re.escape(n) for n in names) or r"(?!)"
     return re.compile(rf"(?:{alt})\S*?(?:TP|_tp|rank)[_=]?(\d+)", re.I), re.compile(alt, re.I)
-
-
-@dataclass(frozen=True)
-class LiveThresholds:
-    drift_gib: float = 1.0  # free memory now vs at the end of startup
-    unattributed_gib: float = 0.5  # NVML used that no process accounts for
-    occupied_at_startup_gib: float = 3.0  # memory already gone before T (CUDA context + NCCL is ~1-2 GiB)
-    low_headroom_gib: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +85,7 @@ def _map_ranks(audit: Audit | None, gpus: tuple[GpuReading, ...], apps: tuple[Co
 
 
 def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
-                   th: LiveThresholds = LiveThresholds(),
+                   th: Thresholds = Thresholds(),
                    engine_names: tuple[str, ...] = ()) -> tuple[tuple[GpuLedger, ...], tuple[Finding, ...]]:
     rank_in_name, engine_name = _patterns(engine_names)
     mapping, how = _map_ranks(audit, c.gpus, c.apps, base_gpu_id, rank_in_name)

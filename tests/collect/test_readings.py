@@ -176,3 +176,13 @@ def test_demo_capture_exit_code_is_clean():
 
     r = cli("check", CAPTURE)
     assert r.code == 0 and "GPUs now" in r.stdout and "RESERVE_EXPLAINS_FREE" in r.stdout
+
+
+def test_live_thresholds_are_settable():
+    from tests.conftest import cli
+
+    plain = cli("check", CAPTURE, "-f", "json").json()
+    assert "MEMORY_DRIFT" not in {f["code"] for f in plain["findings"]}  # 0.52 GiB < 1 GiB
+    strict = cli("check", CAPTURE, "-f", "json", "--threshold", "drift_gib=0.25").json()
+    drift = next(f for f in strict["findings"] if f["code"] == "MEMORY_DRIFT")
+    assert drift["fields"]["drift_gib"] == pytest.approx(0.52, abs=0.01)
