@@ -100,10 +100,11 @@ def _journal_line(line: str, fmt: str) -> str:
         "ansi": f"\x1b[32m{msg}\x1b[0m",
         "crlf": msg + "\r",
         "k9s": f"│ {msg} │",
+        "json": __import__("json").dumps({"_HOSTNAME": host, "_SYSTEMD_UNIT": "sglang.service", "MESSAGE": msg}),
     }[fmt]
 
 
-@pytest.mark.parametrize("fmt", ["short", "cat", "docker", "ansi", "crlf", "k9s"])
+@pytest.mark.parametrize("fmt", ["short", "cat", "docker", "ansi", "crlf", "k9s", "json"])
 def test_same_numbers_whatever_wrapper_the_lines_arrive_in(fmt):
     original = KIMI_LOG.read_bytes().decode()
     wrapped = "\n".join(_journal_line(l, fmt) for l in original.rstrip("\n").split("\n")) + "\n"
