@@ -100,7 +100,7 @@ def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, 
     from kvaudit.collect.local import journal_python
 
     try:
-        unit = opts.unit or session._discover_unit()
+        unit = opts.unit or session.discover_unit()
     except CollectError:
         return None
     session.unit = unit

@@ -238,7 +238,7 @@ def _check_options(model_config, mem_fraction_static, unit, source, journal_dire
     from kvaudit.check import CheckOptions
     from kvaudit.reconcile.interface import AuditOptions
 
-    if source is not None and not (source.startswith("docker:") or source.startswith("file:")) :
+    if source is not None and not (source.startswith("docker:") or source.startswith("file:")):
         raise Fail(f"--source {source!r}: use docker:NAME or file:PATH (the systemd journal is the default)")
     if source is not None and len(source.split(":", 1)[1]) == 0:
         raise Fail(f"--source {source!r}: the name or path is missing")
@@ -332,7 +332,7 @@ def capture(
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
     from kvaudit.collect.interface import CollectError
-    from kvaudit.status import _REASON
+    from kvaudit.status import for_error
 
     opts = _check_options(None, None, unit, source, journal_directory, ssh_config, accept_new_host_key, timeout,
                           connect_timeout, None, [])
@@ -340,7 +340,7 @@ def capture(
         c, path = run_capture(target, opts, str(output))
     except CollectError as exc:
         _env.stderr.write(f"kvaudit: {target}: {exc.reason}: {exc}\n")
-        return int(_REASON.get(exc.reason, ExitStatus.UNREACHABLE))
+        return int(for_error(exc.reason))
     except OSError as exc:
         raise Fail(f"cannot write the capture to {output}: {exc.strerror or exc}") from None
     _env.stdout.write(f"captured {target}: {len(c.log_lines)} log lines, {len(c.gpus)} GPUs, "
@@ -404,15 +404,15 @@ def fleet(
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
-    progress = None
-    if not quiet and _env.stdout_isatty and output is None:
-        done = [0]
+    done = [0]
 
-        def progress(fh, h):  # noqa: ANN001
-            done[0] += 1
-            _env.stderr.write(f"\r[{done[0]}/{len(fleet_hosts)}] {fh.name}: "
-                              f"{'ok' if h.error is None else h.error.reason}\x1b[K")
-            _env.stderr.flush()
+    def show_progress(fh, h):  # noqa: ANN001
+        done[0] += 1
+        _env.stderr.write(f"\r[{done[0]}/{len(fleet_hosts)}] {fh.name}: "
+                          f"{'ok' if h.error is None else h.error.reason}\x1b[K")
+        _env.stderr.flush()
+
+    progress = show_progress if (not quiet and _env.stdout_isatty and output is None) else None
 
     run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, progress)
     if progress is not None:
@@ -483,7 +483,7 @@ def history_cmd(
     if fmt == "json":
         _env.stdout.write(_json.dumps({"host": host, "runs": rows}, indent=2) + "\n")
         return 0
-    from kvaudit.report.text import _table
+    from kvaudit.report.text import table
 
     def f(v, nd=2):  # noqa: ANN001
         return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
@@ -491,7 +491,7 @@ def history_cmd(
     body = [(r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]),
              f(r["weights_gib"]), ",".join(r["findings"]) or "-") for r in rows]
     _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
-    _env.stdout.write("\n".join(_table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
+    _env.stdout.write("\n".join(table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
                                        body)) + "\n")
     return 0
 

@@ -27,15 +27,20 @@ def for_audits(audits: list[Audit]) -> ExitStatus:
     return ExitStatus.OK
 
 
-_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
+_BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
            "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
            "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA}
+
+
+def for_error(reason: str) -> ExitStatus:
+    """A host that could not be audited: its CollectError reason -> the exit status."""
+    return _BY_REASON.get(reason, ExitStatus.UNREACHABLE)
 
 
 def for_host(h) -> ExitStatus:
     """A checked host: transport failures first, then what the log says, then missing data, then warnings."""
     if h.error is not None:
-        return _REASON.get(h.error.reason, ExitStatus.UNREACHABLE)
+        return for_error(h.error.reason)
     findings = list(h.audit.findings if h.audit else ()) + list(h.findings)
     worst = max((f.severity.rank for f in findings), default=0)
     if worst >= Severity.ERROR.rank:

@@ -122,7 +122,7 @@ class HostSession:
 
     def _journal(self) -> list[tuple[int, str]]:
         d = self.opts.journal_directory
-        unit = self.opts.unit or self._discover_unit()
+        unit = self.opts.unit or self.discover_unit()
         self.unit = unit
         inv = None
         self.prefetch([C.last_invocation_in_journal(unit, d)] if d else [C.invocation_id(unit), C.control_group(unit)])
@@ -149,7 +149,7 @@ class HostSession:
                                    "root or the systemd-journal group is needed)"))
         return lines
 
-    def _discover_unit(self) -> str:
+    def discover_unit(self) -> str:
         names: list[str] = []
         res = self.run(C.list_units()) if not self.opts.journal_directory else None
         if res is not None and res.rc == 0:

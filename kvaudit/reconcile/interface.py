@@ -98,6 +98,16 @@ class Formula:
 
 
 @dataclass(frozen=True)
+class FormulaRow:
+    """One line of an engine's formula as the human reports show it; the reports do the formatting."""
+
+    quantity: str
+    value: float | None
+    unit: str  # "GiB", or "" for a plain number (a fraction)
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class LedgerItem:
     key: str  # stable identifier: weights, kv_cache, request_table, ...
     label: str
@@ -169,7 +179,7 @@ class Audit:
     # how the engine's formula reads, for the human reports (the engine module writes these; reports print them)
     engine_display: str = ""
     formula_text: str = ""
-    formula_rows: tuple[tuple[str, str, str], ...] = ()  # (quantity, value, source)
+    formula_rows: tuple[FormulaRow, ...] = ()
     pre_load_label: str = "free before loading"
 
     @property

@@ -42,6 +42,7 @@ from kvaudit.reconcile.interface import (
     AuditOptions,
     Finding,
     Formula,
+    FormulaRow,
     LedgerItem,
     ModelSummary,
     RankLedger,
@@ -298,7 +299,6 @@ class _Context:
     facts: dict[Rank, _RankFacts]
     era: VersionRange
     spec_algo: str | None
-    draft_seen: bool
     tp: int
     attn_tp: int
     pp: int
@@ -330,7 +330,7 @@ def _context(startup: Startup, opts: AuditOptions) -> _Context:
     page_size = _as_int(args.get("page_size")) or 1
     summaries = startup.of(SchedulerSummary)
     kv_dtype, kv_elt = _kv_dtype(startup, args, opts, facts)
-    return _Context(startup, opts, args, facts, startup.era, spec_algo, draft_seen, tp, attn_tp, pp,
+    return _Context(startup, opts, args, facts, startup.era, spec_algo, tp, attn_tp, pp,
                     page_size, kv_dtype, kv_elt, summaries[-1] if summaries else None, notes)
 
 
@@ -687,18 +687,14 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     )
 
 
-def _show(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} GiB"
-
-
-def _formula_rows(f: Formula) -> tuple[tuple[str, str, str], ...]:
-    mfs = "-" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}"
+def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
     return (
-        ("T (free before weights, min over ranks)", _show(f.pre_load_free_gib), f.pre_load_free_source or ""),
-        ("post (free after weights, min)", _show(f.post_load_free_gib), "Load weight end" if f.post_load_free_gib else ""),
-        ("mem_fraction_static", mfs, f.mem_fraction_static_source or ""),
-        ("reserve = (1 - mfs) x T", _show(f.reserve_gib), ""),
-        ("rest = post - reserve", _show(f.rest_gib), "the KV budget"),
+        FormulaRow("T (free before weights, min over ranks)", f.pre_load_free_gib, "GiB", f.pre_load_free_source or ""),
+        FormulaRow("post (free after weights, min)", f.post_load_free_gib, "GiB",
+                   "Load weight end" if f.post_load_free_gib else ""),
+        FormulaRow("mem_fraction_static", f.mem_fraction_static, "", f.mem_fraction_static_source or ""),
+        FormulaRow("reserve = (1 - mfs) x T", f.reserve_gib, "GiB"),
+        FormulaRow("rest = post - reserve", f.rest_gib, "GiB", "the KV budget"),
     )
 
 

@@ -21,13 +21,14 @@ from typing import Any
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.vllm import Banner, Blocks, Concurrency, Failure, KVTokens, Reading
+from kvaudit.parse.vllm import Blocks, Concurrency, Failure, KVTokens, Reading
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
     AuditOptions,
     Finding,
     Formula,
+    FormulaRow,
     LedgerItem,
     ModelSummary,
     RankLedger,
@@ -121,7 +122,6 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     conc_ev = startup.of(Concurrency)
     logged = tokens_ev[-1].tokens if tokens_ev else (min(b.gpu_blocks for b in blocks_ev) * block_size
                                                     if blocks_ev else None)
-    blocks = min(b.gpu_blocks for b in blocks_ev) if blocks_ev else (logged // block_size if logged else None)
 
     # --- the budget per rank ----------------------------------------------------------------------------
     kvs = [rr.r["kv_gib"] for rr in ranks.values() if "kv_gib" in rr.r]
@@ -251,17 +251,13 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         formula_text=("KV = total x util - (weights + activation peak + non-torch);  "
                       "tokens = floor(KV / (bytes per token x block)) x block"),
         formula_rows=(
-            ("total GPU memory", _show(formula.pre_load_free_gib), "the fraction applies to the total"),
-            ("gpu_memory_utilization", "-" if util is None else f"{util:g}", util_source or ""),
-            ("headroom = (1 - util) x total", _show(formula.reserve_gib), "outside the budget"),
-            ("available KV cache memory (min)", _show(K), "the KV budget"),
+            FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
+            FormulaRow("gpu_memory_utilization", util, "", util_source or ""),
+            FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"),
+            FormulaRow("available KV cache memory (min)", K, "GiB", "the KV budget"),
         ),
         pre_load_label="total",
     )
-
-
-def _show(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} GiB"
 
 
 def _rule(era, estimate_applied: bool) -> str:
@@ -327,8 +323,8 @@ def _findings(startup, ranks, ledgers, residuals, util, T, K, cell, logged, conc
     out: list[Finding] = []
     if residuals:
         bad = {k: v for k, v in residuals.items() if abs(v) > BUDGET_TOLERANCE_GIB}
-        rr = next(iter(ranks.values()))
-        parts = rr.r
+        shown = next(rr for rr in ranks.values() if rr.rank.display in residuals)
+        parts = shown.r
         if bad:
             worst = max(bad, key=lambda k: abs(bad[k]))
             out.append(F.budget_mismatch(worst, bad[worst], BUDGET_TOLERANCE_GIB, list(bad)))

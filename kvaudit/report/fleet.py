@@ -11,7 +11,7 @@ from kvaudit.fleet.runner import FleetRun
 from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION
 from kvaudit.report.rows import host_summary
-from kvaudit.report.text import _c, _table, _wrap
+from kvaudit.report.text import colour, table, wrap
 
 COLUMNS = ("host", "status", "GPUs", "tokens", "verdict", "free min", "unexpl.", "findings")
 STATUS_COLOUR = {"ok": "32", "warning": "33", "partial": "33", "error": "31"}
@@ -34,25 +34,25 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
-    L = [_c(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
+    L = [colour(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
             + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), "1", color)]
     if run.deadline_hit:
-        L.append(_c("  the run deadline passed before every host finished", "31", color))
+        L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
     for r in rows:
         body.append((r["host"], r["status"], str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
                      ",".join(r["findings"]) or "-"))
-    L.extend(_table(COLUMNS, body, left=2))
+    L.extend(table(COLUMNS, body, left=2))
     failed = [r for r in rows if r["reason"]]
     if failed:
-        L += ["", _c("Not audited", "1", color)]
+        L += ["", colour("Not audited", "1", color)]
         for r in failed:
-            L.extend(_wrap(f"{r['host']}: {r['reason']}: {r['error']}"))
+            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}"))
     if drift:
-        L += ["", _c("Since the last run", "1", color)]
+        L += ["", colour("Since the last run", "1", color)]
         for d in drift:
-            L.extend(_wrap("- " + d.message))
+            L.extend(wrap("- " + d.message))
     elif drift is not None:
         L += ["", "Since the last run: no change."]
     return "\n".join(L) + "\n"
@@ -60,7 +60,7 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
 
 def render_markdown(run: FleetRun, drift: list[Drift] | None = None) -> str:
     rows = summary_rows(run)
-    L = [f"# kvaudit fleet report", "", f"{len(rows)} hosts, {run.started_at}, {run.duration_s:.1f} s.", "",
+    L = ["# kvaudit fleet report", "", f"{len(rows)} hosts, {run.started_at}, {run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
         L.append(f"| {r['host']} | {r['status']} | {r['gpus']} | {_f(r['tokens'])} | {r['verdict'] or '–'} | "

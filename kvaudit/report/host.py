@@ -7,7 +7,7 @@ from typing import Any
 
 from kvaudit.check import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, finding_dict
-from kvaudit.report.text import _c, _table, _wrap, render_one
+from kvaudit.report.text import colour, table, wrap, render_one
 
 GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
                "free now", "drift", "engine", "others")
@@ -93,9 +93,9 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
         head = f"kvaudit check {h.target}"
         if c and c.host:
             head += f" ({c.host})"
-        L.append(_c(head, "1", color))
+        L.append(colour(head, "1", color))
         if h.error is not None:
-            L.append(_c(f"  FAILED [{h.error.reason}]: ", "31", color) + str(h.error))
+            L.append(colour(f"  FAILED [{h.error.reason}]: ", "31", color) + str(h.error))
             out.append("\n".join(L) + "\n")
             continue
         assert c is not None
@@ -103,25 +103,25 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
         L.append(f"  received {c.bytes_received:,} bytes in {len(c.commands)} read-only commands"
                  f"; GPUs from {c.gpu_source or 'nowhere'}; config from {c.config_source or 'nowhere'}")
         for n in h.notes:
-            L.extend(_wrap("note: " + n))
+            L.extend(wrap("note: " + n))
         L.append("")
         if h.audit is not None:
             L.append(render_one(h.audit, color).rstrip("\n"))
             L.append("")
         if h.gpus:
-            L.append(_c("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
-            L.extend(_table(GPU_COLUMNS, gpu_rows(h), left=2))
+            L.append(colour("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
+            L.extend(table(GPU_COLUMNS, gpu_rows(h), left=2))
             L.append("")
         if h.findings:
-            L.append(_c("Live findings", "1", color))
+            L.append(colour("Live findings", "1", color))
             for f in h.findings:
                 L.append(f"  {f.severity.value:<7} {f.code}")
-                L.extend(_wrap(f.message, "    "))
+                L.extend(wrap(f.message, "    "))
             L.append("")
         if h.partial:
-            L.append(_c("Partial data", "33", color))
+            L.append(colour("Partial data", "33", color))
             for p in h.partial:
-                L.extend(_wrap("- " + p))
+                L.extend(wrap("- " + p))
             L.append("")
         out.append("\n".join(L))
     return "\n".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.reconcile.interface import Audit
+from kvaudit.report.text import format_value
 from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
 
 
@@ -21,13 +22,13 @@ def render_one(a: Audit) -> str:
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "–"
-    formula_rows = list(a.formula_rows) + [
+    formula_rows = [(r.quantity, format_value(r, "–"), r.source) for r in a.formula_rows] + [
         ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "–", ""),
     ]
     for name, val, src in formula_rows:
-        L.append(f"| {name} | {'–' if val == '-' else val} | {_esc(src)} |")
+        L.append(f"| {name} | {val} | {_esc(src)} |")
     L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" + "---:|" * (len(COLUMNS) - 1)]
     for r in rows(a):

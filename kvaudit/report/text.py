@@ -5,18 +5,24 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from kvaudit.reconcile.interface import Audit, Severity, WhatIf
+from kvaudit.reconcile.interface import Audit, FormulaRow, Severity, WhatIf
 from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
 WIDTH = 100
 
 
-def _c(text: str, code: str, color: bool) -> str:
+def colour(text: str, code: str, color: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
 
-def _table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
+def format_value(row: FormulaRow, dash: str = "-") -> str:
+    if row.value is None:
+        return dash
+    return f"{row.value:.2f} GiB" if row.unit == "GiB" else f"{row.value:g}"
+
+
+def table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
     """Plain-text table: the first ``left`` columns left-aligned (names), the rest right-aligned (numbers)."""
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
 
@@ -27,7 +33,7 @@ def _table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "
     return [line(header)] + [line(r) for r in body]
 
 
-def _wrap(text: str, indent: str = "  ") -> list[str]:
+def wrap(text: str, indent: str = "  ") -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
 
 
@@ -35,7 +41,7 @@ def render_one(a: Audit, color: bool = False) -> str:
     f, m = a.formula, a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
-    L.append(_c(f"{a.source}: {engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
+    L.append(colour(f"{a.source}: {engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
                 f"(lines {a.first_line}-{a.last_line})", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
@@ -44,14 +50,13 @@ def render_one(a: Audit, color: bool = False) -> str:
              f"speculative {a.speculative}" if a.speculative else None]
     L.append("  " + ", ".join(x for x in model if x))
     L.append("")
-    L.append(_c("Formula", "1", color) + "  " + a.formula_text)
+    L.append(colour("Formula", "1", color) + "  " + a.formula_text)
 
     def g(v: float | None, nd: int = 2) -> str:
         return "-" if v is None else f"{v:.{nd}f} GiB"
 
-    mfs = "-" if f.mem_fraction_static is None else f"{f.mem_fraction_static:g}"
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
-    head = list(a.formula_rows)
+    head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
@@ -61,28 +66,28 @@ def render_one(a: Audit, color: bool = False) -> str:
         L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
     verdict = f.verdict.value.upper()
     vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
-    L.extend(_wrap(_c(verdict, vcol, color) + ": " + f.verdict_reason))
+    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason))
     L.append("")
-    L.append(_c("Per GPU (GiB)", "1", color))
-    table = [(r.label,) + r.cells for r in rows(a)]
-    L.extend(_table(COLUMNS, table))
+    L.append(colour("Per GPU (GiB)", "1", color))
+    grid = [(r.label,) + r.cells for r in rows(a)]
+    L.extend(table(COLUMNS, grid))
     L.append("  " + "; ".join(f"{k}: {v}" for k, v in COLUMN_HELP.items()))
     L.append("")
     if a.findings:
-        L.append(_c("Findings", "1", color))
+        L.append(colour("Findings", "1", color))
         for fi in a.findings:
-            head = _c(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}"
+            head = colour(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}"
             L.append("  " + head)
-            L.extend(_wrap(fi.message, "    "))
+            L.extend(wrap(fi.message, "    "))
         L.append("")
-    L.append(_c("In short", "1", color))
+    L.append(colour("In short", "1", color))
     for s in summary_sentences(a):
-        L.extend(_wrap(s))
+        L.extend(wrap(s))
     if a.notes:
         L.append("")
-        L.append(_c("Notes", "1", color))
+        L.append(colour("Notes", "1", color))
         for n in a.notes:
-            L.extend(_wrap("- " + n))
+            L.extend(wrap("- " + n))
     return "\n".join(L) + "\n"
 
 
@@ -91,7 +96,7 @@ def render(audits: list[Audit], color: bool = False, **_: Any) -> str:
 
 
 def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
-    L = [_c(f"What if {', '.join(f'{k}={v}' for k, v in w.changes.items()) or 'nothing changed'}"
+    L = [colour(f"What if {', '.join(f'{k}={v}' for k, v in w.changes.items()) or 'nothing changed'}"
             f"  ({a.source}, startup {a.startup_index})", "1", color)]
 
     def g(v: float | None) -> str:
@@ -105,7 +110,7 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
         ("graphs, draft, tables from the reserve (GiB)", g(w.reserve_needs_gib_before), g(w.reserve_needs_gib_after)),
         ("left for activations (GiB)", g(w.headroom_gib_before), g(w.headroom_gib_after)),
     ]
-    L.extend(_table(("", "now", "what if"), rows_))
+    L.extend(table(("", "now", "what if"), rows_))
     risk = {"ok": ("ok", "32"), "low": ("LOW HEADROOM", "33"), "oom": ("OUT OF MEMORY", "31"),
             "unknown": ("unknown", "2")}[w.risk]
     after_txt = g(w.headroom_gib_after)
@@ -118,7 +123,7 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
                "startup or under load.",
         "unknown": "the log lacks the readings needed to judge the reserve.",
     }
-    L.extend(_wrap(_c(risk[0], risk[1], color) + ": " + verdicts[w.risk]))
+    L.extend(wrap(colour(risk[0], risk[1], color) + ": " + verdicts[w.risk]))
     for e in w.explanation:
-        L.extend(_wrap("- " + e))
+        L.extend(wrap("- " + e))
     return "\n".join(L) + "\n"

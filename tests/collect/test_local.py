@@ -12,7 +12,6 @@ from kvaudit.collect.session import CollectOptions, HostSession
 from kvaudit.engines import all_anchors
 from kvaudit.status import ExitStatus
 from tests.collect.conftest import needs_journal
-from tests.conftest import cli_process
 
 pytestmark = needs_journal
 

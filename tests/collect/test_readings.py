@@ -10,7 +10,6 @@ import pytest
 from kvaudit.collect import capture, nvml
 from kvaudit.collect.interface import ComputeApp, GpuReading
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
-from kvaudit.reconcile.live import reconcile_gpus
 from tests.collect.conftest import CAPTURE
 
 H200 = ("0, GPU-abc, NVIDIA H200, 00000000:18:00.0, 143771, 614, 32362, 110796, 590.48.01\n"

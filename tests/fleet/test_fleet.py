@@ -4,7 +4,6 @@ nvidia-smi; three of them broken (down, hanging, changed host key)."""
 from __future__ import annotations
 
 import html.parser
-import json
 import os
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ def fleet(tmp_path_factory):
                                   (Path(__file__).parents[2] / "fixtures/configs/llama3-8b.json").read_text())
         elif i % 5 == 0:  # every fifth host serves a small Qwen model on one RTX 3090
             h = hostsim.make_host(root / name, (SAMPLES / "sglang_029.log").read_bytes(), qwen_gpu,
-                                  f"4711, GPU-qwen-0000, sglang::scheduler_TP0, 22500\n",
+                                  "4711, GPU-qwen-0000, sglang::scheduler_TP0, 22500\n",
                                   (Path(__file__).parents[2] / "fixtures/configs/qwen2.5-7b.json").read_text())
         else:
             h = hostsim.make_host(root / name, KIMI_LOG.read_bytes(), gpus, apps, KIMI_CONFIG.read_text())
