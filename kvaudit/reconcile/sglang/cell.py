@@ -1,0 +1,129 @@
+"""Bytes per token (SGLang's ``cell_size``) per era, from the model's config or from the KV line.
+
+Upstream: ``ModelRunner.profile_max_num_token`` (0.3.0-0.5.6), ``get_cell_size_per_token`` (0.5.7-0.5.10),
+``srt/model_executor/pool_configurator.py`` (0.5.11+). docs/how-it-works.md, section "Bytes per token".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.units import GIB, LOG_HALF_ULP, MIB, Interval
+from kvaudit.versions import VersionRange
+
+if TYPE_CHECKING:
+    from kvaudit.reconcile.sglang.context import Context
+
+# The PyTorch caching allocator serves large tensors from segments rounded up to 2 MiB
+# (c10/cuda/CUDACachingAllocator.cpp, kLargeBuffer / kRoundLarge); SGLang's pools are one tensor per layer.
+ALLOC_ROUND = 2 * MIB
+
+@dataclass(frozen=True)
+class CellSize:
+    profile: int  # what profile_max_num_token divides by (before any draft inflation)
+    pool: int  # bytes per token the pool tensors really hold
+    buffers: tuple[int, ...]  # per-layer tensor bytes per token (for allocator rounding)
+    description: str
+
+
+def element_bytes(dtype: str | None) -> float | None:
+    if not dtype:
+        return None
+    key = dtype.replace("torch.", "").lower()
+    return DTYPE_BYTES.get(key)
+
+
+def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: float, pp: int = 1) -> CellSize:
+    """SGLang's ``cell_size`` (bytes per token per rank), per era. Reference: docs/how-it-works.md
+    section "Bytes per token"; upstream ``get_cell_size_per_token`` / ``pool_configurator.py``."""
+    layers = geom.num_layers
+    if geom.is_mamba_hybrid and geom.full_attention_layers:
+        layers = geom.full_attention_layers  # 0.5.2+: only full-attention layers hold a KV cache
+    if pp > 1:
+        layers = math.ceil(layers / pp)
+    new_mha = era.lo >= (0, 5, 7)  # H*(hd+vhd)*L*elt from 0.5.7; H*hd*L*2*elt before
+    if geom.is_mla:
+        d = geom.kv_lora_rank + geom.qk_rope_head_dim  # type: ignore[operator]
+        if kv_elt == 0.5:
+            profile = (d * layers) // 2 + (d // 16) * layers
+            pool_d = profile // layers
+        else:
+            profile = int(d * layers * kv_elt)
+            pool_d = int(d * kv_elt)
+            if geom.index_head_dim and kv_elt == 1 and era.lo >= (0, 5, 9):
+                pool_d = geom.kv_lora_rank + geom.kv_lora_rank // 128 * 4 + geom.qk_rope_head_dim * 2  # type: ignore
+                if era.lo >= (0, 5, 17):
+                    profile = pool_d * layers
+        extra = 0
+        if geom.index_head_dim and not era.hi or (geom.index_head_dim and era.hi and era.hi >= (0, 5, 4)):
+            ihd = geom.index_head_dim
+            extra = (ihd + ihd // 128 * 4) * layers
+        desc = f"MLA ({geom.kv_lora_rank} + {geom.qk_rope_head_dim}) x {layers} layers x {kv_elt:g} B"
+        if extra:
+            desc += f" + indexer {extra // layers} B x {layers}"
+        return CellSize(profile + extra, pool_d * layers + extra, tuple([pool_d + extra // layers] * layers), desc)
+    kv_heads = geom.num_kv_heads or 1
+    h = max(1, kv_heads // max(1, attn_tp))
+    hd = geom.head_dim or 0
+    vhd = geom.v_head_dim or hd
+    k_bytes = h * hd * kv_elt
+    v_bytes = h * vhd * kv_elt
+    if kv_elt == 0.5:
+        base = h * (hd + vhd) * layers
+        profile = base // 2 + (h * hd * layers * 2) // 16
+    elif new_mha:
+        profile = int(h * (hd + vhd) * layers * kv_elt)
+    else:
+        profile = int(h * hd * layers * 2 * kv_elt)
+    split = f"{kv_heads} KV heads / attention-TP {attn_tp}" if attn_tp > 1 else f"{kv_heads} KV heads"
+    if kv_heads < attn_tp:
+        split += " (replicated: 1 per rank)"
+    desc = f"MHA/GQA {h} head(s) ({split}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
+    buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers)
+    return CellSize(profile, int((k_bytes + v_bytes) * layers), buffers, desc)
+
+
+def rounding_bytes(buffers: tuple[int, ...], rows: int) -> int:
+    total = 0
+    for per_token in buffers:
+        b = per_token * rows
+        total += -(-b // ALLOC_ROUND) * ALLOC_ROUND - b
+    return total
+
+
+
+
+def config_cell(ctx: Context) -> tuple[CellSize | None, str | None]:
+    geom: ModelGeometry | None = ctx.opts.model_geometry
+    if geom is None or ctx.kv_elt is None:
+        return None, None
+    if geom.is_hybrid_swa:
+        return None, "hybrid sliding-window model: per-pool split not modelled; checked in bytes instead"
+    return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp), None
+
+
+def pad_rows(era: VersionRange, page_size: int) -> int:
+    """Extra rows the pool allocates beyond #tokens: ``page_size`` (0.4.5+), 1 before ("padded slot 0")."""
+    return page_size if era.lo >= (0, 4, 5) else 1
+
+
+def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, float | None]:
+    """Bytes per token implied by the target KV line(s): size / (tokens + padding rows), as an interval."""
+    sizes = []
+    comps = 0
+    for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
+        if rf.kv_total is not None:
+            sizes.append(rf.kv_total)
+            comps = rf.kv_components
+            break
+    if not sizes or not tokens:
+        return None, None
+    rows = tokens + pad_rows(ctx.era, ctx.page_size)
+    total = Interval(sizes[0] - comps * LOG_HALF_ULP, sizes[0] + comps * LOG_HALF_ULP)
+    if total.lo <= 0:  # a size that rounds to 0.00 bounds nothing below: no usable bytes per token
+        return None, None
+    cell = Interval(total.lo * GIB / rows, total.hi * GIB / rows)
+    return cell, sizes[0] * GIB / rows

@@ -1,0 +1,124 @@
+"""Per-rank facts gathered from a startup's events: the readings, logged sizes and where each was logged.
+
+The parser (``kvaudit.parse.sglang``) has already told target lines from draft lines; here they are sorted
+into one record per rank, which every later step reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvaudit.parse.interface import Rank, Startup
+from kvaudit.parse.sglang import (
+    DistInit,
+    GraphBegin,
+    GraphEnd,
+    KVAlloc,
+    OtherPool,
+    PoolEnd,
+    WeightBegin,
+    WeightEnd,
+)
+from kvaudit.units import LOG_HALF_ULP, Interval
+
+@dataclass
+class RankFacts:
+    rank: Rank
+    pre: Interval | None = None
+    pre_source: str | None = None
+    post: Interval | None = None
+    weights: float | None = None
+    kv: list[KVAlloc] = field(default_factory=list)
+    other_pools: list[OtherPool] = field(default_factory=list)
+    pool_end: float | None = None
+    graph_begin: dict[str, float] = field(default_factory=dict)
+    graph_usage: dict[str, float] = field(default_factory=dict)
+    draft_weights: float | None = None
+    draft_post: float | None = None
+    draft_kv: list[KVAlloc] = field(default_factory=list)
+    draft_pool_end: float | None = None
+    dist_usage: float | None = None
+    readings: list[tuple[int, float, str]] = field(default_factory=list)  # (line, avail GiB, what)
+    lines: dict[str, int] = field(default_factory=dict)  # where each fact was logged
+
+    @property
+    def kv_total(self) -> float | None:
+        vals = [k.total_gib for k in self.kv if k.total_gib is not None and not k.upper_bound]
+        return sum(vals) if vals else None
+
+    @property
+    def kv_components(self) -> int:
+        return sum((k.k_gib is not None) + (k.v_gib is not None) + (k.kv_gib is not None) for k in self.kv)
+
+
+def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
+    facts: dict[Rank, RankFacts] = {}
+
+    def get(rank: Rank) -> RankFacts:
+        if rank not in facts:
+            facts[rank] = RankFacts(rank)
+        return facts[rank]
+
+    for ev in startup.events:
+        if isinstance(ev, WeightBegin) and ev.role == "target" and ev.avail_gib is not None:
+            rf = get(ev.rank)
+            if rf.pre is None or rf.pre_source != "Load weight begin":
+                rf.pre, rf.pre_source = Interval.logged(ev.avail_gib), "Load weight begin"
+            rf.readings.append((ev.line, ev.avail_gib, "before weights"))
+        elif isinstance(ev, WeightEnd):
+            rf = get(ev.rank)
+            rf.lines["weights" if ev.role == "target" else "draft_weights"] = ev.line
+            if ev.role == "target":
+                if ev.avail_gib is not None:
+                    rf.post = Interval.logged(ev.avail_gib)
+                    rf.readings.append((ev.line, ev.avail_gib, "after weights"))
+                rf.weights = ev.usage_gib
+                if rf.pre is None and ev.avail_gib is not None and ev.usage_gib is not None:
+                    rf.pre = Interval.logged(ev.avail_gib + ev.usage_gib, 2 * LOG_HALF_ULP)
+                    rf.pre_source = "Load weight end (avail + mem usage)"
+            else:
+                rf.draft_weights = ev.usage_gib
+                rf.draft_post = ev.avail_gib
+                if ev.avail_gib is not None:
+                    rf.readings.append((ev.line, ev.avail_gib, "after draft weights"))
+        elif isinstance(ev, DistInit):
+            rf = get(ev.rank)
+            if ev.role == "target":
+                rf.dist_usage = ev.usage_gib
+                if ev.begin_avail_gib is not None and rf.pre is None:
+                    rf.pre = Interval(ev.begin_avail_gib - 2.0, ev.begin_avail_gib + LOG_HALF_ULP)
+                    rf.pre_source = "Init torch begin (before NCCL; approximate)"
+        elif isinstance(ev, KVAlloc):
+            rf = get(ev.rank)
+            (rf.kv if ev.role == "target" else rf.draft_kv).append(ev)
+            rf.lines["kv_cache" if ev.role == "target" else "draft_kv_cache"] = ev.line
+        elif isinstance(ev, OtherPool):
+            if ev.role == "target" and ev.counts_in_total and ev.gib is not None:
+                get(ev.rank).other_pools.append(ev)
+                get(ev.rank).lines[f"pool_{ev.kind}"] = ev.line
+        elif isinstance(ev, PoolEnd) and ev.avail_gib is not None:
+            rf = get(ev.rank)
+            if ev.role == "target":
+                rf.pool_end = ev.avail_gib
+                rf.lines["pool_end"] = ev.line
+            else:
+                rf.draft_pool_end = ev.avail_gib
+                rf.lines["draft_pool_end"] = ev.line
+            rf.readings.append((ev.line, ev.avail_gib, f"{'draft ' if ev.role == 'draft' else ''}Memory pool end"))
+        elif isinstance(ev, GraphBegin):
+            rf = get(ev.rank)
+            if ev.avail_gib is not None:
+                rf.graph_begin.setdefault(ev.name, ev.avail_gib)
+                rf.lines.setdefault(f"begin {ev.name}", ev.line)
+                rf.readings.append((ev.line, ev.avail_gib, f"before {ev.name} graphs"))
+        elif isinstance(ev, GraphEnd):
+            rf = get(ev.rank)
+            usage = ev.usage_gib
+            if usage is None and ev.avail_gib is not None and ev.name in rf.graph_begin:
+                usage = rf.graph_begin[ev.name] - ev.avail_gib
+            if usage is not None:
+                rf.graph_usage[ev.name] = rf.graph_usage.get(ev.name, 0.0) + usage
+                rf.lines[f"graphs_{ev.name.replace(' ', '_')}"] = ev.line
+            if ev.avail_gib is not None:
+                rf.readings.append((ev.line, ev.avail_gib, f"after {ev.name} graphs"))
+    return facts

@@ -1,0 +1,138 @@
+"""SGLang's KV-cache sizing formula per era, and the causes a mismatch can have.
+
+``profile_max_num_token`` (``srt/model_executor/model_runner.py`` 0.3.0-0.5.6; ``model_runner_kv_cache_mixin.py``
+0.5.7-0.5.15; ``mem_cache/kv_cache_configurator.py`` 0.5.16+)::
+
+    rest = post - (1 - mem_fraction_static) * T          GiB; post and T are MIN over ranks
+    max_total_num_tokens = floor(rest * 2**30 / cell)    cell = KV bytes per token on one rank
+
+then, by era: speculative headroom (0.4.4-0.5.6), page rounding (0.4.4+), the ``--max-total-tokens`` cap, and
+from 0.5.14 the draft's layers inflate the cell.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvaudit.reconcile.interface import TokenInterval, Verdict
+from kvaudit.reconcile.sglang.context import Context, as_int
+from kvaudit.units import GIB, Interval
+from kvaudit.versions import Version, VersionRange
+
+def min_interval(values: list[Interval]) -> Interval | None:
+    if not values:
+        return None
+    return Interval(min(v.lo for v in values), min(v.hi for v in values))
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lo: Version
+    hi: Version | None
+    headroom: bool = False  # 0.4.4-0.5.6: target tokens += reqs*(steps*topk + draft_tokens) + 100
+    inflate: str | None = None  # "ratio" (0.5.14-0.5.17) or "int" (0.5.18+): cell grows by draft layers
+
+
+SPEC_RULES = (
+    Rule("<=0.4.3: draft sized apart, target unchanged", (0, 1, 0), (0, 4, 3)),
+    Rule("0.4.4-0.5.6: EAGLE headroom added to the target's tokens", (0, 4, 4), (0, 5, 6), headroom=True),
+    Rule("0.5.7-0.5.13: no headroom; draft comes out of the reserve", (0, 5, 7), (0, 5, 13)),
+    Rule("0.5.14-0.5.17: draft weights loaded first, cell x (1 + L_draft/L_target)", (0, 5, 14), (0, 5, 17),
+          inflate="ratio"),
+    Rule("0.5.18+: draft weights loaded first, cell + int(cell x L_draft/L_target)", (0, 5, 18), None,
+          inflate="int"),
+)
+PLAIN_RULE = Rule("formula", (0, 1, 0), None)
+
+
+def rules_for(era: VersionRange, spec: bool) -> list[Rule]:
+    if not spec:
+        return [PLAIN_RULE]
+    found = [r for r in SPEC_RULES if era.overlaps(r.lo, r.hi)]
+    # newest first: a log whose era is open-ended is most likely recent
+    return list(reversed(found)) or [PLAIN_RULE]
+
+
+
+
+@dataclass(frozen=True)
+class Prediction:
+    tokens: TokenInterval
+    rule: Rule
+    headroom: int | None
+    cell: Interval
+
+
+def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, cell: Interval,
+             mamba: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
+    reserve = T.scale(1 - mfs)
+    rest = post - reserve
+    if mamba is not None and ctx.era.overlaps((0, 5, 2), None):
+        rest = rest - mamba
+    c = cell
+    if rule.inflate and draft_layers and target_layers:
+        ratio = draft_layers / target_layers
+        if rule.inflate == "ratio":
+            c = Interval(c.lo * (1 + ratio), c.hi * (1 + ratio))
+        else:
+            c = Interval(c.lo + int(c.lo * ratio), c.hi + int(c.hi * ratio))
+    lo = math.floor(rest.lo * GIB / c.hi)
+    hi = math.floor(rest.hi * GIB / c.lo)
+    headroom = None
+    if rule.headroom:
+        reqs = as_int(ctx.args.get("max_running_requests")) or 48
+        steps = as_int(ctx.args.get("speculative_num_steps")) or 0
+        topk = as_int(ctx.args.get("speculative_eagle_topk")) or 1
+        draft_tokens = as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
+        headroom = reqs * (steps * topk) + reqs * draft_tokens + 100
+        lo, hi = lo + headroom, hi + headroom
+    if ctx.page_size > 1 and ctx.era.overlaps((0, 4, 4), None):
+        lo, hi = lo // ctx.page_size * ctx.page_size, hi // ctx.page_size * ctx.page_size
+    cap = as_int(ctx.args.get("max_total_tokens"))
+    if cap:
+        lo, hi = min(lo, cap), min(hi, cap)
+    return Prediction(TokenInterval(lo, hi), rule, headroom, c)
+
+
+
+
+def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, post: Interval, mfs: float,
+                      cell: Interval, cap: int | None) -> tuple[Verdict, str, float | None]:
+    """Solve for the mem_fraction_static the logged tokens imply, then name the known causes that fit."""
+    base = logged - (pred.headroom or 0)
+    rest_needed = base * pred.cell.mid / GIB
+    eff = 1 - (post.mid - rest_needed) / T.mid
+    eff_r = round(eff, 4)
+    lo, hi = pred.tokens.low, pred.tokens.high
+    side = "fewer" if logged < lo else "more"
+    gap = (lo - logged) if logged < lo else (logged - hi)
+    msg = (f"{logged:,} tokens is {gap:,} {side} than the predicted {lo:,}..{hi:,}; "
+           f"the logged count implies mem_fraction_static = {eff_r}")
+    causes = []
+    if cap and logged <= cap and logged < lo:
+        return Verdict.EXPLAINED, msg + f"; --max-total-tokens {cap:,} caps it", eff_r
+    if abs(eff - mfs * 0.85) < 0.002:
+        causes.append("aiter attention backend (x0.85 when context > 8192)")
+    for k in (0.90, 0.95):
+        if abs(eff - mfs * k) < 0.002:
+            causes.append(f"the multimodal reduction (x{k:.2f}, SGLang <= 0.4.8)")
+    if ctx.spec_algo is not None:
+        reqs = as_int(ctx.args.get("max_running_requests")) or 48
+        steps = as_int(ctx.args.get("speculative_num_steps")) or 0
+        topk = as_int(ctx.args.get("speculative_eagle_topk")) or 1
+        nd = as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
+        head = reqs * steps * topk + reqs * nd + 100
+        if pred.headroom is None and abs(logged - hi - head) <= (hi - lo) + 1:
+            causes.append(f"EAGLE headroom of {head:,} tokens (SGLang 0.4.4-0.5.6)")
+    if ctx.opts.gpu_capacity_gib:
+        t_eff = (post.mid - rest_needed) / (1 - mfs)
+        if abs(t_eff - ctx.opts.gpu_capacity_gib) < 0.05:
+            causes.append("T taken as the card's capacity instead of free memory (a fork or patched build)")
+    if logged < lo:
+        causes.append("memory taken by another process between the two measurements, or a smaller reserve "
+                      "than the version rules assume")
+    if causes and not causes[-1].startswith("memory taken"):
+        return Verdict.EXPLAINED, msg + "; fits: " + "; ".join(causes), eff_r
+    return Verdict.MISMATCH, msg + ("; possible: " + "; ".join(causes) if causes else ""), eff_r

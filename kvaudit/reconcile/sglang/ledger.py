@@ -1,0 +1,139 @@
+"""The per-GPU ledger: where the memory free before the weights (T on that rank) went, item by item."""
+
+from __future__ import annotations
+
+from kvaudit.reconcile.interface import LedgerItem, RankLedger
+from kvaudit.reconcile.sglang.cell import ALLOC_ROUND, CellSize, pad_rows, rounding_bytes
+from kvaudit.reconcile.sglang.context import Context, as_int, rounded
+from kvaudit.reconcile.sglang.facts import RankFacts
+from kvaudit.units import GIB, LOG_HALF_ULP
+
+def request_table(ctx: Context, tokens: int | None, context_len: int | None) -> tuple[int | None, str]:
+    """req_to_token: rows x (context_len + extra) x int32 (``ReqToTokenPool``, srt/mem_cache/memory_pool.py).
+    Rows: max_num_reqs (+1 in 0.4.0-0.4.8); max_num_reqs = --max-running-requests when given, else
+    clamp(tokens / context_len * 512, 2048, 4096). Extra: 4 (+ speculative_num_draft_tokens from 0.5.1)."""
+    if not context_len:
+        return None, "context length unknown"
+    reqs = as_int(ctx.args.get("max_running_requests"))
+    how = "--max-running-requests"
+    if reqs is None and ctx.spec_algo is not None and ctx.era.overlaps((0, 4, 5), (0, 5, 18)):
+        reqs, how = 48, "48 (speculative decoding default)"
+    if reqs is None and tokens:
+        upper = 5120 if ctx.era.hi is not None and ctx.era.hi <= (0, 3, 0) else 4096
+        reqs = max(2048, min(upper, int(tokens / context_len * 512)))
+        how = "default clamp(tokens/context_len*512, 2048, 4096)"
+    if reqs is None:
+        return None, "max_running_requests unknown"
+    rows = reqs + 1 if ctx.era.within((0, 4, 0), (0, 4, 8)) else reqs
+    extra = 4
+    if ctx.spec_algo is not None and ctx.era.lo >= (0, 5, 1):
+        extra += as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
+    nbytes = rows * (context_len + extra) * 4
+    return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND, f"{rows} rows ({how}) x ({context_len:,} + {extra}) x 4 B"
+
+
+
+
+def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, tokens: int | None,
+            req_bytes: int | None, req_how: str, rank0: bool) -> RankLedger:
+    """Items in the order they took memory. Logged sizes where the log has them, modelled ones (request
+    table, allocator rounding) from the formula, differences between two readings where nothing is printed
+    (attention-backend buffers). ``unexplained`` = T on this rank - every item - free at the end."""
+    items: list[LedgerItem] = []
+    unmodelled: list[str] = []
+    pad = pad_rows(ctx.era, ctx.page_size)
+    if ctx.opts.gpu_capacity_gib is not None and rf.pre is not None:
+        items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
+                                rounded(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
+    if rf.weights is not None:
+        items.append(LedgerItem("weights", "weights", rf.weights, "log", line=rf.lines.get("weights")))
+    elif rf.pre is not None and rf.post is not None:
+        items.append(LedgerItem("weights", "weights (before - after)", rounded(rf.pre.mid - rf.post.mid, 3), "derived",
+                                line=rf.lines.get("weights")))
+
+    kv_logged = rf.kv_total
+    kv_exact = None
+    if cell is not None and tokens is not None and kv_logged is not None:
+        kv_exact = (tokens + pad) * cell.pool / GIB
+        if abs(kv_exact - kv_logged) > LOG_HALF_ULP * max(1, rf.kv_components) + 0.001:
+            kv_exact = None  # the config disagrees with this rank's line: trust the log
+    if kv_logged is not None:
+        items.append(LedgerItem("kv_cache", "KV cache (target)", rounded(kv_exact, 4) if kv_exact else kv_logged,
+                                "model" if kv_exact else "log", line=rf.lines.get("kv_cache")))
+    for pool in rf.other_pools:
+        items.append(LedgerItem(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib, "log", line=pool.line))
+    kv_line = rf.lines.get("kv_cache")
+    if rf.kv:
+        if req_bytes is not None:
+            items.append(LedgerItem("request_table", f"request table ({req_how})", rounded(req_bytes / GIB, 4),
+                                    "model", in_reserve=True, line=kv_line))
+        else:
+            unmodelled.append(f"request table ({req_how})")
+        if kv_exact is not None and cell is not None and tokens is not None:
+            rounding = rounding_bytes(cell.buffers, tokens + pad)
+            freelist = -(-(tokens + pad) * 8 // ALLOC_ROUND) * ALLOC_ROUND
+            items.append(LedgerItem("allocator_rounding", "allocator rounding (2 MiB segments) + token free list",
+                                    rounded((rounding + freelist) / GIB, 4), "model", in_reserve=True, line=kv_line))
+        else:
+            unmodelled.append("allocator rounding (needs --model-config)")
+
+    # Memory pool end -> first target graph capture: attention-backend workspaces (nothing logs their size)
+    first_graph = rf.graph_begin.get("target decode", rf.graph_begin.get("target prefill"))
+    if rf.pool_end is not None and first_graph is not None:
+        begin_line = rf.lines.get("begin target decode", rf.lines.get("begin target prefill"))
+        items.append(LedgerItem("attention_backend", "attention backend buffers (pool end -> graph begin)",
+                                rounded(rf.pool_end - first_graph, 3), "derived", in_reserve=True, line=begin_line))
+    for name in sorted(n for n in rf.graph_usage if not n.startswith("draft")):
+        key = f"graphs_{name.replace(' ', '_')}"
+        items.append(LedgerItem(key, f"CUDA graphs ({name})", rounded(rf.graph_usage[name], 3), "log", in_reserve=True,
+                                line=rf.lines.get(key)))
+    if rf.draft_weights is not None:
+        # 0.5.14+ loads the draft before sizing the pool, so its weights sit inside the mfs budget
+        items.append(LedgerItem("draft_weights", "draft weights", rf.draft_weights, "log",
+                                in_reserve=not ctx.era.lo >= (0, 5, 14), line=rf.lines.get("draft_weights")))
+    dkv = [k.total_gib for k in rf.draft_kv if k.total_gib is not None]
+    if dkv:
+        items.append(LedgerItem("draft_kv_cache", "draft KV cache", rounded(sum(dkv), 3), "log", in_reserve=True,
+                                line=rf.lines.get("draft_kv_cache")))
+        if rf.draft_pool_end is not None and rf.draft_post is not None:
+            overhead = rounded(rf.draft_post - rf.draft_pool_end - sum(dkv), 3)
+            if overhead:
+                items.append(LedgerItem("draft_pool_overhead", "draft pool overhead", overhead, "derived",
+                                        in_reserve=True, line=rf.lines.get("draft_pool_end")))
+    for name in sorted(n for n in rf.graph_usage if n.startswith("draft")):
+        key = f"graphs_{name.replace(' ', '_')}"
+        items.append(LedgerItem(key, f"CUDA graphs ({name})", rounded(rf.graph_usage[name], 3), "log", in_reserve=True,
+                                line=rf.lines.get(key)))
+
+    # free at the end of startup: the scheduler summary (rank 0 prints it), else this rank's last reading
+    end, end_source, final, end_line = None, None, False, 0
+    if rank0 and ctx.summary is not None and ctx.summary.available_gpu_mem_gib is not None:
+        end, end_source, final = ctx.summary.available_gpu_mem_gib, "scheduler summary (available_gpu_mem)", True
+        end_line = ctx.summary.line
+    elif rf.readings:
+        end_line, end, what = max(rf.readings)
+        end_source = f"last reading: {what}, line {end_line}"
+        final = ctx.summary is not None and what.startswith("after") and what.endswith("graphs")
+    unexplained = tol = None
+    if rf.pre is not None and end is not None:
+        # only what happened before the end reading; an excerpt may cut a rank's later lines
+        counted = [it for it in items if it.gib is not None and it.key != "before_t"
+                   and (it.line is None or it.line <= end_line)]
+        tol = rounded(LOG_HALF_ULP * (sum(1 for it in counted if it.source != "model") + 1) + rf.pre.width / 2, 3)
+        unexplained = rounded(rf.pre.mid - sum(it.gib for it in counted) - end, 3)  # type: ignore[misc]
+    return RankLedger(
+        rank=index,
+        label=rf.rank.display,
+        pre_load_free_gib=rounded(rf.pre.mid) if rf.pre else None,
+        weights_gib=next((it.gib for it in items if it.key == "weights"), None),
+        kv_gib=kv_logged,
+        free_after_weights_gib=rounded(rf.post.mid) if rf.post else None,
+        free_after_pool_gib=rf.pool_end,
+        free_at_end_gib=end,
+        free_at_end_source=end_source,
+        end_is_final=final,
+        items=tuple(items),
+        unexplained_gib=unexplained,
+        unexplained_tolerance_gib=tol,
+        unmodelled=tuple(unmodelled),
+    )
