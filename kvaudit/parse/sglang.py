@@ -50,6 +50,11 @@ ANCHORS: tuple[bytes, ...] = (
     b"Error",
     b"TokenToKVPool",
     b"fraction-static",
+    # failures that carry none of the above: "Killed" (the kernel's OOM killer / the shell), "Initialization
+    # failed. warmup error", "Scheduler hit an exception"
+    b"Killed",
+    b"failed",
+    b"exception",
 )
 
 #: strings only SGLang's startup lines contain: the head of an input that has them (and no other engine's)
@@ -146,6 +151,13 @@ class GraphEnd(RankEvent):
 
 
 @dataclass(frozen=True)
+class KVBudget(RankEvent):
+    """``The available memory for KV cache is X GB`` (some 0.5.x releases): the engine's own ``rest``, GiB."""
+
+    gib: float = 0.0
+
+
+@dataclass(frozen=True)
 class SchedulerSummary(Event):
     max_total_num_tokens: int = 0
     chunked_prefill_size: int | None = None
@@ -194,7 +206,7 @@ class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 
     kind: ``not_enough_memory`` | ``no_kv_memory`` | ``unbalanced`` | ``host_memory`` | ``oom`` |
-    ``traceback`` | ``exception`` | ``pool_too_small``.
+    ``traceback`` | ``exception`` | ``pool_too_small`` | ``warmup`` | ``cuda_error`` | ``killed``.
     """
 
     kind: str = ""
@@ -243,6 +255,7 @@ _HICACHE_FAIL = re.compile(
 )
 _MFS_ADJUST = re.compile(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
+_KV_BUDGET = re.compile(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
 _CAP = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 _SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
 _NOT_ENOUGH = re.compile(
@@ -262,6 +275,14 @@ _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
 _POOL_SMALL = re.compile(r"Memory pool size is too small|max_running_request is zero")
+# failures SGLang's processes print after the pool is sized, as often as before it:
+# ``Initialization failed. warmup error: ...`` (srt/entrypoints/http_server.py, _wait_and_warmup),
+# ``Scheduler hit an exception: ...`` (srt/managers/scheduler.py, run_scheduler_process), the CUDA runtime's
+# ``CUDA Error: ...`` / ``CUDA error: ...``, and ``Killed`` (the shell's report of a SIGKILL, e.g. the OOM killer)
+_WARMUP = re.compile(r"Initialization failed\.\s*(?P<msg>.*)")
+_HIT_EXCEPTION = re.compile(r"\b(?P<who>\w+) hit an exception\b:?\s*(?P<msg>.*)")
+_CUDA_ERROR = re.compile(r"\bCUDA [Ee]rror: (?P<msg>.+)")
+_KILLED = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:Killed\b|.*\bKilled process \d+)")
 
 _FIELD_NUM_GB = {
     "avail": re.compile(r"avail(?:_| )mem=" + NUM + r" ?GB", re.IGNORECASE),
@@ -649,6 +670,10 @@ def _other_lines(line: Line) -> _Parsed:
         rank, clues = at(m)
         clues.append(_clue((0, 4, 2), (0, 4, 8), "multimodal mem-fraction reduction line"))
         return _Parsed(MfsAdjust(n, text, rank, "target", float(m.group(1))), clues)
+    m = _KV_BUDGET.search(text) if "available memory for" in text else None
+    if m:
+        rank, clues = at(m)
+        return _Parsed(KVBudget(n, text, rank, "target", float(m.group(1))), clues)
     m = _KV_DTYPE.search(text)
     if m:
         rank, clues = at(m)
@@ -666,10 +691,20 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "pool_too_small", m.group(0)), clues)
+    for rx, kind in ((_WARMUP, "warmup"), (_HIT_EXCEPTION, "exception"), (_CUDA_ERROR, "cuda_error"),
+                     (_KILLED, "killed")):
+        m = rx.search(text)
+        if m:
+            rank, clues = at(m)
+            msg = (m.groupdict().get("msg") or "").strip()
+            label = {"warmup": "Initialization failed", "exception": f"{m.groupdict().get('who')} hit an exception",
+                     "cuda_error": "CUDA error", "killed": "Killed"}[kind]
+            return _Parsed(Failure(n, text, rank, "target", kind, _whole(f"{label}: {msg}" if msg else label)),
+                           clues)
     m = _OOM.search(text)
     if m and "Not enough" not in text:
         rank, clues = at(m)
-        return _Parsed(Failure(n, text, rank, "target", "oom", text.strip()[-300:]), clues)
+        return _Parsed(Failure(n, text, rank, "target", "oom", _whole(_after_prefix(text).strip())), clues)
     m = _TRACEBACK.search(text)
     if m:
         rank, clues = at(m)
@@ -677,8 +712,24 @@ def _other_lines(line: Line) -> _Parsed:
     m = _EXCEPTION.search(_after_prefix(text))
     if m:
         return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception",
-                               f"{m.group('exc')}: {m.group('msg')}"[:300]), [])
+                               _whole(f"{m.group('exc')}: {m.group('msg')}")), [])
     return _Parsed(None, [])
+
+
+#: an error quoted from a log is kept whole up to this many characters (a hostile log bounds it, not a reader)
+MAX_QUOTE = 1000
+
+
+def _whole(message: str) -> str:
+    """A quoted error, whole when it fits; else cut at the last sentence or word boundary, marked as cut."""
+    message = message.strip()
+    if len(message) <= MAX_QUOTE:
+        return message
+    cut = message[:MAX_QUOTE]
+    at = max(cut.rfind(". "), cut.rfind("; "))
+    if at < MAX_QUOTE // 2:
+        at = cut.rfind(" ")
+    return cut[: at + 1 if at > 0 else MAX_QUOTE].rstrip() + " [...]"
 
 
 def _after_prefix(text: str) -> str:
@@ -728,6 +779,7 @@ class _RankState:
     target_kv_closed: bool = False
     last_kv_role: str = "target"
     dist_inits: int = 0
+    last_avail: float | None = None  # the rank's latest free-memory reading (GiB)
 
 
 @dataclass
@@ -785,12 +837,32 @@ def _peer_roles(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Even
     return out
 
 
+#: free memory only falls while a server starts (weights, pools, graphs take it); a reading this much above the
+#: rank's previous one means the process was restarted (two startups pasted together without a server_args line)
+RESTART_RISE_GIB = 2.0
+RESTART_RISE_FRACTION = 0.1
+
+
+def _avail(ev: Event) -> float | None:
+    if isinstance(ev, (WeightBegin, WeightEnd, PoolEnd, GraphBegin, GraphEnd)):
+        return ev.avail_gib
+    if isinstance(ev, DistInit):
+        return ev.begin_avail_gib
+    return None
+
+
 def _starts_new(b: _Builder, ev: Event) -> bool:
     """Does this event begin a new server start rather than continue the current one?"""
     if b.empty:
         return False
     if isinstance(ev, ServerArgs):
         return True
+    if isinstance(ev, RankEvent) and ev.role == "target":
+        st = b.ranks.get(ev.rank)
+        now = _avail(ev)
+        if st is not None and now is not None and st.last_avail is not None and \
+                now - st.last_avail > max(RESTART_RISE_GIB, RESTART_RISE_FRACTION * st.last_avail):
+            return True
     if not isinstance(ev, (WeightBegin, WeightEnd, DistInit)):
         return False
     st = b.ranks.get(ev.rank)
@@ -829,7 +901,9 @@ def _attribute(b: _Builder, ev: Event) -> Event:
     elif isinstance(ev, WeightBegin):
         role = "draft" if st.target_weights else "target"
     elif isinstance(ev, WeightEnd):
-        if st.target_weights:
+        draftish = ev.model_type is not None and _DRAFT_TYPE.search(ev.model_type) is not None
+        if st.target_weights or draftish:
+            # a draft type= is the draft's even when the target's line was cut from the excerpt
             role = "draft"
             st.draft_weights = True
             if st.target_kv:
@@ -848,6 +922,9 @@ def _attribute(b: _Builder, ev: Event) -> Event:
             st.target_kv_closed = True
     elif isinstance(ev, (OtherPool, SlidingWindowSplit)):
         role = st.last_kv_role if st.draft_weights and st.target_kv_closed else "target"
+    now = _avail(ev)
+    if now is not None and role == "target":
+        st.last_avail = now
     if role != ev.role:
         ev = _replace_role(ev, role)
     return ev
@@ -859,7 +936,7 @@ def _replace_role(ev: RankEvent, role: str) -> RankEvent:
 
 def _generic(ev: Event) -> bool:
     """Tracebacks and exceptions appear in any Python server's log: alone they do not make an SGLang startup."""
-    return isinstance(ev, Failure) and ev.kind in ("traceback", "exception", "oom")
+    return isinstance(ev, Failure) and ev.kind in ("traceback", "exception", "oom", "warmup", "cuda_error", "killed")
 
 
 class SGLangParser:

@@ -83,6 +83,13 @@ def tokens_capped(cap: int, predicted: TokenInterval | None) -> Finding:
               {"max_total_tokens": cap, "predicted_high": predicted.high if predicted else None})
 
 
+def tokens_capped_probably(tokens: int, why: str) -> Finding:
+    return _f("TOKENS_CAPPED",
+              f"the KV pool of {tokens:,} tokens is probably capped (--max-total-tokens, or a PD/CI override): "
+              f"{why}. The log has no server_args to confirm it; the fraction is not inferred from a capped pool",
+              {"max_total_tokens": None, "logged_tokens": tokens, "probable": True, "why": why})
+
+
 def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float, rnd: float,
                           ranks: list[str], total_ranks: int) -> Finding:
     after = [it for it in l.items if it.in_reserve and it.key not in ("request_table", "allocator_rounding")
@@ -133,13 +140,20 @@ def low_headroom(l: RankLedger, threshold: float) -> Finding:
 
 
 def rank_imbalance(what: str, lo: tuple[str, float], hi: tuple[str, float], spread: float,
-                   bytes_per_token: int | None) -> Finding:
+                   bytes_per_token: int | None, equal_before: float | None = None) -> Finding:
+    """``equal_before``: the (small) spread of T when the ranks were equal before loading: the difference then
+    arose while the weights loaded, not from another process."""
     cost = ""
     if bytes_per_token:
         cost = f"; every rank is sized by the smallest, which costs about {int(spread * GIB / bytes_per_token):,} tokens"
+    if equal_before is not None:
+        why = (f"the ranks were equal before loading (T within {equal_before:.2f} GiB), so the difference arose "
+               "while the weights loaded (uneven shards, or extra buffers on one rank)")
+    else:
+        why = f"another process on {lo[0]}'s GPU?"
     return _f("RANK_IMBALANCE",
               f"{what} differs across ranks by {spread:.2f} GiB ({lo[0]} {lo[1]:.2f} vs {hi[0]} {hi[1]:.2f}): "
-              f"another process on {lo[0]}'s GPU?{cost}",
+              f"{why}{cost}",
               {"min_rank": lo[0], "min_gib": lo[1], "max_rank": hi[0], "max_gib": hi[1], "spread_gib": round(spread, 3)},
               (lo[0], hi[0]))
 
@@ -154,16 +168,21 @@ def engine_unbalanced(line: int, numbers: dict[str, float]) -> Finding:
               {"line": line, **numbers}, severity=ERROR)
 
 
-def unexplained(ledgers: list[RankLedger]) -> Finding:
+def unexplained(ledgers: list[RankLedger], covered: bool = False) -> Finding:
+    """``covered``: an item the ledger could not size (listed) may account for it: info, naming the candidate;
+    a warning only when nothing unmodelled could."""
     worst = max(ledgers, key=lambda l: abs(l.unexplained_gib or 0))
     where = worst.label if len(ledgers) == 1 else f"{worst.label} (and {len(ledgers) - 1} more GPU(s))"
     missing = f"; not modelled: {', '.join(worst.unmodelled)}" if worst.unmodelled else ""
+    if covered:
+        missing = f"; probably {' or '.join(worst.unmodelled)}, which the log does not let kvaudit size"
     return _f("UNEXPLAINED_MEMORY",
               f"{worst.unexplained_gib:+.2f} GiB on {where} is not accounted for by any logged or modelled item "
               f"(rounding allows +-{worst.unexplained_tolerance_gib:.2f}){missing}",
               {"unexplained_gib": worst.unexplained_gib, "tolerance_gib": worst.unexplained_tolerance_gib,
-               "per_rank": {l.label: l.unexplained_gib for l in ledgers}, "unmodelled": list(worst.unmodelled)},
-              tuple(l.label for l in ledgers))
+               "per_rank": {l.label: l.unexplained_gib for l in ledgers}, "unmodelled": list(worst.unmodelled),
+               "covered_by_unmodelled": covered},
+              tuple(l.label for l in ledgers), severity=INFO if covered else None)
 
 
 def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
@@ -179,11 +198,12 @@ def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
               {"config_bytes_per_token": config_cell, "kv_line_bytes_per_token": round(implied, 1)})
 
 
-def mfs_inferred(mfs: float) -> Finding:
+def mfs_inferred(mfs: float, state_gib: float | None = None) -> Finding:
+    what = "weights + KV" + (f" + state pool {state_gib:.2f} GiB" if state_gib else "")
     return _f("MFS_INFERRED",
-              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} (weights + KV = mfs x T); "
+              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} ({what} = mfs x T); "
               "pass --mem-fraction-static to check the pool size against it",
-              {"mem_fraction_static": mfs})
+              {"mem_fraction_static": mfs, "state_pool_gib": state_gib})
 
 
 def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None) -> Finding:
@@ -205,16 +225,37 @@ def incomplete_log(last_line: int, missing: str = "scheduler summary (max_total_
               {"last_line": last_line})
 
 
-def not_enough_memory(message: str, line: int, numbers: dict[str, Any]) -> Finding:
+def not_enough_memory(message: str, line: int, numbers: dict[str, Any],
+                      shortfall: dict[str, float] | None = None) -> Finding:
+    """``shortfall``: ``minimum_mem_fraction_static`` (1 - post/T: the smallest fraction that leaves a positive
+    KV budget), and when the engine logged its own profiled count, ``effective_mem_fraction_static`` (the
+    fraction that count implies) and ``formula_tokens`` (what the formula gives at the logged fraction)."""
     hint = ""
     if "suggested" in numbers:
         hint = f"; SGLang suggests --mem-fraction-static above {numbers['suggested']:.3f}"
-    return _f("NOT_ENOUGH_MEMORY", f"line {line}: {message}{hint}", {"line": line, **numbers})
+    fields: dict[str, Any] = {"line": line, **numbers}
+    sf = {k: v for k, v in (shortfall or {}).items() if k != "line"}
+    if sf.get("minimum_mem_fraction_static") is not None:
+        m = sf["minimum_mem_fraction_static"]
+        hint += (f"; the formula needs --mem-fraction-static above {m:.4f} (1 - free after weights / T) "
+                 "for any KV budget at all")
+    if sf.get("effective_mem_fraction_static") is not None:
+        hint += (f"; the engine's own count {int(sf['profiled']):,} implies a fraction of "
+                 f"{sf['effective_mem_fraction_static']:.4f}")
+        if sf.get("formula_tokens") is not None:
+            gap = int(sf["profiled"]) - int(sf["formula_tokens"])
+            hint += f", {gap:+,} tokens from the formula's {int(sf['formula_tokens']):,}"
+    fields.update(sf)
+    return _f("NOT_ENOUGH_MEMORY", f"line {line}: {message}{hint}", fields)
 
 
-def startup_failed(line: int, detail: str) -> Finding:
-    return _f("STARTUP_FAILED", f"the server did not finish starting: {detail} (line {line})",
-              {"line": line, "detail": detail})
+def startup_failed(line: int, detail: str, after_summary_line: int | None = None) -> Finding:
+    when = ""
+    if after_summary_line is not None:
+        when = (f" after the KV pool was sized (the scheduler summary at line {after_summary_line} came first; "
+                "the server never became ready)")
+    return _f("STARTUP_FAILED", f"the server did not finish starting{when}: {detail} (line {line})",
+              {"line": line, "detail": detail, "after_summary": after_summary_line is not None})
 
 
 # --- vLLM ---------------------------------------------------------------------------------------------------

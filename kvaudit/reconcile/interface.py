@@ -95,6 +95,9 @@ class Formula:
     max_total_tokens_cap: int | None = None
     speculative_headroom_tokens: int | None = None
     kv_bytes_per_token_logged: float | None = None  # from the KV line: size / (tokens + padding)
+    logged_tokens_approximate: bool = False  # the log gives the count only abridged ("273K")
+    probable_cap: str | None = None  # why the pool looks capped although no --max-total-tokens is in the log
+    state_pool_gib: float | None = None  # a hybrid model's state pool, taken out of the same budget (max rank)
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ class ModelSummary:
     kv_dtype_bytes: float | None
     attention_tp_size: int | None
     source: str | None
+    attention_tp_size_at_least: bool = False  # only a lower bound: from the rank tags an excerpt happened to show
+    attention_tp_size_source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ def audit_dict(a: Audit) -> dict[str, Any]:
             "architecture": m.architecture, "attention": m.attention, "layers": m.layers, "kv_heads": m.kv_heads,
             "kv_heads_per_rank": m.kv_heads_per_rank, "head_dim": m.head_dim, "kv_dtype": m.kv_dtype,
             "kv_dtype_bytes": m.kv_dtype_bytes, "attention_tp_size": m.attention_tp_size, "config": m.source,
+            "attention_tp_size_at_least": m.attention_tp_size_at_least,
+            "attention_tp_size_source": m.attention_tp_size_source,
         },
         "speculative": a.speculative,
         "formula": {
@@ -76,6 +78,9 @@ def audit_dict(a: Audit) -> dict[str, Any]:
             "page_size": f.page_size,
             "max_total_tokens_cap": f.max_total_tokens_cap,
             "speculative_headroom_tokens": f.speculative_headroom_tokens,
+            "logged_tokens_approximate": f.logged_tokens_approximate,
+            "probable_cap": f.probable_cap,
+            "state_pool_gib": f.state_pool_gib,
         },
         "ranks": [rank_dict(r) for r in a.ranks],
         "findings": [finding_dict(x) for x in a.findings],

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvaudit.reconcile.interface import Audit
 from kvaudit.report.text import format_value
-from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, rows, summary_sentences
 
 
 def _esc(s: str) -> str:
@@ -25,15 +25,15 @@ def render_one(a: Audit) -> str:
     formula_rows = [(r.quantity, format_value(r, "–"), r.source) for r in a.formula_rows] + [
         ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
-        ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "–", ""),
+        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "–", ""),
     ]
     for name, val, src in formula_rows:
         L.append(f"| {name} | {val} | {_esc(src)} |")
     L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
-          "| " + " | ".join(COLUMNS) + " |", "|" + "---|" + "---:|" * (len(COLUMNS) - 1)]
+          "| " + " | ".join(columns(a)) + " |", "|" + "---|" + "---:|" * (len(columns(a)) - 1)]
     for r in rows(a):
         L.append("| " + " | ".join((r.label,) + r.cells) + " |")
-    L += ["", "; ".join(f"*{k}*: {v}" for k, v in COLUMN_HELP.items()), ""]
+    L += ["", "; ".join(f"*{k}*: {v}" for k, v in column_help(a).items()), ""]
     if a.findings:
         L += ["### Findings", "", "| severity | code | message |", "|---|---|---|"]
         for fi in a.findings:

@@ -6,7 +6,7 @@ import textwrap
 from typing import Any
 
 from kvaudit.reconcile.interface import Audit, FormulaRow, Severity, WhatIf
-from kvaudit.report.view import COLUMN_HELP, COLUMNS, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, rows, summary_sentences
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
 WIDTH = 100
@@ -60,7 +60,7 @@ def render_one(a: Audit, color: bool = False) -> str:
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
-        ("logged tokens", f"{f.logged_tokens:,}" if f.logged_tokens else "-", ""),
+        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "-", ""),
     ]
     for name, val, src in body:
         L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
@@ -70,8 +70,8 @@ def render_one(a: Audit, color: bool = False) -> str:
     L.append("")
     L.append(colour("Per GPU (GiB)", "1", color))
     grid = [(r.label,) + r.cells for r in rows(a)]
-    L.extend(table(COLUMNS, grid))
-    L.append("  " + "; ".join(f"{k}: {v}" for k, v in COLUMN_HELP.items()))
+    L.extend(table(columns(a), grid))
+    L.append("  " + "; ".join(f"{k}: {v}" for k, v in column_help(a).items()))
     L.append("")
     if a.findings:
         L.append(colour("Findings", "1", color))

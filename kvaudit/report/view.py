@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
+#: the hybrid models' state pool gets its own column, after KV, when any rank has one
+STATE_COLUMN = "state"
 COLUMN_HELP = {
     "T": "the memory the engine's fraction applies to (SGLang: free before the weights; vLLM: total)",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
+    "state": "a hybrid model's Mamba/conv state pool (same budget as the KV cache)",
     "free@pool": "free after the KV pool (Memory pool end)",
     "free@end": "free at the end of startup",
     "unexpl.": "T minus every item minus free@end",
@@ -27,8 +30,10 @@ def _sum(r: RankLedger, pred) -> float | None:
 def _group(key: str) -> str:
     if key in ("weights", "torch_peak"):
         return "weights"
-    if key == "kv_cache" or key.startswith("pool_"):
+    if key in ("kv_cache", "kv_cache_swa") or key.startswith("pool_"):
         return "kv"
+    if key == "state_pool":
+        return "state"
     if key.startswith("graphs_target") or key == "attention_backend":
         return "graphs"
     if key.startswith("draft") or key.startswith("graphs_draft"):
@@ -38,11 +43,28 @@ def _group(key: str) -> str:
     return "other"
 
 
-def rank_cells(r: RankLedger) -> tuple[float | None, ...]:
+def has_state(a: Audit) -> bool:
+    return any(i.key == "state_pool" for r in a.ranks for i in r.items)
+
+
+def columns(a: Audit) -> tuple[str, ...]:
+    """The per-GPU table's columns for this audit: the state column only where a state pool exists."""
+    return COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
+
+
+def column_help(a: Audit) -> dict[str, str]:
+    return {k: v for k, v in COLUMN_HELP.items() if k != STATE_COLUMN or has_state(a)}
+
+
+def rank_cells(r: RankLedger, with_state: bool = False) -> tuple[float | None, ...]:
+    """T, weights, KV, graphs, draft, other, free@pool, free@end, unexplained; the state pool after KV when
+    ``with_state``."""
+    state = (_sum(r, lambda k: _group(k) == "state"),) if with_state else ()
     return (
         r.pre_load_free_gib,
         r.weights_gib if r.weights_gib is not None else _sum(r, lambda k: _group(k) == "weights"),
         _sum(r, lambda k: _group(k) == "kv"),
+        *state,
         _sum(r, lambda k: _group(k) == "graphs"),
         _sum(r, lambda k: _group(k) == "draft"),
         _sum(r, lambda k: _group(k) == "other"),
@@ -88,10 +110,16 @@ def fold_labels(labels: tuple[str, ...]) -> str:
 def rows(audit: Audit) -> list[Row]:
     """Ranks whose printed numbers are all equal share one row, in rank order of their first member."""
     groups: dict[tuple[str, ...], list[str]] = {}
+    state = has_state(audit)
     for r in audit.ranks:
-        cells = tuple(fmt(v, signed=(i == 8)) for i, v in enumerate(rank_cells(r)))
+        vals = rank_cells(r, state)
+        cells = tuple(fmt(v, signed=(i == len(vals) - 1)) for i, v in enumerate(vals))
         groups.setdefault(cells, []).append(r.label)
     return [Row(tuple(labels), cells) for cells, labels in groups.items()]
+
+
+#: info findings that say a check ran and its numbers held
+CHECKS_THAT_HELD = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "RESERVE_EXPLAINS_FREE", "BUDGET_RECONCILES")
 
 
 def summary_sentences(a: Audit) -> list[str]:
@@ -107,7 +135,9 @@ def summary_sentences(a: Audit) -> list[str]:
         other_name = (" and ".join(others) if len(others) <= 2 else ", ".join(others[:-1]) + " and " + others[-1]) \
             if others else "other items"
         names = ("weights", "the KV cache", "CUDA graphs", "the draft model", other_name)
-        for name, v in zip(names, c[1:6]):
+        if has_state(a):
+            names = names[:2] + ("the state pool",) + names[2:]
+        for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):
             if v is not None:
                 parts.append(f"{name} {v:.2f}")
         if f.logged_tokens and parts and c[2] is not None:
@@ -138,5 +168,10 @@ def summary_sentences(a: Audit) -> list[str]:
     if problems:
         out.append("Needs attention: " + " ".join(f"[{p.code}] {p.message}." for p in problems))
     elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):
-        out.append("Nothing looks wrong.")
+        # "nothing looks wrong" only when a check ran and held; otherwise say that nothing was checked
+        if f.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(fi.code in CHECKS_THAT_HELD for fi in a.findings):
+            out.append("Nothing looks wrong.")
+        else:
+            out.append("No problem was found, but the pool size could not be checked (above), so this is not "
+                       "a clean bill of health.")
     return out

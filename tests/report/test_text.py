@@ -30,4 +30,13 @@ def test_ranks_that_agree_share_a_row():
 
 def test_text_answers_in_plain_sentences():
     out = cli("explain", SAMPLES / "sglang_006.log").stdout
-    assert "In short" in out and "Needs attention: [UNUSED_MEMORY]" in out
+    assert "In short" in out and "the pool looks capped" in out
+
+
+def test_nothing_looks_wrong_only_when_a_check_held():
+    """An unchecked pool is never a clean bill: the text says what could not be checked and what to pass."""
+    unchecked = cli("explain", SAMPLES / "sglang_021.log").stdout
+    assert "Nothing looks wrong" not in unchecked
+    assert "could not be checked" in unchecked and "--mem-fraction-static" in unchecked
+    checked = cli("explain", SAMPLES / "sglang_029.log").stdout
+    assert "TOKENS_MATCH" in checked or "exactly what SGLang's formula gives" in checked

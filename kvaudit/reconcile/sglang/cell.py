@@ -6,11 +6,11 @@ Upstream: ``ModelRunner.profile_max_num_token`` (0.3.0-0.5.6), ``get_cell_size_p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.reconcile.sglang.pool import components, kv_gib, kv_parts
 from kvaudit.units import GIB, LOG_HALF_ULP, MIB, Interval
 from kvaudit.versions import VersionRange
 
@@ -36,14 +36,28 @@ def element_bytes(dtype: str | None) -> float | None:
     return DTYPE_BYTES.get(key)
 
 
-def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: float, pp: int = 1) -> CellSize:
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers on each pipeline stage as SGLang splits them (``srt/distributed/utils.py::get_pp_indices``, taken
+    from vLLM; 0.4.7+ sizes each stage's pool by its own ``end_layer - start_layer``): ``layers // pp`` each, and
+    the remainder one apiece to the stages before the last, counting back from the second-to-last.
+    ``SGLANG_PP_LAYER_PARTITION`` overrides this; the log does not show it."""
+    parts = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: float, pp: int = 1,
+              stage: int | None = None) -> CellSize:
     """SGLang's ``cell_size`` (bytes per token per rank), per era. Reference: docs/how-it-works.md
-    section "Bytes per token"; upstream ``get_cell_size_per_token`` / ``pool_configurator.py``."""
+    section "Bytes per token"; upstream ``get_cell_size_per_token`` / ``pool_configurator.py``. With pipeline
+    parallelism, ``stage`` picks one stage's layers; without it, the largest stage."""
     layers = geom.num_layers
     if geom.is_mamba_hybrid and geom.full_attention_layers:
         layers = geom.full_attention_layers  # 0.5.2+: only full-attention layers hold a KV cache
     if pp > 1:
-        layers = math.ceil(layers / pp)
+        split = stage_layers(layers, pp)
+        layers = split[stage] if stage is not None and 0 <= stage < pp else max(split)
     new_mha = era.lo >= (0, 5, 7)  # H*(hd+vhd)*L*elt from 0.5.7; H*hd*L*2*elt before
     if geom.is_mla:
         d = geom.kv_lora_rank + geom.qk_rope_head_dim  # type: ignore[operator]
@@ -96,34 +110,50 @@ def rounding_bytes(buffers: tuple[int, ...], rows: int) -> int:
 
 
 
-def config_cell(ctx: Context) -> tuple[CellSize | None, str | None]:
+def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None, str | None]:
     geom: ModelGeometry | None = ctx.opts.model_geometry
     if geom is None or ctx.kv_elt is None:
         return None, None
     if geom.is_hybrid_swa:
-        return None, "hybrid sliding-window model: per-pool split not modelled; checked in bytes instead"
-    return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp), None
+        return None, ("hybrid sliding-window model: the full/SWA token split is not modelled; bytes per token "
+                      "are the whole pool's (both kinds of layers) per full-attention token, from the KV lines")
+    return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), None
 
 
-def pad_rows(era: VersionRange, page_size: int) -> int:
-    """Extra rows the pool allocates beyond #tokens: ``page_size`` (0.4.5+), 1 before ("padded slot 0")."""
-    return page_size if era.lo >= (0, 4, 5) else 1
+#: the largest page size a server whose log does not state it may have run with (FlashMLA and TRT-LLM MLA
+#: backends force 64; some use 128)
+MAX_UNSTATED_PAGE = 128
+
+
+def pad_rows(era: VersionRange, page_size: int | None) -> tuple[int, int]:
+    """Extra rows the pool allocates beyond #tokens ("padded slot 0"), as the range the log allows:
+    ``page_size`` from 0.4.5 on, 1 in 0.4.4 and before (``memory_pool.py``: ``size + page_size`` /
+    ``size + 1``). An era that straddles 0.4.5, or a page size the log does not state, widens the range
+    instead of guessing."""
+    if era.hi is not None and era.hi < (0, 4, 5):
+        return 1, 1
+    page = (page_size, page_size) if page_size else (1, MAX_UNSTATED_PAGE)
+    if era.lo >= (0, 4, 5):
+        return page
+    return min(1, page[0]), max(1, page[1])
 
 
 def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, float | None]:
-    """Bytes per token implied by the target KV line(s): size / (tokens + padding rows), as an interval."""
-    sizes = []
-    comps = 0
+    """Bytes per token implied by the target KV line(s): size / (tokens + padding rows), as an interval.
+    For a sliding-window hybrid the size is the whole pool (both kinds of layers) and the tokens are the full-
+    attention pool's: the bytes the pool spends per full-attention token, which is what the budget divides by."""
+    size, parts = None, 0
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
-        if rf.kv_total is not None:
-            sizes.append(rf.kv_total)
-            comps = rf.kv_components
+        comps = components(rf)
+        if kv_gib(comps) is not None:
+            size, parts = kv_gib(comps), kv_parts(comps)
             break
-    if not sizes or not tokens:
+    if size is None or not tokens:
         return None, None
-    rows = tokens + pad_rows(ctx.era, ctx.page_size)
-    total = Interval(sizes[0] - comps * LOG_HALF_ULP, sizes[0] + comps * LOG_HALF_ULP)
+    pad_lo, pad_hi = pad_rows(ctx.era, ctx.page_size if ctx.page_size_known else None)
+    total = Interval(size - parts * LOG_HALF_ULP, size + parts * LOG_HALF_ULP)
     if total.lo <= 0:  # a size that rounds to 0.00 bounds nothing below: no usable bytes per token
         return None, None
-    cell = Interval(total.lo * GIB / rows, total.hi * GIB / rows)
-    return cell, sizes[0] * GIB / rows
+    cell = Interval(total.lo * GIB / (tokens + pad_hi), total.hi * GIB / (tokens + pad_lo))
+    likely = min(max(ctx.page_size, pad_lo), pad_hi)  # the stated page size, else 1
+    return cell, size * GIB / (tokens + likely)

@@ -12,7 +12,11 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
                      th: Thresholds) -> list[Finding]:
     out: list[Finding] = []
     # rank imbalance: the formula sizes every rank by the smallest T and post
+    # (docs/findings.md: a spread above rank_imbalance_gib and rank_imbalance_fraction x T, T the largest
+    # pre-load free memory; without T, the largest reading compared stands in for it)
     worst = None
+    t_values = [l.pre_load_free_gib for l in ledgers if l.pre_load_free_gib is not None]
+    t_spread = (max(t_values) - min(t_values)) if len(t_values) >= 2 else None
     for what, attr in (("free memory before the weights (T)", "pre_load_free_gib"),
                        ("free memory after the weights", "free_after_weights_gib")):
         vals = [(l.label, getattr(l, attr)) for l in ledgers if getattr(l, attr) is not None]
@@ -20,21 +24,26 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
             continue
         lo, hi = min(vals, key=lambda x: x[1]), max(vals, key=lambda x: x[1])
         spread = hi[1] - lo[1]
-        if spread > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * hi[1]) and (
+        t_ref = max(t_values) if t_values else hi[1]
+        if spread > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * t_ref) and (
                 worst is None or spread > worst[3]):
             worst = (what, lo, hi, spread)
     if worst is not None:
-        out.append(F.rank_imbalance(*worst, formula.bytes_per_token))
+        limit = max(th.rank_imbalance_gib, th.rank_imbalance_fraction * max(t_values)) if t_values else None
+        equal_before = t_spread if (worst[0].startswith("free memory after") and t_spread is not None
+                                    and limit is not None and t_spread <= limit) else None
+        out.append(F.rank_imbalance(*worst, formula.bytes_per_token, equal_before))
 
     # does the static reserve explain the memory free after the pool?
-    if reserve is not None and formula.mem_fraction_static_source != "inferred":
+    if reserve is not None and formula.mem_fraction_static_source != "inferred" and not formula.probable_cap:
         explained = []
         for l in ledgers:
             if l.free_after_pool_gib is None or l.free_after_weights_gib is None or l.kv_gib is None:
                 continue
             req = item_gib(l, "request_table")
             rnd = item_gib(l, "allocator_rounding")
-            pools = sum(it.gib or 0 for it in l.items if it.key == "kv_cache" or it.key.startswith("pool_"))
+            pools = sum(it.gib or 0 for it in l.items
+                        if it.key in ("kv_cache", "kv_cache_swa", "state_pool") or it.key.startswith("pool_"))
             expected = l.free_after_weights_gib - pools - req - rnd
             tol = th.reserve_tolerance_gib + (0.0 if l.item("allocator_rounding") else 0.08)
             if abs(l.free_after_pool_gib - expected) <= tol:
@@ -48,12 +57,15 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
     off = [l for l in ledgers if l.unexplained_gib is not None
            and abs(l.unexplained_gib) > th.unexplained_gib + (l.unexplained_tolerance_gib or 0)]
     if off:
-        out.append(F.unexplained(off))
+        # memory missing (positive) that an item the ledger could not size may hold: info, naming it
+        covered = all((l.unexplained_gib or 0) > 0 and l.unmodelled for l in off)
+        out.append(F.unexplained(off, covered))
 
-    # memory idle at the end of startup (or after the pool, when the log stops before the end)
+    # memory idle at the end of startup: only when the end reading is final (graphs and draft are in the
+    # log); memory an excerpt stops before spending is not idle
     for l in ledgers:
         t = l.pre_load_free_gib
-        idle = l.free_at_end_gib if l.end_is_final else l.free_after_pool_gib
+        idle = l.free_at_end_gib if l.end_is_final else None
         if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
             extra = int(idle * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
             out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final))
@@ -70,25 +82,35 @@ def item_gib(l: RankLedger, key: str) -> float:
     return (it.gib or 0.0) if it else 0.0
 
 
-def failure_findings(ctx: Context) -> list[Finding]:
+#: failure kinds that end a startup wherever they appear, before or after the scheduler summary
+FATAL = ("traceback", "exception", "oom", "pool_too_small", "not_enough_memory", "no_kv_memory", "unbalanced",
+         "warmup", "cuda_error", "killed")
+#: kinds whose message says more than "Traceback (most recent call last)"
+_TELLING = ("exception", "oom", "not_enough_memory", "no_kv_memory", "warmup", "cuda_error", "killed",
+            "pool_too_small", "unbalanced")
+
+
+def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None) -> list[Finding]:
+    """Error findings for the failure lines. A failure after the scheduler summary (a warmup error, a CUDA
+    error, a killed process) is as much a failed startup as one before it. ``shortfall`` carries what the
+    formula says about a memory error (the smallest viable fraction, what the engine's own count implies)."""
     out: list[Finding] = []
     failures = ctx.startup.of(Failure)
-    seen: set[str] = set()
-    for f in failures:
-        if f.kind in ("not_enough_memory", "no_kv_memory", "host_memory"):
-            key = f.kind
-            if key not in seen:
-                seen.add(key)
-                out.append(F.not_enough_memory(f.message, f.line, f.numbers))
-        elif f.kind == "unbalanced":
-            if "unbalanced" not in seen:
-                seen.add("unbalanced")
-                out.append(F.engine_unbalanced(f.line, f.numbers))
-    fatal = [f for f in failures if f.kind in ("traceback", "exception", "oom", "pool_too_small",
-                                                 "not_enough_memory", "no_kv_memory", "unbalanced")]
-    if fatal and ctx.summary is None:
+    memory = [f for f in failures if f.kind in ("not_enough_memory", "no_kv_memory", "host_memory")]
+    for kind in dict.fromkeys(f.kind for f in memory):
+        first = next(f for f in memory if f.kind == kind)
+        out.append(F.not_enough_memory(first.message, first.line, first.numbers,
+                                       shortfall if kind != "host_memory" else None))
+    if not memory and shortfall and shortfall.get("profiled") is not None:
+        out.append(F.not_enough_memory(f"profiled value {int(shortfall['profiled'])}",
+                                       int(shortfall.get("line", 0)), {}, shortfall))
+    unbalanced = [f for f in failures if f.kind == "unbalanced"]
+    if unbalanced:
+        out.append(F.engine_unbalanced(unbalanced[0].line, unbalanced[0].numbers))
+    fatal = [f for f in failures if f.kind in FATAL]
+    if fatal:
         first = fatal[0]
-        detail = next((f.message for f in fatal if f.kind in ("exception", "oom", "not_enough_memory",
-                                                               "no_kv_memory")), first.message)
-        out.append(F.startup_failed(first.line, detail))
+        telling = next((f for f in fatal if f.kind in _TELLING), first)
+        after = ctx.summary.line if ctx.summary is not None and ctx.summary.line < first.line else None
+        out.append(F.startup_failed(first.line, telling.message, after_summary_line=after))
     return out

@@ -4,7 +4,7 @@ scheduler summary, and the per-rank facts. Every other module of the SGLang reco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvaudit.model_config import ModelGeometry
@@ -31,8 +31,11 @@ class Context:
     page_size: int
     kv_dtype: str | None
     kv_elt: float | None
-    summary: SchedulerSummary | None
-    notes: list[str]
+    page_size_known: bool = False  # server_args stated it
+    tp_at_least: bool = False  # tp and attn_tp come from the rank tags seen: the server may have more ranks
+    attn_tp_source: str = ""
+    summary: SchedulerSummary | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def build_context(startup: Startup, opts: AuditOptions) -> Context:
@@ -46,18 +49,56 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     )
     if spec_algo is None and draft_seen:
         spec_algo = "unknown (draft worker lines seen)"
-    tags_tp = {r.sort_key[1] for r in facts} if facts else set()
-    tp = opts.tp_size or as_int(args.get("tp_size")) or (max(tags_tp) + 1 if tags_tp else 1)
-    if opts.tp_size and args.get("tp_size") and opts.tp_size != as_int(args.get("tp_size")):
-        notes.append(f"--tp-size {opts.tp_size} overrides the log's tp_size={args.get('tp_size')}")
-    dp = as_int(args.get("dp_size")) or 1
-    attn_tp = tp // dp if (args.get("enable_dp_attention") and dp > 1 and tp % dp == 0) else tp
+    tp, attn_tp, at_least, attn_source = _parallelism(args, opts, facts, notes)
     pp = as_int(args.get("pp_size")) or (max((r.sort_key[0] for r in facts), default=0) + 1)
-    page_size = as_int(args.get("page_size")) or 1
+    page_size = as_int(args.get("page_size"))
     summaries = startup.of(SchedulerSummary)
     kv_dtype, kv_elt = resolve_kv_dtype(startup, args, opts, facts)
     return Context(startup, opts, args, facts, startup.era, spec_algo, tp, attn_tp, pp,
-                    page_size, kv_dtype, kv_elt, summaries[-1] if summaries else None, notes)
+                   page_size or 1, kv_dtype, kv_elt, page_size is not None, at_least, attn_source,
+                   summaries[-1] if summaries else None, notes)
+
+
+def _dp_attention_from_tags(ranks: list[Rank]) -> int | None:
+    """The attention-TP size that ``DPn TPn`` tags establish: under DP attention ``dp_rank = tp_rank //
+    attn_tp`` (``srt/layers/dp_attention.py::compute_dp_attention_world_info``), so the sizes every seen tag
+    agrees with. One size (a tag with DP > 0 pins it) -> that size; none (DP1 TP0: a data-parallel controller
+    without DP attention) or several -> None."""
+    pairs = [(r.sort_key[2], r.sort_key[1]) for r in ranks if "DP" in r.label and "TP" in r.label]
+    if not pairs or not any(d > 0 for d, _ in pairs):
+        return None
+    top = max(t for _, t in pairs) + 1
+    fits = [a for a in range(1, top + 1) if all(t // a == d for d, t in pairs)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _parallelism(args: dict[str, Any], opts: AuditOptions, facts: dict[Rank, RankFacts],
+                 notes: list[str]) -> tuple[int, int, bool, str]:
+    """TP size and the attention-TP size (the KV-head divisor, reference §2), from what establishes them:
+    --tp-size, server_args (tp_size, dp_size, enable_dp_attention), else the rank tags, which give only a
+    lower bound ("at least N": an excerpt may not show every rank)."""
+    tags_tp = {r.sort_key[1] for r in facts}
+    args_tp = as_int(args.get("tp_size"))
+    at_least = False
+    if opts.tp_size:
+        tp, source = opts.tp_size, "--tp-size"
+        if args_tp and opts.tp_size != args_tp:
+            notes.append(f"--tp-size {opts.tp_size} overrides the log's tp_size={args.get('tp_size')}")
+    elif args_tp:
+        tp, source = args_tp, "server_args tp_size"
+    elif tags_tp:
+        tp, source, at_least = max(tags_tp) + 1, "rank tags", True
+    else:
+        tp, source = 1, "assumed 1 (no server_args, no rank tags)"
+    dp = as_int(args.get("dp_size")) or 1
+    if "enable_dp_attention" in args and not opts.tp_size:
+        if args.get("enable_dp_attention") and dp > 1 and tp % dp == 0:
+            return tp, tp // dp, at_least, f"server_args: tp_size {tp} / dp_size {dp} (DP attention)"
+        return tp, tp, at_least, source
+    tagged = _dp_attention_from_tags(list(facts))
+    if tagged is not None and not opts.tp_size:
+        return tp, tagged, False, f"rank tags DPn TPn (DP attention: {tagged} TP rank(s) per DP group)"
+    return tp, tp, at_least, source
 
 
 def as_int(v: Any) -> int | None:
@@ -83,6 +124,7 @@ def resolve_kv_dtype(startup: Startup, args: dict[str, Any], opts: AuditOptions,
     """KV element type, most specific source first: what-if override, the KV line's dtype (0.5.13+), the
     'Using KV cache dtype' line (0.5.3-0.5.12), server_args, the checkpoint's FP8 KV quant (0.5.3+), and
     'auto' = the model dtype (from 'Load weight end ... dtype=' or the config; fp32 runs as 16-bit)."""
+    assumed = "kv_cache_dtype" not in args and not opts.kv_cache_dtype
     if opts.kv_cache_dtype and opts.kv_cache_dtype != "auto":
         return opts.kv_cache_dtype, element_bytes(opts.kv_cache_dtype)
     for rf in facts.values():
@@ -102,29 +144,31 @@ def resolve_kv_dtype(startup: Startup, args: dict[str, Any], opts: AuditOptions,
     for ev in startup.of(WeightEnd):
         if ev.role == "target" and ev.dtype and element_bytes(ev.dtype):
             elt = element_bytes(ev.dtype)
-            return ev.dtype, 2 if elt == 4 else elt
+            return ev.dtype + (" (assumed: the model's dtype; the log does not name the KV dtype)"
+                               if assumed else ""), 2 if elt == 4 else elt
     if geom is not None and geom.torch_dtype:
         elt = geom.dtype_bytes
-        return f"auto ({geom.torch_dtype})", 2 if elt == 4 else elt
+        return f"auto ({geom.torch_dtype})" + (", assumed: the log does not name the KV dtype" if assumed else ""), \
+            2 if elt == 4 else elt
     return None, None
 
 
 
 
-def logged_token_count(ctx: Context) -> int | None:
+def logged_token_count(ctx: Context) -> tuple[int | None, bool]:
+    """The pool's token count and whether the log gives it only approximately (an abridged ``#tokens: 273K``).
+    An exact KV line first, then the scheduler summary, then an abridged figure."""
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
         for kv in rf.kv:
             if kv.tokens is not None and not kv.tokens_approx:
-                return kv.tokens
+                return kv.tokens, False
     if ctx.summary is not None:
-        return ctx.summary.max_total_num_tokens
+        return ctx.summary.max_total_num_tokens, False
     for rf in ctx.facts.values():
         for kv in rf.kv:
             if kv.tokens is not None:
-                return kv.tokens
-    return None
-
-
+                return kv.tokens, True
+    return None, False
 
 
 def context_length_of(ctx: Context) -> int | None:

@@ -14,6 +14,7 @@ from kvaudit.parse.sglang import (
     GraphBegin,
     GraphEnd,
     KVAlloc,
+    KVBudget,
     OtherPool,
     PoolEnd,
     WeightBegin,
@@ -41,14 +42,8 @@ class RankFacts:
     readings: list[tuple[int, float, str]] = field(default_factory=list)  # (line, avail GiB, what)
     lines: dict[str, int] = field(default_factory=dict)  # where each fact was logged
 
-    @property
-    def kv_total(self) -> float | None:
-        vals = [k.total_gib for k in self.kv if k.total_gib is not None and not k.upper_bound]
-        return sum(vals) if vals else None
-
-    @property
-    def kv_components(self) -> int:
-        return sum((k.k_gib is not None) + (k.v_gib is not None) + (k.kv_gib is not None) for k in self.kv)
+    swa_summary: OtherPool | None = None  # "SWAKVPool mem usage: X GB, swa size: N, full size: M"
+    kv_budget: float | None = None  # "The available memory for KV cache is X GB": the engine's own rest
 
 
 def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
@@ -92,6 +87,12 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
             rf = get(ev.rank)
             (rf.kv if ev.role == "target" else rf.draft_kv).append(ev)
             rf.lines["kv_cache" if ev.role == "target" else "draft_kv_cache"] = ev.line
+        elif isinstance(ev, KVBudget):
+            get(ev.rank).kv_budget = ev.gib
+            get(ev.rank).lines["kv_budget"] = ev.line
+        elif isinstance(ev, OtherPool) and ev.kind == "swa_summary":
+            if ev.role == "target":
+                get(ev.rank).swa_summary = ev
         elif isinstance(ev, OtherPool):
             if ev.role == "target" and ev.counts_in_total and ev.gib is not None:
                 get(ev.rank).other_pools.append(ev)

@@ -65,8 +65,19 @@ class Prediction:
     cell: Interval
 
 
+def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Interval, Interval]], mfs: float,
+                   state: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
+    """The prediction with pipeline stages: each stage's own (post, cell), the MIN over stages (reference §1.5:
+    ``max_total_num_tokens`` is all-reduced with MIN across the world)."""
+    preds = [predict(ctx, rule, T, post, mfs, cell, state, draft_layers, target_layers) for post, cell in stages]
+    if len(preds) == 1:
+        return preds[0]
+    low = min(preds, key=lambda p: p.tokens.low)
+    return Prediction(TokenInterval(low.tokens.low, min(p.tokens.high for p in preds)), rule, low.headroom, low.cell)
+
+
 def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, cell: Interval,
-             mamba: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
+            mamba: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
     reserve = T.scale(1 - mfs)
     rest = post - reserve
     if mamba is not None and ctx.era.overlaps((0, 5, 2), None):
@@ -99,10 +110,12 @@ def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, c
 
 
 def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, post: Interval, mfs: float,
-                      cell: Interval, cap: int | None) -> tuple[Verdict, str, float | None]:
-    """Solve for the mem_fraction_static the logged tokens imply, then name the known causes that fit."""
+                     cell: Interval, cap: int | None, state: Interval | None = None
+                     ) -> tuple[Verdict, str, float | None]:
+    """Solve for the mem_fraction_static the logged tokens imply (the state pool included: it comes out of the
+    same budget), then name the known causes that fit."""
     base = logged - (pred.headroom or 0)
-    rest_needed = base * pred.cell.mid / GIB
+    rest_needed = base * pred.cell.mid / GIB + (state.mid if state is not None else 0.0)
     eff = 1 - (post.mid - rest_needed) / T.mid
     eff_r = round(eff, 4)
     lo, hi = pred.tokens.low, pred.tokens.high
@@ -130,6 +143,9 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
         t_eff = (post.mid - rest_needed) / (1 - mfs)
         if abs(t_eff - ctx.opts.gpu_capacity_gib) < 0.05:
             causes.append("T taken as the card's capacity instead of free memory (a fork or patched build)")
+    if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
+        causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
+                      "(max((1 - mfs) x T, a pre-capture activation reserve))")
     if logged < lo:
         causes.append("memory taken by another process between the two measurements, or a smaller reserve "
                       "than the version rules assume")

@@ -6,6 +6,7 @@ from kvaudit.reconcile.interface import LedgerItem, RankLedger
 from kvaudit.reconcile.sglang.cell import ALLOC_ROUND, CellSize, pad_rows, rounding_bytes
 from kvaudit.reconcile.sglang.context import Context, as_int, rounded
 from kvaudit.reconcile.sglang.facts import RankFacts
+from kvaudit.reconcile.sglang.pool import KV_KEYS, components, is_swa, kv_gib, kv_parts
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 def request_table(ctx: Context, tokens: int | None, context_len: int | None) -> tuple[int | None, str]:
@@ -41,7 +42,6 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
     (attention-backend buffers). ``unexplained`` = T on this rank - every item - free at the end."""
     items: list[LedgerItem] = []
     unmodelled: list[str] = []
-    pad = pad_rows(ctx.era, ctx.page_size)
     if ctx.opts.gpu_capacity_gib is not None and rf.pre is not None:
         items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
                                 rounded(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
@@ -51,25 +51,35 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         items.append(LedgerItem("weights", "weights (before - after)", rounded(rf.pre.mid - rf.post.mid, 3), "derived",
                                 line=rf.lines.get("weights")))
 
-    kv_logged = rf.kv_total
-    kv_exact = None
-    if cell is not None and tokens is not None and kv_logged is not None:
+    comps = components(rf)
+    kv_logged = kv_gib(comps)
+    kv_exact, pad = None, None
+    if cell is not None and tokens is not None and kv_logged is not None and not is_swa(comps):
+        # the modelled size at the padding the log allows that comes closest to this rank's line
+        pad_lo, pad_hi = pad_rows(ctx.era, ctx.page_size if ctx.page_size_known else None)
+        pad = min({pad_lo, pad_hi, ctx.page_size}, key=lambda p: abs((tokens + p) * cell.pool / GIB - kv_logged))
         kv_exact = (tokens + pad) * cell.pool / GIB
-        if abs(kv_exact - kv_logged) > LOG_HALF_ULP * max(1, rf.kv_components) + 0.001:
+        if abs(kv_exact - kv_logged) > LOG_HALF_ULP * max(1, kv_parts(comps)) + 0.001:
             kv_exact = None  # the config disagrees with this rank's line: trust the log
-    if kv_logged is not None:
-        items.append(LedgerItem("kv_cache", "KV cache (target)", rounded(kv_exact, 4) if kv_exact else kv_logged,
-                                "model" if kv_exact else "log", line=rf.lines.get("kv_cache")))
-    for pool in rf.other_pools:
-        items.append(LedgerItem(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib, "log", line=pool.line))
-    kv_line = rf.lines.get("kv_cache")
-    if rf.kv:
+    for c in comps:
+        if c.key == "kv_cache" and kv_exact is not None and len([x for x in comps if x.key in KV_KEYS]) == 1:
+            items.append(LedgerItem("kv_cache", c.label, rounded(kv_exact, 4), "model", line=c.line))
+        else:
+            items.append(LedgerItem(c.key, c.label, c.gib, "log", line=c.line))
+    kv_line = next((c.line for c in comps if c.key in KV_KEYS), None)
+    if not comps and rf.post is not None and rf.pool_end is not None:
+        # MLA pools before 0.4.6 print no KV line: the drop across the pool stage is the pool and the table
+        items.append(LedgerItem("kv_cache", "KV pool + request table (no KV line; free after weights - Memory "
+                                "pool end)", rounded(rf.post.mid - rf.pool_end, 3), "derived",
+                                line=rf.lines.get("pool_end")))
+        kv_logged = None
+    if kv_line is not None:
         if req_bytes is not None:
             items.append(LedgerItem("request_table", f"request table ({req_how})", rounded(req_bytes / GIB, 4),
                                     "model", in_reserve=True, line=kv_line))
         else:
             unmodelled.append(f"request table ({req_how})")
-        if kv_exact is not None and cell is not None and tokens is not None:
+        if kv_exact is not None and cell is not None and tokens is not None and pad is not None:
             rounding = rounding_bytes(cell.buffers, tokens + pad)
             freelist = -(-(tokens + pad) * 8 // ALLOC_ROUND) * ALLOC_ROUND
             items.append(LedgerItem("allocator_rounding", "allocator rounding (2 MiB segments) + token free list",

@@ -77,9 +77,17 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
             risk = "low"
         else:
             risk = "ok"
+        took = [name for name, keys in (("graphs", ("graphs_", "attention_backend")), ("draft", ("draft",)),
+                                        ("request table", ("request_table",)), ("rounding", ("allocator_rounding",)))
+                if any(it.key.startswith(keys) and it.in_reserve for it in worst.items)]  # type: ignore[union-attr]
+        absent = [] if worst.end_is_final else ["graphs not in the log"]  # type: ignore[union-attr]
+        if not any(it.key.startswith("graphs_") for it in worst.items):  # type: ignore[union-attr]
+            absent = ["graphs not in the log"]
+        what = " and ".join(took) if took else "nothing the log shows"
         explanation.append(
-            f"at this startup graphs, draft, request table and rounding took {needs_before:.2f} GiB of the "
-            f"{r0:.2f} GiB reserve and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
+            f"at this startup {what} took {needs_before:.2f} GiB of the {r0:.2f} GiB reserve"
+            + (f" ({', '.join(absent)})" if absent else "")
+            + f" and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
     return WhatIf(changes, tokens_before, tokens_after, kv_before, kv_after, r0, r1, needs_before, needs_after,
                   headroom_before, headroom_after, risk, tuple(explanation + list(after.notes)))
 

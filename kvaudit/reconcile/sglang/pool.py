@@ -1,0 +1,105 @@
+"""The KV pool of one rank as a list of components, each with its logged size and source line.
+
+SGLang's pool is no longer one tensor pair: a sliding-window hybrid (gpt-oss, Gemma 2/3, MiMo) holds a full-
+attention pool and a sliding-window pool (``SWAKVPool``, ``srt/mem_cache/swa_memory_pool.py``); a hybrid
+linear-attention model (Qwen3-Next, Qwen3.5, Nemotron-H, Falcon-H1, LFM2, Kimi-Linear) adds a Mamba/conv state
+pool (``MambaPool``, ``srt/mem_cache/memory_pool.py``) that comes out of the same budget (reference §2.6);
+DeepSeek-V3.2's NSA indexer buffers sit inside the MLA line. Each component becomes its own ledger item:
+
+    kv_cache       the full-attention KV tensors (every layer, for a plain model), or the whole SWA pool
+                   when a rank logged only the ``SWAKVPool mem usage`` summary
+    kv_cache_swa   the sliding-window layers' KV tensors
+    state_pool     Mamba conv + SSM state (+ the speculative intermediate caches), per request, not per token
+    pool_<kind>    another engine-logged pool that counts in the budget
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvaudit.parse.sglang import KVAlloc
+from kvaudit.reconcile.sglang.facts import RankFacts
+
+#: ledger keys of the components that hold KV tensors (the rest are state and other pools)
+KV_KEYS = ("kv_cache", "kv_cache_swa")
+
+
+@dataclass(frozen=True)
+class PoolComponent:
+    key: str  # ledger item key
+    label: str
+    gib: float  # as logged (GiB)
+    parts: int  # how many rounded figures were added up (each +-0.005)
+    line: int
+    tokens: int | None = None  # rows it holds, when the line says (#tokens, swa size)
+    per_token: bool = True  # False for the state pool (sized per request)
+
+
+def _kv_size(lines: list[KVAlloc]) -> tuple[float, int]:
+    gib = sum(k.total_gib or 0.0 for k in lines)
+    parts = sum((k.k_gib is not None) + (k.v_gib is not None) + (k.kv_gib is not None) for k in lines)
+    return gib, parts
+
+
+def components(rf: RankFacts) -> tuple[PoolComponent, ...]:
+    """This rank's pool, component by component, as its lines state it."""
+    out: list[PoolComponent] = []
+    kvs = [k for k in rf.kv if k.total_gib is not None and not k.upper_bound]
+    swa_rank = rf.swa_summary is not None or any(k.label.upper() == "SWA" for k in kvs)
+    if swa_rank:
+        swa = [k for k in kvs if k.label.upper() == "SWA"]
+        full = [k for k in kvs if k.label and k.label.upper() != "SWA"]
+        plain = [k for k in kvs if not k.label]
+        # SWAKVPool.__init__ builds the sliding-window pool first, then the full one: unlabelled lines
+        # (before 0.5.17's cache names) come in that order
+        if plain and not swa:
+            swa, plain = plain[:1], plain[1:]
+        full += plain
+        summary = rf.swa_summary
+        if summary is not None and summary.gib is not None and not (swa and full):
+            # a line of the pair is missing from the excerpt: the summary states the whole pool
+            out.append(PoolComponent("kv_cache", "KV cache (full + sliding-window layers; SWAKVPool)",
+                                     summary.gib, 1, summary.line, summary.detail.get("full_size")))
+        else:
+            if full:
+                gib, parts = _kv_size(full)
+                out.append(PoolComponent("kv_cache", "KV cache (full-attention layers)", gib, parts, full[-1].line,
+                                         full[0].tokens))
+            if swa:
+                gib, parts = _kv_size(swa)
+                out.append(PoolComponent("kv_cache_swa", "KV cache (sliding-window layers)", gib, parts,
+                                         swa[-1].line, swa[0].tokens))
+    elif kvs:
+        gib, parts = _kv_size(kvs)
+        out.append(PoolComponent("kv_cache", "KV cache (target)", gib, parts, kvs[-1].line, kvs[0].tokens))
+    for pool in rf.other_pools:
+        if pool.kind == "mamba":
+            sizes = [k for k in pool.detail if k != "max_mamba_cache_size"]
+            what = " + ".join(k.replace("_size", "").replace("_", " ") for k in sizes) or "state"
+            out.append(PoolComponent("state_pool", f"Mamba state pool ({what}; "
+                                     f"{pool.detail.get('max_mamba_cache_size', '?')} slots)",
+                                     pool.gib or 0.0, max(1, len(sizes)), pool.line,
+                                     pool.detail.get("max_mamba_cache_size"), per_token=False))
+        else:
+            out.append(PoolComponent(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib or 0.0, 1, pool.line))
+    return tuple(out)
+
+
+def kv_gib(comps: tuple[PoolComponent, ...]) -> float | None:
+    """The KV tensors only (full + sliding-window), not the state pool."""
+    vals = [c.gib for c in comps if c.key in KV_KEYS]
+    return round(sum(vals), 4) if vals else None
+
+
+def kv_parts(comps: tuple[PoolComponent, ...]) -> int:
+    return sum(c.parts for c in comps if c.key in KV_KEYS)
+
+
+def state_gib(comps: tuple[PoolComponent, ...]) -> tuple[float, int] | None:
+    """The state pool (GiB, rounded figures in it), or None when the rank logged none."""
+    st = [c for c in comps if c.key == "state_pool"]
+    return (sum(c.gib for c in st), sum(c.parts for c in st)) if st else None
+
+
+def is_swa(comps: tuple[PoolComponent, ...]) -> bool:
+    return any(c.key == "kv_cache_swa" or "SWAKVPool" in c.label for c in comps)
