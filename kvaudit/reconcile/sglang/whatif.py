@@ -83,7 +83,8 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         absent = [] if worst.end_is_final else ["graphs not in the log"]  # type: ignore[union-attr]
         if not any(it.key.startswith("graphs_") for it in worst.items):  # type: ignore[union-attr]
             absent = ["graphs not in the log"]
-        what = " and ".join(took) if took else "nothing the log shows"
+        what = (", ".join(took[:-1]) + " and " + took[-1] if len(took) > 1 else took[0]) if took \
+            else "nothing the log shows"
         explanation.append(
             f"at this startup {what} took {needs_before:.2f} GiB of the {r0:.2f} GiB reserve"
             + (f" ({', '.join(absent)})" if absent else "")
