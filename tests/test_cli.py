@@ -26,7 +26,7 @@ def test_reads_standard_input():
 
 def test_exit_codes_follow_the_worst_finding():
     assert cli("explain", KIMI_LOG, "-c", KIMI_CONFIG).code == ExitStatus.OK
-    assert cli("explain", SAMPLES / "sglang_006.log").code == ExitStatus.WARNINGS  # UNUSED_MEMORY
+    assert cli("explain", SAMPLES / "sglang_013.log").code == ExitStatus.WARNINGS  # UNEXPLAINED_MEMORY
     assert cli("explain", SAMPLES / "sglang_025.log").code == ExitStatus.LOG_ERRORS  # STARTUP_FAILED
 
 
