@@ -157,10 +157,13 @@ def resolve_kv_dtype(startup: Startup, args: dict[str, Any], opts: AuditOptions,
 
 def logged_token_count(ctx: Context) -> tuple[int | None, bool]:
     """The pool's token count and whether the log gives it only approximately (an abridged ``#tokens: 273K``).
-    An exact KV line first, then the scheduler summary, then an abridged figure."""
+    An exact KV line first, then the scheduler summary, then an abridged figure. For a sliding-window hybrid
+    the count is the full-attention pool's (``max_total_num_tokens`` is ``full_tokens``, reference §2.5)."""
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
+        if rf.swa_summary is not None and rf.swa_summary.detail.get("full_size"):
+            return int(rf.swa_summary.detail["full_size"]), False
         for kv in rf.kv:
-            if kv.tokens is not None and not kv.tokens_approx:
+            if kv.tokens is not None and not kv.tokens_approx and kv.label.upper() != "SWA":
                 return kv.tokens, False
     if ctx.summary is not None:
         return ctx.summary.max_total_num_tokens, False
