@@ -53,7 +53,8 @@ def tokens_match(f: Formula, formula_text: str | None = None) -> Finding:
     assert f.predicted_tokens is not None and f.logged_tokens is not None
     p = f.predicted_tokens
     formula_text = formula_text or (
-        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}) GiB / "
+        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}"
+        + (f" - state pool {f.state_pool_gib:.2f}" if f.state_pool_gib else "") + ") GiB / "
         f"{f.bytes_per_token:,} B per token")
     return _f(
         "TOKENS_MATCH",

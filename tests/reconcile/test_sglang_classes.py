@@ -102,7 +102,7 @@ def test_swa_pool_is_the_whole_pool_on_every_rank():
     assert tp0.item("kv_cache").gib == 26.37 and tp0.item("kv_cache_swa").gib == 21.10
     assert tp0.kv_gib == pytest.approx(47.47) and tp1.kv_gib == 47.47  # TP1 logged only the summary
     # bytes per full-attention token: the whole pool / (full size + padding)
-    assert a.formula.bytes_per_token == pytest.approx(47.47 * GIB / 1_475_001, rel=1e-3)
+    assert a.formula.bytes_per_token == pytest.approx(47.47 * GIB / 1_474_818, rel=1e-3)
 
 
 def test_swa_sample_every_rank_holds_the_pool():
