@@ -80,9 +80,8 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         took = [name for name, keys in (("graphs", ("graphs_", "attention_backend")), ("draft", ("draft",)),
                                         ("request table", ("request_table",)), ("rounding", ("allocator_rounding",)))
                 if any(it.key.startswith(keys) and it.in_reserve for it in worst.items)]  # type: ignore[union-attr]
-        absent = [] if worst.end_is_final else ["graphs not in the log"]  # type: ignore[union-attr]
-        if not any(it.key.startswith("graphs_") for it in worst.items):  # type: ignore[union-attr]
-            absent = ["graphs not in the log"]
+        graphs_logged = worst.end_is_final and any(it.key.startswith("graphs_") for it in worst.items)  # type: ignore[union-attr]
+        absent = [] if graphs_logged else ["graphs not in the log"]
         what = (", ".join(took[:-1]) + " and " + took[-1] if len(took) > 1 else took[0]) if took \
             else "nothing the log shows"
         explanation.append(
