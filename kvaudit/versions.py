@@ -75,3 +75,21 @@ def narrow(ranges: list[VersionRange], start: VersionRange) -> VersionRange:
         if nxt is not None:
             current = nxt
     return current
+
+
+def resolve(ranges: list[VersionRange], start: VersionRange) -> VersionRange:
+    """The era every line admits when they agree; when they disagree (a hardware plugin's V0-looking line in a
+    V1 log, a build from main), the newest evidence wins: a version banner first, then the clues in order of
+    their lowest version, newest first, each skipped if it contradicts what is already established. A skipped
+    clue is kept in the evidence as "ignored", so the range printed never hides a line that disagreed."""
+    banners = [r for r in ranges if any(e.startswith("version banner") for e in r.evidence)]
+    rest = sorted((r for r in ranges if r not in banners), key=lambda r: r.lo, reverse=True)
+    current = start
+    ignored: list[str] = []
+    for r in banners + rest:
+        nxt = current.intersect(r)
+        if nxt is None:
+            ignored.extend(f"ignored: {e} (contradicts newer evidence)" for e in r.evidence)
+        else:
+            current = nxt
+    return VersionRange(current.lo, current.hi, current.evidence + tuple(dict.fromkeys(ignored)))

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
 from kvaudit.parse.lines import Line
-from kvaudit.versions import VersionRange, narrow
+from kvaudit.versions import VersionRange, resolve
 
 ENGINE = "vllm"
 
@@ -53,6 +53,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"non-default args",
     b"max seq len",
     b"failed to start",
+    b"mamba page",
+    b"Auto-fit",
 )
 
 MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Loading model weights took", "Model loading took",
@@ -88,6 +90,28 @@ class Blocks(RankEvent):
 @dataclass(frozen=True)
 class KVTokens(Event):
     tokens: int = 0
+    device: str = "GPU"  # 0.31+: the first word is the device (GPU, XPU, ...)
+    with_host: bool = False  # 0.33: "GPU + host": the count includes host-offloaded (sparse) cache
+    dp: int | None = None  # the EngineCore_DPn that logged it (each data-parallel engine has its own pool)
+
+
+@dataclass(frozen=True)
+class HybridLayout(Event):
+    """A hybrid (attention + Mamba/GDN) model's unified page: the attention block size the engine chose so that
+    an attention page is at least a Mamba page, and how much the Mamba page was padded to match it exactly."""
+
+    block_size: int | None = None
+    mamba_padding_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class AutoFit(Event):
+    """0.14+ ``--max-model-len -1`` (auto): the context length the KV memory allows."""
+
+    from_len: int = 0
+    to_len: int = 0
+    kv_gib: float | None = None
+    host_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,10 +152,23 @@ _TOKENS = re.compile(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) token
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
 _AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
 _FREE_ON_DEVICE = re.compile(r"Free memory on device (?:\S+ )?\(" + NUM + r"/" + NUM + r" GiB\) on startup")
-_DESIRED = re.compile(r"(?:Desired GPU memory utilization is|desired GPU memory utilization) \(" + NUM + ", "
+_DESIRED = re.compile(r"[Dd]esired (?:[A-Z]+ )?memory utilization(?: is)? \(" + NUM + ", "
                       + NUM + r" GiB\)")
 _ACTUAL = re.compile(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB for peak activation, " + NUM
                      + r" GiB for non-torch memory, and " + NUM + r" GiB for CUDAGraph memory")
+_ACTUAL_CONSUMED = re.compile(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + NUM
+                              + r" GiB for peak activation, and " + NUM + r" GiB for CUDAGraph memory")
+_ACTUAL_PLUGIN = re.compile(r"Actual usage: " + NUM + r" GiB for weights, " + NUM + r" GiB for peak activation, " + NUM
+                            + r" GiB for non-torch memory")
+_EXTERNAL = re.compile(r"Weights are held outside this process: of the " + NUM + r" GiB utilization budget, " + NUM
+                       + r" GiB is externally held and " + NUM + r" GiB remains")
+_AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+) to fit in available (?:GPU|KV cache) memory "
+                      r"\((?:" + NUM + r" GiB available for KV cache|" + NUM + r" GiB GPU(?: \+ " + NUM + r" GiB host)?)\)")
+_AUTOFIT_FULL = re.compile(r"Auto-fit max_model_len: full model context length (\d+) fits")
+_HYBRID_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
+                           r"mamba page size")
+_MAMBA_PAD = re.compile(r"Padding mamba page size by " + NUM + r"%")
+_ESTIMATED_LEN = re.compile(r"the estimated maximum model length is (\d+)")
 _KV_IN_USE = re.compile(r"Current kv cache memory in use is " + NUM + " GiB")
 _KV_BYTES = re.compile(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
@@ -156,20 +193,37 @@ _FAILURE_WORDS = ("No available memory", "max seq len", "Error in memory profili
 
 
 def _rank(text: str, upto: int) -> Rank:
+    """The process tag nearest before ``upto`` (Ray may nest two). Worker tags name their place in the parallel
+    layout (``Worker_TP3``, ``Worker_PP1_TP0``, ``Worker_DP1_TP0_EP1``, ``VllmWorker TP0``, ``VllmWorker rank=2``);
+    the engine core, the API server and 0.31+'s ``MainProcess`` are the single process of a one-GPU server;
+    a V0 ``VllmWorkerProcess`` or a Ray worker names no rank, only its pid."""
     tags = list(_TAG.finditer(text, 0, upto))
     if not tags:
         return SINGLE_RANK
-    proc, pid = tags[-1].group("proc"), int(tags[-1].group("pid"))
-    m = re.search(r"(?:^|_|\s)(?:PP(\d+)_)?TP(\d+)", proc)
-    if m:
-        return Rank((int(m.group(1) or 0), int(m.group(2)), 0), f"PP{m.group(1)} TP{m.group(2)}" if m.group(1)
-                    else f"TP{m.group(2)}")
+    proc, pid = tags[-1].group("proc").strip(), int(tags[-1].group("pid"))
+    parts = dict((k, int(v)) for k, v in re.findall(r"(?:^|[_\s])(PP|TP|DP|EP|PCP|DCP)(\d+)", proc))
     m = re.search(r"rank=(\d+)", proc)
     if m:
-        return Rank((0, int(m.group(1)), 0), f"TP{m.group(1)}")
-    if proc.startswith(("EngineCore", "APIServer")):
+        parts.setdefault("TP", int(m.group(1)))
+    if "TP" in parts:
+        label = " ".join(f"{k}{parts[k]}" for k in ("DP", "PP", "TP") if k in parts)
+        return Rank((parts.get("PP", 0), parts["TP"], parts.get("DP", 0)), label)
+    if proc == "Worker":  # 0.10.2+: the one worker of a TP=1 multiprocess engine
+        return SINGLE_RANK
+    if proc.startswith(("EngineCore", "APIServer", "MainProcess")):
         return SINGLE_RANK
     return Rank((0, 1_000_000 + pid, 0), f"pid {pid}")  # a worker process that names no rank
+
+
+def rank_of(text: str) -> Rank:
+    """The rank a whole line's process tag names (SINGLE_RANK when it has none)."""
+    return _rank(text, len(text))
+
+
+def dp_of(text: str) -> int | None:
+    """The data-parallel index of an ``EngineCore_DPn``/``EngineCore_n`` tag (each DP engine has its own pool)."""
+    m = re.search(r"\(EngineCore_(?:DP)?(\d+) pid=\d+\)", text)
+    return int(m.group(1)) if m else None
 
 
 def _clue(lo, hi, why) -> VersionRange:
@@ -223,7 +277,19 @@ def parse_line(line: Line) -> _Parsed:
                 nums = {"max_model_len": float(m.group(1)), "max_tokens": float(m.group(2))}
             elif kind == "kv_needed":
                 nums = {"needed_gib": float(m.group(1)), "available_gib": float(m.group(2))}
-            return _Parsed([Failure(n, t, rank_at(m), "target", kind, t[m.start():][:300], nums)], [])
+                est = _ESTIMATED_LEN.search(t)
+                if est:
+                    nums["estimated_max_model_len"] = float(est.group(1))
+                ml = re.search(r"max seq len \((\d+)\)", t)
+                if ml:
+                    nums["max_model_len"] = float(ml.group(1))
+            elif kind == "free_memory":
+                fm, d = _FREE_ON_DEVICE.search(t), _DESIRED.search(t)
+                if fm:
+                    nums.update(free_gib=float(fm.group(1)), total_gib=float(fm.group(2)))
+                if d:
+                    nums.update(util=float(d.group(1)), requested_gib=float(d.group(2)))
+            return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], [])
     m = _WEIGHTS.search(t) if "took" in t else None
     if m:
         read(m, (("weights_gib", 1),))
@@ -247,12 +313,16 @@ def parse_line(line: Line) -> _Parsed:
         return _Parsed(ev, [_clue((0, 6, 5), (0, 10, 99), "V0 three-line profiling record")])
     m = _V0_064.search(t) if "Memory profiling results: " in t else None
     if m:
-        kv = dict(re.findall(r"(\w+)=(\d+(?:\.\d+)?)(?![\d.])", m.group("kv")))
+        # 0.6.4: space-separated; 0.6.4.post1-0.6.5 builds: "duration=18.41 seconds, total_gpu_memory=...GiB, ..."
+        kv = dict(re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)(?!\d|\.\d)", t[m.start():]))
         r = rank_at(m)
         names = {"total_gpu_memory": "total_gib", "initial_memory_usage": "initial_used_gib",
                  "peak_torch_memory": "peak_torch_gib", "memory_usage_post_profile": "post_profile_gib",
                  "non_torch_memory": "non_torch_gib", "kv_cache_size": "kv_gib", "gpu_memory_utilization": "util"}
         ev += [Reading(n, t, r, "target", names[k], float(v)) for k, v in kv.items() if k in names]
+        if "duration=" in t:
+            return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 5), "comma-separated 'Memory profiling results: duration=' "
+                                                            "(0.6.4.post1-0.6.5 builds)")])
         return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 4), "0.6.4 'Memory profiling results:' line")])
     m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
     if m:
@@ -279,11 +349,45 @@ def parse_line(line: Line) -> _Parsed:
             read(d, (("util", 1), ("requested_gib", 2)))
         a = _ACTUAL.search(t)
         if a:
-            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
+            read(a, (("weights_gib", 1), ("activation_printed_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
+            clues.append(_clue((0, 10, 2), (0, 28, 99), "'Actual usage is ... for weight' (0.10.2-0.28)"))
+        a = _ACTUAL_PLUGIN.search(t)
+        if a:  # hardware plugins (vllm-ascend): no CUDA-graph term
+            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+        a = _ACTUAL_CONSUMED.search(t)
+        if a:
+            read(a, (("consumed_gib", 1), ("activation_printed_gib", 2), ("graph_gib", 3)))
+            clues.append(_clue((0, 29, 0), None, "'Actual usage is ... for consumed memory' (0.29+)"))
         k = _KV_IN_USE.search(t)
         if k:
             read(k, (("kv_gib", 1),))
-        return _Parsed(ev, [_clue((0, 9, 1), None, "'Free memory on device' line")])
+        return _Parsed(ev, clues or [_clue((0, 9, 1), None, "'Free memory on device' line")])
+    m = _ACTUAL_PLUGIN.search(t) if "Actual usage: " in t else None
+    if m:  # hardware plugins (vllm-ascend): no CUDA-graph term; no version of vLLM itself follows from it
+        read(m, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+        return _Parsed(ev, [])
+    m = _EXTERNAL.search(t) if "held outside this process" in t else None
+    if m:
+        read(m, (("budget_gib", 1), ("external_weights_gib", 2), ("engine_budget_gib", 3)))
+        return _Parsed(ev, [_clue((0, 32, 0), None, "'Weights are held outside this process' (0.32+)")])
+    m = _AUTOFIT.search(t) if "Auto-fit" in t else None
+    if m:
+        kv = m.group(3) or m.group(4)
+        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(2)), float(kv) if kv else None,
+                          float(m.group(5)) if m.group(5) else None))
+        clue = (_clue((0, 33, 0), None, "'Auto-fit ... available KV cache memory' (0.33)") if m.group(4) is not None
+                else _clue((0, 14, 0), (0, 30, 99), "'Auto-fit ... available GPU memory' (0.14-0.30)"))
+        return _Parsed(ev, [clue])
+    m = _AUTOFIT_FULL.search(t) if "Auto-fit" in t else None
+    if m:
+        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(1))))
+        return _Parsed(ev, [_clue((0, 14, 0), None, "'Auto-fit max_model_len' line")])
+    m = _HYBRID_BLOCK.search(t) if "mamba page size" in t else None
+    if m:
+        return _Parsed([HybridLayout(n, t, int(m.group(1)), None)], [])
+    m = _MAMBA_PAD.search(t) if "Padding mamba page" in t else None
+    if m:
+        return _Parsed([HybridLayout(n, t, None, float(m.group(1)))], [])
     m = _KV_BYTES.search(t) if "kv_cache_memory_bytes" in t else None
     if m:
         read(m, (("kv_bytes_config_gib", 1),))
@@ -300,6 +404,9 @@ def parse_line(line: Line) -> _Parsed:
     if m:
         read(m, (("graph_estimate_gib", 1),))
         return _Parsed(ev, [_clue((0, 18, 0), None, "'Estimated CUDA graph memory'")])
+    if "CUDA graph memory profiling is disabled" in t:  # 0.20+ WARNING: no estimate comes out of the budget
+        return _Parsed([Reading(n, t, _rank(t, len(t)), "target", "graph_profiling_disabled", 1.0)],
+                       [_clue((0, 20, 0), None, "'CUDA graph memory profiling is disabled' (0.20+)")])
     m = _GRAPH_UTIL.search(t) if "is equivalent to --gpu-memory-utilization" in t else None
     if m:
         read(m, (("util", 1), ("equiv_util", 2)))
@@ -308,11 +415,14 @@ def parse_line(line: Line) -> _Parsed:
         return _Parsed(ev, [clue])
     m = _TOKENS.search(t) if "KV cache size" in t else None
     if m:
-        ev.append(KVTokens(n, t, int(m.group(1).replace(",", ""))))
+        word = t[m.start():m.start() + 40].split(" KV cache size")[0]
+        ev.append(KVTokens(n, t, int(m.group(1).replace(",", "")), word.split(" +")[0], "+ host" in word, dp_of(t)))
+        if word.split(" +")[0] != "GPU" or "+ host" in word:
+            clues.append(_clue((0, 31, 0), None, f"'{word} KV cache size' (0.31+)"))
         c = _CONCURRENCY.search(t)
         if c:
             ev.append(Concurrency(n, t, int(c.group(1).replace(",", "")), float(c.group(2))))
-        return _Parsed(ev, [_clue((0, 8, 0), None, "'GPU KV cache size: N tokens'")])
+        return _Parsed(ev, clues + [_clue((0, 8, 0), None, "'GPU KV cache size: N tokens'")])
     m = _CONCURRENCY.search(t) if "Maximum concurrency" in t else None
     if m:
         ev.append(Concurrency(n, t, int(m.group(1).replace(",", "")), float(m.group(2))))
@@ -332,6 +442,18 @@ def parse_line(line: Line) -> _Parsed:
             clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
         return _Parsed(ev, clues)
     return _Parsed([], [])
+
+
+def _message(text: str, start: int) -> str:
+    """The error as the engine wrote it, whole: from the start of the message (after the ``[file.py:N]`` prefix)
+    to the end of the line (bounded, and cut at a sentence end when a hostile line is longer than any real
+    message)."""
+    prefix = text.rfind("] ", 0, start)
+    msg = text[prefix + 2 if prefix >= 0 else 0:]
+    if len(msg) > 1000:
+        cut = msg.rfind(". ", 0, 1000)
+        msg = msg[:cut + 1 if cut > 200 else 1000] + " [...]"
+    return msg
 
 
 def _config(text: str) -> dict[str, Any]:
@@ -371,7 +493,7 @@ class VLLMParser:
 
         def flush() -> None:
             if any(not isinstance(e, Banner) for e in events):
-                era = narrow(clues, VersionRange((0, 2, 0), None))
+                era = resolve(clues, VersionRange((0, 2, 0), None))
                 path = config.get("model")
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
                                         path if isinstance(path, str) else None))

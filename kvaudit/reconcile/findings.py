@@ -28,7 +28,7 @@ CODES: dict[str, Severity] = {
     "INCOMPLETE_LOG": INFO,
     "NOT_ENOUGH_MEMORY": ERROR,
     "STARTUP_FAILED": ERROR,
-    # vLLM's budget (reconcile/vllm.py)
+    # vLLM's budget (reconcile/vllm/)
     "BUDGET_RECONCILES": INFO,
     "BUDGET_MISMATCH": WARNING,
     "NON_TORCH_HIGH": WARNING,
@@ -262,20 +262,10 @@ def startup_failed(line: int, detail: str, after_summary_line: int | None = None
 # --- vLLM ---------------------------------------------------------------------------------------------------
 
 
-def budget_reconciles(r: dict, util: float | None, estimate_applied: bool, ranks: list[str]) -> Finding:
-    if "peak_torch_gib" in r:
-        terms = f"torch peak {r['peak_torch_gib']:.2f} + non-torch {r.get('non_torch_gib', 0):.2f}"
-    else:
-        terms = (f"weights {r.get('weights_gib', 0):.2f} + activation peak {r.get('activation_gib', 0):.2f} + "
-                 f"non-torch {r.get('non_torch_gib', 0):.2f}")
-        if estimate_applied and "graph_estimate_gib" in r:
-            terms += f" + CUDA graph estimate {r['graph_estimate_gib']:.2f}"
-    req = r.get("requested_gib") or (r["total_gib"] * util if ("total_gib" in r and util) else None)
-    head = f"total {r['total_gib']:.2f} x {util:g} = {req:.2f}" if ("total_gib" in r and util) else (
-        f"{req:.2f}" if req is not None else "the budget")
-    return _f("BUDGET_RECONCILES",
-              f"the KV budget adds up on {len(ranks)} rank(s): {head} GiB - ({terms}) = {r.get('kv_gib', 0):.2f} GiB "
-              "available for the KV cache", {"ranks": ranks, "kv_gib": r.get("kv_gib")})
+def budget_reconciles(sentence: str, ranks: list[str], note: str = "") -> Finding:
+    extra = f" ({note})" if note else ""
+    return _f("BUDGET_RECONCILES", f"the KV budget adds up on {len(ranks)} rank(s): {sentence}{extra}",
+              {"ranks": ranks})
 
 
 def budget_mismatch(rank: str, residual: float, tol: float, ranks: list[str]) -> Finding:
@@ -294,13 +284,22 @@ def non_torch_high(rank: str, non_torch: float, total: float) -> Finding:
               {"rank": rank, "non_torch_gib": non_torch, "total_gib": total}, (rank,))
 
 
-def graph_estimate_high(rank: str, est: float, actual: float, cell: int | None) -> Finding:
-    lost = f" (about {int((est - actual) * GIB / cell):,} tokens)" if cell else ""
+def graph_estimate_high(rank: str, est: float, actual: float, cell: int | None, block: int,
+                        source: str) -> Finding:
+    """The 0.18+ profiler reserved ``est`` GiB for CUDA graphs out of the KV budget; the capture used ``actual``."""
+    unused = est - actual
+    tokens = None
+    if cell:
+        tokens = int(unused * GIB / (cell * block)) * block
+    cost = f", about {tokens:,} tokens at {cell:,} B/token" if tokens is not None else ""
+    where = "" if source == "log" else " (the estimate recovered from the utilisation-equivalence note)"
     return _f("GRAPH_ESTIMATE_HIGH",
-              f"{rank}: the CUDA-graph estimate ({est:.2f} GiB) taken from the KV budget is {est / actual:.1f}x what "
-              f"the capture used ({actual:.2f} GiB): {est - actual:.2f} GiB of KV cache lost{lost}; "
-              "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 with a correspondingly lower --gpu-memory-utilization "
-              "recovers it", {"rank": rank, "estimate_gib": est, "actual_gib": actual}, (rank,))
+              f"{rank}: {est:.2f} GiB was reserved for CUDA graphs out of the KV budget{where}, but the capture "
+              f"used {actual:.2f} GiB: {unused:.2f} GiB reserved and never used{cost}. "
+              "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 with a correspondingly lower --gpu-memory-utilization, "
+              "or --kv-cache-memory-bytes, gives it back to the KV cache",
+              {"rank": rank, "estimate_gib": est, "actual_gib": actual, "unused_gib": round(unused, 3),
+               "tokens_lost": tokens, "estimate_source": source}, (rank,))
 
 
 def vllm_low_headroom(head: float, util: float, total: float, graphs: float, threshold: float) -> Finding:

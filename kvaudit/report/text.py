@@ -46,7 +46,9 @@ def render_one(a: Audit, color: bool = False) -> str:
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
              f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,
-             f"attention TP {m.attention_tp_size}" if m.attention_tp_size else None,
+             (f"attention TP {'at least ' if m.attention_tp_size_at_least else ''}{m.attention_tp_size}"
+              + (" (assumed)" if (m.attention_tp_size_source or "").startswith("assumed") else ""))
+             if m.attention_tp_size else None,
              f"speculative {a.speculative}" if a.speculative else None]
     L.append("  " + ", ".join(x for x in model if x))
     L.append("")

@@ -28,7 +28,7 @@ def _sum(r: RankLedger, pred) -> float | None:
 
 
 def _group(key: str) -> str:
-    if key in ("weights", "torch_peak"):
+    if key in ("weights", "torch_peak", "weights_external"):
         return "weights"
     if key in ("kv_cache", "kv_cache_swa") or key.startswith("pool_"):
         return "kv"
@@ -122,6 +122,23 @@ def rows(audit: Audit) -> list[Row]:
 CHECKS_THAT_HELD = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "RESERVE_EXPLAINS_FREE", "BUDGET_RECONCILES")
 
 
+BRIEF_CHARS = 240
+
+
+def brief(message: str) -> str:
+    """A finding's message for the summary: whole when short; else its first sentences up to a sentence end
+    (an error quoted from the log is printed whole once, in the findings, not twice)."""
+    message = message.rstrip(".")
+    if len(message) <= BRIEF_CHARS:
+        return message
+    cut = message.rfind(". ", 0, BRIEF_CHARS)
+    if cut < 40:
+        cut = message.rfind("; ", 0, BRIEF_CHARS)
+    if cut < 40:
+        return message
+    return message[:cut] + " (whole under Findings)"
+
+
 def summary_sentences(a: Audit) -> list[str]:
     """A few plain sentences: where the memory went, whether the pool size is right, what is wrong."""
     out: list[str] = []
@@ -166,7 +183,7 @@ def summary_sentences(a: Audit) -> list[str]:
             out.append(fi.message)
     problems = [fi for fi in a.findings if fi.severity != Severity.INFO]
     if problems:
-        out.append("Needs attention: " + " ".join(f"[{p.code}] {p.message}." for p in problems))
+        out.append("Needs attention: " + " ".join(f"[{p.code}] {brief(p.message)}." for p in problems))
     elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):
         # "nothing looks wrong" only when a check ran and held; otherwise say that nothing was checked
         if f.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(fi.code in CHECKS_THAT_HELD for fi in a.findings):

@@ -18,11 +18,10 @@ from kvaudit.reconcile.interface import (
     Verdict,
 )
 from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell
+from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
     Context,
-    as_float,
-    as_int,
     build_context,
     context_length_of,
     logged_token_count,

@@ -13,6 +13,7 @@ from kvaudit.parse.sglang import KVDtype, SchedulerSummary, WeightEnd
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.sglang.cell import element_bytes
 from kvaudit.reconcile.sglang.facts import RankFacts, gather_facts
+from kvaudit.reconcile.values import as_int
 from kvaudit.versions import VersionRange
 
 NO_SPEC = (None, "None", "", "NONE", "none")
@@ -99,24 +100,6 @@ def _parallelism(args: dict[str, Any], opts: AuditOptions, facts: dict[Rank, Ran
     if tagged is not None and not opts.tp_size:
         return tp, tagged, False, f"rank tags DPn TPn (DP attention: {tagged} TP rank(s) per DP group)"
     return tp, tp, at_least, source
-
-
-def as_int(v: Any) -> int | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def as_float(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def resolve_kv_dtype(startup: Startup, args: dict[str, Any], opts: AuditOptions,

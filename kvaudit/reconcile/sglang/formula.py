@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import TokenInterval, Verdict
-from kvaudit.reconcile.sglang.context import Context, as_int
+from kvaudit.reconcile.sglang.context import Context
+from kvaudit.reconcile.values import as_int
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import Version, VersionRange
 

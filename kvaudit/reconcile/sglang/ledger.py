@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kvaudit.reconcile.interface import LedgerItem, RankLedger
 from kvaudit.reconcile.sglang.cell import ALLOC_ROUND, CellSize, pad_rows, rounding_bytes
-from kvaudit.reconcile.sglang.context import Context, as_int, rounded
+from kvaudit.reconcile.sglang.context import Context, rounded
+from kvaudit.reconcile.values import as_int
 from kvaudit.reconcile.sglang.facts import RankFacts
 from kvaudit.reconcile.sglang.pool import KV_KEYS, components, is_swa, kv_gib, kv_parts
 from kvaudit.units import GIB, LOG_HALF_ULP

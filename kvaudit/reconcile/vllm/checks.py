@@ -1,0 +1,149 @@
+"""vLLM findings: whether each worker's budget adds up, what failed and what would have fit, graph estimates
+that cost KV memory, imbalance between workers, headroom. Codes and severities are in ``findings.CODES``."""
+
+from __future__ import annotations
+
+from kvaudit.parse.vllm import Concurrency, Failure
+from kvaudit.reconcile import findings as F
+from kvaudit.reconcile.interface import Finding, RankLedger, Thresholds
+from kvaudit.reconcile.vllm.context import Context
+from kvaudit.reconcile.vllm.facts import graph_estimate
+from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
+from kvaudit.units import GIB
+
+#: failures that mean there was no room for the KV cache (each quoted once, in NOT_ENOUGH_MEMORY)
+MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory")
+FATAL = MEMORY_FAILURES + ("engine_failed", "oom", "profiling")
+
+
+def budget_findings(budgets: list[Budget]) -> list[Finding]:
+    if not budgets:
+        return []
+    bad = [b for b in budgets if abs(b.residual) > BUDGET_TOLERANCE_GIB]
+    ranks = [b.rank for b in budgets]
+    if bad:
+        worst = max(bad, key=lambda b: abs(b.residual))
+        return [F.budget_mismatch(worst.rank, worst.residual, BUDGET_TOLERANCE_GIB, [b.rank for b in bad])]
+    shown = budgets[0]
+    return [F.budget_reconciles(shown.sentence(), ranks, shown.note)]
+
+
+def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int | None) -> list[Finding]:
+    if not applied:
+        return []
+    peers = list(ctx.facts.values())
+    for rr in peers:
+        est, act = graph_estimate(rr, rr.r.get("total_gib") or total, peers), rr.r.get("graph_gib")
+        if est is not None and act is not None and est.gib > 1.5 * act + 0.25:
+            return [F.graph_estimate_high(rr.rank.display, est.gib, act, cell, ctx.block_size, est.source)]
+    return []
+
+
+def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int | None,
+                     logged: int | None) -> list[Finding]:
+    """NOT_ENOUGH_MEMORY with what would have fit, and STARTUP_FAILED for any fatal line (before or after the
+    pool was sized). An error quoted in NOT_ENOUGH_MEMORY is not quoted again in STARTUP_FAILED."""
+    out: list[Finding] = []
+    failures = ctx.startup.of(Failure)
+    quoted: set[int] = set()
+    mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
+    util = ctx.util
+    if mem is not None:
+        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell)
+        out.append(F.not_enough_memory(mem.message + fit[0], mem.line, {**mem.numbers, **fit[1]}))
+        quoted.add(mem.line)
+    elif K is not None and K <= 0:
+        fit = _what_fits("no_kv_memory", {}, util, T, K, cell)
+        out.append(F.not_enough_memory(
+            f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
+            f"gpu_memory_utilization{fit[0]}", 0, {"kv_gib": K, **fit[1]}))
+    fatal = [f for f in failures if f.kind in FATAL]
+    if fatal:
+        last = fatal[-1]
+        if last.line in quoted:
+            detail = f"the error quoted in NOT_ENOUGH_MEMORY (line {last.line})"
+        else:
+            detail = last.message
+        after = None
+        if logged is not None:
+            detail += " (after the KV pool was sized)"
+        out.append(F.startup_failed(last.line, detail, after))
+    return out
+
+
+def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float | None, K: float | None,
+               cell: int | None) -> tuple[str, dict[str, float]]:
+    """The setting that would have fit, as a clause for the message and as fields."""
+    if kind == "kv_needed":
+        clauses, fields = [], {}
+        est = nums.get("estimated_max_model_len")
+        if est:
+            clauses.append(f"--max-model-len {int(est):,} fits (the engine's own estimate)")
+            fields["max_model_len_that_fits"] = est
+        short = nums.get("needed_gib", 0) - nums.get("available_gib", 0)
+        if util is not None and T and short > 0:
+            u = util + short / T
+            clauses.append(f"or gpu_memory_utilization {u:.4f} (+{short:.2f} GiB)")
+            fields["utilization_that_fits"] = round(u, 4)
+        return (" -> " + " ".join(clauses) if clauses else "", fields)
+    if kind == "max_len":
+        m, have = nums.get("max_model_len"), nums.get("max_tokens")
+        clauses, fields = [], {}
+        if have:
+            clauses.append(f"--max-model-len {int(have):,} fits")
+            fields["max_model_len_that_fits"] = have
+        if m and have and cell and util is not None and T:
+            extra = (m - have) * cell / GIB
+            clauses.append(f"or gpu_memory_utilization {util + extra / T:.4f} (+{extra:.2f} GiB)")
+            fields["utilization_that_fits"] = round(util + extra / T, 4)
+        return (" -> " + " ".join(clauses) if clauses else "", fields)
+    if kind == "free_memory":
+        free, total = nums.get("free_gib"), nums.get("total_gib")
+        if free is not None and total:
+            u = free / total
+            return (f" -> at most gpu_memory_utilization {u:.4f} fits what was free ({free:.2f} of {total:.2f} GiB; "
+                    "another process holds the rest)", {"utilization_that_fits": round(u, 4)})
+        return "", {}
+    if K is not None and K <= 0 and util is not None and T:
+        u = util - K / T
+        return (f" -> gpu_memory_utilization above {u:.4f} (+{-K:.2f} GiB) leaves a positive budget",
+                {"minimum_utilization": round(u, 4)})
+    return "", {}
+
+
+def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, cell: int | None,
+                  th: Thresholds) -> list[Finding]:
+    out: list[Finding] = []
+    for rr in ctx.facts.values():
+        nt, tot = rr.r.get("non_torch_gib"), rr.r.get("total_gib") or T
+        if nt is not None and tot and nt > max(2.0, 0.05 * tot):
+            out.append(F.non_torch_high(rr.rank.display, nt, tot))
+            break
+    kv_by_rank = {rr.rank.display: rr.r["kv_gib"] for rr in ctx.facts.values() if "kv_gib" in rr.r}
+    if len(kv_by_rank) >= 2:
+        lo = min(kv_by_rank.items(), key=lambda x: x[1])
+        hi = max(kv_by_rank.items(), key=lambda x: x[1])
+        if hi[1] - lo[1] > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * (T or hi[1])):
+            out.append(F.rank_imbalance("available KV cache memory", lo, hi, hi[1] - lo[1], cell))
+    return out
+
+
+def headroom_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, th: Thresholds) -> list[Finding]:
+    if T is None or ctx.util is None:
+        return []
+    beyond = max((it.gib or 0.0 for l in ledgers for it in l.items if it.key == "graphs_target_decode"), default=0.0)
+    head = T * (1 - ctx.util) - beyond
+    if head < th.low_headroom_gib:
+        return [F.vllm_low_headroom(head, ctx.util, T, beyond, th.low_headroom_gib)]
+    return []
+
+
+def concurrency_findings(ctx: Context, logged: int | None, hybrid: bool) -> list[Finding]:
+    conc = ctx.startup.of(Concurrency)
+    if not conc or not logged or hybrid:  # hybrid pools count Mamba pages per request: the ratio differs
+        return []
+    c = conc[-1]
+    implied = logged / c.max_model_len if c.max_model_len else None
+    if implied is not None and abs(implied - c.factor) > 0.006 + implied * 0.001:
+        return [F.concurrency_mismatch(logged, c.max_model_len, c.factor, implied)]
+    return []

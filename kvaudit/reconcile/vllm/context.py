@@ -1,0 +1,157 @@
+"""What one vLLM startup establishes before any arithmetic, and how: the utilisation, the block size, the
+parallel layout (TP, PP, DP), the KV element type and a hybrid model's page unification. Each setting keeps its
+source, so a report can say "at least", "default" or "assumed" instead of printing a guess as a fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.parse.interface import Rank, RankEvent, Startup
+from kvaudit.parse.vllm import Banner, HybridLayout, rank_of
+from kvaudit.reconcile.interface import AuditOptions
+from kvaudit.reconcile.values import as_float, as_int
+from kvaudit.reconcile.vllm.facts import RankFacts, gather_facts
+from kvaudit.versions import VersionRange
+
+DEFAULT_BLOCK = 16  # CacheConfig.block_size on CUDA when neither the args nor a hybrid layout set it
+
+
+@dataclass
+class Context:
+    startup: Startup
+    opts: AuditOptions
+    args: dict[str, Any]
+    facts: dict[Rank, RankFacts]
+    era: VersionRange
+    geom: ModelGeometry | None
+    util: float | None
+    util_source: str | None
+    block_size: int
+    block_source: str
+    tp: int
+    tp_at_least: bool
+    tp_assumed: bool
+    tp_source: str
+    pp: int
+    dp: int
+    kv_dtype: str
+    kv_elt: float
+    kv_dtype_assumed: bool
+    hybrid: HybridLayout | None  # the logged page unification, merged from its two lines
+    args_seen: bool  # a banner or non-default-args line: absent settings are the defaults
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def workers(self) -> int:
+        """How many workers should each log a budget (TP x PP x DP)."""
+        return self.tp * self.pp * self.dp
+
+
+def element_bytes(name: Any) -> float | None:
+    if not isinstance(name, str):
+        return None
+    key = name.replace("torch.", "").lower()
+    if key.startswith("fp8") or key.startswith("float8"):
+        return 1
+    return DTYPE_BYTES.get(key)
+
+
+def build_context(startup: Startup, opts: AuditOptions) -> Context:
+    args = dict(startup.server_args or {})
+    facts = gather_facts(startup)
+    notes: list[str] = []
+    args_seen = bool(startup.of(Banner))
+    util, util_source = opts.mem_fraction_static, "cli" if opts.mem_fraction_static is not None else None
+    if util is None:
+        util = next((f.r["util"] for f in facts.values() if "util" in f.r), None)
+        util_source = "log" if util is not None else None
+    if util is None and as_float(args.get("gpu_memory_utilization")) is not None:
+        util, util_source = as_float(args["gpu_memory_utilization"]), "engine args"
+    if util is None and args_seen and "gpu_memory_utilization" not in args and _non_default_args_seen(startup):
+        util, util_source = 0.9, "default (not among the non-default args)"
+
+    hybrid = _hybrid_layout(startup)
+    if hybrid is not None and hybrid.block_size:
+        block, block_source = hybrid.block_size, "log (attention block size set to fit the Mamba page)"
+    elif as_int(args.get("block_size")):
+        block, block_source = as_int(args["block_size"]) or DEFAULT_BLOCK, "engine args"
+    else:
+        block, block_source = DEFAULT_BLOCK, "default (16 on CUDA)"
+
+    tp, at_least, assumed, tp_source = _tensor_parallel(startup, args, opts)
+    pp = as_int(args.get("pipeline_parallel_size")) or (max((r.sort_key[0] for r in _ranks(startup)), default=0) + 1)
+    dp = as_int(args.get("data_parallel_size")) or (max((r.sort_key[2] for r in _ranks(startup)), default=0) + 1)
+
+    kv_dtype, elt, kv_assumed = _kv_dtype(args, opts, args_seen, opts.model_geometry)
+    return Context(startup, opts, args, facts, startup.era, opts.model_geometry, util, util_source, block,
+                   block_source, tp, at_least, assumed, tp_source, pp, dp, kv_dtype, elt, kv_assumed, hybrid,
+                   args_seen, notes)
+
+
+def _non_default_args_seen(startup: Startup) -> bool:
+    return any("non-default args" in b.text for b in startup.of(Banner))
+
+
+def _ranks(startup: Startup) -> set[Rank]:
+    """Every rank a parsed line's tag names, whatever the line says (a worker may show only its layout line)."""
+    return {e.rank if isinstance(e, RankEvent) else rank_of(e.text) for e in startup.events}
+
+
+def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions) -> tuple[int, bool, bool, str]:
+    """TP size, whether it is only a lower bound, whether it is assumed, and its source. Only --tp-size and the
+    engine args establish it; tags give "at least" (an excerpt may not show every rank); the pids that happen to
+    be visible are never the TP size."""
+    if opts.tp_size:
+        return opts.tp_size, False, False, "--tp-size"
+    tp = as_int(args.get("tensor_parallel_size"))
+    if tp:
+        return tp, False, False, "engine args (tensor_parallel_size)"
+    ranks = _ranks(startup)
+    tagged = [r for r in ranks if "TP" in r.label]
+    if tagged:
+        n = max(r.sort_key[1] for r in tagged) + 1
+        return n, True, False, f"worker tags (the highest seen is TP{n - 1})"
+    pids = [r for r in ranks if r.label.startswith("pid ")]
+    if pids:
+        # V0: the rank-0 driver's lines carry no tag at all
+        driver = any("pid=" not in e.text for e in startup.events if isinstance(e, RankEvent))
+        n = len(pids) + (1 if driver else 0)
+        return n, True, False, (f"{len(pids)} worker process(es)" + (" + the driver" if driver else "")
+                                + " seen; their pids do not name ranks")
+    if any("pid=" in e.text for e in startup.events):
+        return 1, False, False, "one process (no worker tags)"
+    return 1, False, True, "assumed (the log names no TP size and carries no process tags)"
+
+
+def _kv_dtype(args: dict[str, Any], opts: AuditOptions, args_seen: bool,
+              geom: ModelGeometry | None) -> tuple[str, float, bool]:
+    """The KV element: --kv-cache-dtype, the engine args, else "auto" = the model dtype. "auto" is established
+    when a banner or a non-default-args line is present (an absent key is the default); the model dtype is
+    established by the args' dtype or the config's torch_dtype; anything else says "assumed"."""
+    name = opts.kv_cache_dtype or args.get("kv_cache_dtype")
+    if isinstance(name, str) and name != "auto":
+        elt = element_bytes(name)
+        if elt is not None:
+            return name, elt, False
+    auto_known = args_seen or name == "auto"
+    model = args.get("dtype") if args.get("dtype") not in (None, "auto") else None
+    model_known = model is not None or (geom is not None and geom.torch_dtype is not None)
+    model_name = str(model) if model is not None else (geom.torch_dtype if geom and geom.torch_dtype else "bfloat16")
+    elt = element_bytes(model_name) or 2
+    if elt == 4:
+        elt = 2  # an fp32 checkpoint runs in 16-bit unless --dtype float32
+    assumed = not (auto_known and model_known)
+    label = f"auto ({model_name.replace('torch.', '')}{', assumed' if assumed else ''})"
+    return label, elt, assumed
+
+
+def _hybrid_layout(startup: Startup) -> HybridLayout | None:
+    events = startup.of(HybridLayout)
+    if not events:
+        return None
+    block = next((e.block_size for e in reversed(events) if e.block_size), None)
+    pad = next((e.mamba_padding_pct for e in reversed(events) if e.mamba_padding_pct is not None), None)
+    return HybridLayout(events[0].line, events[0].text, block, pad)
