@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
@@ -283,6 +283,12 @@ def parse_line(line: Line) -> _Parsed:
                 ml = re.search(r"max seq len \((\d+)\)", t)
                 if ml:
                     nums["max_model_len"] = float(ml.group(1))
+            elif kind == "oom":
+                want = re.search(r"Tried to allocate " + NUM + r" (GiB|MiB)", t)
+                free = re.search(r"of which " + NUM + r" (GiB|MiB) (?:is )?free", t)
+                for key, mm in (("tried_gib", want), ("free_gib", free)):
+                    if mm:
+                        nums[key] = float(mm.group(1)) / (1024 if mm.group(2) == "MiB" else 1)
             elif kind == "free_memory":
                 fm, d = _FREE_ON_DEVICE.search(t), _DESIRED.search(t)
                 if fm:
@@ -518,4 +524,12 @@ class VLLMParser:
             else:
                 seen_memory = True
         flush()
+        if events and startups and all(isinstance(e, Banner) for e in events) and not any(
+                "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):
+            # a pasted excerpt with the args line after the memory lines (no version banner): the args belong
+            # to the startup above; keys it already has stay as they are
+            prev = startups[-1]
+            merged = {**config, **prev.server_args}
+            path = merged.get("model")
+            startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
         return startups

@@ -40,7 +40,7 @@ def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int |
 
 
 def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int | None,
-                     logged: int | None) -> list[Finding]:
+                     logged: int | None, fixed_kv: float | None = None) -> list[Finding]:
     """NOT_ENOUGH_MEMORY with what would have fit, and STARTUP_FAILED for any fatal line (before or after the
     pool was sized). An error quoted in NOT_ENOUGH_MEMORY is not quoted again in STARTUP_FAILED."""
     out: list[Finding] = []
@@ -52,6 +52,15 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell)
         out.append(F.not_enough_memory(mem.message + fit[0], mem.line, {**mem.numbers, **fit[1]}))
         quoted.add(mem.line)
+    elif fixed_kv is not None and any(f.kind == "oom" for f in failures):
+        oom = next(f for f in failures if f.kind == "oom")
+        free = oom.numbers.get("free_gib")
+        fits = (f" -> at most {free:.2f} GiB was free when it failed; --kv-cache-memory-bytes must leave room for "
+                "activations and graphs below that") if free is not None else ""
+        out.append(F.not_enough_memory(f"--kv-cache-memory-bytes asked for {fixed_kv} GiB of KV cache: "
+                                       f"{oom.message}{fits}", oom.line, {"kv_cache_memory_gib": fixed_kv,
+                                                                          **oom.numbers}))
+        quoted.add(oom.line)
     elif K is not None and K <= 0:
         fit = _what_fits("no_kv_memory", {}, util, T, K, cell)
         out.append(F.not_enough_memory(
