@@ -1,7 +1,7 @@
 """The registry of engines: each brings a parser (its log grammar) and a formula module.
 
-Adding an engine means writing ``parse/<engine>.py`` and ``reconcile/<engine>.py`` and adding one
-:class:`Engine` line here; nothing else in kvaudit changes.
+Adding an engine means writing ``parse/<engine>.py`` and ``reconcile/<engine>.py`` (or a package) and adding
+one :class:`Engine` line here; nothing else in kvaudit changes.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Callable
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.sglang import SGLangParser
+from kvaudit.parse.trtllm import TRTLLMParser
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile import sglang as sglang_formula
+from kvaudit.reconcile import trtllm as trtllm_formula
 from kvaudit.reconcile import vllm as vllm_formula
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
@@ -30,11 +32,12 @@ class Engine:
 ENGINES: tuple[Engine, ...] = (
     Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",)),
     Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",)),
+    Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), trtllm_formula.reconcile, trtllm_formula.whatif,
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo")),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
 RECOGNISED_ONLY: dict[str, tuple[str, ...]] = {
-    "TensorRT-LLM": ("[TensorRT-LLM]", "TRTLLM"),
     "TGI": ("text_generation_launcher", "text_generation_router"),
     "LMDeploy": ("lmdeploy",),
 }

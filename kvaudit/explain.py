@@ -77,13 +77,18 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     if not found:
         if foreign:
             raise NoStartupError(
-                f"this looks like a {foreign[0]} log; kvaudit reads SGLang and vLLM logs in this version")
+                f"this looks like a {foreign[0]} log; kvaudit reads {engine_names()} logs in this version")
         what = f"{stats.bytes_read:,} bytes read"
         if stats.overlong_lines:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
-        raise NoStartupError(f"no SGLang or vLLM startup lines found ({what})")
+        raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
     return ParsedLog(engine, tuple(startups), stats)
+
+
+def engine_names(last: str = " and ") -> str:
+    names = [e.display for e in ENGINES]
+    return ", ".join(names[:-1]) + last + names[-1] if len(names) > 1 else names[0]
 
 
 def select(log: ParsedLog, startup: int | None) -> list[Startup]:

@@ -6,6 +6,7 @@ memory line. Each shape narrows the range; the intersection is the era the log c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 Version = tuple[int, ...]
@@ -14,10 +15,12 @@ Version = tuple[int, ...]
 def parse_version(text: str) -> Version:
     parts = []
     for piece in text.strip().lstrip("v").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = re.match(r"\d+", piece)  # "0rc3" is 0 (a release candidate of 1.1.0), not 3
         if not digits:
             break
-        parts.append(int(digits))
+        parts.append(int(digits.group()))
+        if digits.end() < len(piece):
+            break
     if not parts:
         raise ValueError(f"not a version: {text!r}")
     return tuple(parts)

@@ -34,6 +34,7 @@ CODES: dict[str, Severity] = {
     "NON_TORCH_HIGH": WARNING,
     "GRAPH_ESTIMATE_HIGH": WARNING,
     "CONCURRENCY_MISMATCH": INFO,
+    # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
     "OCCUPIED_AT_STARTUP": WARNING,
@@ -314,3 +315,33 @@ def concurrency_mismatch(tokens: int, max_len: int, logged: float, implied: floa
               f"{tokens:,} tokens / max_model_len {max_len:,} = {implied:.2f}x, but the log says {logged:.2f}x "
               "(hybrid or sliding-window layers, or a per-request need above max_model_len)",
               {"tokens": tokens, "max_model_len": max_len, "logged": logged, "implied": round(implied, 4)})
+
+
+# --- TensorRT-LLM -------------------------------------------------------------------------------------------
+
+
+def capped_by(setting: str, tokens: int | None, limit_gib: float | None, budget_gib: float | None) -> Finding:
+    """A configured cap (TensorRT-LLM ``max_tokens`` / ``max_gpu_total_bytes``) below what the fraction allows."""
+    what = f"{setting}={tokens:,}" if tokens is not None else setting
+    limit = f" ({limit_gib:.2f} GiB)" if limit_gib is not None else ""
+    budget = f", below the {budget_gib:.2f} GiB the fraction allows" if budget_gib is not None else ""
+    return _f("TOKENS_CAPPED", f"KV pool capped by {what}{limit}{budget}",
+              {"setting": setting, "max_tokens": tokens, "limit_gib": limit_gib, "budget_gib": budget_gib})
+
+
+def pool_below_budget(pool_gib: float, budget_gib: float, fraction: float, available_gib: float) -> Finding:
+    eff = pool_gib / available_gib if available_gib else None
+    amounts = f"; it amounts to a fraction of {eff:.2f}" if eff is not None else ""
+    return _f("TOKENS_CAPPED",
+              f"the KV pool ({pool_gib:.2f} GiB) is far below what fraction {fraction:g} of the available "
+              f"{available_gib:.2f} GiB allows ({budget_gib:.2f} GiB): probably capped (max_tokens / "
+              f"max_tokens_in_paged_kv_cache, or a draft model's share){amounts}",
+              {"probable": True, "pool_gib": pool_gib, "budget_gib": round(budget_gib, 3),
+               "effective_fraction": round(eff, 4) if eff is not None else None})
+
+
+def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: float) -> Finding:
+    return _f("LOW_HEADROOM",
+              f"only {head:.2f} GiB is left outside the KV cache ((1 - {fraction:g}) x {free:.2f} GiB free after "
+              f"profiling; below {threshold:g} GiB): allocations after startup may OOM; lower "
+              "free_gpu_memory_fraction", {"headroom_gib": round(head, 3), "threshold_gib": threshold})

@@ -204,6 +204,7 @@ class AuditOptions:
     tp_size: int | None = None
     kv_cache_dtype: str | None = None
     context_length: int | None = None
+    max_tokens: int | None = None  # what-if: a cap on the KV pool (TensorRT-LLM's kv_cache_config.max_tokens)
     gpu_capacity_gib: float | None = None  # the card's CUDA-visible total, when known (NVML)
     thresholds: Thresholds = field(default_factory=Thresholds)
     hypothetical: bool = False  # a what-if: the log's KV lines describe other settings than these

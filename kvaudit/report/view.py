@@ -3,6 +3,7 @@ plain-language summary. Only arranges numbers the reconciler produced."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
@@ -11,7 +12,8 @@ COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool",
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
 STATE_COLUMN = "state"
 COLUMN_HELP = {
-    "T": "the memory the engine's fraction applies to (SGLang: free before the weights; vLLM: total)",
+    "T": "the memory the ledger accounts for (SGLang: free before the weights, what its fraction applies to; "
+         "vLLM, TensorRT-LLM: the card's total)",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
@@ -131,11 +133,13 @@ def brief(message: str) -> str:
     message = message.rstrip(".")
     if len(message) <= BRIEF_CHARS:
         return message
-    cut = message.rfind(". ", 0, BRIEF_CHARS)
+    ends = [m.start() for m in re.finditer(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ", message[:BRIEF_CHARS])]
+    cut = ends[-1] if ends else -1
     if cut < 40:
         cut = message.rfind("; ", 0, BRIEF_CHARS)
     if cut < 40:
-        return message
+        cut = message.rfind(" ", 0, BRIEF_CHARS)
+        return message[:cut] + " ... (whole under Findings)"
     return message[:cut] + " (whole under Findings)"
 
 
@@ -146,7 +150,6 @@ def summary_sentences(a: Audit) -> list[str]:
     ranks = [r for r in a.ranks if r.pre_load_free_gib is not None]
     if ranks:
         r = min(ranks, key=lambda x: (x.free_at_end_gib if x.free_at_end_gib is not None else 1e9))
-        c = rank_cells(r)
         parts = []
         others = [i.label.split(" (")[0] for i in r.items if _group(i.key) == "other" and i.gib is not None]
         other_name = (" and ".join(others) if len(others) <= 2 else ", ".join(others[:-1]) + " and " + others[-1]) \
@@ -156,9 +159,8 @@ def summary_sentences(a: Audit) -> list[str]:
             names = names[:2] + ("the state pool",) + names[2:]
         for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):
             if v is not None:
-                parts.append(f"{name} {v:.2f}")
-        if f.logged_tokens and parts and c[2] is not None:
-            parts[min(1, len(parts) - 1)] += f" ({f.logged_tokens:,} tokens)"
+                parts.append(f"{name} {v:.2f}"
+                             + (f" ({f.logged_tokens:,} tokens)" if name == "the KV cache" and f.logged_tokens else ""))
         s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {a.pre_load_label}: " + ", ".join(parts)
         if r.free_at_end_gib is not None:
             s += f"; {r.free_at_end_gib:.2f} GiB was free at the end"

@@ -1,0 +1,422 @@
+"""TensorRT-LLM startup-log grammar: the PyTorch backend (``tensorrt_llm/_torch/pyexecutor``) and the C++
+runtime / TensorRT engine path (``cpp/tensorrt_llm/batch_manager``), as served by ``trtllm-serve``, Triton's
+``tensorrtllm_backend``, Dynamo and the LLM API.
+
+Format strings (shared reference §2.3 and its 2026 update; docs/trtllm-log-grammar.md has the table):
+
+* PyTorch backend, ``_torch/pyexecutor/_util.py::KvCacheCreator`` (f-strings; GiB = 2**30, "GB" also GiB):
+  "Use %.2f GB for model weights." (0.20: "Rank r uses %.2f GB for model weights."), "Memory used after
+  loading model weights (inside torch|outside torch) in memory usage profiling: %.2f GiB", "Memory dynamically
+  allocated during inference (inside torch) in memory usage profiling: %.2f GiB", "Memory used outside torch
+  (e.g., NCCL and CUDA graphs) in memory usage profiling: %.2f GiB", the peak line in four variants ("Peak
+  memory during memory usage profiling (torch + non-torch): P GiB, available KV cache memory when calculating
+  max tokens: K GiB[, fraction is set F, kv size is B[. device total memory T GiB, , tmp kv_mem X GiB]]" and
+  2026's "kv size per token is B bytes/token[ + M bytes fixed cost]. device total memory T GiB, temporary kv
+  cache memory during profiling X GiB"), "Estimated max memory in KV cache : %.2f GiB" / "Estimated max
+  tokens in KV cache : %d", the caps ("max_tokens=N is provided, max_memory is set to X GiB", 2026 "max_tokens=N
+  is provided. It limits max memory to X GiB. New max_memory is set to Y GiB", "max_gpu_total_bytes=X GiB is
+  provided, max_memory is set to Y GiB" / ". New max memory is Y GiB"), "Both free_gpu_memory_fraction and
+  max_tokens are set (to F and N[ with free memory A of total memory B], respectively)" (A and B in units of
+  4 GiB: an upstream bug divides by 2**32), "Reserving X GiB for the multimodal encoder cache while estimating
+  KV cache capacity.", KV manager v2 "KV cache manager v2 device quota set to XGiB";
+* C++ (``kvCacheManager.cpp``, ``trtGptModelInflightBatching.cpp``): "Number of tokens per block: %d.",
+  "[MemUsageChange] Allocated %.2f GiB for max tokens in paged KV cache (%d).", "Memory usage when calculating
+  max tokens in paged kv cache: total: %.2f GiB, available: %.2f GiB", "Number of blocks in KV cache primary
+  pool[ for windowSize W]: %d", "... secondary pool ...", "Max KV cache pages|blocks per sequence: %d[ [window
+  size=W]]", "Both freeGpuMemoryFraction (aka kv_cache_free_gpu_mem_fraction) and maxTokens (aka
+  max_tokens_in_paged_kv_cache) are set (to %f and %ld, respectively).", "Loaded engine size: %d MiB",
+  "[MemUsageChange] Allocated %.2f MiB for execution context memory.", "Allocated %s GPU memory for runtime
+  buffers." / "for decoder." (KB/MB/GB in base 1024), pre-0.9 "Allocate %zu bytes for k/v cache." and "Using
+  %d total tokens in paged KV cache, and %d blocks per sequence";
+* failures: "Executor creation failed", CUDA out of memory, "maxTokensInPagedKvCache (N) must be large enough
+  to process at least 1 sequence to completion (i.e. must be larger than beam_width (B) * tokensPerBlock (T) *
+  maxBlocksPerSeq (M))", "Impossib(l)e to fit in any sequence in kvCache", "Can't allocate new blocks",
+  "Invalid freeMemFraction".
+
+Prefixes: ``[MM/DD/YYYY-HH:MM:SS] [TRT-LLM] [I]``, ``[TRT-LLM] [RANK N] [I]`` / ``[MPI_Rank N]``,
+``[TRT-LLM] [I] [batchmgr][RANK 0]``, ``[TensorRT-LLM][INFO]`` (``[TensorRT-LLM][INFO][N]`` per rank), Triton's
+``I0410 12:00:00.000000 1 file.cc:N]`` glog prefix, Dynamo's wrappers, and lines whose prefix the user
+stripped: every pattern is searched anywhere in the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.lines import Line
+from kvaudit.versions import VersionRange, parse_version, resolve
+
+ENGINE = "trtllm"
+
+ANCHORS: tuple[bytes, ...] = (
+    b"GiB",
+    b"GB for model weights",
+    b"paged KV cache",
+    b"paged kv cache",
+    b"KV cache",
+    b"kvCache",
+    b"k/v cache",
+    b"tokens per block",
+    b"TensorRT-LLM version",
+    b"Engine version",
+    b"Loaded engine size",
+    b"execution context memory",
+    b"GPU memory for",
+    b"max_tokens",
+    b"max_seq_len=",
+    b"freeGpuMemoryFraction",
+    b"freeMemFraction",
+    b"Executor creation failed",
+    b"out of memory",
+    b"Failed to create instance",
+    b"No free blocks",
+    b"PyTorch backend",
+    b"could not be created",
+    b"(GiB): ",
+)
+
+MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
+                            "Memory usage when calculating max tokens in paged kv cache", "Loaded engine size",
+                            "in memory usage profiling", "Number of tokens per block", "for k/v cache")
+
+NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+
+
+@dataclass(frozen=True)
+class Banner(Event):
+    version: str | None = None
+    backend: str | None = None  # "pytorch" | "tensorrt"
+
+
+@dataclass(frozen=True)
+class Reading(RankEvent):
+    """One number from a memory line (GiB unless the key says otherwise): total_gib, peak_gib, available_gib,
+    fraction, bytes_per_token, fixed_cost_bytes, tmp_kv_gib, weights_gib, weights_in_torch_gib,
+    weights_outside_torch_gib, activation_gib, outside_torch_gib, estimated_kv_gib, estimated_tokens,
+    cpp_total_gib, cpp_available_gib, tokens_per_block, primary_blocks, secondary_blocks, multimodal_gib,
+    quota_gib, engine_gib, context_gib, buffers_gib, decoder_gib, max_seq_len, max_num_tokens, ..."""
+
+    key: str = ""
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class KVAllocation(RankEvent):
+    """``[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N).``: the pool the C++ manager
+    allocated (the PyTorch backend logs it twice: the temporary profiling cache, then the final one)."""
+
+    gib: float = 0.0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Cap(RankEvent):
+    """A user setting that bounds the pool: ``kind`` max_tokens | max_gpu_total_bytes | both_set (the
+    fraction-and-max_tokens warning, also logged for the profiling cache and the estimate's write-back)."""
+
+    kind: str = ""
+    tokens: int | None = None
+    limit_gib: float | None = None
+    result_gib: float | None = None
+    fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class WindowNote(RankEvent):
+    """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.``"""
+
+    window: int = 0
+    bound: int = 0
+
+
+@dataclass(frozen=True)
+class Failure(RankEvent):
+    kind: str = ""  # executor_failed | oom | too_small | no_fit | no_blocks | bad_fraction | instance_failed
+    message: str = ""
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+_RANK = re.compile(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
+_VERSION = re.compile(r"TensorRT-LLM version: ([\w.+-]+)")
+_ENGINE_VERSION = re.compile(r"Engine version ([\w.+-]+) found in the config file")
+_WEIGHTS = re.compile(r"(?:Use|Rank \d+ uses) " + NUM + r" GB for model weights")
+_PROFILE = re.compile(r"Memory (used after loading model weights|used for model weights|dynamically allocated during "
+                      r"inference|used outside torch) ?(\((?:inside|outside) torch\)|\(e\.g\., NCCL and CUDA graphs\))? "
+                      r"in memory usage profiling: " + NUM + r" ?GiB")
+_PEAK = re.compile(r"Peak memory during memory usage profiling \(torch \+ non-torch\): " + NUM + r" GiB, available KV "
+                   r"cache memory when calculating max tokens: " + NUM + r" GiB")
+_FRACTION = re.compile(r"fraction is set " + NUM)
+_KV_SIZE = re.compile(r"kv size (?:per token )?is (\d+)(?: bytes/token)?(?: \+ (\d+) bytes fixed cost)?")
+_DEVICE_TOTAL = re.compile(r"device total memory " + NUM + r" GiB")
+_TMP_KV = re.compile(r"(?:tmp kv_mem|temporary kv cache memory during profiling) " + NUM + r" GiB")
+_ESTIMATED = re.compile(r"Estimated max (memory|tokens) in KV cache ?: " + NUM)
+_MAX_TOKENS_CAP = re.compile(r"max_tokens=(\d+) is provided(?:, max_memory is set to " + NUM + r" GiB|\. It limits max "
+                             r"memory to " + NUM + r" GiB\. New max_memory is set to " + NUM + r" GiB)")
+_MAX_BYTES_CAP = re.compile(r"max_gpu_total_bytes=" + NUM + r" ?GiB is provided(?:, max_memory is set to|\. New max "
+                            r"memory is) " + NUM + r" GiB")
+_BOTH = re.compile(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction \(aka kv_cache_free_gpu_mem_fraction\)) and "
+                   r"(?:max_tokens|maxTokens \(aka max_tokens_in_paged_kv_cache\)) are set \(to " + NUM + r" and (\d+)")
+_MULTIMODAL = re.compile(r"Reserving " + NUM + r" GiB for the multimodal encoder cache")
+_QUOTA = re.compile(r"KV cache manager v2 device quota set to " + NUM + r" ?GiB")
+_TOKENS_PER_BLOCK = re.compile(r"Number of tokens per block: (\d+)")
+_ALLOCATED = re.compile(r"Allocated " + NUM + r" GiB for max tokens in paged KV cache \((\d+)\)")
+_CPP_USAGE = re.compile(r"Memory usage when calculating max tokens in paged kv cache: total: " + NUM + r" GiB, "
+                        r"available: " + NUM + r" GiB")
+_BLOCKS = re.compile(r"Number of blocks in KV cache (primary|secondary) pool(?: for windowSize (\d+))?: (\d+)")
+_PAGES = re.compile(r"Max KV cache (?:pages|blocks) per sequence: (\d+)(?: \[window size=(\d+)\])?")
+_ENGINE_SIZE = re.compile(r"Loaded engine size: (\d+) MiB")
+_CONTEXT = re.compile(r"Allocated " + NUM + r" MiB for execution context memory")
+_BUFFERS = re.compile(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
+_OLD_ALLOC = re.compile(r"Allocate (\d+) bytes for k/v cache")
+_OLD_TOKENS = re.compile(r"Using (\d+) total tokens in paged KV cache, and (\d+) blocks per sequence")
+_SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
+_WINDOW = re.compile(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
+_BACKEND = re.compile(r"Using LLM with (PyTorch|TensorRT) backend")
+_FAILURES = (
+    ("Executor creation failed", "executor_failed"),
+    ("must be large enough to process at least 1 sequence", "too_small"),
+    ("to fit in any sequence in kvCache", "no_fit"),
+    ("No free blocks left", "no_blocks"),
+    ("Invalid freeMemFraction", "bad_fraction"),
+    ("out of memory", "oom"),
+    ("OutOfMemoryError", "oom"),
+    ("Failed to create instance", "instance_failed"),
+)
+GENERIC_FAILURES = ("oom", "instance_failed")
+TELLS = ("[TRT-LLM]", "[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM")
+_COMPONENT = re.compile(r"The following component could not be created: (.+)$")
+_OOM_TABLE = re.compile(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
+_TOO_SMALL = re.compile(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
+                        r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
+_BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
+
+
+def rank_of(text: str) -> Rank:
+    m = _RANK.search(text)
+    if not m:
+        return SINGLE_RANK
+    n = int(next(g for g in m.groups() if g is not None))
+    return Rank((0, n, 0), f"rank {n}")
+
+
+def _clue(lo, hi, why) -> VersionRange:
+    return VersionRange(lo, hi, (why,))
+
+
+def _message(text: str, start: int) -> str:
+    """The error from its start (after the log prefix) to the end of the line, bounded."""
+    cut = max(text.rfind("] ", 0, start), text.rfind("[E] ", 0, start))
+    msg = text[cut + 2 if cut >= 0 else 0:].strip()
+    if len(msg) > 1000:
+        end = msg.rfind(". ", 0, 1000)
+        msg = msg[:end + 1 if end > 200 else 1000] + " [...]"
+    return msg
+
+
+def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
+    t, n = line.text, line.number
+    rank = rank_of(t)
+    ev: list[Event] = []
+
+    def read(key: str, value: float | str | None) -> None:
+        if value is not None:
+            ev.append(Reading(n, t, rank, "target", key, float(value)))
+
+    m = _VERSION.search(t) if "TensorRT-LLM version" in t else None
+    if m:
+        try:
+            v = parse_version(m.group(1))[:3]
+        except ValueError:
+            return [], []
+        return [Banner(n, t, m.group(1), None)], [VersionRange(v, v, (f"version banner v{m.group(1)}",))]
+    m = _ENGINE_VERSION.search(t) if "Engine version" in t else None
+    if m:  # the version that built the engine: the runtime that loads it is that version or newer
+        try:
+            v = parse_version(m.group(1))[:3]
+        except ValueError:
+            return [Banner(n, t, None, "tensorrt")], []
+        return [Banner(n, t, None, "tensorrt")], [_clue(v, None, f"engine built by TensorRT-LLM {m.group(1)}")]
+    m = _BACKEND.search(t) if "backend" in t else None
+    if m:
+        return [Banner(n, t, None, m.group(1).lower())], []
+    for word, kind in _FAILURES:
+        if word in t:
+            nums: dict[str, float] = {}
+            if kind == "too_small":
+                s = _TOO_SMALL.search(t)
+                if s:
+                    nums = {"max_tokens": float(s.group(1)), "beam_width": float(s.group(2)),
+                            "tokens_per_block": float(s.group(3)), "blocks_per_sequence": float(s.group(4))}
+            return [Failure(n, t, rank, "target", kind, _message(t, t.find(word)), nums)], []
+    m = _COMPONENT.search(t) if "could not be created" in t else None
+    if m:  # the executor's OOM table (py_executor_creator.py::_maybe_explain_if_oom), one line each
+        return [Failure(n, t, rank, "target", "oom_component", m.group(1).strip(), {})], []
+    m = _OOM_TABLE.search(t) if "(GiB): " in t else None
+    if m:
+        read("oom_total_gib" if m.group(1) == "Total" else "oom_free_gib", m.group(2))
+        return ev, []
+    m = _PEAK.search(t) if "Peak memory during memory usage profiling" in t else None
+    if m:
+        read("peak_gib", m.group(1))
+        read("available_gib", m.group(2))
+        f = _FRACTION.search(t)
+        read("fraction", f.group(1) if f else None)
+        k = _KV_SIZE.search(t)
+        if k:
+            read("bytes_per_token", k.group(1))
+            read("fixed_cost_bytes", k.group(2))
+        d = _DEVICE_TOTAL.search(t)
+        read("total_gib", d.group(1) if d else None)
+        x = _TMP_KV.search(t)
+        read("tmp_kv_gib", x.group(1) if x else None)
+        clues = []
+        if k and "bytes/token" in k.group(0):
+            clues.append(_clue((1, 2, 0), None, "'kv size per token is N bytes/token' (2026 builds)"))
+        elif x and "temporary kv cache memory" in x.group(0):
+            clues.append(_clue((1, 1, 0), None, "'temporary kv cache memory during profiling'"))
+        elif x:
+            clues.append(_clue((1, 0, 0), (1, 1, 99), "'tmp kv_mem' in the peak line (1.0-1.1 builds)"))
+        elif not f:
+            clues.append(_clue((0, 18, 0), (0, 21, 99), "the peak line without the fraction (2025 builds)"))
+        return ev, clues
+    m = _PROFILE.search(t) if "in memory usage profiling" in t else None
+    if m:
+        what, where = m.group(1), m.group(2) or ""
+        if what.startswith("used after loading") or what.startswith("used for model weights"):
+            key = "weights_outside_torch_gib" if "outside" in where else "weights_in_torch_gib"
+        elif what.startswith("dynamically"):
+            key = "activation_gib"
+        else:
+            key = "outside_torch_gib"
+        read(key, m.group(3))
+        return ev, []
+    m = _WEIGHTS.search(t) if "for model weights" in t else None
+    if m:
+        read("weights_gib", m.group(1))
+        return ev, ([_clue((0, 20, 0), (0, 20, 99), "'Rank r uses X GB for model weights' (0.20)")]
+                    if "uses" in m.group(0) else [])
+    m = _ESTIMATED.search(t) if "Estimated max" in t else None
+    if m:
+        read("estimated_kv_gib" if m.group(1) == "memory" else "estimated_tokens", m.group(2))
+        return ev, []
+    m = _MAX_TOKENS_CAP.search(t) if "max_tokens=" in t else None
+    if m:
+        limit = m.group(3) or m.group(2)
+        ev.append(Cap(n, t, rank, "target", "max_tokens", int(m.group(1)), float(limit) if limit else None,
+                      float(m.group(4) or m.group(2)) if (m.group(4) or m.group(2)) else None))
+        return ev, []
+    m = _MAX_BYTES_CAP.search(t) if "max_gpu_total_bytes=" in t else None
+    if m:
+        ev.append(Cap(n, t, rank, "target", "max_gpu_total_bytes", None, float(m.group(1)), float(m.group(2))))
+        return ev, [_clue((1, 0, 0), None, "max_gpu_total_bytes (Jul 2025+)")]
+    m = _BOTH.search(t) if "are set (to" in t else None
+    if m:
+        ev.append(Cap(n, t, rank, "target", "both_set", int(m.group(2)), None, None, float(m.group(1))))
+        return ev, []
+    m = _MULTIMODAL.search(t) if "multimodal encoder cache" in t else None
+    if m:
+        read("multimodal_gib", m.group(1))
+        return ev, []
+    m = _QUOTA.search(t) if "device quota" in t else None
+    if m:
+        read("quota_gib", m.group(1))
+        return ev, [_clue((1, 2, 0), None, "KV cache manager v2 (2026)")]
+    m = _TOKENS_PER_BLOCK.search(t) if "tokens per block" in t else None
+    if m:
+        read("tokens_per_block", m.group(1))
+        return ev, []
+    m = _ALLOCATED.search(t) if "for max tokens in paged KV cache" in t else None
+    if m:
+        ev.append(KVAllocation(n, t, rank, "target", float(m.group(1)), int(m.group(2))))
+        return ev, []
+    m = _CPP_USAGE.search(t) if "Memory usage when calculating" in t else None
+    if m:
+        read("cpp_total_gib", m.group(1))
+        read("cpp_available_gib", m.group(2))
+        return ev, []
+    m = _BLOCKS.search(t) if "Number of blocks in KV cache" in t else None
+    if m:
+        read(f"{m.group(1)}_blocks", m.group(3))
+        read("window_size", m.group(2))
+        return ev, ([_clue((0, 18, 0), None, "per-window block counts (VSWA)")] if m.group(2) else [])
+    m = _PAGES.search(t) if "per sequence:" in t else None
+    if m:
+        read("blocks_per_sequence", m.group(1))
+        read("window_size", m.group(2))
+        return ev, []
+    m = _ENGINE_SIZE.search(t) if "Loaded engine size" in t else None
+    if m:
+        read("engine_gib", float(m.group(1)) / 1024)
+        return ev, []
+    m = _CONTEXT.search(t) if "execution context memory" in t else None
+    if m:
+        read("context_gib", float(m.group(1)) / 1024)
+        return ev, []
+    m = _BUFFERS.search(t) if "GPU memory for" in t else None
+    if m:
+        read("buffers_gib" if m.group(3) == "runtime buffers" else "decoder_gib",
+             float(m.group(1)) * _BINARY[m.group(2)])
+        return ev, []
+    m = _OLD_ALLOC.search(t) if "for k/v cache" in t else None
+    if m:
+        read("old_kv_bytes", m.group(1))
+        return ev, [_clue((0, 1, 0), (0, 8, 99), "'Allocate N bytes for k/v cache' (pre-0.9 batch manager)")]
+    m = _OLD_TOKENS.search(t) if "total tokens in paged KV cache" in t else None
+    if m:
+        ev.append(KVAllocation(n, t, rank, "target", 0.0, int(m.group(1))))
+        read("blocks_per_sequence", m.group(2))
+        return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]
+    m = _SEQ.search(t) if "max_seq_len=" in t else None
+    if m:
+        read("max_seq_len", m.group(1))
+        read("max_num_requests", m.group(2))
+        read("max_num_tokens", m.group(3))
+        return ev, []
+    m = _WINDOW.search(t) if "exceeds upper bound" in t else None
+    if m:
+        ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
+        return ev, []
+    return [], []
+
+
+class TRTLLMParser:
+    name = ENGINE
+    anchors = ANCHORS
+    markers = MARKERS
+
+    def parse(self, lines: Iterable[Line]) -> list[Startup]:
+        startups: list[Startup] = []
+        events: list[Event] = []
+        clues: list[VersionRange] = []
+        first = last = 0
+        seen_memory = False
+
+        def flush() -> None:
+            # a generic failure ("out of memory", Triton's "Failed to create instance") is TensorRT-LLM's only
+            # when its line or another line of the startup says so: another engine's OOM is not ours
+            own = [e for e in events if not isinstance(e, Banner) and not (
+                isinstance(e, Failure) and e.kind in GENERIC_FAILURES and not any(m in e.text for m in TELLS))]
+            if own or (any(isinstance(e, Banner) for e in events) and any(isinstance(e, Failure) for e in events)):
+                era = resolve(clues, VersionRange((0, 1, 0), None))
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, None))
+
+        for line in lines:
+            ev, cl = parse_line(line)
+            if not ev:
+                continue
+            banner = next((e for e in ev if isinstance(e, Banner)), None)
+            if banner is not None and banner.version and seen_memory:
+                flush()
+                events, clues, seen_memory = [], [], False
+            if not events:
+                first = line.number
+            last = line.number
+            events.extend(ev)
+            clues.extend(cl)
+            if banner is None:
+                seen_memory = True
+        flush()
+        return startups
