@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
-from kvaudit.collect.session import CollectOptions, HostSession
+from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select
 from kvaudit.parse.interface import Startup
@@ -157,6 +157,11 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
         except ConfigError as exc:
             notes.append(f"remote config.json unusable: {exc}")
     audit = log.engine.reconcile(startup, aopts, len(log.startups))
+    if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
+            p.startswith(NO_CONFIG) for p in c.partial):
+        # the log itself states bytes per token (TensorRT-LLM's "kv size per token"): the config is not needed
+        c = replace(c, partial=tuple(p for p in c.partial if not p.startswith(NO_CONFIG)))
+        notes.append("no config.json read: the log states the bytes per token")
     base = 0
     if startup.server_args and isinstance(startup.server_args.get("base_gpu_id"), int):
         base = startup.server_args["base_gpu_id"]

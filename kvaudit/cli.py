@@ -189,6 +189,8 @@ def whatif(
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
     tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="A different TP size (approximate)."),
     context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="A different context length."),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", min=1, help="TensorRT-LLM: a kv_cache_config.max_tokens cap on the pool."),
     model_config: Optional[Path] = typer.Option(None, "--model-config", "-c", help="The model's config.json."),
     log_mem_fraction_static: Optional[float] = typer.Option(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
@@ -207,8 +209,10 @@ def whatif(
 
     if fmt not in ("text", "json"):
         raise Fail(f"--format {fmt!r}: whatif prints text or json")
-    if mem_fraction_static is None and kv_cache_dtype is None and tp_size is None and context_length is None:
-        raise Fail("whatif needs at least one of --mem-fraction-static, --kv-cache-dtype, --tp-size, --context-length")
+    if (mem_fraction_static is None and kv_cache_dtype is None and tp_size is None and context_length is None
+            and max_tokens is None):
+        raise Fail("whatif needs at least one of --mem-fraction-static, --kv-cache-dtype, --tp-size, --context-length, "
+                   "--max-tokens")
     if kv_cache_dtype is not None and kv_cache_dtype.replace("torch.", "").lower() not in DTYPE_BYTES:
         raise Fail(f"--kv-cache-dtype {kv_cache_dtype!r}: known types are "
                    + ", ".join(sorted(k for k in DTYPE_BYTES if "_" in k or k in ("bf16", "fp8", "auto"))))
@@ -218,8 +222,11 @@ def whatif(
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
                         mem_fraction_static=log_mem_fraction_static)
     new = replace(base, mem_fraction_static=mem_fraction_static or log_mem_fraction_static,
-                  kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, context_length=context_length)
+                  kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, context_length=context_length,
+                  max_tokens=max_tokens)
     log = _open_log(file)
+    if max_tokens is not None and log.engine.name != "trtllm":
+        raise Fail(f"--max-tokens is TensorRT-LLM's kv_cache_config.max_tokens; this is a {log.engine.display} log")
     try:
         audit, w = what_if(log, base, new, startup)
     except InputError as exc:

@@ -22,6 +22,8 @@ from kvaudit.collect.interface import (
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 
 #: unit names that look like some inference engine (the audited engines' own names come in CollectOptions)
+#: how the partial-data notes about a missing model config begin (a log that states bytes per token needs none)
+NO_CONFIG = "no config.json"
 GENERIC_ENGINE_UNIT = ("lmdeploy", "text-generation", "tgi", "trtllm", "tensorrt", "llm", "inference")
 
 
@@ -230,7 +232,7 @@ class HostSession:
             if model_path and model_path.startswith("/") and group:
                 self.prefetch([C.read_config(model_path.rstrip("/") + "/config.json"), C.cgroup_pids(group)])
         if not model_path:
-            self.partial.append("server_args give no model_path: no config.json; bytes per token from the KV line")
+            self.partial.append(f"{NO_CONFIG}: the log names no model path; bytes per token from the KV line")
             return None, None
         candidates = []
         if model_path.startswith("/"):
@@ -243,7 +245,7 @@ class HostSession:
             if res.rc == 0 and res.stdout.strip():
                 self.raw["config"] = res.stdout
                 return res.stdout.decode("utf-8", "replace"), path
-        self.partial.append(f"no config.json found for model_path {model_path!r}; bytes per token from the KV line")
+        self.partial.append(f"{NO_CONFIG} found for model_path {model_path!r}; bytes per token from the KV line")
         return None, None
 
     def hostname(self) -> None:

@@ -76,6 +76,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"PyTorch backend",
     b"could not be created",
     b"(GiB): ",
+    b"/snapshots/",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -89,6 +90,13 @@ NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 class Banner(Event):
     version: str | None = None
     backend: str | None = None  # "pytorch" | "tensorrt"
+
+
+@dataclass(frozen=True)
+class ModelPath(Event):
+    """The checkpoint directory (its config.json sizes the KV cache)."""
+
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,7 @@ _FAILURES = (
 )
 GENERIC_FAILURES = ("oom", "instance_failed")
 TELLS = ("[TRT-LLM]", "[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM")
+_SNAPSHOT = re.compile(r"/[\w./-]*/models--[\w.-]+/snapshots/[0-9a-f]{7,64}/?")
 _COMPONENT = re.compile(r"The following component could not be created: (.+)$")
 _OOM_TABLE = re.compile(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
 _TOO_SMALL = re.compile(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
@@ -251,6 +260,9 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
                     nums = {"max_tokens": float(s.group(1)), "beam_width": float(s.group(2)),
                             "tokens_per_block": float(s.group(3)), "blocks_per_sequence": float(s.group(4))}
             return [Failure(n, t, rank, "target", kind, _message(t, t.find(word)), nums)], []
+    m = _SNAPSHOT.fullmatch(t.strip()) if "/snapshots/" in t else None
+    if m:  # trtllm-serve prints the resolved checkpoint directory on a line of its own
+        return [ModelPath(n, t, m.group(0))], []
     m = _COMPONENT.search(t) if "could not be created" in t else None
     if m:  # the executor's OOM table (py_executor_creator.py::_maybe_explain_if_oom), one line each
         return [Failure(n, t, rank, "target", "oom_component", m.group(1).strip(), {})], []
@@ -397,11 +409,12 @@ class TRTLLMParser:
         def flush() -> None:
             # a generic failure ("out of memory", Triton's "Failed to create instance") is TensorRT-LLM's only
             # when its line or another line of the startup says so: another engine's OOM is not ours
-            own = [e for e in events if not isinstance(e, Banner) and not (
+            own = [e for e in events if not isinstance(e, (Banner, ModelPath)) and not (
                 isinstance(e, Failure) and e.kind in GENERIC_FAILURES and not any(m in e.text for m in TELLS))]
             if own or (any(isinstance(e, Banner) for e in events) and any(isinstance(e, Failure) for e in events)):
                 era = resolve(clues, VersionRange((0, 1, 0), None))
-                startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, None))
+                path = next((e.path for e in reversed(events) if isinstance(e, ModelPath)), None)
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, path))
 
         for line in lines:
             ev, cl = parse_line(line)
@@ -416,7 +429,7 @@ class TRTLLMParser:
             last = line.number
             events.extend(ev)
             clues.extend(cl)
-            if banner is None:
+            if banner is None and not isinstance(ev[0], ModelPath):
                 seen_memory = True
         flush()
         return startups

@@ -138,6 +138,7 @@ class RankLedger:
     unexplained_gib: float | None
     unexplained_tolerance_gib: float | None
     unmodelled: tuple[str, ...] = ()  # items the ledger could not size (and so may sit in 'unexplained')
+    logged: tuple[tuple[str, float], ...] = ()  # every number this rank's memory lines stated, by reading key
 
     def item(self, key: str) -> LedgerItem | None:
         for it in self.items:

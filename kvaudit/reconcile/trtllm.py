@@ -363,7 +363,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         last_line=startup.last_line,
         engine_version=str(startup.era) if startup.era.evidence else "unknown",
         version_evidence=tuple(dict.fromkeys(startup.era.evidence)),
-        model=ModelSummary(geom.architecture if geom else None,
+        model=ModelSummary(geom.architecture if geom else _model_name(startup.model_path),
                            ("mla" if geom.is_mla else "mha") if geom else "unknown",
                            geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
                            (None if geom.is_mla else math.ceil((geom.num_kv_heads or 1) / tp)) if geom else None,
@@ -392,6 +392,16 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         ),
         pre_load_label="total",
     )
+
+
+def _model_name(path: str | None) -> str | None:
+    """``.../models--openai--gpt-oss-120b/snapshots/<rev>`` -> ``openai/gpt-oss-120b``."""
+    if not path:
+        return None
+    for part in path.split("/"):
+        if part.startswith("models--"):
+            return part[len("models--"):].replace("--", "/")
+    return path
 
 
 def _round_up(tokens: int, block: int) -> int:
@@ -457,7 +467,9 @@ def _ledger(i: int, rr: _Rank, fraction: float, final: KVAllocation | None, mm: 
     return RankLedger(rank=i, label=rr.rank.display, pre_load_free_gib=T, weights_gib=weights_gib, kv_gib=kv,
                       free_after_weights_gib=None, free_after_pool_gib=None, free_at_end_gib=None,
                       free_at_end_source=None, end_is_final=False, items=tuple(items), unexplained_gib=unexplained,
-                      unexplained_tolerance_gib=tol)
+                      unexplained_tolerance_gib=tol,
+                      logged=tuple(sorted({**r, **({"kv_pool_gib": final.gib, "kv_pool_tokens": final.tokens}
+                                                   if final else {})}.items())))
 
 
 def _findings(startup, ranks, ledgers, budgets, fraction, cell, logged, pool_gib, th) -> list[Finding]:

@@ -34,6 +34,7 @@ def rank_dict(r: RankLedger) -> dict[str, Any]:
         "items": [{"key": i.key, "label": i.label, "gib": i.gib, "source": i.source, "in_reserve": i.in_reserve,
                    "line": i.line}
                   for i in r.items],
+        "logged": dict(r.logged),
     }
 
 

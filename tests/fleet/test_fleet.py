@@ -19,6 +19,7 @@ pytestmark = [needs_sshd, needs_journal]
 N = 20
 DOWN, HANGS, CHANGED = 18, 19, 20
 VLLM = 7  # a vLLM V1 host (Llama-3-8B on one H200) among the SGLang ones
+TRT = 12  # a TensorRT-LLM host (Llama-3.1-8B on one H100, trtllm-serve.service)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,10 @@ def fleet(tmp_path_factory):
             h = hostsim.make_host(root / name, log, "0, GPU-h200-0000, NVIDIA H200, 00000000:18:00.0, 143771, 614, "
                                   "127500, 15657, 590.48.01\n", "454, GPU-h200-0000, VLLM::EngineCore, 127480\n",
                                   (Path(__file__).parents[2] / "fixtures/configs/llama3-8b.json").read_text())
+        elif i == TRT:
+            from tests.collect.test_check_trtllm import APPS, H100, TRT_LOG
+
+            h = hostsim.make_host(root / name, TRT_LOG.read_bytes(), H100, APPS, None, unit="trtllm-serve.service")
         elif i % 5 == 0:  # every fifth host serves a small Qwen model on one RTX 3090
             h = hostsim.make_host(root / name, (SAMPLES / "sglang_029.log").read_bytes(), qwen_gpu,
                                   "4711, GPU-qwen-0000, sglang::scheduler_TP0, 22500\n",
@@ -90,9 +95,9 @@ def test_twenty_hosts_three_broken(fleet):
     for h in audited:
         assert h["formula"]["verdict"] == "match", h["name"]
         n = int(h["name"][4:])
-        expected = 702800 if n == VLLM else (105531 if n % 5 == 0 else 159277)
+        expected = {VLLM: 702800, TRT: 446208}.get(n, 105531 if n % 5 == 0 else 159277)
         assert h["formula"]["logged_tokens"] == expected
-        assert h["engine"] == ("vllm" if n == VLLM else "sglang")
+        assert h["engine"] == {VLLM: "vllm", TRT: "trtllm"}.get(n, "sglang")
     assert by_name["gpu-07"]["formula"]["bytes_per_token"] == 131072  # from the host's config.json
     assert by_name["gpu-07"]["gpus"][0]["rank"] == "TP0"
     assert d["run"]["failed"] == 3 and d["run"]["deadline_hit"] is False
@@ -131,14 +136,15 @@ def test_twenty_hosts_three_broken(fleet):
     body = " ".join(page.text)
     assert all(f"gpu-{i:02d}" in body for i in range(1, N + 1))
     assert "failed:host_key" in body and "RESERVE_EXPLAINS_FREE" in body
-    assert page.bars == 13 * 8 + 3 + 1  # one bar per audited GPU: 13 Kimi hosts (8 GPUs), 3 Qwen, 1 vLLM
+    assert page.bars == 12 * 8 + 3 + 1 + 1  # one bar per audited GPU: 12 Kimi hosts (8 GPUs), 3 Qwen, vLLM, TRT
 
     import pandas as pd
 
     df = pd.read_csv(root / "gpus.csv")
-    assert len(df) == 13 * 8 + 3 + 1
+    assert len(df) == 12 * 8 + 3 + 1 + 1
     assert set(df[df.host == "gpu-07"].kv_tokens) == {702800}
     assert set(df[df.host == "gpu-01"].kv_tokens) == {159277}
+    assert set(df[df.host == f"gpu-{TRT:02d}"].kv_tokens) == {446208}
 
 
 def test_second_run_shows_drift_only_where_the_journal_changed(fleet):

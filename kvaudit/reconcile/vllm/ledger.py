@@ -81,4 +81,5 @@ def rank_ledger(i: int, rr: RankFacts, ctx: Context, applied: bool, peers: list[
         weights_gib=sum(weights) if weights else None, kv_gib=r.get("kv_gib"),
         free_after_weights_gib=None, free_after_pool_gib=None, free_at_end_gib=None, free_at_end_source=None,
         end_is_final=False, items=tuple(items), unexplained_gib=unexplained, unexplained_tolerance_gib=tol,
+        logged=tuple(sorted(r.items())),
     )

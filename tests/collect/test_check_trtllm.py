@@ -1,0 +1,61 @@
+"""kvaudit check on a TensorRT-LLM host: a real sshd on 127.0.0.1, the server's log in real journal files
+(unit trtllm-serve.service, found by its name), nvidia-smi replaying an H100's readings."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.collect.commands import is_allowed
+from kvaudit.status import ExitStatus
+from tests import hostsim
+from tests.collect.conftest import needs_journal, needs_sshd
+from tests.conftest import FIXTURES, cli_process
+
+pytestmark = [needs_sshd, needs_journal]
+
+TRT_LOG = FIXTURES / "trtllm_classes" / "pytorch-1.2-llama31-8b-h100.log"
+# CUDA total 81,090 MiB = 79.19 GiB (NVML total - reserved), as the log's "device total memory"
+H100 = "0, GPU-h100-0000, NVIDIA H100 80GB HBM3, 00000000:19:00.0, 81559, 469, 74990, 6100, 580.95.05\n"
+APPS = "51234, GPU-h100-0000, /usr/bin/python3, 74400\n"
+
+
+@pytest.fixture(scope="module")
+def trt_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trt")
+    host = hostsim.make_host(root / "host", TRT_LOG.read_bytes(), H100, APPS, None, unit="trtllm-serve.service")
+    key = root / "client_key"
+    pub = hostsim.keygen(key)
+    sshd = hostsim.start_sshd(root / "sshd", pub, [host.bin])
+    cfg = root / "ssh_config"
+    cfg.write_text(f"Host trt-test\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {key}\n"
+                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 5\n")
+    (root / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_pub}\n")
+    yield host, cfg
+    sshd.stop()
+
+
+def test_trtllm_host_over_ssh(trt_site):
+    host, cfg = trt_site
+    before = host.snapshot()
+    r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                    "--format", "json", timeout=60)
+    assert r.code == ExitStatus.OK, r.stderr + r.stdout
+    d = r.json()
+    assert d["engine"] == "trtllm" and d["host"]["unit"] == "trtllm-serve.service"
+    f = d["formula"]
+    assert f["logged_tokens"] == 446208 and f["verdict"] == "match"
+    gpu = d["gpus"][0]
+    assert gpu["rank"] == "TP0" and gpu["mapped_by"] == "index order"
+    assert gpu["pre_load_free_gib"] == pytest.approx(79.19)
+    assert gpu["before_t_gib"] == pytest.approx(0.0, abs=0.01)  # the ledger's T is the card's CUDA total
+    assert gpu["free_gib"] == pytest.approx(6100 / 1024, abs=0.01)
+    for c in d["host"]["commands"]:
+        assert is_allowed(c["command"]), c["command"]
+    assert host.snapshot() == before
+
+
+def test_trtllm_host_text_view(trt_site):
+    host, cfg = trt_site
+    r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal), timeout=60)
+    assert r.code == ExitStatus.OK, r.stderr
+    assert "TensorRT-LLM 1.2.0" in r.stdout and "MATCH" in r.stdout and "GPUs now" in r.stdout
