@@ -181,5 +181,10 @@ def check(target: str, opts: CheckOptions) -> HostAudit:
 
 
 def capture(target: str, opts: CheckOptions, directory: str) -> tuple[Collected, Path]:
-    c, _, _ = collect(target, opts)
-    return c, capture_mod.write(c, directory)
+    c, log, notes = collect(target, opts)
+    path = capture_mod.write(c, directory)
+    try:  # what is partial depends on the log (one that states bytes per token needs no config.json)
+        c = audit_collected(c, log, opts, notes).collected or c
+    except (CollectError, NoStartupError):
+        pass
+    return c, path

@@ -59,3 +59,14 @@ def test_trtllm_host_text_view(trt_site):
     r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal), timeout=60)
     assert r.code == ExitStatus.OK, r.stderr
     assert "TensorRT-LLM 1.2.0" in r.stdout and "MATCH" in r.stdout and "GPUs now" in r.stdout
+
+
+def test_trtllm_capture_then_replay(trt_site, tmp_path):
+    host, cfg = trt_site
+    out = tmp_path / "cap"
+    r = cli_process("capture", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal), "-o", out,
+                    timeout=60)
+    assert r.code == 0, r.stderr
+    d = cli_process("check", out, "--format", "json").json()
+    assert d["engine"] == "trtllm" and d["formula"]["logged_tokens"] == 446208 and d["formula"]["verdict"] == "match"
+    assert d["gpus"][0]["free_gib"] == pytest.approx(6100 / 1024, abs=0.01)
