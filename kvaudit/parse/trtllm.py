@@ -77,6 +77,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"could not be created",
     b"(GiB): ",
     b"/snapshots/",
+    b"maxTokens for windowSize",
+    b"has_speculative_draft_tokens",
+    b"allottedPrimaryMemBytes",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -130,6 +133,15 @@ class Cap(RankEvent):
     limit_gib: float | None = None
     result_gib: float | None = None
     fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class WindowPool(RankEvent):
+    """Variable sliding-window attention (VSWA): one window size's share of the pool (C++ ``BlockManager``)."""
+
+    window: int = 0
+    max_tokens: int | None = None
+    primary_blocks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,9 @@ _FAILURES = (
 GENERIC_FAILURES = ("oom", "instance_failed")
 TELLS = ("[TRT-LLM]", "[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM")
 _SNAPSHOT = re.compile(r"/[\w./-]*/models--[\w.-]+/snapshots/[0-9a-f]{7,64}/?")
+_WINDOW_TOKENS = re.compile(r"Primary maxTokens for windowSize (\d+): (\d+)")
+_ALLOTTED = re.compile(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=(\d+)")
+_SPEC = re.compile(r"has_speculative_draft_tokens=(True|False)")
 _COMPONENT = re.compile(r"The following component could not be created: (.+)$")
 _OOM_TABLE = re.compile(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
 _TOO_SMALL = re.compile(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
@@ -349,7 +364,24 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("cpp_total_gib", m.group(1))
         read("cpp_available_gib", m.group(2))
         return ev, []
+    m = _WINDOW_TOKENS.search(t) if "maxTokens for windowSize" in t else None
+    if m:
+        ev.append(WindowPool(n, t, rank, "target", int(m.group(1)), int(m.group(2)), None))
+        return ev, [_clue((0, 18, 0), None, "per-window max tokens (VSWA)")]
+    m = _ALLOTTED.search(t) if "allottedPrimaryMemBytes" in t else None
+    if m:
+        read("allotted_primary_gib", int(m.group(1)) / 2**30)
+        read("allotted_secondary_gib", int(m.group(2)) / 2**30)
+        return ev, []
+    m = _SPEC.search(t) if "has_speculative_draft_tokens" in t else None
+    if m:
+        read("speculative", 1.0 if m.group(1) == "True" else 0.0)
+        return ev, []
     m = _BLOCKS.search(t) if "Number of blocks in KV cache" in t else None
+    if m and m.group(2):
+        ev.append(WindowPool(n, t, rank, "target", int(m.group(2)), None,
+                             int(m.group(3)) if m.group(1) == "primary" else None))
+        return ev, [_clue((0, 18, 0), None, "per-window block counts (VSWA)")]
     if m:
         read(f"{m.group(1)}_blocks", m.group(3))
         read("window_size", m.group(2))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.trtllm import Cap, Failure, KVAllocation, Reading, WindowNote
+from kvaudit.parse.trtllm import Cap, Failure, KVAllocation, Reading, WindowNote, WindowPool
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -254,8 +254,27 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
             if budget_hi is None or c.result_gib < budget_hi - LOG_HALF_ULP:
                 cap_findings.append(F.capped_by(c.kind, c.tokens, c.limit_gib, budget_hi))
 
+    windows = {}
+    for w in startup.of(WindowPool):
+        cur = windows.setdefault(w.window, [None, None])
+        cur[0] = w.max_tokens if w.max_tokens is not None else cur[0]
+        cur[1] = w.primary_blocks if w.primary_blocks is not None else cur[1]
+    spec = first("speculative")
+    if len(windows) > 1:
+        notes.append("variable sliding-window attention: the pool is split per window size ("
+                     + "; ".join(f"window {w:,}: " + ", ".join(x for x in (
+                         f"{v[0]:,} max tokens" if v[0] is not None else "",
+                         f"{v[1]:,} primary blocks" if v[1] is not None else "") if x)
+                         for w, v in sorted(windows.items())) + ")")
     if logged is None:
         reason = "cannot check: the log has no 'Allocated ... for max tokens in paged KV cache (N)' line"
+    elif len(windows) > 1:
+        reason = ("variable sliding-window attention: BlockManager::calculateWindowSizeToShare splits the budget by "
+                  "each window's layers and bytes per token, which the log does not give; the per-window counts "
+                  "are in the notes")
+    elif spec and bpt_source == "config":
+        reason = ("speculative decoding is on: the draft model's KV layers add to the bytes per token, which the "
+                  "model config alone does not give (a log with 'kv size' states the total)")
     elif kv_lo is None:
         reason = ("cannot check: the log has neither the profiling peak line nor the C++ 'Memory usage when "
                   "calculating max tokens' line")

@@ -273,3 +273,20 @@ def test_whatif_fraction_dtype_and_max_tokens():
     assert d["tokens_after"]["low"] == 50016 and d["changes"] == {"max_tokens": 50000}  # 1,563 blocks of 32
     r = cli("whatif", SAMPLES / "vllm_016.log", "--max-tokens", "50000")
     assert r.code == 2
+
+
+def test_variable_sliding_window_pool_is_reported_per_window():
+    a = run(CLASSES / "vswa-cpp-gemma3.log")
+    assert a.formula.verdict == Verdict.UNKNOWN and "calculateWindowSizeToShare" in a.formula.verdict_reason
+    note = next(n for n in a.notes if n.startswith("variable sliding-window"))
+    assert "window 1,024: 1,233,920 max tokens, 38,560 primary blocks" in note
+    assert dict(a.ranks[0].logged)["allotted_primary_gib"] == pytest.approx(48513495859 / GIB)
+    assert "BUDGET_RECONCILES" in codes(a)  # 50.20 x 0.9 = 45.18 = the pool
+
+
+def test_speculative_decoding_with_only_a_config_is_not_checked():
+    text = ("[TRT-LLM] [I] ATTENTION RUNTIME FEATURES:  AttentionRuntimeFeatures(chunked_prefill=False, "
+            "cache_reuse=True, has_speculative_draft_tokens=True, chunk_size=8192)\n"
+            + (SAMPLES / "trtllm_003.log").read_text())
+    (a,) = audit(read_log(io.BytesIO(text.encode())), AuditOptions(model_geometry=LLAMA31, kv_cache_dtype="fp8"))
+    assert a.formula.verdict == Verdict.UNKNOWN and "draft model" in a.formula.verdict_reason
