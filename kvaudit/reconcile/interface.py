@@ -228,3 +228,12 @@ class WhatIf:
     headroom_gib_after: float | None  # what would be left for activations
     risk: str  # ok | low | oom | unknown
     explanation: tuple[str, ...]
+
+
+def startup_identity(startup: Any, source: str, startups_total: int) -> dict[str, Any]:
+    """The Audit fields every engine fills the same way: which input, which startup, which version era."""
+    era = startup.era
+    return {"source": source, "startup_index": startup.index, "startups_total": startups_total,
+            "first_line": startup.first_line, "last_line": startup.last_line,
+            "engine_version": str(era) if era.evidence else "unknown",
+            "version_evidence": tuple(dict.fromkeys(era.evidence))}

@@ -16,6 +16,7 @@ from kvaudit.reconcile.interface import (
     ModelSummary,
     Severity,
     Verdict,
+    startup_identity,
 )
 from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell
 from kvaudit.reconcile.values import as_float, as_int
@@ -245,13 +246,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 
     return Audit(
         engine=ENGINE,
-        source=opts.source,
-        startup_index=startup.index,
-        startups_total=startups_total,
-        first_line=startup.first_line,
-        last_line=startup.last_line,
-        engine_version=str(ctx.era) if ctx.era.evidence else "unknown",
-        version_evidence=tuple(dict.fromkeys(ctx.era.evidence)),
+        **startup_identity(startup, opts.source, startups_total),
         model=_model_summary(ctx, geom),
         formula=formula,
         ranks=ledgers,

@@ -14,6 +14,7 @@ from kvaudit.reconcile.interface import (
     ModelSummary,
     Severity,
     Verdict,
+    startup_identity,
 )
 from kvaudit.reconcile.vllm.cell import HybridPool, cell_size, hybrid_pool
 from kvaudit.reconcile.vllm.checks import (
@@ -189,13 +190,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     attention = ("mla" if geom.is_mla else ("hybrid" if pool is not None else "mha")) if geom else "unknown"
     return Audit(
         engine=ENGINE,
-        source=opts.source,
-        startup_index=startup.index,
-        startups_total=startups_total,
-        first_line=startup.first_line,
-        last_line=startup.last_line,
-        engine_version=str(ctx.era) if ctx.era.evidence else "unknown",
-        version_evidence=tuple(dict.fromkeys(ctx.era.evidence)),
+        **startup_identity(startup, opts.source, startups_total),
         model=ModelSummary(str(arch) if arch else None, attention,
                            geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
                            (None if geom.is_mla else max(1, (geom.num_kv_heads or 1) // ctx.tp)) if geom else None,

@@ -1,0 +1,169 @@
+"""One TensorRT-LLM startup, reconciled: settings, the pool, bytes per token, the budget and its prediction,
+the ledger and the findings, assembled into an :class:`Audit`."""
+
+from __future__ import annotations
+
+import math
+
+from kvaudit.parse.interface import Startup
+from kvaudit.parse.trtllm import WindowNote
+from kvaudit.reconcile import findings as F
+from kvaudit.reconcile.interface import (
+    Audit,
+    AuditOptions,
+    Finding,
+    Formula,
+    FormulaRow,
+    ModelSummary,
+    Severity,
+    Verdict,
+    startup_identity,
+)
+from kvaudit.reconcile.trtllm.budget import Budget, Prediction, kv_budget, predict, round_up
+from kvaudit.reconcile.trtllm.cell import Cell, bytes_per_token
+from kvaudit.reconcile.trtllm.checks import rank_and_failure_findings
+from kvaudit.reconcile.trtllm.context import Context, build_context
+from kvaudit.reconcile.trtllm.facts import Pool, logged_pool
+from kvaudit.reconcile.trtllm.ledger import rank_ledger
+
+ENGINE = "trtllm"
+
+
+def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
+    ctx = build_context(startup, opts)
+    findings: list[Finding] = []
+    pool = logged_pool(ctx.facts)
+    cell = bytes_per_token(ctx, pool, findings)
+    budget = kv_budget(ctx, pool, findings)
+    pred = predict(ctx, budget, cell, pool)
+    findings += budget.capped
+    if (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
+            and budget.smallest is not None and budget.smallest.cpp and pool.gib < 0.8 * budget.lo):
+        # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
+        findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
+        pred = Prediction(None, Verdict.UNKNOWN, f"the pool ({pool.gib:.2f} GiB) is far below the fraction's "
+                                                 "budget: a cap the log does not show sized it")
+    formula = _formula(ctx, budget, cell, pool, pred)
+    if pred.verdict == Verdict.MATCH:
+        text = f"({budget.smallest.text}) x {ctx.fraction:g}" if budget.smallest else "the available KV memory"
+        if budget.capped:
+            text = f"min({text}, the configured cap)"
+        findings.append(F.tokens_match(formula, f"{text} -> floor(/ {cell.bytes:,} B) rounded up to blocks of "
+                                                f"{ctx.block}"))
+    elif pred.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
+        findings.append(F.tokens_mismatch(formula, pred.verdict))
+
+    ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx.fraction, pool.finals.get(r), ctx.multimodal_gib)
+                    for i, r in enumerate(sorted(ctx.facts)))
+    findings += rank_and_failure_findings(startup, ctx.facts, budget.frees, ctx.fraction, cell.bytes, pool.tokens,
+                                          opts.thresholds)
+    if pool.tokens is None and not any(f.severity == Severity.ERROR for f in findings):
+        findings.append(F.incomplete_log(startup.last_line, "KV pool line ('Allocated ... for max tokens in paged "
+                                                            "KV cache (N)')"))
+    _notes(ctx, budget, pool)
+
+    geom = ctx.geom
+    cpp = budget.smallest.cpp if budget.smallest else ctx.first("peak_gib") is None
+    return Audit(
+        engine=ENGINE,
+        **startup_identity(startup, opts.source, startups_total),
+        model=ModelSummary(geom.architecture if geom else _model_name(startup.model_path),
+                           ("mla" if geom.is_mla else "mha") if geom else "unknown",
+                           geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
+                           (None if geom.is_mla else math.ceil((geom.num_kv_heads or 1) / ctx.tp)) if geom else None,
+                           geom.head_dim if geom else None,
+                           ctx.kv_dtype if (geom or opts.kv_cache_dtype) else None,
+                           ctx.kv_elt if (geom or opts.kv_cache_dtype) else None, ctx.tp,
+                           geom.source if geom else None, ctx.tp_at_least, ctx.tp_source),
+        formula=formula,
+        ranks=ledgers,
+        findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
+        speculative=None,
+        hicache_host_gb=None,
+        notes=tuple(ctx.notes + ([f"bytes per token: {cell.description}"] if cell.description else [])
+                    + (["the KV dtype is assumed (pass --kv-cache-dtype)"]
+                       if ctx.kv_assumed and cell.source == "config" else [])),
+        engine_display="TensorRT-LLM",
+        formula_text=(("KV = available x fraction" if cpp else "KV = (total - peak + temporary KV) x fraction")
+                      + ";  tokens = ceil(floor(KV / bytes per token) / block) x block"),
+        formula_rows=(
+            FormulaRow("device total memory", formula.pre_load_free_gib, "GiB", "the card"),
+            FormulaRow("available (free after the engine and buffers)" if cpp
+                       else "free after profiling (total - peak + temporary KV)", formula.post_load_free_gib, "GiB",
+                       "what the fraction applies to"),
+            FormulaRow("free_gpu_memory_fraction", ctx.fraction, "", ctx.fraction_source),
+            FormulaRow("headroom = (1 - fraction) x free", formula.reserve_gib, "GiB", "left outside the KV cache"),
+            FormulaRow("available KV cache memory", formula.rest_gib, "GiB", "the KV budget"),
+        ),
+        pre_load_label="total",
+    )
+
+
+def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) -> Formula:
+    total = ctx.first("total_gib") or ctx.first("cpp_total_gib")
+    s = b.smallest
+    return Formula(
+        mem_fraction_static=ctx.fraction,
+        mem_fraction_static_source=ctx.fraction_source,
+        pre_load_free_gib=total,
+        pre_load_free_source="device total memory" if total else None,
+        post_load_free_gib=round(s.mid, 3) if s else None,
+        reserve_gib=round((1 - ctx.fraction) * s.mid, 4) if s else None,
+        rest_gib=b.available_logged if b.available_logged is not None else (
+            round(b.mid, 3) if b.mid is not None else None),
+        bytes_per_token=cell.bytes,
+        bytes_per_token_source=cell.source,
+        predicted_tokens=pred.interval,
+        logged_tokens=pool.tokens,
+        verdict=pred.verdict,
+        verdict_reason=pred.reason,
+        rule=b.rule,
+        effective_mem_fraction_static=pred.effective_fraction,
+        page_size=ctx.block,
+        max_total_tokens_cap=next((c.tokens for c in ctx.caps if c.kind == "max_tokens"), None),
+        speculative_headroom_tokens=None,
+        kv_bytes_per_token_logged=round(cell.from_pool_line, 1) if cell.from_pool_line else None,
+    )
+
+
+def _notes(ctx: Context, b: Budget, pool: Pool) -> None:
+    notes, block, logged = ctx.notes, ctx.block, pool.tokens
+    if len(ctx.windows) > 1:
+        notes.append("variable sliding-window attention: the pool is split per window size ("
+                     + "; ".join(f"window {w:,}: " + ", ".join(x for x in (
+                         f"{tokens:,} max tokens" if tokens is not None else "",
+                         f"{blocks:,} primary blocks" if blocks is not None else "") if x)
+                         for w, (tokens, blocks) in sorted(ctx.windows.items())) + ")")
+    peak_line = min((rr.lines["peak_gib"] for rr in ctx.facts.values() if "peak_gib" in rr.lines), default=None)
+    final = pool.smallest
+    writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
+                 and (peak_line is None or c.line > peak_line)]
+    est = ctx.first("estimated_tokens")
+    if writeback and logged and block:
+        n = writeback[-1].tokens or 0
+        notes.append(f"the estimate wrote max_tokens={n:,} back (line {writeback[-1].line}); the C++ pool rounds "
+                     f"it up to whole blocks: ceil({n:,} / {block}) x {block} = {round_up(n, block):,}"
+                     + (" = the pool" if round_up(n, block) == logged else f", but the pool has {logged:,}"))
+    elif est is not None:
+        notes.append(f"the engine estimated {int(est):,} tokens")
+    if ctx.fraction_assumed:
+        notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
+    if ctx.tp_at_least:
+        notes.append(f"TP size at least {ctx.tp}: {ctx.tp_source}")
+    for w in ctx.startup.of(WindowNote)[-1:]:
+        notes.append(f"the attention window {w.window:,} was reduced to {w.bound:,} tokens: the pool holds no more "
+                     f"(line {w.line})")
+    blocks = ctx.first("primary_blocks")
+    if block is None and blocks and b.mid is not None:
+        notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each (the tokens per "
+                     "block and the model config would give the token count)")
+
+
+def _model_name(path: str | None) -> str | None:
+    """``.../models--openai--gpt-oss-120b/snapshots/<rev>`` -> ``openai/gpt-oss-120b``."""
+    if not path:
+        return None
+    for part in path.split("/"):
+        if part.startswith("models--"):
+            return part[len("models--"):].replace("--", "/")
+    return path

@@ -1,0 +1,55 @@
+"""Bytes per token per GPU: the log's own ``kv size`` first (it includes a draft model's layers), else the
+model config (``KVCacheManager.get_cache_bytes_per_token``), else derived from the pool line (not independent)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvaudit.model_config import ModelGeometry
+from kvaudit.reconcile import findings as F
+from kvaudit.reconcile.interface import Finding
+from kvaudit.reconcile.trtllm.context import Context
+from kvaudit.reconcile.trtllm.facts import Pool
+from kvaudit.units import GIB
+
+
+def cell_size(geom: ModelGeometry, tp: int, elt: float) -> tuple[int, str]:
+    """kv_factor x sum over layers of ceil(kv_heads / tp) x head_dim x element bytes; MLA keeps one 576-wide
+    latent (kv_factor 1, one head)."""
+    if geom.is_mla:
+        d = geom.kv_lora_rank + geom.qk_rope_head_dim  # type: ignore[operator]
+        return int(geom.num_layers * d * elt), f"MLA {d} x {geom.num_layers} layers x {elt:g} B (K only)"
+    h = math.ceil((geom.num_kv_heads or 1) / max(1, tp))
+    hd = geom.head_dim or 0
+    return int(2 * geom.num_layers * h * hd * elt), f"K+V {h} head(s) x {hd} x {geom.num_layers} layers x {elt:g} B"
+
+
+@dataclass(frozen=True)
+class Cell:
+    bytes: int | None
+    source: str | None  # config | log (kv size per token) | kv_line
+    description: str | None
+    from_pool_line: float | None  # pool GiB / pool tokens, for reference
+
+
+def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
+    cell = desc = source = None
+    if ctx.geom is not None:
+        cell, desc = cell_size(ctx.geom, ctx.tp, ctx.kv_elt)
+        source = "config"
+    logged = ctx.first("bytes_per_token")
+    if logged is not None:
+        if cell is not None and abs(cell - logged) > 0.002 * logged:
+            findings.append(F.geometry_mismatch(cell, logged, ctx.geom.source if ctx.geom else "config"))
+        cell, source, desc = int(logged), "log (kv size per token)", None
+        fixed = ctx.first("fixed_cost_bytes")
+        if fixed:
+            ctx.notes.append(f"the engine adds a fixed cost of {int(fixed):,} bytes to the per-token size (2026 "
+                             "builds); it is not in the token arithmetic here")
+    from_line = None
+    if pool.gib and pool.tokens:
+        from_line = pool.gib * GIB / pool.tokens
+        if cell is None:
+            cell, source = int(round(from_line)), "kv_line"
+    return Cell(cell, source, desc, from_line)

@@ -1,0 +1,79 @@
+"""TensorRT-LLM findings beyond the budget and the token count: ranks that differ, little memory left outside
+the KV cache, and failures (the executor's OOM table, a pool too small for one sequence, out of memory)."""
+
+from __future__ import annotations
+
+from kvaudit.parse.trtllm import Failure
+from kvaudit.reconcile import findings as F
+from kvaudit.reconcile.interface import Finding
+from kvaudit.units import GIB
+
+
+def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th) -> list[Finding]:
+    out: list[Finding] = []
+    avail = {rr.rank.display: rr.r["available_gib"] for rr in ranks.values() if "available_gib" in rr.r}
+    if not avail:
+        avail = {rr.rank.display: rr.r["cpp_available_gib"] for rr in ranks.values() if "cpp_available_gib" in rr.r}
+    if len(avail) >= 2:
+        lo = min(avail.items(), key=lambda x: x[1])
+        hi = max(avail.items(), key=lambda x: x[1])
+        if hi[1] - lo[1] > th.rank_imbalance_gib:
+            out.append(F.rank_imbalance("available KV cache memory", lo, hi, hi[1] - lo[1], cell))
+    for b in frees.values():
+        free = b.mid
+        head = (1 - fraction) * free
+        if head < th.low_headroom_gib and logged is not None:
+            out.append(F.trtllm_low_headroom(head, fraction, free, th.low_headroom_gib))
+            break
+    failures = startup.of(Failure)
+    quoted: set[int] = set()
+    small = next((f for f in failures if f.kind == "too_small"), None)
+    if small is not None:
+        n = small.numbers
+        need = int(n.get("beam_width", 1) * n.get("tokens_per_block", 0) * n.get("blocks_per_sequence", 0))
+        have = int(n.get("max_tokens", 0))
+        fits: dict[str, float] = {"tokens_needed": need}
+        clause = ""
+        if need and have:
+            per_seq = have // int(n.get("tokens_per_block", 1) or 1) * int(n.get("tokens_per_block", 1) or 1)
+            clause = f" -> a pool of at least {need:,} tokens ({need / have:.2f}x this one)"
+            fits["max_sequence_length_that_fits"] = per_seq
+            if cell:
+                extra = (need - have) * cell / GIB
+                clause += f", {extra:.2f} GiB more KV memory; or a maximum sequence length of at most {per_seq:,}"
+                fits["extra_gib"] = round(extra, 3)
+        out.append(F.not_enough_memory(small.message + clause, small.line, {**n, **fits}))
+        quoted.add(small.line)
+    nofit = next((f for f in failures if f.kind == "no_fit"), None)
+    if nofit is not None and small is None:
+        out.append(F.not_enough_memory(nofit.message, nofit.line, {}))
+        quoted.add(nofit.line)
+    for rr in ranks.values():
+        k = rr.r.get("available_gib")
+        if k is not None and k <= 0 and not quoted:
+            out.append(F.not_enough_memory(f"available KV cache memory is {k} GiB on {rr.rank.display}: the profiling "
+                                           "peak left nothing for the KV cache", rr.lines.get("available_gib", 0),
+                                           {"available_gib": k}))
+            break
+    executor = next((f for f in failures if f.kind == "executor_failed"), None)
+    if executor is not None and "insufficient GPU memory" in executor.message:
+        component = next((f.message for f in failures if f.kind == "oom_component"), None)
+        total = next((rr.r["oom_total_gib"] for rr in ranks.values() if "oom_total_gib" in rr.r), None)
+        free = next((rr.r["oom_free_gib"] for rr in ranks.values() if "oom_free_gib" in rr.r), None)
+        detail = ""
+        if component:
+            detail = f": the {component} could not be created"
+            if free is not None and total is not None:
+                detail += f" with {free:.2f} GiB free of {total:.2f} GiB"
+        out.append(F.not_enough_memory(executor.message.rstrip(".") + detail, executor.line,
+                                       {"component": component, "free_gib": free, "total_gib": total}))
+        quoted.add(executor.line)
+    fatal = [f for f in failures if f.kind not in ("no_blocks", "oom_component")]
+    if fatal:
+        last = fatal[-1]
+        detail = (f"the error quoted in NOT_ENOUGH_MEMORY (line {last.line})" if last.line in quoted
+                  else last.message)
+        if logged is not None:
+            detail += " (after the KV pool was sized)"
+        out.append(F.startup_failed(last.line, detail))
+    return out

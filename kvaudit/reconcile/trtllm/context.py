@@ -1,0 +1,90 @@
+"""What one TensorRT-LLM startup establishes before any arithmetic, each setting with its source: the
+fraction (the log, --mem-fraction-static, or the 0.9 default, said to be assumed), tokens per block, the TP size
+(rank tags give "at least"), the KV element type, configured caps, VSWA windows, speculative decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.parse.interface import Rank, Startup
+from kvaudit.parse.trtllm import Cap, WindowPool
+from kvaudit.reconcile.interface import AuditOptions
+from kvaudit.reconcile.trtllm.facts import RankFacts, first, gather_facts
+
+DEFAULT_FRACTION = 0.9  # KvCacheConfig / executor::KvCacheConfig default (kDefaultGpuMemFraction)
+
+
+@dataclass
+class Context:
+    startup: Startup
+    opts: AuditOptions
+    facts: dict[Rank, RankFacts]
+    geom: ModelGeometry | None
+    fraction: float
+    fraction_source: str
+    fraction_assumed: bool
+    block: int | None  # tokens per block, as logged
+    tp: int
+    tp_at_least: bool
+    tp_source: str
+    kv_dtype: str
+    kv_elt: float
+    kv_assumed: bool
+    caps: tuple[Cap, ...]
+    windows: dict[int, tuple[int | None, int | None]]  # window -> (max tokens, primary blocks)
+    speculative: bool
+    multimodal_gib: float
+    notes: list[str] = field(default_factory=list)
+
+    def first(self, key: str) -> float | None:
+        return first(self.facts, key)
+
+
+def element_bytes(name: str | None) -> float | None:
+    if not name:
+        return None
+    key = name.replace("torch.", "").lower()
+    if key.startswith("fp8") or key.startswith("float8"):
+        return 1
+    if key in ("nvfp4", "fp4"):
+        return 0.5 + 1 / 16  # 4-bit values plus one FP8 scale per 16 elements
+    return DTYPE_BYTES.get(key)
+
+
+def build_context(startup: Startup, opts: AuditOptions) -> Context:
+    facts = gather_facts(startup)
+    geom: ModelGeometry | None = opts.model_geometry
+    caps = startup.of(Cap)
+
+    fraction, source = opts.mem_fraction_static, "cli" if opts.mem_fraction_static is not None else ""
+    if fraction is None and first(facts, "fraction") is not None:
+        fraction, source = first(facts, "fraction"), "log"
+    if fraction is None:
+        both = next((c.fraction for c in caps if c.kind == "both_set" and c.fraction is not None), None)
+        if both is not None:
+            fraction, source = both, "log"
+    assumed = fraction is None
+    if fraction is None:
+        fraction, source = DEFAULT_FRACTION, "default 0.9 (the log does not state it)"
+
+    tagged = [r for r in facts if r.label]
+    tp = opts.tp_size or (max(r.sort_key[1] for r in tagged) + 1 if tagged else 1)
+    tp_source = "--tp-size" if opts.tp_size else ("rank tags (at least)" if tagged else "assumed (no rank tags)")
+
+    elt = element_bytes(opts.kv_cache_dtype)
+    if elt is not None:
+        kv_dtype, kv_assumed = str(opts.kv_cache_dtype), False
+    else:
+        model_dtype = (geom.torch_dtype if geom else None) or "bfloat16"
+        kv_dtype, elt, kv_assumed = f"auto ({model_dtype}, assumed)", (geom.dtype_bytes if geom else 2) or 2, True
+
+    windows: dict[int, tuple[int | None, int | None]] = {}
+    for w in startup.of(WindowPool):
+        tokens, blocks = windows.get(w.window, (None, None))
+        windows[w.window] = (w.max_tokens if w.max_tokens is not None else tokens,
+                             w.primary_blocks if w.primary_blocks is not None else blocks)
+    return Context(startup, opts, facts, geom, fraction, source, assumed,
+                   int(first(facts, "tokens_per_block") or 0) or None, tp, not opts.tp_size and bool(tagged),
+                   tp_source, kv_dtype, elt, kv_assumed, caps, windows, bool(first(facts, "speculative")),
+                   first(facts, "multimodal_gib") or 0.0)

@@ -1,0 +1,46 @@
+"""TensorRT-LLM what-if: another free_gpu_memory_fraction, KV dtype or max_tokens on the same profiled numbers."""
+
+from __future__ import annotations
+
+import math
+
+from kvaudit.parse.interface import Startup
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
+from kvaudit.reconcile.trtllm.budget import round_up
+from kvaudit.reconcile.trtllm.context import DEFAULT_FRACTION, element_bytes
+from kvaudit.units import GIB
+
+
+def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
+    """Another free_gpu_memory_fraction scales the KV budget with what was free after profiling; another KV
+    dtype rescales bytes per token; a max_tokens caps the pool."""
+    f0 = base.formula
+    changes = {k: getattr(new_opts, k) for k in ("mem_fraction_static", "kv_cache_dtype", "max_tokens")
+               if getattr(new_opts, k, None) is not None and getattr(new_opts, k) != getattr(opts, k, None)}
+    free = f0.post_load_free_gib
+    if free is None or not f0.bytes_per_token or not f0.page_size:
+        return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None, None,
+                      "unknown", ("the log lacks the profiling peak (or the C++ available memory), bytes per token "
+                                  "or the tokens per block",))
+    f_old = f0.mem_fraction_static or DEFAULT_FRACTION
+    f_new = new_opts.mem_fraction_static or f_old
+    cell = f0.bytes_per_token
+    explanation: list[str] = []
+    if new_opts.kv_cache_dtype:
+        new_elt = element_bytes(new_opts.kv_cache_dtype) or 2
+        old_elt = base.model.kv_dtype_bytes or 2
+        cell = int(cell * new_elt / old_elt)
+        explanation.append(f"KV element {old_elt:g} -> {new_elt:g} B: {f0.bytes_per_token:,} -> {cell:,} B/token")
+    kv1 = free * f_new
+    tokens = math.floor(kv1 * GIB / cell)
+    cap = getattr(new_opts, "max_tokens", None)
+    if cap is not None and cap < tokens:
+        explanation.append(f"max_tokens {cap:,} caps the {tokens:,} tokens the fraction allows")
+        tokens, kv1 = cap, cap * cell / GIB
+    tokens = round_up(tokens, f0.page_size)
+    r0, r1 = free * (1 - f_old), free - kv1
+    risk = "oom" if r1 < 0 else ("low" if r1 < opts.thresholds.low_headroom_gib else "ok")
+    explanation.append(f"KV = {free:.2f} GiB free after profiling x {f_new:g} = {free * f_new:.2f} GiB; the rest "
+                       f"({r1:.2f} GiB) stays free")
+    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(kv1, 2), round(r0, 2),
+                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation))
