@@ -13,7 +13,7 @@ from kvaudit.parse.sglang import SGLangParser, parse_line
 from kvaudit.reconcile.interface import AuditOptions
 from tests.conftest import KIMI_LOG, SAMPLES
 
-REAL_LINES = [l for p in [KIMI_LOG, *sorted(SAMPLES.glob("*.log"))]  # SGLang and vLLM
+REAL_LINES = [l for p in [KIMI_LOG, *sorted(SAMPLES.glob("*.log"))]  # SGLang, vLLM and TensorRT-LLM
               for l in p.read_bytes().decode("utf-8", "replace").split("\n") if l.strip()]
 
 
@@ -65,8 +65,20 @@ def test_whole_pipeline_never_raises(lines):
 def test_single_arbitrary_line(text):
     from kvaudit.parse import vllm
 
+    from kvaudit.parse import trtllm
+
     parse_line(Line(1, text))
     vllm.parse_line(Line(1, text))
+    trtllm.parse_line(Line(1, text))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.one_of(mutated_line(), st.text(max_size=200)), max_size=40))
+def test_trtllm_parser_never_raises(lines):
+    from kvaudit.parse.trtllm import TRTLLMParser
+
+    for s in TRTLLMParser().parse([Line(i + 1, t) for i, t in enumerate(lines)]):
+        assert s.first_line <= s.last_line
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -95,7 +107,8 @@ def test_long_lines_parse_in_linear_time():
 
     from kvaudit.explain import parse_lines
 
-    for filler in ("x", "a b", "1.", "[", "GB ", "blocks: ", "took ", "TP1 "):
+    for filler in ("x", "a b", "1.", "[", "GB ", "blocks: ", "took ", "TP1 ", "/snapshots/", "(GiB): ",
+                   "must be large enough to process at least 1 sequence "):
         line = filler * ((1 << 20) // len(filler)) + " 1.00 GB"
         t = time.process_time()
         try:
