@@ -10,7 +10,7 @@ from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
-from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select
+from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
 from kvaudit.reconcile.interface import Audit, AuditOptions, Finding
@@ -156,7 +156,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
             aopts = replace(aopts, model_geometry=geometry_from_text(c.config_json, c.config_source or "config.json"))
         except ConfigError as exc:
             notes.append(f"remote config.json unusable: {exc}")
-    audit = log.engine.reconcile(startup, aopts, len(log.startups))
+    audit = with_input_notes(log.engine.reconcile(startup, aopts, len(log.startups)), log)
     if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
             p.startswith(NO_CONFIG) for p in c.partial):
         # the log itself states bytes per token (TensorRT-LLM's "kv size per token"): the config is not needed

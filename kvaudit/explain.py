@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
@@ -55,8 +56,16 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
     return hits[0] if len(hits) == 1 else None
 
 
+#: a run of digits no engine prints in a memory line (a 19-digit nanosecond timestamp is the longest real one):
+#: a line holding one is hostile or corrupt, and its numbers would overflow the arithmetic
+_ABSURD_NUMBER = re.compile(r"\d{25}|\d[eE]\+?\d{3}")
+
+
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     stats = stats or ScanStats()
+    sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)]
+    stats.absurd_lines += len(lines) - len(sane)
+    lines = sane
     found: list[tuple[Engine, list[Startup]]] = []
     for engine in ENGINES:
         startups = engine.parser.parse(lines)
@@ -81,6 +90,8 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
         what = f"{stats.bytes_read:,} bytes read"
         if stats.overlong_lines:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
+        if stats.absurd_lines:
+            what += f", {stats.absurd_lines} line(s) with an absurd number skipped"
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
     return ParsedLog(engine, tuple(startups), stats)
@@ -104,7 +115,15 @@ def select(log: ParsedLog, startup: int | None) -> list[Startup]:
 
 def audit(log: ParsedLog, opts: AuditOptions, startup: int | None = None, all_startups: bool = False) -> list[Audit]:
     chosen = list(log.startups) if all_startups else select(log, startup)
-    return [log.engine.reconcile(s, opts, len(log.startups)) for s in chosen]
+    return [with_input_notes(log.engine.reconcile(s, opts, len(log.startups)), log) for s in chosen]
+
+
+def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
+    """What the reading of the input skipped, said in the audit (a skipped line may have held a reading)."""
+    if not log.stats.absurd_lines:
+        return a
+    return replace(a, notes=a.notes + (f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine "
+                                       "prints (25+ digits, or a 3-digit exponent)",))
 
 
 def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions, startup: int | None = None) -> tuple[Audit, WhatIf]:

@@ -8,6 +8,7 @@ Llama 4, ...); ``llm_config`` and ``language_config`` are read the same way.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,24 +87,56 @@ def load_config(path: str | Path) -> ModelGeometry:
     return geometry_from_text(text, str(p))
 
 
+#: the largest value each dimension may take: far above any real model, small enough that nothing sized by it
+#: (per-layer buffers, products of dimensions) can exhaust memory. A config past them is refused, not trusted.
+BOUNDS = {"layers": 4096, "heads": 65536, "dim": 1 << 20, "other": 1 << 40}
+_BOUND_OF = {
+    "num_hidden_layers": "layers", "n_layer": "layers", "num_layers": "layers", "full_attention_interval": "layers",
+    "sliding_window_pattern": "layers", "num_nextn_predict_layers": "layers",
+    "num_attention_heads": "heads", "n_head": "heads", "num_key_value_heads": "heads", "num_query_groups": "heads",
+    "n_head_kv": "heads", "multi_query_group_num": "heads",
+    "hidden_size": "dim", "n_embd": "dim", "head_dim": "dim", "kv_channels": "dim", "v_head_dim": "dim",
+    "kv_lora_rank": "dim", "qk_rope_head_dim": "dim", "index_head_dim": "dim",
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a config may hold")
+
+
 def geometry_from_text(text: str, source: str) -> ModelGeometry:
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"model config {source} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError as exc:  # NaN / Infinity
+        raise ConfigError(f"model config {source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"model config {source} is nested too deeply to be a config.json") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"model config {source} is not a JSON object")
     return geometry_from_dict(raw, source)
 
 
-def _int(d: dict[str, Any], *keys: str) -> int | None:
+def _int(d: dict[str, Any], *keys: str, source: str = "") -> int | None:
     for k in keys:
         v = d.get(k)
         if isinstance(v, bool):
             continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"model config {source}: {k} is {v}")
         if isinstance(v, (int, float)) and v >= 0:
+            bound = BOUNDS[_BOUND_OF.get(k, "other")]
+            if v > bound:
+                raise ConfigError(f"model config {source}: {k} = {_short(v)} is beyond any real model (at most "
+                                  f"{bound:,}); refusing to size a KV cache from it")
             return int(v)
     return None
+
+
+def _short(v: float) -> str:
+    text = str(v)
+    return text if len(text) <= 24 else text[:10] + f"...({len(text)} digits)"
 
 
 def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
@@ -114,20 +147,20 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         if isinstance(inner, dict) and "num_hidden_layers" in inner:
             cfg = inner
             break
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", source=source)
     if not layers:
         raise ConfigError(f"model config {source} has no num_hidden_layers")
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    kv_heads = _int(cfg, "num_key_value_heads", "num_query_groups", "n_head_kv", "multi_query_group_num")
+    heads = _int(cfg, "num_attention_heads", "n_head", source=source)
+    kv_heads = _int(cfg, "num_key_value_heads", "num_query_groups", "n_head_kv", "multi_query_group_num", source=source)
     if kv_heads is None:
         kv_heads = heads
-    hidden = _int(cfg, "hidden_size", "n_embd")
-    head_dim = _int(cfg, "head_dim", "kv_channels")
+    hidden = _int(cfg, "hidden_size", "n_embd", source=source)
+    head_dim = _int(cfg, "head_dim", "kv_channels", source=source)
     if head_dim is None and hidden and heads:
         head_dim = hidden // heads
-    v_head_dim = _int(cfg, "v_head_dim")
-    kv_lora = _int(cfg, "kv_lora_rank")
-    rope = _int(cfg, "qk_rope_head_dim")
+    v_head_dim = _int(cfg, "v_head_dim", source=source)
+    kv_lora = _int(cfg, "kv_lora_rank", source=source)
+    rope = _int(cfg, "qk_rope_head_dim", source=source)
     if kv_lora is None and head_dim is None:
         raise ConfigError(f"model config {source} gives neither head_dim (or hidden_size/heads) nor kv_lora_rank")
 
@@ -138,18 +171,22 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         full = sum(1 for t in kinds if t in ("full_attention", "attention", "global"))
         swa = sum(1 for t in kinds if "sliding" in t or t == "local")
         linear = sum(1 for t in kinds if "linear" in t or "mamba" in t)
-    elif _int(cfg, "full_attention_interval"):
-        every = _int(cfg, "full_attention_interval") or 1
+    elif _int(cfg, "full_attention_interval", source=source):
+        every = _int(cfg, "full_attention_interval", source=source) or 1
         full = layers // every
         linear = layers - full
-    elif _int(cfg, "sliding_window_pattern") and cfg.get("sliding_window"):
-        every = _int(cfg, "sliding_window_pattern") or 1
+    elif _int(cfg, "sliding_window_pattern", source=source) and cfg.get("sliding_window"):
+        every = _int(cfg, "sliding_window_pattern", source=source) or 1
         full = layers // every
         swa = layers - full
 
     quant = outer.get("quantization_config") or cfg.get("quantization_config") or {}
     kv_algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
-    arch = (outer.get("architectures") or cfg.get("architectures") or [None])[0]
+    archs = outer.get("architectures") or cfg.get("architectures") or [None]
+    if not isinstance(archs, list) or not archs:
+        raise ConfigError(f"model config {source}: architectures must be a list of class names, not "
+                          f"{type(archs).__name__}")
+    arch = archs[0]
     return ModelGeometry(
         source=source,
         architecture=arch if isinstance(arch, str) else None,
@@ -161,13 +198,13 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         v_head_dim=v_head_dim,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope,
-        index_head_dim=_int(cfg, "index_head_dim"),
+        index_head_dim=_int(cfg, "index_head_dim", source=source),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "") or None,
         kv_cache_quant_algo=str(kv_algo) if kv_algo else None,
-        num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
+        num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers", source=source),
         full_attention_layers=full or None,
         sliding_window_layers=swa or None,
         linear_attention_layers=linear or None,
-        max_position_embeddings=_int(cfg, "max_position_embeddings"),
+        max_position_embeddings=_int(cfg, "max_position_embeddings", source=source),
         multimodal=cfg is not outer or any(k in outer for k in ("vision_config", "audio_config")),
     )

@@ -135,3 +135,18 @@ def test_internal_errors_are_one_line(monkeypatch):
     monkeypatch.setattr(ex, "audit", boom)
     r = cli("explain", KIMI_LOG)
     assert r.code == ExitStatus.INTERNAL_ERROR and "internal error" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("number", ["9" * 400, "1e999"])
+def test_absurd_numbers_in_a_log_are_skipped_not_fatal(tmp_path, number):
+    """A memory line holding a number no engine prints (it would overflow the arithmetic) is skipped and said
+    to be; the rest of the log is audited; the JSON is strict."""
+    import json
+
+    text = (SAMPLES / "vllm_016.log").read_text().replace("56.18GiB", f"{number}GiB", 1)
+    p = tmp_path / "hostile.log"
+    p.write_text(text)
+    r = cli_process("explain", p, "-f", "json")
+    assert r.code in (0, 1), r.stderr
+    d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert any("absurd" in n or "no engine prints" in n for n in d["notes"])

@@ -45,6 +45,7 @@ class CommandResult:
     stderr: bytes = field(repr=False)
     seconds: float
     truncated: bool = False  # output hit the size limit
+    unreached: bool = False  # part of a batch that stopped before this command ran: run it again on its own
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ values such as ``[N/A]`` or ``[Requested functionality has been deprecated]`` be
 
 from __future__ import annotations
 
+import math
+
 from kvaudit.collect.interface import ComputeApp, GpuReading
 
 
@@ -15,9 +17,12 @@ def _num(s: str) -> float | None:
     if not s or s.startswith("["):
         return None
     try:
-        return float(s.replace(" MiB", ""))
+        v = float(s.replace(" MiB", ""))
     except ValueError:
         return None
+    if not math.isfinite(v) or abs(v) > 1e15:  # no GPU has 10**15 MiB: a hostile or broken nvidia-smi
+        raise SmiParseError(f"nvidia-smi printed {s[:40]!r}, which is not a reading")
+    return v
 
 
 def parse_gpus(text: str) -> list[GpuReading]:

@@ -3,6 +3,8 @@ when the driver has it, v1 otherwise; everything normalised to the same readings
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from kvaudit.collect.interface import ComputeApp, GpuReading
@@ -44,6 +46,9 @@ def read(nvml: Any = None) -> tuple[list[GpuReading], list[ComputeApp], str]:
                 mem = nvml.nvmlDeviceGetMemoryInfo(h)
                 reserved, version = None, "v1"
             bus = _s(nvml.nvmlDeviceGetPciInfo(h).busId)
+            for value in (mem.total, mem.used, mem.free, mem.reserved if reserved is not None else 0):
+                if not isinstance(value, int) and not (isinstance(value, float) and math.isfinite(value)):
+                    raise NvmlUnavailable(f"NVML returned {value!r} for GPU {i}'s memory, which is not a reading")
             gpus.append(GpuReading(i, uuid, _s(nvml.nvmlDeviceGetName(h)), bus, mem.total / MIB, reserved,
                                    mem.used / MIB, mem.free / MIB, driver))
             for p in nvml.nvmlDeviceGetComputeRunningProcesses(h):

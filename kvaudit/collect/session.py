@@ -16,6 +16,7 @@ from kvaudit.collect.interface import (
     CommandResult,
     ComputeApp,
     GpuReading,
+    HostTimeout,
     NoEngineFound,
     Runner,
 )
@@ -81,6 +82,8 @@ class HostSession:
         if not todo:
             return
         for res in self.runner.run_batch(todo, self.opts.command_timeout, self.opts.max_output):
+            if res.unreached:  # the batch stopped early (a loaded host, a dropped shell): run() retries it alone
+                continue
             self.cache[res.command] = res
             self._record(res)
 
@@ -107,7 +110,7 @@ class HostSession:
         if src and src.startswith("file:"):
             path = src[5:]
             self.source_desc = f"file:{path}"
-            res = self.run(C.file_lines(path, self.opts.anchors))
+            res = self._read_log(C.file_lines(path, self.opts.anchors))
             if res.rc not in (0, 1) or (res.rc == 1 and res.stderr.strip()):
                 raise NoEngineFound(f"{self.target}: cannot read {path}: {_first_line(res.stderr) or f'rc {res.rc}'}")
             return self._lines(res)
@@ -120,7 +123,7 @@ class HostSession:
             raise NoEngineFound(f"{self.target}: docker container {name!r}: "
                                 f"{_first_line(started.stderr) or _first_line(started.stdout) or f'rc {started.rc}'}")
         self.source_desc = f"docker:{name} (since {since})"
-        return self._lines(self.run(C.docker_lines(name, since, self.opts.anchors)))
+        return self._lines(self._read_log(C.docker_lines(name, since, self.opts.anchors)))
 
     def _journal(self) -> list[tuple[int, str]]:
         d = self.opts.journal_directory
@@ -142,7 +145,7 @@ class HostSession:
         self.invocation = inv
         self.source_desc = f"journal unit={unit}" + (f" invocation={inv}" if inv else " (no invocation id: all starts)") + (
             f" directory={d}" if d else "")
-        res = self.run(C.journal_lines(unit, inv, d, self.opts.anchors))
+        res = self._read_log(C.journal_lines(unit, inv, d, self.opts.anchors))
         lines = self._lines(res)
         if not lines:
             why = _first_line(res.stderr)
@@ -150,6 +153,14 @@ class HostSession:
                                 + (f" ({why})" if why else " (is the journal readable by this user? "
                                    "root or the systemd-journal group is needed)"))
         return lines
+
+    def _read_log(self, command: str) -> CommandResult:
+        """The log read; one that ran out of time is a timeout, not a log without engine lines."""
+        res = self.run(command)
+        if res.rc is None and b"[kvaudit: timed out]" in res.stderr:
+            raise HostTimeout(f"{self.target}: reading the log did not finish within "
+                              f"{self.opts.command_timeout:g} s ({len(res.stdout):,} bytes received)")
+        return res
 
     def discover_unit(self) -> str:
         names: list[str] = []
@@ -218,7 +229,11 @@ class HostSession:
             return [], []
         apps_res = self.run(C.query_apps())
         self.raw["apps"] = apps_res.stdout
-        apps = parse_apps(apps_res.stdout.decode(errors="replace")) if apps_res.rc == 0 else []
+        try:
+            apps = parse_apps(apps_res.stdout.decode(errors="replace")) if apps_res.rc == 0 else []
+        except SmiParseError as exc:
+            self.partial.append(f"nvidia-smi process list: {exc}")
+            apps = []
         if apps_res.rc != 0:
             self.partial.append(f"nvidia-smi process list failed: {_first_line(apps_res.stderr) or apps_res.rc}")
         return gpus, apps

@@ -425,5 +425,5 @@ def run_batch(runner, commands: list[str], timeout: float, max_bytes: int) -> li
             results.append(CommandResult(c, rcs[i], outs[i], b"" if rcs[i] == 0 else outs[i], each, res.truncated))
         else:  # the batch stopped before this command finished (timeout, size limit)
             results.append(CommandResult(c, None, b"", res.stderr or b"[kvaudit: batch did not reach this command]",
-                                         each, res.truncated))
+                                         each, res.truncated, unreached=True))
     return results

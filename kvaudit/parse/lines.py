@@ -51,6 +51,7 @@ class ScanStats:
     lines_read: int = 0
     lines_kept: int = 0
     overlong_lines: int = 0
+    absurd_lines: int = 0  # lines dropped for a number no engine prints (parse_lines)
     saw_nul: bool = False
     first_bytes: bytes = field(default=b"", repr=False)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kvaudit import __version__
 from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
 from kvaudit.report.host import host_dict
-from kvaudit.report.json import SCHEMA_VERSION
+from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
 from kvaudit.report.text import colour, table, wrap
 
@@ -91,4 +90,4 @@ def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: i
         "drift": [{"host": d.host, "gpu": d.gpu, "what": d.what, "before": d.before, "after": d.after,
                    "message": d.message} for d in (drift or [])],
     }
-    return json.dumps(doc, indent=2) + "\n"
+    return dumps(doc)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kvaudit.check import HostAudit
-from kvaudit.report.json import SCHEMA_VERSION, audit_dict, finding_dict
+from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
 from kvaudit.report.text import colour, table, wrap, render_one
 
 GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
@@ -82,7 +81,7 @@ def _rank_ledger(h: HostAudit, label: str | None) -> Any:
 def render_json(hosts: list[HostAudit]) -> str:
     doc: Any = host_dict(hosts[0]) if len(hosts) == 1 else {"schema_version": SCHEMA_VERSION,
                                                             "hosts": [host_dict(h) for h in hosts]}
-    return json.dumps(doc, indent=2) + "\n"
+    return dumps(doc)
 
 
 def render_text(hosts: list[HostAudit], color: bool = False) -> str:

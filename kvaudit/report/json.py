@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from kvaudit import __version__
@@ -36,6 +37,23 @@ def rank_dict(r: RankLedger) -> dict[str, Any]:
                   for i in r.items],
         "logged": dict(r.logged),
     }
+
+
+def finite(doc: Any) -> Any:
+    """The document with every non-finite float (NaN, inf: from a hostile host or log) as null: strict JSON
+    parsers reject ``NaN``/``Infinity``, and one bad reading must not cost the whole report."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def dumps(doc: Any) -> str:
+    """Strict JSON (no NaN/Infinity), indented, newline-terminated: every JSON document kvaudit prints."""
+    return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
 
 
 def audit_dict(a: Audit) -> dict[str, Any]:
@@ -111,9 +129,8 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
 def render(audits: list[Audit], **_: Any) -> str:
     doc: Any = audit_dict(audits[0]) if len(audits) == 1 else {
         "schema_version": SCHEMA_VERSION, "audits": [audit_dict(a) for a in audits]}
-    return json.dumps(doc, indent=2) + "\n"
+    return dumps(doc)
 
 
 def render_whatif(audit: Audit, w: WhatIf) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "baseline": audit_dict(audit), "whatif": whatif_dict(w)},
-                      indent=2) + "\n"
+    return dumps({"schema_version": SCHEMA_VERSION, "baseline": audit_dict(audit), "whatif": whatif_dict(w)})

@@ -70,3 +70,41 @@ def test_trtllm_capture_then_replay(trt_site, tmp_path):
     d = cli_process("check", out, "--format", "json").json()
     assert d["engine"] == "trtllm" and d["formula"]["logged_tokens"] == 446208 and d["formula"]["verdict"] == "match"
     assert d["gpus"][0]["free_gib"] == pytest.approx(6100 / 1024, abs=0.01)
+
+
+def test_non_finite_nvidia_smi_reading_is_partial_and_strict_json(trt_site):
+    """A host whose nvidia-smi prints nan: the readings are dropped (partial, exit 6), the audit of the log
+    stands, and the JSON holds no NaN (a strict parser reads it)."""
+    import json
+
+    host, cfg = trt_site
+    csv = host.root / "smi" / "gpus.csv"
+    good = csv.read_text()
+    csv.write_text(good.replace("74990", "nan"))
+    try:
+        r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                        "--format", "json", timeout=60)
+    finally:
+        csv.write_text(good)
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr
+    d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert d["formula"]["verdict"] == "match" and any("not a reading" in p for p in d["host"]["partial"])
+
+
+def test_a_batch_cut_short_is_retried_command_by_command(trt_site):
+    """A host whose `hostname` kills the shell it runs in: the first round trip's batch stops there. The
+    commands it never reached are run again one by one (the journal is read), not reported as "cannot read
+    the journal"."""
+    host, cfg = trt_site
+    fake = host.bin / "hostname"
+    # kill the shell that runs the batch (not sshd itself: that would be a dropped connection, another test)
+    fake.write_text('#!/bin/sh\ncase "$(cat /proc/$PPID/comm)" in sh|bash|dash) kill -9 $PPID;; esac\necho gpu-host\n')
+    fake.chmod(0o755)
+    try:
+        r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                        "--format", "json", timeout=60)
+    finally:
+        fake.unlink()
+    assert r.code in (ExitStatus.OK, ExitStatus.PARTIAL_DATA), r.stderr + r.stdout
+    d = r.json()
+    assert d["formula"]["logged_tokens"] == 446208 and d["gpus"][0]["free_gib"] is not None

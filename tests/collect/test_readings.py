@@ -185,3 +185,24 @@ def test_live_thresholds_are_settable():
     strict = cli("check", CAPTURE, "-f", "json", "--threshold", "drift_gib=0.25").json()
     drift = next(f for f in strict["findings"] if f["code"] == "MEMORY_DRIFT")
     assert drift["fields"]["drift_gib"] == pytest.approx(0.52, abs=0.01)
+
+
+# --- non-finite readings are not readings (issue #10) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "9" * 400])
+def test_nvidia_smi_non_finite_is_a_parse_error(value):
+    with pytest.raises(SmiParseError, match="not a reading"):
+        parse_gpus(f"0, GPU-abc, NVIDIA H200, 00000000:18:00.0, 143771, 614, {value}, 110796, 590.48.01\n")
+    with pytest.raises(SmiParseError):
+        parse_apps(f"4711, GPU-abc, sglang::scheduler_TP0, {value}\n")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nvml_non_finite_is_unavailable(bad):
+    fake = FakeNvml()
+    real = fake.nvmlDeviceGetMemoryInfo
+    fake.nvmlDeviceGetMemoryInfo = lambda h, version=None: SimpleNamespace(**{**vars(real(h, version)), "used": bad})
+    with pytest.raises(nvml.NvmlUnavailable, match="not a reading"):
+        nvml.read(fake)
+    assert fake.shut

@@ -76,6 +76,8 @@ def run_fleet(root: Path, *extra: str):
     r = cli_process("fleet", root / "inventory.ini", "--ssh-config", root / "ssh_config", "--parallel", "8",
                     "--timeout", "8", "--run-timeout", "90", "--history", root / "history.sqlite", "--format",
                     "json", "--quiet", *extra, timeout=180)
+    runs = sorted(root.glob("run-*.json"))
+    (root / f"run-{len(runs) + 1}.json").write_text(r.stdout)  # kept for a failure's post-mortem
     return r, time.monotonic() - t
 
 
@@ -89,7 +91,8 @@ def test_twenty_hosts_three_broken(fleet):
     by_name = {h["name"]: h for h in d["hosts"]}
     failed = {n: h["host"]["error"]["reason"] for n, h in by_name.items() if h["host"]["error"]}
     assert failed == {f"gpu-{DOWN:02d}": "unreachable", f"gpu-{HANGS:02d}": "timeout",
-                      f"gpu-{CHANGED:02d}": "host_key"}
+                      f"gpu-{CHANGED:02d}": "host_key"}, {n: h["host"]["error"] for n, h in by_name.items()
+                                                          if h["host"]["error"]}
     audited = [h for h in d["hosts"] if not h["host"]["error"]]
     assert len(audited) == 17
     for h in audited:

@@ -9,7 +9,7 @@ import pytest
 from kvaudit.model_config import ConfigError, geometry_from_dict, geometry_from_text, load_config
 from kvaudit.reconcile.sglang import cell_size
 from kvaudit.versions import VersionRange
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, SAMPLES, cli_process
 
 V059 = VersionRange((0, 5, 9), (0, 5, 9))
 V045 = VersionRange((0, 4, 5), (0, 4, 5))
@@ -81,3 +81,36 @@ def test_oversized_config_is_refused(tmp_path):
     p.write_text(json.dumps({"num_hidden_layers": 1, "pad": "x" * (5 << 20)}))
     with pytest.raises(ConfigError, match="few KB"):
         load_config(p)
+
+
+# --- hostile configs: bounded, one line, exit 2 (never a traceback, never gigabytes) -------------------------
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(num_hidden_layers=300_000_000), "beyond any real model"),
+    (lambda d: d.update(num_hidden_layers=10**400), "beyond any real model"),
+    (lambda d: d.update(head_dim=1 << 30), "head_dim"),
+    (lambda d: d.update(architectures=42), "architectures must be a list"),
+    (lambda d: d.update(architectures="LlamaForCausalLM"), "architectures must be a list"),
+])
+def test_hostile_config_values(tmp_path, edit, message):
+    import json
+
+    d = json.loads((CONFIGS / "llama3-8b.json").read_text())
+    edit(d)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(d))
+    r = cli_process("explain", SAMPLES / "sglang_029.log", "-c", p)
+    assert r.code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"num_hidden_layers": Infinity, "head_dim": 128}', "Infinity"),
+    ('{"num_hidden_layers": NaN, "head_dim": 128}', "NaN"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_hostile_config_text(tmp_path, text, message):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    r = cli_process("explain", SAMPLES / "sglang_029.log", "-c", p)
+    assert r.code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
