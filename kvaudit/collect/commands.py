@@ -9,6 +9,7 @@ shell scripts are the constants below, which take user input as positional param
 from __future__ import annotations
 
 import functools
+import re
 import shlex
 
 #: largest line we keep from a log (a 50 MB journal line is cut on the host, never shipped)
@@ -30,25 +31,6 @@ CGROUP_PIDS_SCRIPT = (
     '[ -r "$f" ] && exec cat "$f"; done; exit 0'
 )
 SCRIPTS = (HF_SNAPSHOT_SCRIPT, CGROUP_PIDS_SCRIPT)
-
-READ_ONLY = {
-    "systemctl": {"show", "list-units"},
-    "journalctl": None,  # any flags: journalctl only reads
-    "grep": None,
-    "cut": None,
-    "docker": {"logs", "inspect"},
-    "nvidia-smi": None,
-    "head": None,
-    "hostname": None,
-    "sh": None,  # only with one of SCRIPTS (checked below)
-}
-FORBIDDEN_FLAGS = {
-    "journalctl": {"--vacuum-size", "--vacuum-time", "--vacuum-files", "--rotate", "--flush", "--sync",
-                   "--relinquish-var", "--smart-relinquish-var", "--setup-keys", "--update-catalog", "--cursor-file"},
-    "nvidia-smi": {"-r", "--gpu-reset", "-pm", "--persistence-mode", "-e", "--ecc-config", "-c",
-                   "--compute-mode", "-pl", "--power-limit", "-ac", "-rac", "-lgc", "-rgc", "-mig"},
-}
-
 
 def _grep_filter(anchors: tuple[bytes, ...]) -> str:
     argv = ["grep", "-a", "-n", "-F"]
@@ -127,14 +109,116 @@ def hostname() -> str:
     return "hostname"
 
 
-NO_ARGS = {"hostname"}  # hostname with an argument would set it
+# --- the gate ---------------------------------------------------------------------------------------------
+# Each program's arguments are checked against exactly what the builders above produce: every option is
+# spelled out in full (no abbreviation: ``journalctl --vac`` would reach ``--vacuum-*``), every value is of
+# the expected kind, and anything else is refused. A refusal is a bug in kvaudit, never user input.
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+def _argv_ok(argv: list[str]) -> bool:
+    prog, args = argv[0], argv[1:]
+    check = _PROGRAMS.get(prog)
+    return check is not None and check(args)
+
+
+def _options(args: list[str], flags: set[str], valued: dict[str, "re.Pattern[str]"],
+             joined: dict[str, "re.Pattern[str]"], positional: "re.Pattern[str] | None" = None,
+             after_dashdash: int = 0) -> bool:
+    """``flags``: bare options; ``valued``: options whose value is the next argument, matching a pattern;
+    ``joined``: ``--opt=value`` options; ``positional``: what a non-option argument may be; ``after_dashdash``:
+    how many literal arguments may follow ``--`` (a unit, a path: anything, as data)."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return after_dashdash > 0 and len(args) - i - 1 == after_dashdash
+        if a in flags:
+            i += 1
+            continue
+        if a in valued:
+            if i + 1 >= len(args) or not valued[a].fullmatch(args[i + 1]):
+                return False
+            i += 2
+            continue
+        key, eq, value = a.partition("=")
+        if eq and key in joined and joined[key].fullmatch(value):
+            i += 1
+            continue
+        if positional is not None and not a.startswith("-") and positional.fullmatch(a):
+            i += 1
+            continue
+        return False
+    return after_dashdash == 0
+
+
+_ANY = re.compile(r"(?s).*")
+_ANY_LINE = re.compile(r".*")  # a unit name may not hold a newline (journalctl would read two matches)
+
+
+def _journalctl(args: list[str]) -> bool:
+    return _options(args, {"--no-pager", "-q", "-a"},
+                    {"--directory": re.compile(r"/.*"), "-F": re.compile(r"_SYSTEMD_UNIT"), "-n": re.compile(r"1"),
+                     "-o": re.compile(r"export|cat")},
+                    {"--unit": _ANY_LINE, "--output-fields": re.compile(r"_SYSTEMD_INVOCATION_ID")},
+                    positional=re.compile(r"_SYSTEMD_INVOCATION_ID=[0-9a-f]{32}"))
+
+
+def _systemctl(args: list[str]) -> bool:
+    if args[:1] == ["list-units"]:
+        return args[1:] == ["--type=service", "--all", "--no-legend", "--plain", "--no-pager"]
+    if args[:1] == ["show"]:
+        return (len(args) == 6 and args[1] == "-p" and args[2] in ("InvocationID", "ControlGroup")
+                and args[3] == "--value" and args[4] == "--")
+    return False
+
+
+def _grep(args: list[str]) -> bool:
+    if args[:3] != ["-a", "-n", "-F"]:
+        return False
+    rest = args[3:]
+    while rest[:1] == ["-e"] and len(rest) >= 2:
+        rest = rest[2:]
+    return rest == [] or (len(rest) == 2 and rest[0] == "--")
+
+
+def _cut(args: list[str]) -> bool:
+    return args == ["-c", f"1-{MAX_LINE}"]
+
+
+def _docker(args: list[str]) -> bool:
+    if args[:1] == ["logs"]:
+        return _options(args[1:], set(), {"--since": re.compile(r"[0-9T:.+\-Z]{1,64}")}, {}, after_dashdash=1)
+    if args[:1] == ["inspect"]:
+        return args[1:3] == ["-f", "{{.State.StartedAt}}"] and len(args) == 5 and args[3] == "--"
+    return False
+
+
+def _nvidia_smi(args: list[str]) -> bool:
+    return args in ([f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+                    [f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits"])
+
+
+def _head(args: list[str]) -> bool:
+    return len(args) == 4 and args[:2] == ["-c", str(CONFIG_MAX_BYTES)] and args[2] == "--"
+
+
+def _sh(args: list[str]) -> bool:
+    return len(args) == 4 and args[0] == "-c" and args[1] in SCRIPTS and args[2] == "sh"
+
+
+_PROGRAMS = {
+    "journalctl": _journalctl, "systemctl": _systemctl, "grep": _grep, "cut": _cut, "docker": _docker,
+    "nvidia-smi": _nvidia_smi, "head": _head, "sh": _sh, "hostname": lambda args: not args,
+}
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
 def is_allowed(command: str) -> bool:
-    """True when every stage of the pipeline is a read-only program from the list, used read-only, and
-    quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``, redirection or glob can
-    hide in it)."""
+    """True when every stage of the pipeline is a read-only program from the list, with exactly the options
+    kvaudit's builders use, and quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``,
+    redirection or glob can hide in it)."""
     stages = command.split(" | ")
     for i, stage in enumerate(stages):
         if i == 0 and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
@@ -143,19 +227,6 @@ def is_allowed(command: str) -> bool:
             argv = shlex.split(stage)
         except ValueError:
             return False
-        if not argv or shlex.join(argv) != stage:
-            return False
-        prog = argv[0]
-        if prog not in READ_ONLY:
-            return False
-        if prog in NO_ARGS and len(argv) > 1:
-            return False
-        subs = READ_ONLY[prog]
-        if subs is not None and (len(argv) < 2 or argv[1] not in subs):
-            return False
-        if prog == "sh" and (len(argv) < 3 or argv[1] != "-c" or argv[2] not in SCRIPTS):
-            return False
-        bad = FORBIDDEN_FLAGS.get(prog, set())
-        if any(a.split("=", 1)[0] in bad for a in argv[1:]):
+        if not argv or shlex.join(argv) != stage or not _argv_ok(argv):
             return False
     return True

@@ -33,6 +33,10 @@ class HostKeyRefused(CollectError):
     reason = "host_key"  # unknown (without --accept-new-host-key) or changed
 
 
+class CommandRefused(CollectError):
+    reason = "refused_command"  # the read-only gate refused a command kvaudit built: a bug, never the host's doing
+
+
 class NoEngineFound(CollectError):
     reason = "no_engine"
 

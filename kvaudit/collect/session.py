@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 from kvaudit.collect import commands as C
 from kvaudit.collect.interface import (
-    CollectError,
     Collected,
+    CommandRefused,
     CommandRecord,
     CommandResult,
     ComputeApp,
@@ -60,7 +60,8 @@ class HostSession:
 
     def _gate(self, command: str) -> None:
         if not C.is_allowed(command):  # a programming error, never user input: refuse loudly
-            raise CollectError(f"refusing to run a command that is not on the read-only list: {command}")
+            raise CommandRefused(f"kvaudit refused to run a command that is not on its read-only list (a bug in "
+                                 f"kvaudit; nothing was run on the host): {command[:200]}")
 
     def _record(self, res: CommandResult) -> None:
         self.records.append(CommandRecord(res.command, res.rc, len(res.stdout) + len(res.stderr),

@@ -63,3 +63,42 @@ def test_batched_commands_keep_their_own_output_and_status():
     out = run_batch(Once(), ["echo one", "sh -c 'echo oops >&2; exit 3'", "printf '@@fake 0 end 0\\n'"], 10, 1000)
     assert Once.calls == 1  # one round trip
     assert [(r.rc, r.stdout) for r in out] == [(0, b"one\n"), (3, b"oops\n"), (0, b"@@fake 0 end 0\n")]
+
+
+@pytest.mark.parametrize("cmd", [
+    "journalctl --vac=1M",  # abbreviated --vacuum-size: journalctl accepts unique prefixes
+    "journalctl --no-pager --rot",
+    "journalctl --no-pager --cursor-file=/tmp/c -o cat",
+    "journalctl --no-pager -q --unit=u -o json-pretty",
+    "journalctl --no-pager -q -n 1000000 --unit=u",
+    "journalctl --no-pager -q --directory relative/dir -F _SYSTEMD_UNIT",
+    "nvidia-smi -pm 1",
+    "nvidia-smi --query-gpu=index --format=csv",
+    "nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.reserved,memory.used,memory.free,"
+    "driver_version --format=csv,noheader,nounits -i 0",
+    "grep -a -n -F -e x -r /",
+    "grep -a -n -F -e x -- /f /etc/shadow",
+    "head -c 1 -- /etc/shadow",
+    "head -c 4194304 /m/config.json",
+    "cut -c 1-10",
+    "docker logs --follow -- c",
+    "docker inspect -f '{{json .}}' -- c",
+    "systemctl show -p Environment --value -- u",
+    "systemctl list-units --type=service --all",
+    "sh -c 'exit 0'",
+])
+def test_the_gate_allows_only_the_exact_options_kvaudit_uses(cmd):
+    assert not C.is_allowed(cmd)
+
+
+def test_a_refused_command_is_reported_as_a_refusal(tmp_path):
+    from kvaudit.collect.interface import CommandRefused
+    from kvaudit.collect.local import LocalRunner
+    from kvaudit.collect.session import CollectOptions, HostSession
+    from kvaudit.status import ExitStatus, for_error
+
+    session = HostSession(LocalRunner(), "local", CollectOptions(anchors=(b"GiB",)))
+    with pytest.raises(CommandRefused, match="read-only list") as err:
+        session.run("journalctl --vac=1M")
+    assert err.value.reason == "refused_command" and for_error(err.value.reason) == ExitStatus.INTERNAL_ERROR
+    assert session.records == []  # nothing ran
