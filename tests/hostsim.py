@@ -40,10 +40,13 @@ for a in "$@"; do
     --query-compute-apps=*)
       if [ "$mode" = drop ]; then
         head -c 40 "$d/apps.csv"
+        # the connection drops: kill this session's sshd process (the nearest sshd above us)
         p=$PPID
-        comm=$(cat /proc/$p/comm 2>/dev/null)
-        case "$comm" in sh|bash|dash) p=$(cut -d' ' -f4 /proc/$p/stat);; esac
-        kill -9 "$p"; sleep 5; exit 0
+        while [ "$p" -gt 1 ]; do
+          case "$(cat /proc/$p/comm 2>/dev/null)" in sshd*) kill -9 "$p"; break;; esac
+          p=$(cut -d' ' -f4 /proc/$p/stat)
+        done
+        sleep 5; exit 0
       fi
       replay "$d/apps.csv"; exit 0;;
   esac

@@ -14,10 +14,12 @@ import getpass
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import secrets
 import select
+import shlex
 import socket
 import threading
 import time
@@ -339,7 +341,7 @@ class SSHRunner:
             raise ConnectionDropped(f"{self.target}: connection closed")
         try:
             chan = transport.open_session(timeout=min(10.0, limit))
-            chan.exec_command(command)
+            chan.exec_command(bounded(command, limit))
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise ConnectionDropped(f"{self.target}: could not start a command ({exc})") from None
         out, err = bytearray(), bytearray()
@@ -359,7 +361,9 @@ class SSHRunner:
                 out += chan.recv(1 << 16)
                 got = True
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(1 << 16)
+                chunk = chan.recv_stderr(1 << 16)  # drained, but only the head is kept (the first lines are used)
+                if len(err) < STDERR_KEEP:
+                    err += chunk[:STDERR_KEEP - len(err)]
                 got = True
             if len(out) > max_bytes:
                 truncated = True
@@ -398,6 +402,24 @@ class SSHRunner:
         self._clients.clear()
 
 
+#: the most output one batch of small commands may return
+BATCH_MAX_BYTES = 16 << 20
+#: how much of a command's stderr is kept: its first lines say what went wrong; a host that floods stderr
+#: must not grow kvaudit's memory
+STDERR_KEEP = 16 << 10
+#: the remote wrapper: the command runs under coreutils/BusyBox ``timeout`` (its own process group, killed
+#: whole, SIGKILL 2 s after SIGTERM) so nothing of kvaudit's outlives its limit on the host, even when the
+#: SSH session is gone; on a host without ``timeout`` it runs as is. The limit and the command are positional
+#: parameters, never code.
+BOUNDED_SCRIPT = ('if command -v timeout >/dev/null 2>&1; then exec timeout -k 2 "$1" sh -c "$2"; '
+                  'else exec sh -c "$2"; fi')
+
+
+def bounded(command: str, limit: float) -> str:
+    """The command as sent to the host: wrapped so that it dies on its own after ``limit`` seconds (plus 1)."""
+    return shlex.join(["sh", "-c", BOUNDED_SCRIPT, "sh", str(max(1, math.ceil(limit)) + 1), command])
+
+
 def run_batch(runner, commands: list[str], timeout: float, max_bytes: int) -> list[CommandResult]:
     if len(commands) == 1:
         return [runner.run(commands[0], timeout, max_bytes)]
@@ -405,7 +427,9 @@ def run_batch(runner, commands: list[str], timeout: float, max_bytes: int) -> li
     script = "; ".join(
         f"printf '\\n@@{nonce} {i} begin\\n'; {{ {c} ; }} 2>&1; printf '\\n@@{nonce} {i} end %s\\n' \"$?\""
         for i, c in enumerate(commands))
-    res = runner.run(script, timeout * len(commands), max_bytes * len(commands))
+    # a batch carries small outputs (names, readings, a config.json of at most 4 MiB), stderr merged in: a
+    # host that floods one of them is cut here, not at n x the log's limit
+    res = runner.run(script, timeout * len(commands), min(max_bytes * len(commands), BATCH_MAX_BYTES))
     marker = re.compile(rb"\n@@" + nonce.encode() + rb" (\d+) (begin|end)(?: (\d+))?\n")
     outs: dict[int, bytes] = {}
     rcs: dict[int, int] = {}

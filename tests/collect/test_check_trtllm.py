@@ -108,3 +108,66 @@ def test_a_batch_cut_short_is_retried_command_by_command(trt_site):
     assert r.code in (ExitStatus.OK, ExitStatus.PARTIAL_DATA), r.stderr + r.stdout
     d = r.json()
     assert d["formula"]["logged_tokens"] == 446208 and d["gpus"][0]["free_gib"] is not None
+
+
+def _cli_limited(*args: str, address_space: int) -> tuple[int, str]:
+    """The CLI with its address space capped: a command that grows memory without bound fails (MemoryError,
+    exit 70) instead of passing unnoticed."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    exe = Path(sys.executable).with_name("kvaudit")
+    env = {k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}
+    p = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=120, env=env, preexec_fn=limit)
+    return p.returncode, p.stderr.decode("utf-8", "replace")
+
+
+def test_a_host_flooding_stderr_does_not_grow_our_memory(trt_site):
+    """journalctl writes 300 MB to stderr before its output (issue #10: a flood drove check past 1 GB). Only
+    the head of stderr is kept, so the audit completes inside a 700 MiB address space."""
+    host, cfg = trt_site
+    fake = host.bin / "journalctl"
+    fake.write_text("#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\\\0' x >&2\n"
+                    "PATH=/usr/bin:/bin exec journalctl \"$@\"\n")
+    fake.chmod(0o755)
+    try:
+        rc, err = _cli_limited("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                               "--timeout", "60", "--format", "json", address_space=700 << 20)
+    finally:
+        fake.unlink()
+    assert rc == ExitStatus.OK, err
+
+
+def test_a_timed_out_log_read_is_a_timeout_and_leaves_nothing_running(trt_site):
+    """journalctl hangs on the log read (a stuck journal): kvaudit reports a timeout, not "no engine lines",
+    and nothing it started stays on the host: the remote pipeline runs under `timeout`, killed whole."""
+    import subprocess
+    import time
+
+    host, cfg = trt_site
+    fake = host.bin / "journalctl"
+    fake.write_text('#!/bin/sh\ncase "$*" in *"-o cat"*) exec sleep 600.4242;; esac\n'
+                    'PATH=/usr/bin:/bin exec journalctl "$@"\n')
+    fake.chmod(0o755)
+
+    def left() -> list[str]:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        return [line for line in ps.splitlines() if "600.4242" in line or ("grep -a -n -F" in line and "ps -eo" not in line)]
+
+    try:
+        r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                        "--timeout", "6", "--format", "json", timeout=60)
+        assert r.code == ExitStatus.UNREACHABLE, r.stderr + r.stdout
+        assert r.json()["host"]["error"]["reason"] == "timeout"
+        deadline = time.monotonic() + 20  # the remote limit (6 s + 1) and the kill-after (2 s) have to pass
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left() == []
+    finally:
+        fake.unlink()
