@@ -54,6 +54,20 @@ def cli_process(*args: str, stdin: bytes | None = None, timeout: float = 120) ->
     return Result(p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
 
 
+def cli_limited(*args: str, address_space: int, timeout: float = 120) -> tuple[int, str]:
+    """The installed CLI with its address space capped: a path that grows memory without bound fails
+    (MemoryError, exit 70) instead of passing unnoticed. Returns (exit code, stderr)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    exe = Path(sys.executable).with_name("kvaudit")
+    env = {k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}
+    p = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=timeout, env=env, preexec_fn=limit)
+    return p.returncode, p.stderr.decode("utf-8", "replace")
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest):
     update = request.config.getoption("--update-golden")

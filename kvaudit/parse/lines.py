@@ -179,32 +179,78 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
     if origin is not None:
         stream.seek(origin)
         stats.bytes_read = os.fstat(stream.fileno()).st_size - origin
-        proc = subprocess.Popen(cmd, stdin=stream, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(cmd, stdin=stream, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=_limit_grep_memory)
     else:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=_limit_grep_memory)
         feeder = threading.Thread(target=_feed, args=(proc, head, stream, stats), daemon=True)
         feeder.start()
     assert proc.stdout is not None
+    last = 0
     try:
-        for raw in proc.stdout:
-            num, _, body = raw.partition(b":")
-            body = body.rstrip(b"\n")
-            if len(body) > MAX_LINE_BYTES:
-                stats.overlong_lines += 1
-                continue
-            number = int(num)
+        for number, body in _grep_output(proc.stdout, stats):
+            last = number
             stats.lines_read = number
             for text in clean(body.decode("utf-8", "replace")):
                 stats.lines_kept += 1
                 yield Line(number, text)
     finally:
         proc.stdout.close()
-        err = proc.stderr.read() if proc.stderr else b""
+        err = proc.stderr.read(4096) if proc.stderr else b""
         code = proc.wait()
         if feeder is not None:
             feeder.join(timeout=5)
+    if code > 1 and b"memory exhausted" in err:
+        # a line longer than grep may hold (its memory is capped): grep stops there. A file is read again by
+        # the pure-Python scanner, which skips overlong lines in bounded memory; a pipe cannot be read again.
+        if origin is None:
+            raise InputError(f"the piped input has a line far over {MAX_LINE_BYTES >> 20} MiB; save it to a file "
+                             "and pass the file (its overlong lines are then skipped)")
+        stream.seek(origin)
+        stats.bytes_read = stats.lines_read = 0
+        for line in scan(stream, anchors, stats):
+            if line.number > last:
+                yield line
+        return
     if code > 1:
         raise InputError(f"grep failed: {err.decode('utf-8', 'replace').strip() or f'exit status {code}'}")
+
+
+#: grep's address space: far more than it needs for lines up to MAX_LINE_BYTES, far less than a 3 GB line
+GREP_MEMORY = 256 << 20
+
+
+def _limit_grep_memory() -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = GREP_MEMORY if hard == resource.RLIM_INFINITY else min(GREP_MEMORY, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _grep_output(out: BinaryIO, stats: ScanStats) -> Iterator[tuple[int, bytes]]:
+    """``NUM:line`` records from grep, read in bounded pieces: a line over MAX_LINE_BYTES is counted and
+    skipped without ever being held whole."""
+    limit = MAX_LINE_BYTES + 32
+    while True:
+        raw = out.readline(limit)
+        if not raw:
+            return
+        if not raw.endswith(b"\n") and len(raw) >= limit:
+            stats.overlong_lines += 1
+            while raw and not raw.endswith(b"\n"):
+                raw = out.readline(limit)
+            continue
+        num, _, body = raw.partition(b":")
+        body = body.rstrip(b"\n")
+        if len(body) > MAX_LINE_BYTES:
+            stats.overlong_lines += 1
+            continue
+        yield int(num), body
 
 
 def _regular_file_offset(stream: BinaryIO) -> int | None:

@@ -9,7 +9,7 @@ from kvaudit.collect.commands import is_allowed
 from kvaudit.status import ExitStatus
 from tests import hostsim
 from tests.collect.conftest import needs_journal, needs_sshd
-from tests.conftest import FIXTURES, cli_process
+from tests.conftest import FIXTURES, cli_limited, cli_process
 
 pytestmark = [needs_sshd, needs_journal]
 
@@ -110,24 +110,6 @@ def test_a_batch_cut_short_is_retried_command_by_command(trt_site):
     assert d["formula"]["logged_tokens"] == 446208 and d["gpus"][0]["free_gib"] is not None
 
 
-def _cli_limited(*args: str, address_space: int) -> tuple[int, str]:
-    """The CLI with its address space capped: a command that grows memory without bound fails (MemoryError,
-    exit 70) instead of passing unnoticed."""
-    import os
-    import resource
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
-    exe = Path(sys.executable).with_name("kvaudit")
-    env = {k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}
-    p = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=120, env=env, preexec_fn=limit)
-    return p.returncode, p.stderr.decode("utf-8", "replace")
-
-
 def test_a_host_flooding_stderr_does_not_grow_our_memory(trt_site):
     """journalctl writes 300 MB to stderr before its output (issue #10: a flood drove check past 1 GB). Only
     the head of stderr is kept, so the audit completes inside a 700 MiB address space."""
@@ -137,7 +119,7 @@ def test_a_host_flooding_stderr_does_not_grow_our_memory(trt_site):
                     "PATH=/usr/bin:/bin exec journalctl \"$@\"\n")
     fake.chmod(0o755)
     try:
-        rc, err = _cli_limited("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+        rc, err = cli_limited("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
                                "--timeout", "60", "--format", "json", address_space=700 << 20)
     finally:
         fake.unlink()

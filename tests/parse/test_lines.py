@@ -113,3 +113,16 @@ def test_fast_scanner_refuses_empty_and_binary():
         list(L.scan_fast(io.BytesIO(b""), (b"GB",)))
     with pytest.raises(L.InputError, match="binary"):
         list(L.scan_fast(io.BytesIO(b"\x00GB\n"), (b"GB",)))
+
+
+def test_a_huge_single_line_is_skipped_in_bounded_memory(tmp_path):
+    """A 400 MB line holding an anchor (issue #10: a 3 GB line made grep use 3.5 GB): grep's memory is capped,
+    the file is read again by the bounded scanner, the line is skipped, the rest of the log is audited."""
+    from tests.conftest import SAMPLES, cli_limited
+
+    p = tmp_path / "huge.log"
+    with p.open("wb") as fh:
+        fh.write((SAMPLES / "sglang_029.log").read_bytes())
+        fh.write(b"x" * (200 << 20) + b" max_total_num_tokens=1, " + b"y" * (200 << 20) + b"\n")
+    rc, err = cli_limited("explain", p, "-f", "json", address_space=700 << 20)
+    assert rc in (0, 1), err
