@@ -12,6 +12,7 @@ import typer
 
 from kvaudit import __version__
 from kvaudit.status import ExitStatus
+from kvaudit.textsafe import printable
 
 
 @dataclass
@@ -312,7 +313,7 @@ def check(
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if h.error is not None:
-        _env.stderr.write(f"kvaudit: {target}: {h.error.reason}: {h.error}\n")
+        _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
     if fmt == "json":
         text = host_report.render_json([h])
     elif fmt == "markdown":
@@ -346,7 +347,7 @@ def capture(
     try:
         c, path = run_capture(target, opts, str(output))
     except CollectError as exc:
-        _env.stderr.write(f"kvaudit: {target}: {exc.reason}: {exc}\n")
+        _env.stderr.write(f"kvaudit: {printable(target)}: {exc.reason}: {printable(str(exc))}\n")
         return int(for_error(exc.reason))
     except OSError as exc:
         raise Fail(f"cannot write the capture to {output}: {exc.strerror or exc}") from None
@@ -512,7 +513,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
     try:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
     except Fail as exc:
-        _env.stderr.write(f"kvaudit: error: {exc}\n")
+        _env.stderr.write(f"kvaudit: error: {printable(str(exc))}\n")
         return int(exc.status)
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0))
@@ -524,10 +525,10 @@ def run(argv: list[str], env: Environment | None = None) -> int:
             _env.stdout.write(exc.format_message() + "\n" if not getattr(exc, "ctx", None)
                               else exc.ctx.get_help() + "\n")
             return 0
-        _env.stderr.write(f"kvaudit: error: {exc.format_message()}\n")
+        _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
         return int(ExitStatus.BAD_INPUT)
     except _CliError as exc:
-        _env.stderr.write(f"kvaudit: error: {exc.format_message()}\n")
+        _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
         return int(ExitStatus.BAD_INPUT)
     except KeyboardInterrupt:
         return 130
@@ -536,7 +537,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
     except Exception as exc:  # a bug: one line, unless debugging
         if _env.environ.get("KVAUDIT_DEBUG"):
             raise
-        _env.stderr.write(f"kvaudit: internal error: {type(exc).__name__}: {exc} "
+        _env.stderr.write(f"kvaudit: internal error: {type(exc).__name__}: {printable(str(exc))} "
                           "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
         return int(ExitStatus.INTERNAL_ERROR)
     return int(result) if isinstance(result, int) else 0

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvaudit.textsafe import printable
+
 #: refuse to read a config.json larger than this: a real one is a few KB
 MAX_CONFIG_BYTES = 4 << 20
 
@@ -189,8 +191,8 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
     arch = archs[0]
     return ModelGeometry(
         source=source,
-        architecture=arch if isinstance(arch, str) else None,
-        model_type=cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None,
+        architecture=printable(arch)[:200] if isinstance(arch, str) else None,
+        model_type=printable(cfg["model_type"])[:200] if isinstance(cfg.get("model_type"), str) else None,
         num_layers=layers,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
@@ -199,7 +201,8 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope,
         index_head_dim=_int(cfg, "index_head_dim", source=source),
-        torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or "") or None,
+        torch_dtype=printable(str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or ""))[:64]
+        or None,
         kv_cache_quant_algo=str(kv_algo) if kv_algo else None,
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers", source=source),
         full_attention_layers=full or None,

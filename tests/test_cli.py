@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvaudit.status import ExitStatus
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli, cli_process
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, ROOT, SAMPLES, cli, cli_process
 
 
 def test_demo_scenario_as_a_user_runs_it():
@@ -150,3 +150,25 @@ def test_absurd_numbers_in_a_log_are_skipped_not_fatal(tmp_path, number):
     assert r.code in (0, 1), r.stderr
     d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert any("absurd" in n or "no engine prints" in n for n in d["notes"])
+
+
+CONTROL = ("\x1b", "\x07", "\x9b", "\x90", "\x9d", "\x00", "\x7f")
+
+
+def test_terminal_escapes_in_a_log_never_reach_the_output(tmp_path):
+    """An error line carrying an OSC title change, a C1 CSI and a BEL: the report quotes the error, without
+    any control character, in text and in Markdown (where `|` and `<` are escaped too)."""
+    hostile = ("(EngineCore pid=42) ERROR 08-03 07:00:46 [core.py:700] ValueError: No available memory for the cache "
+               "blocks. \x1b]0;pwned\x07 \x9b31mred\x9b0m | <script>alert(1)</script>\n")
+    p = tmp_path / "hostile.log"
+    p.write_text((ROOT / "fixtures/vllm_classes/negative-available-0.25.log").read_text() + hostile,
+                 encoding="utf-8")
+    text = cli("explain", p).stdout
+    assert "No available memory" in text and not any(c in text for c in CONTROL)
+    md = cli("explain", p, "-f", "markdown").stdout
+    assert not any(c in md for c in CONTROL) and "<script>" not in md and "\\|" in md
+
+
+def test_file_names_in_errors_are_printable(tmp_path):
+    r = cli_process("explain", tmp_path / "no\x1b[2Jsuch.log")
+    assert r.code == 2 and "\x1b" not in r.stderr and "such.log" in r.stderr

@@ -21,6 +21,7 @@ from kvaudit.collect.interface import (
     Runner,
 )
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
+from kvaudit.textsafe import printable
 
 #: unit names that look like some inference engine (the audited engines' own names come in CollectOptions)
 #: how the partial-data notes about a missing model config begin (a log that states bytes per token needs none)
@@ -267,7 +268,7 @@ class HostSession:
     def hostname(self) -> None:
         res = self.run(C.hostname())
         if res.rc == 0:
-            self.host = res.stdout.decode(errors="replace").strip() or None
+            self.host = printable(res.stdout.decode(errors="replace").strip())[:255] or None
 
     def result(self, lines, gpus, apps, config, config_source, pids, gpu_source) -> Collected:
         return Collected(
@@ -282,5 +283,5 @@ class HostSession:
 def _first_line(b: bytes) -> str:
     for line in b.decode("utf-8", "replace").splitlines():
         if line.strip():
-            return line.strip()[:300]
+            return printable(line.strip()[:300])
     return ""

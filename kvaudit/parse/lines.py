@@ -24,6 +24,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
+from kvaudit.textsafe import printable
+
 BLOCK_SIZE = 8 << 20
 #: a line longer than this is skipped (counted, never parsed): no engine prints one, a corrupt file might
 MAX_LINE_BYTES = 1 << 20
@@ -57,11 +59,12 @@ class ScanStats:
 
 
 def clean(raw: str) -> list[str]:
-    """ANSI codes out, CR-joined progress-bar redraws split apart, trailing blanks dropped."""
+    """ANSI codes out, CR-joined progress-bar redraws split apart, every other control character dropped (a
+    log line is data: it never reaches a terminal able to act on it), trailing blanks dropped."""
     if "\x1b" in raw:
         raw = _ANSI.sub("", raw)
     parts = raw.split("\r") if "\r" in raw else [raw]
-    return [p.rstrip() for p in parts if p.strip()]
+    return [printable(p).rstrip() for p in parts if p.strip()]
 
 
 def scan(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:

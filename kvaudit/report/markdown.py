@@ -7,17 +7,18 @@ from typing import Any
 from kvaudit.reconcile.interface import Audit
 from kvaudit.report.text import format_value
 from kvaudit.report.view import column_help, columns, rows, summary_sentences
+from kvaudit.textsafe import md_cell
 
 
 def _esc(s: str) -> str:
-    return s.replace("|", "\\|")
+    return md_cell(s)
 
 
 def render_one(a: Audit) -> str:
     f = a.formula
     L = [f"## kvaudit: {_esc(a.source)}", "",
          f"{a.engine_display or a.engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
-         f"(lines {a.first_line}-{a.last_line}); model {a.model.architecture or 'unknown'}"
+         f"(lines {a.first_line}-{a.last_line}); model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 
@@ -28,11 +29,11 @@ def render_one(a: Audit) -> str:
         ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "–", ""),
     ]
     for name, val, src in formula_rows:
-        L.append(f"| {name} | {val} | {_esc(src)} |")
+        L.append(f"| {_esc(name)} | {val} | {_esc(src)} |")
     L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
           "| " + " | ".join(columns(a)) + " |", "|" + "---|" + "---:|" * (len(columns(a)) - 1)]
     for r in rows(a):
-        L.append("| " + " | ".join((r.label,) + r.cells) + " |")
+        L.append("| " + " | ".join((_esc(r.label),) + r.cells) + " |")
     L += ["", "; ".join(f"*{k}*: {v}" for k, v in column_help(a).items()), ""]
     if a.findings:
         L += ["### Findings", "", "| severity | code | message |", "|---|---|---|"]

@@ -6,6 +6,7 @@ from typing import Iterable
 
 from kvaudit.check import HostAudit
 from kvaudit.report.rows import GPU_FIELDS, gpu_rows
+from kvaudit.textsafe import csv_cell
 
 
 class ExportError(Exception):
@@ -16,6 +17,8 @@ def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = Fal
     import pandas as pd
 
     rows = [r for name, h in hosts for r in gpu_rows(name, h)]
+    if not parquet:  # a spreadsheet opens CSV: text from hosts must not become a formula there
+        rows = [{k: csv_cell(v) for k, v in r.items()} for r in rows]
     df = pd.DataFrame(rows, columns=list(GPU_FIELDS))
     df["gpu"] = df["gpu"].astype("Int64")
     df["kv_tokens"] = df["kv_tokens"].astype("Int64")

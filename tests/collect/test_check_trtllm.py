@@ -153,3 +153,16 @@ def test_a_timed_out_log_read_is_a_timeout_and_leaves_nothing_running(trt_site):
         assert left() == []
     finally:
         fake.unlink()
+
+
+def test_a_hostile_hostname_is_printed_as_text(trt_site):
+    host, cfg = trt_site
+    fake = host.bin / "hostname"
+    fake.write_text("#!/bin/sh\nprintf 'gpu\\033]0;owned\\007\\033[2J\\302\\233' ; echo -host\n")
+    fake.chmod(0o755)
+    try:
+        r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal), timeout=60)
+    finally:
+        fake.unlink()
+    assert r.code == ExitStatus.OK, r.stderr
+    assert not any(c in r.stdout for c in ("\x1b", "\x07", "\x9b")) and "gpu" in r.stdout

@@ -101,3 +101,21 @@ def test_settings_precedence(tmp_path):
     p.write_text("[fleet]\nparalel = 4\n")
     with pytest.raises(settings.SettingsError, match="unknown setting 'paralel'"):
         settings.load(str(p))
+
+
+def test_csv_cells_from_hosts_never_become_formulas(tmp_path):
+    """A host name that a spreadsheet would evaluate (`=...`, `@...`, `-...`) lands in the CSV as text."""
+    import csv
+
+    from kvaudit.check import CheckOptions, check
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report import table_export
+    from tests.collect.conftest import CAPTURE
+
+    h = check(str(CAPTURE), CheckOptions(audit=AuditOptions()))
+    out = tmp_path / "gpus.csv"
+    names = ['=HYPERLINK("http://x","y")', "@SUM(1+1)", "-2+3", "+cmd"]
+    assert table_export.write([(n, h) for n in names], str(out)) == 8 * len(names)
+    rows = list(csv.DictReader(out.open()))
+    assert {r["host"] for r in rows} == {"'" + n for n in names}
+    assert not any(v[:1] in ("=", "+", "@") for r in rows for v in r.values())
