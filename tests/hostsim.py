@@ -157,6 +157,14 @@ def make_host(root: Path, log: bytes, gpus_csv: str, apps_csv: str, config_json:
 # sshd
 
 
+def closed_port() -> tuple[socket.socket, int]:
+    """A port nothing listens on, held so (bound, never listening) for as long as the socket is open: a
+    connection to it is refused, even with other tests starting servers side by side."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,30 +192,51 @@ class Sshd:
             self.proc.kill()
 
 
+def _listens(pid: int, port: int) -> bool:
+    """True when process ``pid`` itself holds the listening socket on 127.0.0.1:``port`` (not another
+    process that took the port first: a port picked free can be taken before sshd binds it)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        with open("/proc/net/tcp") as fh:
+            rows = fh.read().splitlines()[1:]
+    except OSError:
+        return False
+    for row in rows:
+        cols = row.split()
+        if cols[1].endswith(f":{port:04X}") and cols[3] == "0A" and f"socket:[{cols[9]}]" in inodes:
+            return True
+    return False
+
+
 def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int | None = None) -> Sshd:
+    """A real sshd on 127.0.0.1, ready when it holds its port itself; on a port another process took in
+    the meantime (tests run side by side), it retries on a new one."""
     workdir.mkdir(parents=True, exist_ok=True)
     hostkey = workdir / "ssh_host_ed25519_key"
     host_pub = keygen(hostkey)
     (workdir / "authorized_keys").write_text(client_pub + "\n")
-    port = port or free_port()
     path = ":".join(str(p) for p in path_dirs) + ":/usr/local/bin:/usr/bin:/bin"
-    cfg = workdir / "sshd_config"
-    cfg.write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hostkey}", f"PidFile {workdir}/sshd.pid",
-        f"AuthorizedKeysFile {workdir}/authorized_keys", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password", "StrictModes no",
-        "AllowTcpForwarding yes", "LogLevel ERROR", f"SetEnv PATH={path}", "MaxStartups 100:30:200",
-        "PrintMotd no", "",
-    ]))
     os.makedirs("/run/sshd", exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(workdir / "sshd.log", "wb"))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited: {(workdir / 'sshd.log').read_text()[-500:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.05)
-    return Sshd(proc, port, " ".join(host_pub.split()[:2]), workdir)
+    fixed = port
+    for _ in range(10):
+        port = fixed or free_port()
+        cfg = workdir / "sshd_config"
+        cfg.write_text("\n".join([
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hostkey}", f"PidFile {workdir}/sshd.pid",
+            f"AuthorizedKeysFile {workdir}/authorized_keys", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password", "StrictModes no",
+            "AllowTcpForwarding yes", "LogLevel ERROR", f"SetEnv PATH={path}", "MaxStartups 100:30:200",
+            "PrintMotd no", "",
+        ]))
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                stderr=open(workdir / "sshd.log", "wb"))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None and not _listens(proc.pid, port):
+            time.sleep(0.02)
+        if proc.poll() is None and _listens(proc.pid, port):
+            return Sshd(proc, port, " ".join(host_pub.split()[:2]), workdir)
+        proc.kill()
+        proc.wait()
+        if fixed:
+            break
+    raise RuntimeError(f"sshd did not start: {(workdir / 'sshd.log').read_text()[-500:]}")

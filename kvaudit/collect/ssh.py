@@ -370,7 +370,10 @@ class SSHRunner:
                 del out[max_bytes:]
                 chan.close()
                 return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, True)
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            # done when the exit status is in AND the output is complete (EOF): sshd may send the exit status
+            # before the last of the output when the command exits first, so the status alone is not the end
+            output_done = chan.eof_received or chan.closed
+            if chan.exit_status_ready() and output_done and not chan.recv_ready() and not chan.recv_stderr_ready():
                 rc = chan.recv_exit_status()
                 chan.close()
                 if rc == -1:  # the channel closed without an exit status: killed, or the connection went

@@ -38,7 +38,7 @@ class Site:
     IdentityFile {key or self.key}
     IdentitiesOnly yes
     UserKnownHostsFile {kh}
-    ConnectTimeout 5
+    ConnectTimeout 20
 {extra}""")
         return p
 

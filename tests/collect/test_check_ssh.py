@@ -93,10 +93,12 @@ def test_tolerant_known_hosts_hashed_wildcard_and_cert_authority(site):
 
 
 def test_connection_refused(site):
-    from tests.hostsim import free_port
+    from tests.hostsim import closed_port
 
-    cfg = site.ssh_config("refused", port=free_port())
+    held, port = closed_port()
+    cfg = site.ssh_config("refused", port=port)
     r = check(site, cfg=cfg, timeout=30)
+    held.close()
     assert r.code == ExitStatus.UNREACHABLE and "refused" in r.stderr
 
 

@@ -28,7 +28,7 @@ def trt_site(tmp_path_factory):
     sshd = hostsim.start_sshd(root / "sshd", pub, [host.bin])
     cfg = root / "ssh_config"
     cfg.write_text(f"Host trt-test\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {key}\n"
-                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 5\n")
+                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 20\n")
     (root / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_pub}\n")
     yield host, cfg
     sshd.stop()
