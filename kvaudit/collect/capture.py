@@ -9,19 +9,23 @@ whatever the readings came from), ``config.json`` when one was read.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import asdict
 from pathlib import Path
 
 from kvaudit import __version__
 from kvaudit.collect.interface import CollectError, Collected, CommandRecord, ComputeApp, GpuReading
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
+from kvaudit.textsafe import printable
 
 FORMAT = "kvaudit-capture"
 VERSION = 1
 
 
 def is_capture(path: str) -> bool:
-    return (Path(path) / "capture.json").is_file()
+    p = Path(path) / "capture.json"
+    return p.exists() or p.is_symlink()
 
 
 def _fmt(v: float | None) -> str:
@@ -38,9 +42,30 @@ def apps_csv(apps: tuple[ComputeApp, ...]) -> str:
     return "".join(f"{a.pid}, {a.gpu_uuid}, {a.name}, {_fmt(a.used_mib)}\n" for a in apps)
 
 
+FILES = ("capture.json", "log.txt", "nvidia-smi-gpus.csv", "nvidia-smi-apps.csv", "config.json")
+#: the most each file of a capture may hold (a capture is untrusted input: it may come from a ticket)
+LIMITS = {"capture.json": 4 << 20, "log.txt": 80 << 20, "nvidia-smi-gpus.csv": 1 << 20,
+          "nvidia-smi-apps.csv": 4 << 20, "config.json": 4 << 20}
+
+
+class CaptureError(CollectError):
+    reason = "bad_capture"  # the directory is not a well-formed capture: bad input, exit 2
+
+
 def write(c: Collected, directory: str) -> Path:
+    """Write the capture. The directory must be new, empty, or an earlier capture (whose stale files are
+    removed); it is never a symlink, and no file is written through one."""
     d = Path(directory)
+    if d.is_symlink():
+        raise CaptureError(f"{directory}: is a symlink; give the capture a real directory")
     d.mkdir(parents=True, exist_ok=True)
+    present = [p.name for p in d.iterdir()]
+    if present and not (d / "capture.json").is_file():
+        raise CaptureError(f"{directory}: not empty and not a kvaudit capture; refusing to write into it")
+    stray = [n for n in present if n not in FILES]
+    if stray:
+        raise CaptureError(f"{directory}: holds files a capture does not ({', '.join(sorted(stray)[:3])}); "
+                           "refusing to write into it")
     meta = {
         "format": FORMAT, "version": VERSION, "kvaudit_version": __version__,
         "target": c.target, "host": c.host, "source": c.source, "unit": c.unit, "invocation_id": c.invocation_id,
@@ -48,43 +73,126 @@ def write(c: Collected, directory: str) -> Path:
         "gpu_source": c.gpu_source, "partial": list(c.partial), "bytes_received": c.bytes_received,
         "commands": [asdict(r) for r in c.commands],
     }
-    (d / "capture.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    (d / "log.txt").write_text("".join(f"{n}:{t}\n" for n, t in c.log_lines), encoding="utf-8")
+    files = {"capture.json": json.dumps(meta, indent=2) + "\n",
+             "log.txt": "".join(f"{n}:{t}\n" for n, t in c.log_lines)}
     if c.gpus:
-        (d / "nvidia-smi-gpus.csv").write_text(gpus_csv(c.gpus), encoding="utf-8")
-        (d / "nvidia-smi-apps.csv").write_text(apps_csv(c.apps), encoding="utf-8")
+        files["nvidia-smi-gpus.csv"] = gpus_csv(c.gpus)
+        files["nvidia-smi-apps.csv"] = apps_csv(c.apps)
     if c.config_json is not None:
-        (d / "config.json").write_text(c.config_json, encoding="utf-8")
+        files["config.json"] = c.config_json
+    for name in FILES:  # an earlier capture's file this one does not have would mislead a replay
+        if name not in files and name in present:
+            (d / name).unlink()
+    for name, text in files.items():
+        _write_file(d / name, text.encode("utf-8"))
     return d
 
 
-def read(directory: str) -> Collected:
-    d = Path(directory)
+def _write_file(path: Path, data: bytes) -> None:
+    if path.is_symlink():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _read_file(d: Path, name: str, directory: str) -> bytes | None:
+    """A capture file: absent -> None; a regular file within its size limit -> its bytes; anything else (a
+    symlink, a FIFO, a device, a directory, too big) -> CaptureError."""
+    path = d / name
     try:
-        meta = json.loads((d / "capture.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CollectError(f"{directory}: not a readable kvaudit capture ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise CollectError(f"{directory}: capture.json is not a {FORMAT} file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink; EISDIR is not raised for O_RDONLY, so fstat decides below
+        raise CaptureError(f"{directory}: {name}: {exc.strerror or exc} (a capture holds regular files only)") \
+            from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CaptureError(f"{directory}: {name} is not a regular file (a capture holds regular files only)")
+    with os.fdopen(fd, "rb") as fh:
+        limit = LIMITS[name]
+        if st.st_size > limit:
+            raise CaptureError(f"{directory}: {name} is {st.st_size:,} bytes, over the {limit:,} a capture file "
+                               "may hold")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise CaptureError(f"{directory}: {name} is over the {limit:,} bytes a capture file may hold")
+    return data
+
+
+def read(directory: str) -> Collected:
+    """A capture directory, read as the untrusted input it is: regular files only, each within its size
+    limit; JSON of the expected shape; anything else is a CaptureError (exit 2), never a crash."""
+    d = Path(directory)
+    raw = _read_file(d, "capture.json", directory)
+    if raw is None:
+        raise CaptureError(f"{directory}: not a kvaudit capture (no capture.json)")
+    try:
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CaptureError(f"{directory}: capture.json is not readable JSON ({str(exc)[:120]})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CaptureError(f"{directory}: capture.json is not a {FORMAT} file")
     lines = []
-    log = d / "log.txt"
-    if log.exists():
-        for raw in log.read_text(encoding="utf-8", errors="replace").split("\n"):
-            num, sep, body = raw.partition(":")
-            if sep and num.isdigit():
+    log = _read_file(d, "log.txt", directory)
+    if log is not None:
+        for row in log.decode("utf-8", errors="replace").split("\n"):
+            num, sep, body = row.partition(":")
+            if sep and num.isdigit() and len(num) < 12:
                 lines.append((int(num), body))
     try:
-        gpus = parse_gpus((d / "nvidia-smi-gpus.csv").read_text()) if (d / "nvidia-smi-gpus.csv").exists() else []
-        apps = parse_apps((d / "nvidia-smi-apps.csv").read_text()) if (d / "nvidia-smi-apps.csv").exists() else []
+        gpus_text = _read_file(d, "nvidia-smi-gpus.csv", directory)
+        apps_text = _read_file(d, "nvidia-smi-apps.csv", directory)
+        gpus = parse_gpus(gpus_text.decode("utf-8", "replace")) if gpus_text is not None else []
+        apps = parse_apps(apps_text.decode("utf-8", "replace")) if apps_text is not None else []
     except SmiParseError as exc:
-        raise CollectError(f"{directory}: {exc}") from None
-    config = (d / "config.json").read_text(encoding="utf-8") if (d / "config.json").exists() else None
-    return Collected(
-        target=meta.get("target") or str(d), host=meta.get("host"),
-        source=f"capture:{directory} ({meta.get('source', '')})", log_lines=tuple(lines), gpus=tuple(gpus),
-        apps=tuple(apps), config_json=config, config_source=meta.get("config_source"),
-        server_pids=tuple(meta.get("server_pids") or ()),
-        commands=tuple(CommandRecord(**r) for r in meta.get("commands", [])),
-        partial=tuple(meta.get("partial") or ()), collected_at=meta.get("collected_at", ""),
-        unit=meta.get("unit"), invocation_id=meta.get("invocation_id"), gpu_source=meta.get("gpu_source"),
-    )
+        raise CaptureError(f"{directory}: {exc}") from None
+    config = _read_file(d, "config.json", directory)
+    try:
+        commands = tuple(CommandRecord(**_record(r)) for r in _list(meta, "commands", dict))
+        return Collected(
+            target=_str(meta, "target") or str(d), host=_str(meta, "host"),
+            source=f"capture:{directory} ({_str(meta, 'source') or ''})", log_lines=tuple(lines), gpus=tuple(gpus),
+            apps=tuple(apps), config_json=config.decode("utf-8", "replace") if config is not None else None,
+            config_source=_str(meta, "config_source"),
+            server_pids=tuple(_list(meta, "server_pids", int)), commands=commands,
+            partial=tuple(_list(meta, "partial", str)), collected_at=_str(meta, "collected_at") or "",
+            unit=_str(meta, "unit"), invocation_id=_str(meta, "invocation_id"), gpu_source=_str(meta, "gpu_source"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise CaptureError(f"{directory}: capture.json has an unexpected shape ({str(exc)[:120]})") from None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a value a capture holds")
+
+
+def _str(meta: dict, key: str) -> str | None:
+    v = meta.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise TypeError(f"{key} is a {type(v).__name__}, not text")
+    return printable(v)[:1000]
+
+
+def _list(meta: dict, key: str, kind: type) -> list:
+    v = meta.get(key) or []
+    if not isinstance(v, list) or not all(isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise TypeError(f"{key} is not a list of {kind.__name__}")
+    return [printable(x)[:1000] if isinstance(x, str) else x for x in v]
+
+
+_RECORD_FIELDS = {"command": str, "rc": (int, type(None)), "bytes_received": int, "seconds": (int, float),
+                  "truncated": bool}
+
+
+def _record(r: dict) -> dict:
+    if set(r) != set(_RECORD_FIELDS):
+        raise TypeError(f"a command record has keys {sorted(r)[:6]}")
+    for k, t in _RECORD_FIELDS.items():
+        if not isinstance(r[k], t) or (t is int and isinstance(r[k], bool)):
+            raise TypeError(f"a command record's {k} is a {type(r[k]).__name__}")
+    return {**r, "command": printable(r["command"])[:2000]}

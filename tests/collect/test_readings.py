@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -206,3 +207,69 @@ def test_nvml_non_finite_is_unavailable(bad):
     with pytest.raises(nvml.NvmlUnavailable, match="not a reading"):
         nvml.read(fake)
     assert fake.shut
+
+
+# --- capture directories are untrusted input (issue #10) -------------------------------------------------------
+
+
+def _copy_capture(tmp_path):
+    import shutil
+
+    d = tmp_path / "cap"
+    shutil.copytree(CAPTURE, d)
+    return d
+
+
+def _bad(d, message):
+    from tests.conftest import cli_process
+
+    r = cli_process("check", d)
+    assert r.code == 2 and r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr, \
+        (r.code, r.stderr)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: (d / "capture.json").write_text("[1, 2]"), "not a kvaudit-capture"),
+    (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "commands": [{"x": 1}]}'),
+     "unexpected shape"),
+    (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "server_pids": "1"}'),
+     "unexpected shape"),
+    (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "host": NaN}'), "not readable JSON"),
+    (lambda d: (d / "capture.json").write_bytes(b'{"format": "kvaudit-capture", "host": "\xff\xfe"}'),
+     "not readable JSON"),
+    (lambda d: ((d / "log.txt").unlink(), (d / "log.txt").mkdir()), "not a regular file"),
+    (lambda d: ((d / "config.json").unlink(), (d / "config.json").symlink_to("/etc/passwd")), "regular files only"),
+    (lambda d: ((d / "nvidia-smi-gpus.csv").unlink(), os.mkfifo(d / "nvidia-smi-gpus.csv")), "not a regular file"),
+    (lambda d: (d / "log.txt").write_bytes(b"1:" + b"x" * (81 << 20)), "over the"),
+])
+def test_a_malformed_capture_is_bad_input(tmp_path, edit, message):
+    d = _copy_capture(tmp_path)
+    edit(d)
+    _bad(d, message)
+
+
+def test_capture_writes_only_into_a_capture_directory(tmp_path):
+    h = capture.read(str(CAPTURE))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(capture.CaptureError, match="not a kvaudit capture"):
+        capture.write(h, str(other))
+    assert (other / "notes.txt").read_text() == "mine"
+    link = tmp_path / "link"
+    link.symlink_to(other)
+    with pytest.raises(capture.CaptureError, match="symlink"):
+        capture.write(h, str(link))
+
+
+def test_capture_over_an_earlier_one_removes_its_stale_files_and_follows_no_symlink(tmp_path):
+    d = _copy_capture(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    (d / "log.txt").unlink()
+    (d / "log.txt").symlink_to(victim)  # a planted link must not redirect the write
+    c = replace(capture.read(str(CAPTURE)), gpus=(), apps=(), config_json=None)
+    capture.write(c, str(d))
+    assert victim.read_text() == "untouched" and not (d / "log.txt").is_symlink()
+    assert not (d / "nvidia-smi-gpus.csv").exists() and not (d / "config.json").exists()  # stale files gone
+    assert capture.read(str(d)).log_lines == c.log_lines
