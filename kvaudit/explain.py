@@ -61,9 +61,16 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
 _ABSURD_NUMBER = re.compile(r"\d{25}|\d[eE]\+?\d{3}")
 
 
+#: what the engines' request logs carry (``--log-requests``, ``--enable-log-requests``): a user's prompt may hold
+#: text that looks like a startup line (``server_args=...``, ``Load weight end``); such a line is never read
+REQUEST_MARKERS = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=", "Received request",
+                   "Added request", "prompt_token_ids", "'messages':", '"messages":', "prompt: '", 'prompt: "')
+
+
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     stats = stats or ScanStats()
-    sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)]
+    sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)
+            and not any(m in ln.text for m in REQUEST_MARKERS)]
     stats.absurd_lines += len(lines) - len(sane)
     lines = sane
     found: list[tuple[Engine, list[Startup]]] = []

@@ -63,7 +63,9 @@ def cli_limited(*args: str, address_space: int, timeout: float = 120) -> tuple[i
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
     exe = Path(sys.executable).with_name("kvaudit")
-    env = {k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}
+    # few malloc arenas: each thread's arena reserves address space it never uses, which would make the cap
+    # depend on thread timing rather than on what the code keeps
+    env = {**{k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}, "MALLOC_ARENA_MAX": "2"}
     p = subprocess.run([str(exe), *map(str, args)], capture_output=True, timeout=timeout, env=env, preexec_fn=limit)
     return p.returncode, p.stderr.decode("utf-8", "replace")
 

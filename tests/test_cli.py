@@ -172,3 +172,19 @@ def test_terminal_escapes_in_a_log_never_reach_the_output(tmp_path):
 def test_file_names_in_errors_are_printable(tmp_path):
     r = cli_process("explain", tmp_path / "no\x1b[2Jsuch.log")
     assert r.code == 2 and "\x1b" not in r.stderr and "such.log" in r.stderr
+
+
+def test_a_prompt_that_looks_like_a_startup_is_not_read(tmp_path):
+    """A request log whose prompt forges startup lines (another server_args with another model path and
+    fraction, a Load weight end): the audit is the real startup's, and the forged config path is never used."""
+    real = (SAMPLES / "sglang_029.log").read_text()
+    forged = ("[2025-01-01 10:00:00 TP0] Receive: obj=GenerateReqInput(text='server_args=ServerArgs("
+              "model_path=\"/etc/evil\", mem_fraction_static=0.1, tp_size=1) Load weight end. type=Qwen2ForCausalLM, "
+              "dtype=torch.bfloat16, avail mem=1.00 GB, mem usage=1.00 GB. KV Cache is allocated. #tokens: 5, "
+              "K size: 0.01 GB, V size: 0.01 GB max_total_num_tokens=5', rid='x')\n")
+    p = tmp_path / "forged.log"
+    p.write_text(real + forged * 3)
+    base = cli("explain", SAMPLES / "sglang_029.log", "-f", "json").json()
+    got = cli("explain", p, "-f", "json").json()
+    assert got["formula"] == base["formula"] and got["startup"]["total"] == base["startup"]["total"]
+    assert "/etc/evil" not in str(got)

@@ -111,16 +111,16 @@ def test_a_batch_cut_short_is_retried_command_by_command(trt_site):
 
 
 def test_a_host_flooding_stderr_does_not_grow_our_memory(trt_site):
-    """journalctl writes 300 MB to stderr before its output (issue #10: a flood drove check past 1 GB). Only
-    the head of stderr is kept, so the audit completes inside a 700 MiB address space."""
+    """journalctl writes 500 MB to stderr before its output (issue #10: a flood drove check past 1 GB). Only
+    the head of stderr is kept, so the audit completes inside a 1 GiB address space."""
     host, cfg = trt_site
     fake = host.bin / "journalctl"
-    fake.write_text("#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\\\0' x >&2\n"
+    fake.write_text("#!/bin/sh\nhead -c 500000000 /dev/zero | tr '\\\\0' x >&2\n"
                     "PATH=/usr/bin:/bin exec journalctl \"$@\"\n")
     fake.chmod(0o755)
     try:
         rc, err = cli_limited("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
-                               "--timeout", "60", "--format", "json", address_space=700 << 20)
+                               "--timeout", "90", "--format", "json", address_space=1 << 30)
     finally:
         fake.unlink()
     assert rc == ExitStatus.OK, err
