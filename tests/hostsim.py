@@ -16,7 +16,7 @@ import socket
 import struct
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -171,8 +171,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def keygen(path: Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+def keygen(path: Path, kind: str = "ed25519") -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)]
+                   + (["-b", "2048"] if kind == "rsa" else []), check=True)
     path.chmod(0o600)
     return (path.with_suffix(".pub")).read_text().strip()
 
@@ -183,6 +184,7 @@ class Sshd:
     port: int
     host_pub: str  # "ssh-ed25519 AAAA..."
     dir: Path
+    host_pubs: dict = field(default_factory=dict)  # key type -> "TYPE AAAA..." for every host key it has
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -208,12 +210,14 @@ def _listens(pid: int, port: int) -> bool:
     return False
 
 
-def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int | None = None) -> Sshd:
-    """A real sshd on 127.0.0.1, ready when it holds its port itself; on a port another process took in
-    the meantime (tests run side by side), it retries on a new one."""
+def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int | None = None,
+               key_types: tuple[str, ...] = ("ed25519",)) -> Sshd:
+    """A real sshd on 127.0.0.1 with host keys of ``key_types``, ready when it holds its port itself; on a
+    port another process took in the meantime (tests run side by side), it retries on a new one."""
     workdir.mkdir(parents=True, exist_ok=True)
-    hostkey = workdir / "ssh_host_ed25519_key"
-    host_pub = keygen(hostkey)
+    pubs = {k: " ".join(keygen(workdir / f"ssh_host_{k}_key", k).split()[:2]) for k in key_types}
+    hostkeys = [f"HostKey {workdir / f'ssh_host_{k}_key'}" for k in key_types]
+    host_pub = pubs.get("ed25519") or next(iter(pubs.values()))
     (workdir / "authorized_keys").write_text(client_pub + "\n")
     path = ":".join(str(p) for p in path_dirs) + ":/usr/local/bin:/usr/bin:/bin"
     os.makedirs("/run/sshd", exist_ok=True)
@@ -222,7 +226,7 @@ def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int 
         port = fixed or free_port()
         cfg = workdir / "sshd_config"
         cfg.write_text("\n".join([
-            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hostkey}", f"PidFile {workdir}/sshd.pid",
+            f"Port {port}", "ListenAddress 127.0.0.1", *hostkeys, f"PidFile {workdir}/sshd.pid",
             f"AuthorizedKeysFile {workdir}/authorized_keys", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password", "StrictModes no",
             "AllowTcpForwarding yes", "LogLevel ERROR", f"SetEnv PATH={path}", "MaxStartups 100:30:200",
@@ -234,7 +238,7 @@ def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int 
         while time.monotonic() < deadline and proc.poll() is None and not _listens(proc.pid, port):
             time.sleep(0.02)
         if proc.poll() is None and _listens(proc.pid, port):
-            return Sshd(proc, port, " ".join(host_pub.split()[:2]), workdir)
+            return Sshd(proc, port, host_pub, workdir, pubs)
         proc.kill()
         proc.wait()
         if fixed:

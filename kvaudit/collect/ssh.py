@@ -197,14 +197,16 @@ class HostKeyPolicy:
         blob = key.get_base64()
         if any(e.revoked and e.blob == blob for e in entries):
             raise HostKeyRefused(f"host key of {hostname} ({fingerprint(key)}) is marked @revoked")
-        same_type = [e for e in entries if e.keytype == key.get_name() and not e.revoked]
+        pinned = [e for e in entries if not e.revoked]
+        same_type = [e for e in pinned if e.keytype == key.get_name()]
         if any(e.blob == blob for e in same_type):
             return
-        if same_type:
+        if pinned:  # known by a key of this type or of another: as OpenSSH, a different key is a changed key
             raise HostKeyRefused(
                 f"HOST KEY CHANGED for {hostname}: it offers {key.get_name()} {fingerprint(key)}, but "
-                f"{same_type[0].source} holds a different key. Refusing (a reinstalled host, or someone in "
-                "the middle); remove the old line only if you know why it changed")
+                f"{pinned[0].source} pins {pinned[0].keytype} {'a different key' if same_type else 'keys'}. "
+                "Refusing, even with --accept-new-host-key (a reinstalled host, or someone in the middle); "
+                "remove the old line only if you know why it changed")
         if not self.accept_new:
             raise HostKeyRefused(
                 f"host key of {hostname} is not known ({key.get_name()} {fingerprint(key)}); verify it and add "
@@ -219,6 +221,22 @@ class HostKeyPolicy:
 
 # ----------------------------------------------------------------------------------------------------------
 # connections
+
+
+#: host-key algorithms a known_hosts key type can be verified with
+_ALGORITHMS_OF = {"ssh-rsa": {"rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"}}
+
+
+def _unpinned_host_key_algorithms(pinned: set[str], offered: tuple[str, ...]) -> dict[str, list[str]]:
+    """For a known host, the host-key algorithms of the types it is not pinned by: disabled, so the pinned
+    types are negotiated (a host pinned only by RSA or ECDSA is verified by that key, as OpenSSH orders
+    HostKeyAlgorithms for a known host) rather than a newer type that would look unknown."""
+    if not pinned:
+        return {}
+    allowed = set().union(*(_ALGORITHMS_OF.get(t, {t}) for t in pinned))
+    if not allowed & set(offered):
+        return {}  # nothing we could verify it with: the policy refuses whatever the host offers
+    return {"keys": [a for a in offered if a not in allowed]}
 
 
 def _server_name(host: str, port: int) -> str:
@@ -273,9 +291,11 @@ class SSHRunner:
         policy = HostKeyPolicy(hc.known_hosts, accept_new)
         client.set_missing_host_key_policy(policy)
         name = f"{hc.user}@{hc.hostname}:{hc.port}"
+        pinned = {e.keytype for e in known_keys(hc.known_hosts, _server_name(hc.hostname, hc.port)) if not e.revoked}
         try:
             client.connect(
                 hc.hostname, port=hc.port, username=hc.user,
+                disabled_algorithms=_unpinned_host_key_algorithms(pinned, paramiko.Transport._preferred_keys),
                 key_filename=list(hc.identity_files) or None,
                 look_for_keys=not hc.identities_only,
                 allow_agent=not (hc.identities_only and hc.identity_files),
@@ -310,6 +330,11 @@ class SSHRunner:
             # when its transport thread gave up before authentication
             if any(w in msg.lower() for w in ("banner", "timed out", "timeout", "no existing session")):
                 raise Unreachable(f"{name}: no SSH answer within {timeout:g} s ({msg})") from None
+            if pinned and "no acceptable host key" in msg.lower():
+                raise HostKeyRefused(
+                    f"HOST KEY CHANGED for {name}: known_hosts pins it by {', '.join(sorted(pinned))}, and it "
+                    "offers no key of that type. Refusing, even with --accept-new-host-key (a reinstalled host, "
+                    "or someone in the middle)") from None
             raise Unreachable(f"{name}: SSH failed: {msg}") from None
         except OSError as exc:
             client.close()

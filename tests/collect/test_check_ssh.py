@@ -253,3 +253,32 @@ def test_proxycommand(site):
                    f"-W %h:%p 127.0.0.1\n")
     r = check(site, cfg=cfg)
     assert r.code == ExitStatus.OK, r.stderr
+
+
+def test_host_keys_compared_by_type_as_openssh_does(site, tmp_path):
+    """A host pinned only by its RSA key (it also has an ed25519 one): the pinned type is negotiated and the
+    host is known. A host that has no key of the pinned type offers a different key: a changed key, refused
+    even with --accept-new-host-key, and known_hosts is left alone."""
+    from tests import hostsim
+
+    two = hostsim.start_sshd(tmp_path / "two", (site.root / "client_key.pub").read_text().strip(),
+                             [site.host.bin], key_types=("ed25519", "rsa"))
+    one = hostsim.start_sshd(tmp_path / "one", (site.root / "client_key.pub").read_text().strip(),
+                             [site.host.bin], key_types=("ed25519",))
+    try:
+        for sshd, name, pinned in ((two, "rsa-only", two.host_pubs["rsa"]),
+                                   (one, "changed-type", two.host_pubs["rsa"])):
+            kh = tmp_path / f"{name}.known_hosts"
+            kh.write_text(f"[127.0.0.1]:{sshd.port} {pinned}\n")
+            cfg = site.ssh_config(name, known_hosts=str(kh), port=sshd.port)
+            if sshd is two:
+                r = check(site, "--format", "json", cfg=cfg)
+                assert r.code == ExitStatus.OK, r.stderr
+            else:
+                before = kh.read_text()
+                r = check(site, "--accept-new-host-key", cfg=cfg)
+                assert r.code == ExitStatus.AUTH_REFUSED and "CHANGED" in r.stderr, r.stderr
+                assert kh.read_text() == before
+    finally:
+        two.stop()
+        one.stop()
