@@ -61,16 +61,19 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
 _ABSURD_NUMBER = re.compile(r"\d{25}|\d[eE]\+?\d{3}")
 
 
-#: what the engines' request logs carry (``--log-requests``, ``--enable-log-requests``): a user's prompt may hold
-#: text that looks like a startup line (``server_args=...``, ``Load weight end``); such a line is never read
-REQUEST_MARKERS = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=", "Received request",
-                   "Added request", "prompt_token_ids", "'messages':", '"messages":', "prompt: '", 'prompt: "')
+#: request payloads in the OpenAI shape, whatever engine logs them (each grammar adds its own markers)
+GENERIC_REQUEST_MARKERS = ("'messages':", '"messages":')
+
+
+def request_markers() -> tuple[str, ...]:
+    return GENERIC_REQUEST_MARKERS + tuple(m for e in ENGINES for m in e.parser.request_markers)
 
 
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     stats = stats or ScanStats()
+    markers = request_markers()
     sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)
-            and not any(m in ln.text for m in REQUEST_MARKERS)]
+            and not any(m in ln.text for m in markers)]
     stats.absurd_lines += len(lines) - len(sane)
     lines = sane
     found: list[tuple[Engine, list[Startup]]] = []

@@ -29,6 +29,17 @@ DTYPE_BYTES = {
 }
 
 
+def element_bytes(name: object) -> float | None:
+    """Bytes per KV element for a dtype name as the engines spell it (``torch.bfloat16``, ``fp8_e5m2``,
+    ``fp8_ds_mla``: every fp8/float8 variant is one byte), None when unknown."""
+    if not isinstance(name, str) or not name:
+        return None
+    key = name.replace("torch.", "").lower()
+    if key.startswith("fp8") or key.startswith("float8"):
+        return 1
+    return DTYPE_BYTES.get(key)
+
+
 class ConfigError(Exception):
     """The model config cannot be read or does not describe an attention model."""
 

@@ -53,6 +53,32 @@ class RankEvent(Event):
     role: str = "target"  # "target" or "draft" (speculative-decoding draft worker)
 
 
+@dataclass(frozen=True)
+class Failure(RankEvent):
+    """A line that says the startup failed or ran out of memory. ``kind`` is the engine's own vocabulary (its
+    parser documents it); ``message`` the error as quoted (:func:`quote`); ``numbers`` what the line states."""
+
+    kind: str = ""
+    message: str = ""
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+#: an error quoted from a log is kept whole up to this many characters (a hostile log bounds it, not a reader)
+MAX_QUOTE = 1000
+
+
+def quote(message: str) -> str:
+    """A quoted error, whole when it fits; else cut at the last sentence or word boundary, marked as cut."""
+    message = message.strip()
+    if len(message) <= MAX_QUOTE:
+        return message
+    cut = message[:MAX_QUOTE]
+    at = max(cut.rfind(". "), cut.rfind("; "))
+    if at < MAX_QUOTE // 2:
+        at = cut.rfind(" ")
+    return cut[: at + 1 if at > 0 else MAX_QUOTE].rstrip() + " [...]"
+
+
 E = TypeVar("E", bound=Event)
 
 
@@ -83,5 +109,8 @@ class EngineParser(Protocol):
     name: str
     anchors: tuple[bytes, ...]
     markers: tuple[str, ...]
+    #: what the engine's request log lines carry (``--log-requests``): a prompt may hold text that looks like a
+    #: startup line, so a line with one of these is never read, by any grammar
+    request_markers: tuple[str, ...]
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]: ...

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup, quote
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
 
@@ -699,12 +699,12 @@ def _other_lines(line: Line) -> _Parsed:
             msg = (m.groupdict().get("msg") or "").strip()
             label = {"warmup": "Initialization failed", "exception": f"{m.groupdict().get('who')} hit an exception",
                      "cuda_error": "CUDA error", "killed": "Killed"}[kind]
-            return _Parsed(Failure(n, text, rank, "target", kind, _whole(f"{label}: {msg}" if msg else label)),
+            return _Parsed(Failure(n, text, rank, "target", kind, quote(f"{label}: {msg}" if msg else label)),
                            clues)
     m = _OOM.search(text)
     if m and "Not enough" not in text:
         rank, clues = at(m)
-        return _Parsed(Failure(n, text, rank, "target", "oom", _whole(_after_prefix(text).strip())), clues)
+        return _Parsed(Failure(n, text, rank, "target", "oom", quote(_after_prefix(text).strip())), clues)
     m = _TRACEBACK.search(text)
     if m:
         rank, clues = at(m)
@@ -712,24 +712,8 @@ def _other_lines(line: Line) -> _Parsed:
     m = _EXCEPTION.search(_after_prefix(text))
     if m:
         return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception",
-                               _whole(f"{m.group('exc')}: {m.group('msg')}")), [])
+                               quote(f"{m.group('exc')}: {m.group('msg')}")), [])
     return _Parsed(None, [])
-
-
-#: an error quoted from a log is kept whole up to this many characters (a hostile log bounds it, not a reader)
-MAX_QUOTE = 1000
-
-
-def _whole(message: str) -> str:
-    """A quoted error, whole when it fits; else cut at the last sentence or word boundary, marked as cut."""
-    message = message.strip()
-    if len(message) <= MAX_QUOTE:
-        return message
-    cut = message[:MAX_QUOTE]
-    at = max(cut.rfind(". "), cut.rfind("; "))
-    if at < MAX_QUOTE // 2:
-        at = cut.rfind(" ")
-    return cut[: at + 1 if at > 0 else MAX_QUOTE].rstrip() + " [...]"
 
 
 def _after_prefix(text: str) -> str:
@@ -943,6 +927,7 @@ class SGLangParser:
     name = ENGINE
     anchors = ANCHORS
     markers = MARKERS
+    request_markers: tuple[str, ...] = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=")
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []

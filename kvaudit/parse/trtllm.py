@@ -42,10 +42,10 @@ stripped: every pattern is searched anywhere in the line.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, parse_version, resolve
 
@@ -152,13 +152,6 @@ class WindowNote(RankEvent):
     bound: int = 0
 
 
-@dataclass(frozen=True)
-class Failure(RankEvent):
-    kind: str = ""  # executor_failed | oom | too_small | no_fit | no_blocks | bad_fraction | instance_failed
-    message: str = ""
-    numbers: dict[str, float] = field(default_factory=dict)
-
-
 _RANK = re.compile(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
 _VERSION = re.compile(r"TensorRT-LLM version: ([\w.+-]+)")
 _ENGINE_VERSION = re.compile(r"Engine version ([\w.+-]+) found in the config file")
@@ -195,6 +188,7 @@ _OLD_TOKENS = re.compile(r"Using (\d+) total tokens in paged KV cache, and (\d+)
 _SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
 _WINDOW = re.compile(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
 _BACKEND = re.compile(r"Using LLM with (PyTorch|TensorRT) backend")
+#: Failure kinds this grammar emits: executor_failed | oom | oom_component | too_small | no_fit | no_blocks | bad_fraction | instance_failed
 _FAILURES = (
     ("Executor creation failed", "executor_failed"),
     ("must be large enough to process at least 1 sequence", "too_small"),
@@ -231,13 +225,9 @@ def _clue(lo, hi, why) -> VersionRange:
 
 
 def _message(text: str, start: int) -> str:
-    """The error from its start (after the log prefix) to the end of the line, bounded."""
+    """The error from its start (after the log prefix) to the end of the line."""
     cut = max(text.rfind("] ", 0, start), text.rfind("[E] ", 0, start))
-    msg = text[cut + 2 if cut >= 0 else 0:].strip()
-    if len(msg) > 1000:
-        end = msg.rfind(". ", 0, 1000)
-        msg = msg[:end + 1 if end > 200 else 1000] + " [...]"
-    return msg
+    return quote(text[cut + 2 if cut >= 0 else 0:])
 
 
 def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
@@ -430,6 +420,7 @@ class TRTLLMParser:
     name = ENGINE
     anchors = ANCHORS
     markers = MARKERS
+    request_markers: tuple[str, ...] = ()
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup
+from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, resolve
 
@@ -120,13 +120,6 @@ class Concurrency(Event):
     factor: float = 0.0
 
 
-@dataclass(frozen=True)
-class Failure(RankEvent):
-    kind: str = ""  # no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
-    message: str = ""
-    numbers: dict[str, float] = field(default_factory=dict)
-
-
 _TAG = re.compile(r"\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)")
 _BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine \(v(?P<ver>[\w.+-]+)\) with config: (?P<cfg>.*)$")
 _API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
@@ -175,6 +168,7 @@ _GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs(?:, took " +
 _GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
 _GRAPH_UTIL = re.compile(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
+#: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
 _FAILURES = (
     (re.compile(r"No available memory for the cache blocks"), "no_kv_memory"),
     (re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
@@ -451,15 +445,9 @@ def parse_line(line: Line) -> _Parsed:
 
 
 def _message(text: str, start: int) -> str:
-    """The error as the engine wrote it, whole: from the start of the message (after the ``[file.py:N]`` prefix)
-    to the end of the line (bounded, and cut at a sentence end when a hostile line is longer than any real
-    message)."""
+    """The error as the engine wrote it: from the start of the message (after the ``[file.py:N]`` prefix)."""
     prefix = text.rfind("] ", 0, start)
-    msg = text[prefix + 2 if prefix >= 0 else 0:]
-    if len(msg) > 1000:
-        cut = msg.rfind(". ", 0, 1000)
-        msg = msg[:cut + 1 if cut > 200 else 1000] + " [...]"
-    return msg
+    return quote(text[prefix + 2 if prefix >= 0 else 0:])
 
 
 def _config(text: str) -> dict[str, Any]:
@@ -488,6 +476,7 @@ class VLLMParser:
     name = ENGINE
     anchors = ANCHORS
     markers = MARKERS
+    request_markers: tuple[str, ...] = ("Received request", "Added request", "prompt_token_ids", "prompt: '", 'prompt: "')
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.model_config import ModelGeometry
+from kvaudit.model_config import element_bytes as model_element_bytes
 from kvaudit.parse.interface import Rank, Startup
 from kvaudit.parse.trtllm import Cap, WindowPool
 from kvaudit.reconcile.interface import AuditOptions
@@ -42,14 +43,10 @@ class Context:
 
 
 def element_bytes(name: str | None) -> float | None:
-    if not name:
-        return None
-    key = name.replace("torch.", "").lower()
-    if key.startswith("fp8") or key.startswith("float8"):
-        return 1
-    if key in ("nvfp4", "fp4"):
-        return 0.5 + 1 / 16  # 4-bit values plus one FP8 scale per 16 elements
-    return DTYPE_BYTES.get(key)
+    """The shared dtype table, plus NVFP4: 4-bit values and one FP8 scale per 16 elements."""
+    if name and name.replace("torch.", "").lower() in ("nvfp4", "fp4"):
+        return 0.5 + 1 / 16
+    return model_element_bytes(name)
 
 
 def build_context(startup: Startup, opts: AuditOptions) -> Context:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.model_config import ModelGeometry, element_bytes
 from kvaudit.parse.interface import Rank, RankEvent, Startup
 from kvaudit.parse.vllm import Banner, HybridLayout, rank_of
 from kvaudit.reconcile.interface import AuditOptions
@@ -48,15 +48,6 @@ class Context:
     def workers(self) -> int:
         """How many workers should each log a budget (TP x PP x DP)."""
         return self.tp * self.pp * self.dp
-
-
-def element_bytes(name: Any) -> float | None:
-    if not isinstance(name, str):
-        return None
-    key = name.replace("torch.", "").lower()
-    if key.startswith("fp8") or key.startswith("float8"):
-        return 1
-    return DTYPE_BYTES.get(key)
 
 
 def build_context(startup: Startup, opts: AuditOptions) -> Context:

@@ -7,7 +7,7 @@ import math
 
 from kvaudit.parse.interface import Startup
 from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
-from kvaudit.reconcile.vllm.context import element_bytes
+from kvaudit.model_config import element_bytes
 from kvaudit.units import GIB
 
 
