@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange
@@ -61,6 +61,60 @@ class Failure(RankEvent):
     kind: str = ""
     message: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
+
+
+#: a quoted literal opens with a quote after a delimiter (``text='``, ``: "``, ``('``), not an apostrophe in a word
+_OPENER = re.compile(r"""(?:^|(?<=[\s=:(\[{,]))['"]""")
+
+
+def mask_quoted(text: str) -> str:
+    """``text`` with the inside of every quoted literal (a repr's or JSON's string: a prompt, a path, a value)
+    replaced by ``x``, positions kept. What a line *quotes* is data the engine was handed, never the engine
+    speaking: a grammar that still matches the masked line matched the engine's own words. A literal closes at
+    its quote followed by a delimiter or the end (``it's`` inside a prompt does not close it); one cut short by
+    the end of the line runs to the end."""
+    out: list[str] = []
+    at = 0
+    while True:
+        m = _OPENER.search(text, at)
+        if m is None:
+            out.append(text[at:])
+            return "".join(out)
+        q, start = m.group(0), m.end()
+        i = start
+        while True:
+            i = text.find(q, i)
+            if i < 0:
+                i = len(text)
+                break
+            if text[i - 1] != "\\" and (i + 1 == len(text) or text[i + 1] in " \t,)]}:;."):
+                break
+            i += 1
+        out.append(text[at:start] + "x" * (i - start))
+        at = i  # the closing quote itself is copied by the next round (it opens nothing: no delimiter before it)
+        if at >= len(text):
+            return "".join(out)
+        out.append(text[at])
+        at += 1
+
+
+def event_kind(e: Event) -> tuple[str, str]:
+    """What a line said, for telling whether its masked copy says the same: the event's class and its kind or key."""
+    return type(e).__name__, str(getattr(e, "kind", "") or getattr(e, "key", ""))
+
+
+def unquoted(line: Line, events: Sequence[E], parse_events: Callable[[Line], Sequence[Event]]) -> list[E]:
+    """The events of ``line`` that its grammar still finds once the quoted literals are masked: a request log's
+    prompt (or any logger's quoted value) that holds engine-looking text (``server_args=...``, ``Load weight
+    end ...``) never becomes a startup line, whatever prefix the line carries. Fields are read from the real
+    line; only the decision is taken on the masked one."""
+    if not events:
+        return []
+    masked = mask_quoted(line.text)
+    if masked == line.text:
+        return list(events)
+    said = {event_kind(e) for e in parse_events(Line(line.number, masked))}
+    return [e for e in events if event_kind(e) in said]
 
 
 #: an error quoted from a log is kept whole up to this many characters (a hostile log bounds it, not a reader)

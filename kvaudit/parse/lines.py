@@ -6,15 +6,17 @@ size of the input. :func:`scan_fast` hands that selection to ``grep -F`` (one mu
 speed) when grep is on the machine, and falls back to :func:`scan`, pure Python (one ``bytes.find`` pass per
 anchor: fine for pastes, ~10x slower on gigabytes). Both yield the same lines; a test holds them to it.
 
-Cleaning, per surviving line: bytes are decoded as UTF-8 (bad bytes replaced), ANSI colour codes removed,
+Cleaning, per surviving line: bytes are decoded as UTF-8 (bad bytes replaced), a JSON record (journald's,
+docker's json-file) unwrapped to its message, ANSI colour codes removed,
 and a line holding carriage returns (tqdm progress bars redraw with ``\\r``) is split into its segments,
 each a candidate line of its own. Outer prefixes (journalctl's ``Feb 25 10:16:41 host unit[pid]:``,
 docker's timestamps, box borders) are left in place: the engine grammars search for their own prefix and
-message anywhere in the line.
+message anywhere in the line, outside quoted values (``parse.interface.unquoted``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -58,13 +60,54 @@ class ScanStats:
     first_bytes: bytes = field(default=b"", repr=False)
 
 
+#: the keys that hold the program's own line in a JSON record: journald's (``journalctl -o json``) and the
+#: docker json-file driver's (``/var/lib/docker/containers/*/*-json.log``)
+_JSON_MESSAGE_KEYS = ("MESSAGE", "log")
+#: selected whatever the engines' anchors: ``journalctl -o json`` writes a message holding control bytes (an
+#: ANSI-coloured line) as an array of byte values, none of the engines' words visible until it is decoded
+TRANSPORT_ANCHORS: tuple[bytes, ...] = (b'"MESSAGE":[',)
+
+
+def unwrap_json(raw: str) -> str:
+    """A JSON record's message (``{"MESSAGE": "...", ...}``), else ``raw`` as it is. The grammars read the
+    program's line, not the record's quoting of it (a quoted value is data to them; see
+    ``parse.interface.mask_quoted``). journald writes a message with control bytes as an array of byte values."""
+    s = raw.strip()
+    if not (s.startswith("{") and s.endswith("}") and any(f'"{k}"' in s for k in _JSON_MESSAGE_KEYS)):
+        return raw
+    try:
+        record = json.loads(s)
+    except (ValueError, RecursionError):
+        return raw
+    if not isinstance(record, dict):
+        return raw
+    for key in _JSON_MESSAGE_KEYS:
+        value = record.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
+            return bytes(value).decode("utf-8", "replace")
+    return raw
+
+
 def clean(raw: str) -> list[str]:
-    """ANSI codes out, CR-joined progress-bar redraws split apart, every other control character dropped (a
-    log line is data: it never reaches a terminal able to act on it), trailing blanks dropped."""
+    """A JSON record unwrapped to its message, ANSI codes out, CR-joined progress-bar redraws split apart, every
+    other control character dropped (a log line is data: it never reaches a terminal able to act on it),
+    trailing blanks dropped."""
+    if raw.lstrip().startswith("{"):
+        raw = unwrap_json(raw)
+    if "\n" in raw:
+        raw = raw.replace("\n", "\r")  # a message holding newlines (docker's json-file keeps the line's own)
     if "\x1b" in raw:
         raw = _ANSI.sub("", raw)
     parts = raw.split("\r") if "\r" in raw else [raw]
     return [printable(p).rstrip() for p in parts if p.strip()]
+
+
+def with_transport(anchors: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The anchors plus journald's JSON form of a message with control bytes (an array of byte values holds
+    none of the engines' words until :func:`unwrap_json` decodes it)."""
+    return anchors + tuple(a for a in TRANSPORT_ANCHORS if a not in anchors)
 
 
 def scan(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:
@@ -72,6 +115,7 @@ def scan(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None =
 
     Raises :class:`InputError` for input that is empty or binary.
     """
+    anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
     carry = b""
     line_base = 1  # line number of the first line in the current buffer
@@ -158,6 +202,7 @@ def _grep() -> str | None:
 
 def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:
     """Like :func:`scan`, with ``grep -a -n -F`` selecting the lines when grep exists."""
+    anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
     grep = _grep()
     if grep is None:

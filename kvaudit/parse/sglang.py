@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup, quote
+from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
 
@@ -395,6 +395,11 @@ def _prefix(text: str, start: int) -> tuple[Rank, list[VersionRange]]:
         clues.append(_clue((0, 5, 6), None, "milliseconds in the log prefix"))
     tags = (m.group("tags") or "").strip()
     return (Rank.from_tags(tags) if tags else SINGLE_RANK), clues
+
+
+def _line_events(line: Line) -> list[Event]:
+    ev = parse_line(line).event
+    return [ev] if ev is not None else []
 
 
 def parse_line(line: Line) -> _Parsed:
@@ -935,6 +940,8 @@ class SGLangParser:
         for line in lines:
             parsed = parse_line(line)
             ev = parsed.event
+            if ev is not None and not unquoted(line, [ev], _line_events):
+                continue  # engine-looking text inside a quoted value (a prompt, a path): not the engine's line
             if ev is None and not parsed.clues:
                 continue
             if b is None:

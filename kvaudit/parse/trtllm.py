@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote
+from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, parse_version, resolve
 
@@ -441,8 +441,9 @@ class TRTLLMParser:
 
         for line in lines:
             ev, cl = parse_line(line)
+            ev = unquoted(line, ev, lambda masked: parse_line(masked)[0])
             if not ev:
-                continue
+                continue  # nothing, or engine-looking text only inside a quoted value (a prompt, a path)
             banner = next((e for e in ev if isinstance(e, Banner)), None)
             if banner is not None and banner.version and seen_memory:
                 flush()

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote
+from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, resolve
 
@@ -495,8 +495,9 @@ class VLLMParser:
 
         for line in lines:
             p = parse_line(line)
+            p.events = unquoted(line, p.events, lambda masked: parse_line(masked).events)
             if not p.events:
-                continue
+                continue  # nothing, or engine-looking text only inside a quoted value (a prompt, a path)
             banner = next((e for e in p.events if isinstance(e, Banner)), None)
             # a new start: a banner once memory lines were seen, or a second weight load on the same rank
             restart = banner is not None and seen_memory
