@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
@@ -15,6 +16,9 @@ from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
 from kvaudit.reconcile.interface import Audit, AuditOptions, Finding
 from kvaudit.reconcile.live import GpuLedger, reconcile_gpus
+
+if TYPE_CHECKING:
+    from kvaudit.collect.endpoint import EndpointCapture
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,68 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
     return HostAudit(c.target, c, audit, gpus, findings, None, tuple(notes))
 
 
+#: what an audit from a live endpoint lacks, always (the partial reason scripts see)
+NO_GPU_READINGS_ENDPOINT = ("no GPU readings: an HTTP endpoint does not give them (kvaudit check HOST reads them "
+                            "over SSH)")
+
+
+def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCapture"]:
+    """Fetch a live server's documents and audit them with the engine they belong to."""
+    from kvaudit.collect.endpoint import NotAnEndpoint, fetch
+    from kvaudit.engines import audit_endpoint
+
+    cap = fetch(target, opts.deadline_s)
+    docs = {d.path: d.body for d in cap.documents if d.status == 200}
+    a = audit_endpoint(docs, cap.url, opts.audit)
+    if a is None:
+        answered = ", ".join(sorted(docs)) or "nothing"
+        raise NotAnEndpoint(f"{cap.url}: answers {answered}, but none of it is an engine's KV pool (SGLang "
+                            "/server_info, vLLM's vllm:cache_config_info, TensorRT-LLM's kvCacheStats); "
+                            "audit its startup log instead")
+    return a, cap
+
+
+def check_endpoint(target: str, opts: CheckOptions) -> HostAudit:
+    """A live server from its own HTTP endpoints: what they establish, and what they cannot, said."""
+    try:
+        a, cap = endpoint_audit(target, opts)
+    except CollectError as exc:
+        return HostAudit(target, None, None, (), (), exc)
+    partial = [NO_GPU_READINGS_ENDPOINT]
+    if opts.audit.model_geometry is None and a.formula.bytes_per_token is None:
+        partial.append(f"{NO_CONFIG} (give --model-config: an endpoint does not serve the model's config.json)")
+    from urllib.parse import urlsplit
+
+    c = Collected(target=target, host=urlsplit(cap.url).hostname, source=f"endpoint {cap.url}", log_lines=(),
+                  gpus=(), apps=(), config_json=None, config_source=None, server_pids=(), commands=cap.requests,
+                  partial=tuple(partial), collected_at=cap.collected_at)
+    return HostAudit(target, c, a, (), (), None)
+
+
+def cross_check(h: HostAudit, endpoint: str, opts: CheckOptions) -> HostAudit:
+    """``check HOST --endpoint URL``: the live pool must be the one the startup log sized."""
+    if h.audit is None:
+        return h
+    from kvaudit.reconcile import findings as F
+
+    try:
+        live, cap = endpoint_audit(endpoint, opts)
+    except CollectError as exc:
+        return replace(h, notes=h.notes + (f"endpoint {endpoint} not cross-checked: {exc}",))
+    logged, now = h.audit.formula.logged_tokens, live.formula.logged_tokens
+    if logged is None or now is None:
+        return replace(h, notes=h.notes + (f"endpoint {cap.url}: no token count to compare with the startup's",))
+    if logged == now:
+        return replace(h, notes=h.notes + (f"live pool at {cap.url} = the startup's: {now:,} tokens",))
+    return replace(h, findings=h.findings + (F.live_pool_changed(now, logged, live.source),))
+
+
 def check(target: str, opts: CheckOptions) -> HostAudit:
     """One host, start to finish; a host that cannot be audited comes back as data (``error``), not raised."""
+    from kvaudit.collect.endpoint import is_endpoint
+
+    if is_endpoint(target):
+        return check_endpoint(target, opts)
     try:
         c, log, notes = collect(target, opts)
         return audit_collected(c, log, opts, notes)

@@ -259,7 +259,25 @@ def _check_options(model_config, mem_fraction_static, unit, source, journal_dire
     )
 
 
-TARGET_HELP = "user@host[:port], an ssh_config alias, 'local' (this machine), or a capture directory."
+TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a capture directory, or a live "
+               "server's http://HOST:PORT (its own endpoints, when the startup log is gone).")
+
+
+def _check_target(target: str, endpoint_only: bool = False) -> None:
+    """A target that cannot be one, said before anything is contacted."""
+    from kvaudit.collect.endpoint import base_url, is_endpoint
+
+    if is_endpoint(target):
+        try:
+            base_url(target)
+        except ValueError as exc:
+            raise Fail(str(exc)) from None
+        return
+    if endpoint_only:
+        raise Fail(f"--endpoint {target}: give the server's http://HOST:PORT")
+    if "/" in target and not Path(target, "capture.json").is_file():  # host names hold no "/": a path was meant
+        raise Fail(f"{target}: not a kvaudit capture directory (no capture.json); targets are user@host[:port], "
+                   "an ssh_config alias, 'local', a capture directory, or http://HOST:PORT")
 
 
 @app.command()
@@ -284,6 +302,8 @@ def check(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
     textfile_dir: Optional[Path] = typer.Option(
         None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit.prom) here."),
+    endpoint: Optional[str] = typer.Option(
+        None, "--endpoint", help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -292,9 +312,9 @@ def check(
     from kvaudit.status import for_host
 
     fmt = _check_format(fmt)
-    if "/" in target and not Path(target, "capture.json").is_file():  # host names hold no "/": a path was meant
-        raise Fail(f"{target}: not a kvaudit capture directory (no capture.json); targets are user@host[:port], "
-                   "an ssh_config alias, 'local', or a capture directory")
+    _check_target(target)
+    if endpoint is not None:
+        _check_target(endpoint, endpoint_only=True)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
                           accept_new_host_key, timeout, connect_timeout, startup, threshold)
     import time as _time
@@ -302,6 +322,10 @@ def check(
     t0 = _time.time()
     try:
         h = run_check(target, opts)
+        if endpoint is not None:
+            from kvaudit.check import cross_check
+
+            h = cross_check(h, endpoint, opts)
     except InputError as exc:
         raise Fail(str(exc)) from None
     if textfile_dir is not None:

@@ -7,7 +7,7 @@ one :class:`Engine` line here; nothing else in kvaudit changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.sglang import SGLangParser
@@ -17,6 +17,9 @@ from kvaudit.reconcile import sglang as sglang_formula
 from kvaudit.reconcile import trtllm as trtllm_formula
 from kvaudit.reconcile import vllm as vllm_formula
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
+from kvaudit.reconcile.sglang import endpoint as sglang_endpoint
+from kvaudit.reconcile.trtllm import endpoint as trtllm_endpoint
+from kvaudit.reconcile.vllm import endpoint as vllm_endpoint
 
 
 @dataclass(frozen=True)
@@ -27,13 +30,17 @@ class Engine:
     reconcile: Callable[[Startup, AuditOptions, int], Audit]
     whatif: Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]
     process_names: tuple[str, ...] = ()  # what its systemd units and process titles contain (lower case)
+    #: the audit of a live server from its own HTTP documents (path -> body), None when they are not its own
+    endpoint: Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None = None
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",)),
-    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",)),
+    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",),
+           sglang_endpoint.audit_endpoint),
+    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",),
+           vllm_endpoint.audit_endpoint),
     Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), trtllm_formula.reconcile, trtllm_formula.whatif,
-           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo")),
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), trtllm_endpoint.audit_endpoint),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
@@ -55,6 +62,16 @@ def all_anchors() -> tuple[bytes, ...]:
 def process_names() -> tuple[str, ...]:
     """Every engine's unit/process name fragments, for finding a host's engine unit and its processes."""
     return tuple(n for e in ENGINES for n in e.process_names)
+
+
+def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -> Audit | None:
+    """The first engine whose documents these are audits them; None when none of them recognises them."""
+    for e in ENGINES:
+        if e.endpoint is not None:
+            a = e.endpoint(documents, url, opts)
+            if a is not None:
+                return a
+    return None
 
 
 def by_name(name: str) -> Engine:

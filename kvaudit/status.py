@@ -30,7 +30,8 @@ def for_audits(audits: list[Audit]) -> ExitStatus:
 _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
            "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
            "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA,
-           "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT}
+           "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT,
+           "not_inference_server": ExitStatus.PARTIAL_DATA}
 
 
 def for_error(reason: str) -> ExitStatus:

@@ -42,6 +42,9 @@ CODES: dict[str, Severity] = {
     "IDLE_GPUS": INFO,
     "MEMORY_DRIFT": INFO,
     "UNATTRIBUTED_GPU_MEMORY": INFO,
+    # live endpoints (kvaudit check http://...)
+    "LIVE_POOL_MISMATCH": WARNING,
+    "LIVE_POOL_CHANGED": WARNING,
 }
 
 
@@ -345,3 +348,30 @@ def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: fl
               f"only {head:.2f} GiB is left outside the KV cache ((1 - {fraction:g}) x {free:.2f} GiB free after "
               f"profiling; below {threshold:g} GiB): allocations after startup may OOM; lower "
               "free_gpu_memory_fraction", {"headroom_gib": round(head, 3), "threshold_gib": threshold})
+
+
+def tokens_match_text(tokens: int, predicted: TokenInterval, reason: str) -> Finding:
+    """A pool that matches what another rerun (a live endpoint's own numbers) predicts; ``reason`` says how."""
+    return _f("TOKENS_MATCH", f"KV pool of {tokens:,} tokens: {reason}",
+              {"logged_tokens": tokens, "predicted_low": predicted.low, "predicted_high": predicted.high})
+
+
+def live_pool_mismatch(tokens: int, predicted: TokenInterval | None, implied: float | None,
+                       cell: int | None) -> Finding:
+    """A live server's pool bytes and token count disagree with the config's bytes per token."""
+    extra = f"; the pool implies {implied:,.0f} B per token, the config {cell:,}" if implied and cell else ""
+    rng = f" (the pool holds {predicted.low:,}..{predicted.high:,})" if predicted else ""
+    return _f("LIVE_POOL_MISMATCH",
+              f"the live server reports {tokens:,} tokens, which its own KV pool size does not give at the "
+              f"config's bytes per token{rng}{extra}: another KV dtype, TP split or model than assumed",
+              {"tokens": tokens, "predicted_low": predicted.low if predicted else None,
+               "predicted_high": predicted.high if predicted else None, "implied_bytes_per_token": implied,
+               "config_bytes_per_token": cell})
+
+
+def live_pool_changed(live_tokens: int, startup_tokens: int, source: str) -> Finding:
+    """The live server's pool differs from the one its startup log sized: not the same start, or resized."""
+    return _f("LIVE_POOL_CHANGED",
+              f"the live server reports {live_tokens:,} KV tokens but its startup log sized {startup_tokens:,}: "
+              f"the log is not the running server's latest start (restarted since?), or the pool was resized "
+              f"({source})", {"live_tokens": live_tokens, "startup_tokens": startup_tokens})

@@ -187,6 +187,15 @@ class Audit:
     formula_text: str = ""
     formula_rows: tuple[FormulaRow, ...] = ()
     pre_load_label: str = "free before loading"
+    #: the numbers are a live server's own (its HTTP endpoints), not a startup log's: no lines, less visible
+    from_endpoint: bool = False
+
+    @property
+    def origin(self) -> str:
+        """Where in the input the numbers come from, for the reports' heading."""
+        if self.from_endpoint:
+            return "live numbers (no startup log)"
+        return f"startup {self.startup_index} of {self.startups_total} (lines {self.first_line}-{self.last_line})"
 
     @property
     def worst(self) -> Severity | None:

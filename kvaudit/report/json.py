@@ -66,8 +66,9 @@ def audit_dict(a: Audit) -> dict[str, Any]:
         "engine_version": a.engine_version,
         "engine_version_evidence": list(a.version_evidence),
         "source": a.source,
-        "startup": {"index": a.startup_index, "total": a.startups_total, "first_line": a.first_line,
-                    "last_line": a.last_line},
+        "startup": None if a.from_endpoint else {"index": a.startup_index, "total": a.startups_total,
+                                                 "first_line": a.first_line, "last_line": a.last_line},
+        "from_endpoint": a.from_endpoint,
         "model": {
             "architecture": m.architecture, "attention": m.attention, "layers": m.layers, "kv_heads": m.kv_heads,
             "kv_heads_per_rank": m.kv_heads_per_rank, "head_dim": m.head_dim, "kv_dtype": m.kv_dtype,

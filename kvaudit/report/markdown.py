@@ -17,8 +17,7 @@ def _esc(s: str) -> str:
 def render_one(a: Audit) -> str:
     f = a.formula
     L = [f"## kvaudit: {_esc(a.source)}", "",
-         f"{a.engine_display or a.engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
-         f"(lines {a.first_line}-{a.last_line}); model {_esc(a.model.architecture or 'unknown')}"
+         f"{a.engine_display or a.engine} {a.engine_version}, {a.origin}; model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 

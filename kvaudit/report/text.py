@@ -41,8 +41,7 @@ def render_one(a: Audit, color: bool = False) -> str:
     f, m = a.formula, a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
-    L.append(colour(f"{a.source}: {engine} {a.engine_version}, startup {a.startup_index} of {a.startups_total} "
-                f"(lines {a.first_line}-{a.last_line})", "1", color))
+    L.append(colour(f"{a.source}: {engine} {a.engine_version}, {a.origin}", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
              f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,

@@ -189,7 +189,8 @@ def summary_sentences(a: Audit) -> list[str]:
     elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):
         # "nothing looks wrong" only when a check ran and held; otherwise say that nothing was checked
         if f.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(fi.code in CHECKS_THAT_HELD for fi in a.findings):
-            out.append("Nothing looks wrong.")
+            out.append("Nothing looks wrong in what this source shows (Notes say what it cannot see)."
+                       if a.from_endpoint else "Nothing looks wrong.")
         else:
             out.append("No problem was found, but the pool size could not be checked (above), so this is not "
                        "a clean bill of health.")

@@ -1,0 +1,128 @@
+"""A live server's own HTTP endpoints, for when its startup log is gone (rotated away, a pod restarted).
+
+Read-only GETs, each bounded in time and size, no redirects followed (a server that redirects is not
+answering for itself), nothing sent but the request line and ``Accept``. Which documents are read, and what
+they mean, is each engine's business (``reconcile/<engine>/endpoint.py``); this module only fetches them.
+Paths (docs/endpoints.md has the shapes): SGLang ``/server_info`` (``/get_server_info`` before 0.4.x renamed
+it), Prometheus text at ``/metrics`` (SGLang with ``--enable-metrics``, vLLM always), vLLM's ``/version``,
+TensorRT-LLM's ``/metrics`` (JSON iteration stats) and ``/prometheus/metrics``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from kvaudit.collect.interface import CollectError, CommandRecord, HostTimeout, Unreachable
+from kvaudit.textsafe import printable
+
+#: what one endpoint may return: a /metrics page of a big server is ~100 KiB, /server_info a few KiB
+MAX_DOCUMENT_BYTES = 8 << 20
+#: the documents asked for, in order; a 404 is an answer (that path is not served), not a failure
+PATHS = ("/server_info", "/get_server_info", "/version", "/metrics", "/prometheus/metrics")
+
+
+class NotAnEndpoint(CollectError):
+    reason = "not_inference_server"  # it answers HTTP, but none of the engines' documents
+
+
+@dataclass(frozen=True)
+class Document:
+    path: str
+    status: int  # the HTTP status; 0 when the request got no answer
+    body: str = field(repr=False)
+    content_type: str = ""
+
+
+@dataclass(frozen=True)
+class EndpointCapture:
+    """What a server's endpoints returned: the documents by path, and a record of every request."""
+
+    url: str  # the base URL, as normalised (scheme://host:port, no path)
+    documents: tuple[Document, ...]
+    requests: tuple[CommandRecord, ...]
+    collected_at: str
+
+    def get(self, path: str) -> str | None:
+        """The body of ``path`` when it answered 200, else None."""
+        for d in self.documents:
+            if d.path == path and d.status == 200:
+                return d.body
+        return None
+
+
+def is_endpoint(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def base_url(target: str) -> str:
+    """``http://host:port[/anything]`` -> ``http://host:port``; a bad URL is a clear error."""
+    parts = urllib.parse.urlsplit(target)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{target}: not an http:// or https:// URL with a host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{target}: the port is not a number in 1..65535") from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+        return None  # the 3xx comes back as an HTTPError: recorded, not followed
+
+
+def fetch(target: str, deadline_s: float = 30.0, paths: tuple[str, ...] = PATHS) -> EndpointCapture:
+    """GET each path once. Raises :class:`Unreachable` when the server does not answer at all (refused, DNS,
+    TLS), :class:`HostTimeout` past the deadline, :class:`NotAnEndpoint` when it answers none of the paths."""
+    url = base_url(target)
+    opener = urllib.request.build_opener(_NoRedirect())
+    deadline = time.monotonic() + deadline_s
+    docs: list[Document] = []
+    records: list[CommandRecord] = []
+    for path in paths:
+        if path == "/get_server_info" and any(d.path == "/server_info" and d.status == 200 for d in docs):
+            continue  # the old name is only asked when the new one is not served
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HostTimeout(f"{url}: no answer within the {deadline_s:g} s deadline (while reading {path})")
+        start = time.monotonic()
+        status, body, ctype = _get(opener, url + path, min(left, 15.0))
+        records.append(CommandRecord(f"GET {url}{path}", status, len(body), time.monotonic() - start,
+                                     len(body) > MAX_DOCUMENT_BYTES))
+        docs.append(Document(path, status, body[:MAX_DOCUMENT_BYTES].decode("utf-8", "replace"), ctype))
+    if not any(d.status == 200 for d in docs):
+        seen = ", ".join(f"{d.path} {d.status}" for d in docs)
+        raise NotAnEndpoint(f"{url}: answers HTTP but serves none of the engines' documents ({seen}); "
+                            "give the server's own port (SGLang --port, vLLM --port, trtllm-serve --port)")
+    return EndpointCapture(url, tuple(docs), tuple(records),
+                           datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _get(opener, url: str, timeout: float) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(url, headers={"Accept": "application/json, text/plain;q=0.9, */*;q=0.1",
+                                               "User-Agent": "kvaudit"})
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read(MAX_DOCUMENT_BYTES + 1), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read(64 << 10)
+        except (OSError, ValueError):
+            body = b""
+        return exc.code, body, exc.headers.get("Content-Type", "") if exc.headers else ""
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise HostTimeout(f"{url}: no answer within {timeout:.0f} s") from None
+        raise Unreachable(f"{url}: {printable(str(getattr(reason, 'strerror', None) or reason))}") from None
+    except (socket.timeout, TimeoutError):
+        raise HostTimeout(f"{url}: no answer within {timeout:.0f} s") from None
+    except (OSError, ValueError) as exc:  # a reset connection, a malformed status line
+        raise Unreachable(f"{url}: {printable(str(exc))}") from None

@@ -1,0 +1,191 @@
+"""`kvaudit check http://HOST:PORT`: a live server audited from its own endpoints (SGLang /server_info, vLLM
+/metrics, TensorRT-LLM's iteration stats), against real HTTP servers on loopback (issue 12, item 2)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from kvaudit.check import CheckOptions, check
+from kvaudit.model_config import load_config
+from kvaudit.reconcile.interface import AuditOptions
+from kvaudit.status import ExitStatus
+from tests.conftest import CONFIGS, FIXTURES, KIMI_CONFIG, cli
+from tests.endpointsim import json_doc, metrics_doc, serve, sglang_server_info, vllm_metrics
+from tests.hostsim import closed_port
+
+KIMI_HOST = FIXTURES / "hosts" / "kimi-k25-tp8"
+KIMI_ARGS = {"model_path": "/models/moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 1, "mem_fraction_static": 0.88,
+             "page_size": 1, "kv_cache_dtype": "auto", "dtype": "auto", "speculative_algorithm": "EAGLE3"}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """`make demo`'s audit of the bundled Kimi host: the numbers the endpoint path must reproduce."""
+    r = cli("check", KIMI_HOST, "-f", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    return r.json()
+
+
+def _kimi_server_info(demo, **over):
+    """/server_info as SGLang 0.5.9 would serve it for the demo's server: its own figures, rounded as it rounds."""
+    r0 = demo["ranks"][0]
+    mu = {"weight": round(r0["weights_gib"], 2), "kvcache": round(r0["kv_gib"], 2),
+          "token_capacity": demo["formula"]["logged_tokens"], "cuda_graph": 1.87}
+    mu.update(over)
+    return sglang_server_info(KIMI_ARGS, [mu], "0.5.9")
+
+
+def test_kimi_as_an_sglang_endpoint_gives_the_demo_numbers(demo):
+    with serve({"/server_info": json_doc(_kimi_server_info(demo))}) as (url, seen):
+        r = cli("check", url, "--model-config", KIMI_CONFIG, "-f", "json")
+        h = check(url, CheckOptions(AuditOptions(model_geometry=load_config(KIMI_CONFIG))))
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr  # no GPU readings from an endpoint: said, not hidden
+    d = r.json()
+    assert d["from_endpoint"] is True and d["startup"] is None and d["engine"] == "sglang"
+    f = d["formula"]
+    assert f["verdict"] == "match"
+    assert f["logged_tokens"] == demo["formula"]["logged_tokens"] == 159277
+    assert f["bytes_per_token"] == demo["formula"]["bytes_per_token"] == 70272
+    assert f["mem_fraction_static"] == demo["formula"]["mem_fraction_static"]
+    assert d["ranks"][0]["weights_gib"] == round(demo["ranks"][0]["weights_gib"], 2)
+    # T is not served by 0.5.9: its estimate lies within the rounding of the demo's measured T
+    (est,) = [row.value for row in h.audit.formula_rows if row.quantity.startswith("T estimated")]
+    assert abs(est - demo["formula"]["pre_load_free_gib"]) <= 0.03
+    assert any("per-rank imbalance cannot be seen" in n for n in d["notes"])
+    assert d["host"]["partial"] and "no GPU readings" in d["host"]["partial"][0]
+    assert all(s.startswith("GET ") for s in seen) and "GET /server_info" in seen
+
+
+def test_startup_available_and_dp_groups(demo):
+    """0.5.17+: T is served (startup_available), graphs per phase, one state per DP group."""
+    mu = {"weight": 72.3, "kvcache": 10.42, "token_capacity": 159277, "startup_available": 94.01,
+          "graph": {"decode": 1.87, "prefill": 0.4}}
+    doc = sglang_server_info({**KIMI_ARGS, "dp_size": 2, "enable_dp_attention": True}, [mu, mu], "0.5.17")
+    with serve({"/server_info": json_doc(doc)}) as (url, _):
+        h = check(url, CheckOptions(AuditOptions(model_geometry=load_config(KIMI_CONFIG))))
+    a = h.audit
+    assert [r.label for r in a.ranks] == ["DP0 TP0", "DP1 TP0"]
+    assert a.formula.pre_load_free_gib == 94.01 and a.ranks[0].pre_load_free_gib == 94.01
+    assert a.model.attention_tp_size == 4  # DP attention: tp / dp
+    (other,) = [row.value for row in a.formula_rows if row.quantity.startswith("mfs x T")]
+    assert other == pytest.approx(0.88 * 94.01 - 72.3 - 10.42)
+    assert {i.key for i in a.ranks[0].items} >= {"weights", "kv_cache", "graphs_target_decode", "graphs_target_prefill"}
+
+
+def test_a_pool_the_config_does_not_give_is_a_warning(demo):
+    """The server holds twice the tokens the config's bytes per token allow in its pool (an fp8 cache the args
+    do not show): LIVE_POOL_MISMATCH names the bytes per token the pool implies."""
+    doc = _kimi_server_info(demo, token_capacity=2 * 159277)
+    with serve({"/server_info": json_doc(doc)}) as (url, _):
+        d = cli("check", url, "--model-config", KIMI_CONFIG, "-f", "json").json()
+    assert d["formula"]["verdict"] == "mismatch"
+    (f,) = [f for f in d["findings"] if f["code"] == "LIVE_POOL_MISMATCH"]
+    assert f["severity"] == "warning" and f["fields"]["implied_bytes_per_token"] == pytest.approx(
+        70272 / 2, rel=0.005 / 10.42)  # half the config's, to the rounding of the 10.42 GiB served
+
+
+def test_without_a_config_the_check_is_said_not_run(demo):
+    with serve({"/server_info": json_doc(_kimi_server_info(demo))}) as (url, _):
+        r = cli("check", url)
+    assert r.code == ExitStatus.PARTIAL_DATA
+    assert "not checked" in r.stdout and "--model-config" in r.stdout and "Nothing looks wrong" not in r.stdout
+
+
+def test_the_old_path_is_read_when_the_new_one_is_not_served(demo):
+    with serve({"/get_server_info": json_doc(_kimi_server_info(demo))}) as (url, seen):
+        d = cli("check", url, "-c", KIMI_CONFIG, "-f", "json").json()
+    assert d["formula"]["verdict"] == "match" and "GET /server_info" in seen and "GET /get_server_info" in seen
+
+
+LLAMA_LABELS = {"block_size": "16", "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
+                "num_gpu_blocks": "27161", "num_cpu_blocks": "None", "enable_prefix_caching": "True"}
+
+
+def test_vllm_metrics_give_the_pool_and_its_bytes():
+    with serve({"/metrics": metrics_doc(vllm_metrics({**LLAMA_LABELS, "kv_cache_size_tokens": "434576"})),
+                "/version": json_doc({"version": "0.31.0"})}) as (url, _):
+        d = cli("check", url, "-c", CONFIGS / "llama31-8b.json", "-f", "json").json()
+    assert d["engine"] == "vllm" and d["engine_version"] == "0.31.0"
+    assert d["formula"]["logged_tokens"] == 434576 == 27161 * 16 and d["formula"]["verdict"] == "match"
+    # Llama-3.1-8B, TP 1 (assumed, said): 32 layers x 8 heads x (128 + 128) x 2 B = 131072 B per token
+    assert d["formula"]["bytes_per_token"] == 131072
+    assert d["ranks"][0]["kv_gib"] == pytest.approx(434576 * 131072 / 2**30)
+    assert any("TP size (assumed 1" in n for n in d["notes"])
+
+
+def test_vllm_hybrid_block_size_is_not_trusted():
+    with serve({"/metrics": metrics_doc(vllm_metrics(LLAMA_LABELS))}) as (url, _):
+        d = cli("check", url, "-c", CONFIGS / "qwen3-next-80b-a3b.json", "-f", "json").json()
+    assert d["formula"]["verdict"] == "unknown" and d["formula"]["logged_tokens"] is None
+    assert "block_size 16 whatever" in d["formula"]["verdict_reason"]
+
+
+def test_trtllm_iteration_stats_give_the_pool():
+    stats = [{"iter": 1, "kvCacheStats": {"maxNumBlocks": 2710, "freeNumBlocks": 2710, "usedNumBlocks": 0,
+                                          "tokensPerBlock": 32}}]
+    with serve({"/metrics": json_doc(stats)}) as (url, _):
+        d = cli("check", url, "-f", "json").json()
+    assert d["engine"] == "trtllm" and d["formula"]["logged_tokens"] == 2710 * 32
+    assert d["formula"]["verdict"] == "unknown"  # the budget is not in the stats: said, not guessed
+
+
+def test_check_with_endpoint_cross_checks_the_live_pool(demo):
+    with serve({"/server_info": json_doc(_kimi_server_info(demo))}) as (url, _):
+        same = cli("check", KIMI_HOST, "--endpoint", url, "-f", "json")
+    with serve({"/server_info": json_doc(_kimi_server_info(demo, token_capacity=150000))}) as (url, _):
+        moved = cli("check", KIMI_HOST, "--endpoint", url, "-f", "json")
+    assert same.code == ExitStatus.OK and any("= the startup's: 159,277 tokens" in n for n in same.json()["host"]["notes"])
+    assert moved.code == ExitStatus.WARNINGS
+    codes = [f["code"] for f in moved.json()["findings"]]
+    assert "LIVE_POOL_CHANGED" in codes
+
+
+def test_not_an_inference_server_is_one_line():
+    node_exporter = "# TYPE node_load1 gauge\nnode_load1 0.5\n"
+    with serve({"/metrics": metrics_doc(node_exporter)}) as (url, _):
+        r = cli("check", url)
+    assert r.code == ExitStatus.PARTIAL_DATA and "not_inference_server" in r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    with serve({}) as (url, _):  # 404 everywhere
+        r = cli("check", url)
+    assert r.code == ExitStatus.PARTIAL_DATA and "serves none of the engines' documents" in r.stderr
+
+
+def test_redirects_are_not_followed(demo):
+    with serve({"/server_info": (302, "", "text/html")}) as (url, seen):
+        r = cli("check", url)
+    assert r.code == ExitStatus.PARTIAL_DATA and not any("elsewhere" in s for s in seen)
+
+
+def test_refused_and_silent_servers_are_unreachable_within_the_deadline():
+    sock, port = closed_port()
+    try:
+        r = cli("check", f"http://127.0.0.1:{port}")
+    finally:
+        sock.close()
+    assert r.code == ExitStatus.UNREACHABLE and "unreachable" in r.stderr
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections (the kernel does), never answers
+    try:
+        r = cli("check", f"http://127.0.0.1:{silent.getsockname()[1]}", "--timeout", "2")
+    finally:
+        silent.close()
+    assert r.code == ExitStatus.UNREACHABLE and "timeout" in r.stderr
+
+
+@pytest.mark.parametrize("bad", ["http://", "http://host:99999", "https:///x"])
+def test_bad_urls_are_usage_errors(bad):
+    r = cli("check", bad)
+    assert r.code == ExitStatus.BAD_INPUT and "Traceback" not in r.stderr
+
+
+def test_a_huge_document_is_bounded(demo):
+    """A 24 MiB /server_info: read up to the 8 MiB cap, not parsed as SGLang's, one line."""
+    big = json.dumps({"x": "y" * (24 << 20)})
+    with serve({"/server_info": (200, big, "application/json")}) as (url, _):
+        r = cli("check", url)
+    assert r.code == ExitStatus.PARTIAL_DATA and "not_inference_server" in r.stderr
