@@ -1,10 +1,13 @@
-"""Prometheus text exposition (a server's ``/metrics``) -> samples, with the parser operators already trust
-(``prometheus_client.parser``). Engine-neutral: which metric means what is each engine's endpoint module's."""
+"""A live server's documents: Prometheus text exposition (``/metrics``) -> samples, with the parser operators
+already trust (``prometheus_client.parser``), and JSON documents. Engine-neutral: which metric or field means
+what is each engine's endpoint module's."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,3 +36,13 @@ def samples(text: str | None) -> list[Sample]:
 
 def first(found: list[Sample], name: str) -> Sample | None:
     return next((s for s in found if s.name == name), None)
+
+
+def json_document(body: str | None) -> Any:
+    """The parsed JSON document, or None (absent, malformed, or nested past the parser's depth)."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None

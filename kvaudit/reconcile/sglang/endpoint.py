@@ -19,10 +19,10 @@ What the endpoint establishes, and what it cannot:
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Mapping
 
+from kvaudit.parse.metrics import json_document
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (Audit, AuditOptions, Finding, Formula, FormulaRow, LedgerItem,
                                          ModelSummary, RankLedger, TokenInterval, Verdict)
@@ -39,12 +39,7 @@ _NOT_ARGS = ("internal_states", "version", "last_gen_throughput", "memory_usage"
 
 def server_info(body: str | None) -> dict[str, Any] | None:
     """The parsed document when it is SGLang's (it has ``internal_states`` or the server arguments)."""
-    if not body:
-        return None
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
+    doc = json_document(body)
     if not isinstance(doc, dict) or not ("internal_states" in doc or "mem_fraction_static" in doc):
         return None
     return doc

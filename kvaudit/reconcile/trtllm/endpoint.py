@@ -9,20 +9,17 @@ budget (peak memory, the fraction's base), weights, activations.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
+from kvaudit.parse.metrics import json_document
 from kvaudit.reconcile.interface import (Audit, AuditOptions, Formula, FormulaRow, LedgerItem, ModelSummary,
                                          RankLedger, Verdict)
 from kvaudit.reconcile.values import as_int
 
 
 def _kv_stats(body: str | None) -> dict[str, Any] | None:
-    if not body:
-        return None
-    try:
-        doc: Any = json.loads(body)
-    except (ValueError, RecursionError):
+    doc = json_document(body)
+    if doc is None:
         return None
     stats = doc if isinstance(doc, list) else [doc]
     for it in reversed(stats):  # the latest iteration first

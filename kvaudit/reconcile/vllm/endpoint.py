@@ -14,11 +14,10 @@ assumed 1). For hybrid (Mamba) models vLLM reports the attention ``block_size`` 
 
 from __future__ import annotations
 
-import json
-from typing import Any, Mapping
+from typing import Mapping
 
 from kvaudit.model_config import element_bytes
-from kvaudit.parse.metrics import Sample, samples
+from kvaudit.parse.metrics import Sample, json_document, samples
 from kvaudit.reconcile.interface import (Audit, AuditOptions, Formula, FormulaRow, LedgerItem, ModelSummary,
                                          RankLedger, TokenInterval, Verdict)
 from kvaudit.reconcile.values import as_float, as_int
@@ -127,11 +126,6 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
 
 
 def _version(body: str | None) -> str | None:
-    if not body:
-        return None
-    try:
-        doc: Any = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
+    doc = json_document(body)
     v = doc.get("version") if isinstance(doc, dict) else None
     return v if isinstance(v, str) else None
