@@ -33,6 +33,8 @@ class CheckOptions:
     connect_timeout: float | None = None
     command_timeout: float = 60.0
     startup: int | None = None
+    kubeconfig: str | None = None  # k8s: targets
+    selector: str | None = None  # k8s:NAMESPACE -l SELECTOR
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     if capture_mod.is_capture(target):
         c = capture_mod.read(target)
         return c, _parse(c), []
+    from kvaudit.collect.kube import is_pod_target
+
+    if is_pod_target(target):
+        return _collect_pod(target, opts)
     notes: list[str] = []
     copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout,
                            engine_names=process_names())
@@ -95,6 +101,34 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         return session.result(lines, gpus, apps, config, config_source, pids, gpu_source), log, notes
     finally:
         runner.close()
+
+
+def _collect_pod(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog, list[str]]:
+    """A pod's (or a pod group's) container log through the Kubernetes API."""
+    from kvaudit.collect import kube
+
+    t = kube.parse_target(target, opts.selector)
+    reader = kube.KubeReader(opts.kubeconfig, opts.deadline_s)
+    anchors = all_anchors()
+
+    def has_startup(data: bytes) -> bool:
+        try:
+            parse_lines(_cleaned(kube.lines_of(data, anchors)))
+            return True
+        except NoStartupError:
+            return False
+
+    log = kube.read_logs(reader, t, process_names(), has_startup)
+    lines = kube.lines_of(log.data, anchors)
+    try:
+        parsed = parse_lines(_cleaned(lines))
+    except NoStartupError:
+        raise kube.no_startup(t, log) from None
+    partial = [kube.NO_GPU_READINGS]
+    if opts.audit.model_geometry is None:
+        partial.append(f"{NO_CONFIG}: the model's config.json is inside the pod (give --model-config); "
+                       "bytes per token from the KV line")
+    return kube.collected(str(t), log, lines, reader.records, partial), parsed, list(log.notes)
 
 
 def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, str]] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, BinaryIO, Optional
 
@@ -259,13 +259,24 @@ def _check_options(model_config, mem_fraction_static, unit, source, journal_dire
     )
 
 
-TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a capture directory, or a live "
-               "server's http://HOST:PORT (its own endpoints, when the startup log is gone).")
+TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a capture directory, a pod "
+               "(k8s:NAMESPACE/POD[/CONTAINER], or k8s:NAMESPACE -l SELECTOR), or a live server's "
+               "http://HOST:PORT (its own endpoints, when the startup log is gone).")
 
 
-def _check_target(target: str, endpoint_only: bool = False) -> None:
+def _check_target(target: str, endpoint_only: bool = False, selector: str | None = None) -> None:
     """A target that cannot be one, said before anything is contacted."""
     from kvaudit.collect.endpoint import base_url, is_endpoint
+    from kvaudit.collect.kube import is_pod_target, parse_target
+
+    if is_pod_target(target) and not endpoint_only:
+        try:
+            parse_target(target, selector)
+        except ValueError as exc:
+            raise Fail(str(exc)) from None
+        return
+    if selector is not None:
+        raise Fail("-l/--selector goes with a k8s:NAMESPACE target")
 
     if is_endpoint(target):
         try:
@@ -304,6 +315,10 @@ def check(
         None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit.prom) here."),
     endpoint: Optional[str] = typer.Option(
         None, "--endpoint", help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
+    kubeconfig: Optional[Path] = typer.Option(
+        None, "--kubeconfig", help="k8s: targets: the kubeconfig (default KUBECONFIG, ~/.kube/config, in-cluster)."),
+    selector: Optional[str] = typer.Option(
+        None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -312,11 +327,12 @@ def check(
     from kvaudit.status import for_host
 
     fmt = _check_format(fmt)
-    _check_target(target)
+    _check_target(target, selector=selector)
     if endpoint is not None:
         _check_target(endpoint, endpoint_only=True)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
                           accept_new_host_key, timeout, connect_timeout, startup, threshold)
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
     import time as _time
 
     t0 = _time.time()

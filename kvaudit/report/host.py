@@ -99,7 +99,8 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
             continue
         assert c is not None
         L.append(f"  source: {c.source}")
-        what = "HTTP GETs" if c.source.startswith("endpoint") else "commands"
+        what = ("HTTP GETs" if c.source.startswith("endpoint") else
+                "Kubernetes API requests" if c.source.startswith("k8s") else "commands")
         L.append(f"  received {c.bytes_received:,} bytes in {len(c.commands)} read-only {what}"
                  f"; GPUs from {c.gpu_source or 'nowhere'}; config from {c.config_source or 'nowhere'}")
         for n in h.notes:

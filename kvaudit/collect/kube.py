@@ -1,0 +1,308 @@
+"""Servers in Kubernetes pods: the container's output is the startup log, read through the API server with the
+official ``kubernetes`` client (an optional extra: ``pip install 'kvaudit[k8s]'``).
+
+Targets: ``k8s:NAMESPACE/POD[/CONTAINER]``, or ``k8s:NAMESPACE`` with a label selector for a multi-node group
+(a LeaderWorkerSet's ``leaderworkerset.sigs.k8s.io/name=NAME``): every pod of the group is read and their lines
+merged in time order, the ranks told apart by their own tags. Read-only: ``get pods`` and ``get pods/log``
+(``GET /api/v1/namespaces/{ns}/pods/{pod}[/log]``, ``GET /api/v1/namespaces/{ns}/pods?labelSelector=``), with
+``timestamps=true`` (the RFC 3339 prefix orders the merge; the grammars read past it) and ``limitBytes`` (the
+head of the log, where the startup is). A container that restarted and whose latest instance holds no startup
+is read again with ``previous=true``, and the report says so. The kubelet rotates container logs (10 MiB x 5 by
+default; the API returns only the newest file): when the startup is gone, the error says so and names the
+server's own endpoint to audit instead. GPU readings need ``pods/exec``, which kvaudit does not use: the audit
+says they were not available.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from kvaudit.collect.interface import (AuthFailed, CollectError, Collected, CommandRecord, HostTimeout,
+                                       NoEngineFound, Unreachable)
+from kvaudit.textsafe import printable
+
+#: the head of each container's log that is read (the startup is at the head; the API bounds it server-side)
+LOG_LIMIT_BYTES = 64 << 20
+#: the most pods one selector may name (a typo like ``-l app`` must not pull a whole namespace's logs)
+MAX_PODS = 64
+NO_GPU_READINGS = ("no GPU readings: in a pod they need pods/exec (nvidia-smi inside the container), which "
+                   "kvaudit does not use; check the node over SSH for them")
+_TARGET = re.compile(r"k8s:(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?:/(?P<pod>[a-z0-9][-a-z0-9.]*))?"
+                     r"(?:/(?P<container>[a-z0-9][-a-z0-9]*))?$")
+_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ")
+
+
+class KubeError(CollectError):
+    reason = "kubernetes"  # the kubeconfig or the client: a usage problem (exit 2)
+
+
+class NotFound(CollectError):
+    reason = "not_found"  # namespace, pod or container does not exist (exit 2)
+
+
+class Forbidden(CollectError):
+    reason = "forbidden"  # RBAC: the verb and resource that are missing are named (exit 5)
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    namespace: str
+    pod: str | None
+    container: str | None
+    selector: str | None = None
+
+    def __str__(self) -> str:
+        if self.pod:
+            return f"k8s:{self.namespace}/{self.pod}" + (f"/{self.container}" if self.container else "")
+        return f"k8s:{self.namespace} -l {self.selector}"
+
+
+def is_pod_target(target: str) -> bool:
+    return target.startswith("k8s:")
+
+
+def parse_target(target: str, selector: str | None = None) -> PodTarget:
+    m = _TARGET.match(target)
+    if not m:
+        raise ValueError(f"{target}: use k8s:NAMESPACE/POD[/CONTAINER], or k8s:NAMESPACE -l SELECTOR "
+                         "(names are lower-case DNS labels)")
+    if m.group("pod") and selector:
+        raise ValueError(f"{target}: name a pod or give -l SELECTOR, not both")
+    if not m.group("pod") and not selector:
+        raise ValueError(f"{target}: name the pod (k8s:{m.group('ns')}/POD) or select pods with -l SELECTOR")
+    return PodTarget(m.group("ns"), m.group("pod"), m.group("container"), selector)
+
+
+@dataclass
+class KubeReader:
+    """The client calls kvaudit makes, with their records. ``kubeconfig``: a file, else ``KUBECONFIG`` /
+    ``~/.kube/config``, else the in-cluster service account."""
+
+    kubeconfig: str | None = None
+    timeout_s: float = 30.0
+    records: list[CommandRecord] = field(default_factory=list)
+    _api: Any = None
+
+    def api(self) -> Any:
+        if self._api is None:
+            self._api = _core_api(self.kubeconfig)
+        return self._api
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        import time
+
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        start = time.monotonic()
+        try:
+            out = fn(*args, _request_timeout=(min(10.0, self.timeout_s), self.timeout_s), **kw)
+        except ApiException as exc:
+            self.records.append(CommandRecord(what, exc.status, 0, time.monotonic() - start))
+            raise _api_error(exc, what) from None
+        except Urllib3Error as exc:
+            self.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
+            text = printable(str(exc))
+            if "timed out" in text.lower():
+                raise HostTimeout(f"the Kubernetes API did not answer within {self.timeout_s:g} s ({what})") from None
+            raise Unreachable(f"the Kubernetes API is unreachable ({what}): {text[:300]}") from None
+        self.records.append(CommandRecord(what, 200, len(out) if isinstance(out, (bytes, str)) else 0,
+                                          time.monotonic() - start))
+        return out
+
+    def pod(self, ns: str, name: str) -> Any:
+        return self.call(f"get pods {ns}/{name}", self.api().read_namespaced_pod, name, ns)
+
+    def pods(self, ns: str, selector: str) -> list[Any]:
+        found = self.call(f"list pods {ns} -l {selector}", self.api().list_namespaced_pod, ns,
+                          label_selector=selector)
+        return list(found.items or [])
+
+    def log(self, ns: str, name: str, container: str, previous: bool) -> bytes:
+        resp = self.call(f"get pods/log {ns}/{name} container={container}" + (" previous" if previous else ""),
+                         self.api().read_namespaced_pod_log, name, ns, container=container, timestamps=True,
+                         limit_bytes=LOG_LIMIT_BYTES, previous=previous, _preload_content=False)
+        try:
+            data = resp.read(LOG_LIMIT_BYTES + 1)[:LOG_LIMIT_BYTES]
+        finally:
+            resp.release_conn()
+        last = self.records[-1]
+        self.records[-1] = replace(last, bytes_received=len(data), truncated=len(data) >= LOG_LIMIT_BYTES)
+        return data
+
+
+def _core_api(kubeconfig: str | None) -> Any:
+    try:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError:
+        raise KubeError("reading pods needs the Kubernetes client: pip install 'kvaudit[k8s]'") from None
+    import logging
+
+    import yaml
+
+    # urllib3 logs each retry as a WARNING on stderr: kvaudit reports the outcome in its own one line
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    cfg = client.Configuration()
+    try:
+        if kubeconfig is None:
+            try:
+                config.load_kube_config(client_configuration=cfg)
+            except (ConfigException, OSError):
+                config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
+        where = kubeconfig or "KUBECONFIG, ~/.kube/config or the in-cluster service account"
+        raise KubeError(f"no usable kubeconfig ({where}): {printable(str(exc)).splitlines()[0][:300]}") from None
+    cfg.retries = 1  # one retry for a blip; a down API server is said within the deadline, not after three
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def _api_error(exc: Any, what: str) -> CollectError:
+    verb, _, rest = what.partition(" ")
+    resource = rest.split(" ")[0]
+    ns = what.split(" ")[2].split("/")[0] if len(what.split(" ")) > 2 else ""
+    message = ""
+    try:
+        import json
+
+        message = json.loads(exc.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        pass
+    message = printable(message or str(exc.reason or ""))[:300]
+    if exc.status == 404:
+        return NotFound(f"not found ({what}): {message}")
+    if exc.status == 403:
+        return Forbidden(f"forbidden: kvaudit needs '{verb}' on '{resource}' in namespace '{ns}' (RBAC; see "
+                         f"contrib/kubernetes/role.yaml): {message}")
+    if exc.status == 401:
+        return AuthFailed(f"the Kubernetes API refused the credentials ({what}): {message}")
+    return Unreachable(f"the Kubernetes API answered {exc.status} ({what}): {message}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _container(pod: Any, wanted: str | None, engine_names: tuple[str, ...]) -> str:
+    names = [c.name for c in pod.spec.containers]
+    if wanted:
+        if wanted not in names:
+            raise NotFound(f"pod {pod.metadata.name} has no container {wanted!r} (it has: {', '.join(names)})")
+        return wanted
+    for c in pod.spec.containers:  # the engine's own container, told by its name or image
+        text = f"{c.name} {c.image or ''}".lower()
+        if any(n in text for n in engine_names):
+            return c.name
+    return names[0]
+
+
+def _restarts(pod: Any, container: str) -> int:
+    for s in (pod.status.container_statuses or []) if pod.status else []:
+        if s.name == container:
+            return int(s.restart_count or 0)
+    return 0
+
+
+def endpoint_hint(pod: Any, container: str) -> str:
+    """The server's own endpoint, to audit when the startup is gone from the log."""
+    ip = pod.status.pod_ip if pod.status else None
+    port = next((p.container_port for c in pod.spec.containers if c.name == container for p in (c.ports or [])),
+                None)
+    return f"http://{ip}:{port}" if ip and port else "http://POD_IP:PORT"
+
+
+def merge(logs: list[bytes]) -> bytes:
+    """Several pods' logs as one, in time order (each line carries its ``timestamps=true`` prefix; a line
+    without one keeps its place after the line before it). Stable: equal times keep their pod order."""
+    keyed = []
+    for i, data in enumerate(logs):
+        last = b""
+        for n, line in enumerate(data.splitlines()):
+            m = _STAMP.match(line)
+            if m:
+                last = _utc_key(m.group(1))
+            keyed.append((last, i, n, line))
+    keyed.sort(key=lambda k: (k[0], k[1], k[2]))
+    return b"\n".join(k[3] for k in keyed) + b"\n"
+
+
+def _utc_key(stamp: bytes) -> bytes:
+    """The kubelet writes RFC 3339 UTC with up to nine fraction digits (``...T10:00:00.5Z``): padded to nine,
+    the stamps sort as text. Another offset (a hand-made file) sorts by its text as it is."""
+    base, _, frac = stamp.rstrip(b"Z").partition(b".")
+    return base + b"." + frac.ljust(9, b"0") if stamp.endswith(b"Z") else stamp
+
+
+@dataclass(frozen=True)
+class PodLog:
+    data: bytes
+    source: str
+    notes: tuple[str, ...]
+    pods: tuple[Any, ...]
+    container: str
+
+
+def read_logs(reader: KubeReader, target: PodTarget, engine_names: tuple[str, ...],
+              has_startup: Callable[[bytes], bool]) -> PodLog:
+    """The pod's (or the group's) log, from the latest instances; a container whose latest instance has no
+    startup is read from its previous instance when it has one."""
+    if target.pod:
+        pods = [reader.pod(target.namespace, target.pod)]
+    else:
+        pods = reader.pods(target.namespace, target.selector or "")
+        if not pods:
+            raise NotFound(f"no pod in namespace {target.namespace} matches -l {target.selector}")
+        if len(pods) > MAX_PODS:
+            raise KubeError(f"-l {target.selector} selects {len(pods)} pods in {target.namespace} (at most "
+                            f"{MAX_PODS}): narrow the selector to one server's group")
+    pods.sort(key=lambda p: p.metadata.name)
+    container = _container(pods[0], target.container, engine_names)
+    notes: list[str] = []
+    logs: list[bytes] = []
+    for pod in pods:
+        c = container if container in [x.name for x in pod.spec.containers] else _container(pod, None, engine_names)
+        data = reader.log(target.namespace, pod.metadata.name, c, previous=False)
+        restarts = _restarts(pod, c)
+        if not has_startup(data) and restarts > 0:
+            prev = reader.log(target.namespace, pod.metadata.name, c, previous=True)
+            if has_startup(prev):
+                notes.append(f"pod {pod.metadata.name}: container {c} restarted ({restarts}x) and its latest "
+                             "instance holds no startup: read the previous instance's log (previous=true); the "
+                             "running server may differ from it")
+                data = prev
+        logs.append(data)
+    names = ", ".join(p.metadata.name for p in pods)
+    source = (f"k8s pod {target.namespace}/{pods[0].metadata.name} container={container}" if target.pod else
+              f"k8s pods {target.namespace} -l {target.selector} ({names}) container={container}")
+    if any("previous instance" in n for n in notes):
+        source += " (previous instance)"
+    return PodLog(logs[0] if len(logs) == 1 else merge(logs), source, tuple(notes), tuple(pods), container)
+
+
+def collected(target: str, log: PodLog, lines: list[tuple[int, str]], records: list[CommandRecord],
+              partial: list[str]) -> Collected:
+    return Collected(target=target, host=None, source=log.source, log_lines=tuple(lines), gpus=(), apps=(),
+                     config_json=None, config_source=None, server_pids=(), commands=tuple(records),
+                     partial=tuple(partial), collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def no_startup(target: PodTarget, log: PodLog) -> NoEngineFound:
+    hint = endpoint_hint(log.pods[0], log.container)
+    return NoEngineFound(
+        f"{target}: no engine startup in the container's log ({len(log.data):,} bytes read): the kubelet rotates "
+        f"container logs and the API returns only the newest file, so on a busy server the startup is gone "
+        f"within hours; audit the live server from its own endpoints instead: kvaudit check {hint}")
+
+
+def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> list[tuple[int, str]]:
+    from kvaudit.parse.lines import InputError, scan
+
+    try:
+        return [(ln.number, ln.text) for ln in scan(io.BytesIO(data), anchors)]
+    except InputError:
+        return []

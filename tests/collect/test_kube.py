@@ -1,0 +1,130 @@
+"""`kvaudit check k8s:...`: pods read through the official Kubernetes client against a real API server on
+loopback (tests/kubesim.py) answering with real-shaped objects (issue 12, items 1 and 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli
+from tests.hostsim import closed_port
+from tests.kubesim import FakePod, api_server, kubeconfig, pod_log
+
+KIMI_HOST = FIXTURES / "hosts" / "kimi-k25-tp8"
+JOURNAL = KIMI_LOG.read_text().splitlines()
+SGLANG = ("sglang", "lmsysorg/sglang:v0.5.9-cu129", 30000)
+SIDECAR = ("envoy", "envoyproxy/envoy:v1.31", 9901)
+REQUESTS_ONLY = ("2026-02-26T08:00:00.000000000Z [2026-02-26 08:00:00] INFO:     10.0.0.9:5123 - "
+                 "\"POST /v1/chat/completions HTTP/1.1\" 200 OK\n") * 50
+
+
+@pytest.fixture(scope="module")
+def demo():
+    r = cli("check", KIMI_HOST, "-f", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    return r.json()
+
+
+def _ledger(d):
+    return [(r["label"], r["weights_gib"], r["kv_gib"], r["free_after_pool_gib"], r["free_at_end_gib"],
+             r["unexplained_gib"]) for r in d["ranks"]]
+
+
+def _check(tmp_path, pods, *args, forbidden=frozenset()):
+    with api_server(pods, forbidden) as (url, seen):
+        cfg = kubeconfig(tmp_path / "kubeconfig", url)
+        r = cli("check", *args, "--kubeconfig", cfg, "-c", KIMI_CONFIG, "-f", "json")
+    return r, seen
+
+
+def test_kimi_served_as_a_pod_reconciles_to_the_demo_numbers(tmp_path, demo):
+    pod = FakePod("llm", "kimi-0", [SIDECAR, SGLANG], {("sglang", False): pod_log(JOURNAL)})
+    r, seen = _check(tmp_path, [pod], "k8s:llm/kimi-0")
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr  # no GPU readings in a pod: said
+    d = r.json()
+    assert d["formula"] == demo["formula"]
+    assert _ledger(d) == _ledger(demo)
+    assert d["source"].startswith("k8s pod llm/kimi-0 container=sglang")  # the engine's container, not the sidecar
+    assert any("pods/exec" in p for p in d["host"]["partial"])
+    logs = [s for s in seen if "/log" in s]
+    assert logs and all("timestamps=true" in s and "limitBytes=" in s for s in logs)
+    assert all(s.startswith("GET ") for s in seen)
+
+
+def test_a_multi_node_group_is_one_target_merged_by_rank(tmp_path, demo):
+    """A LeaderWorkerSet: TP0-3 in the leader pod, TP4-7 in the worker; -l reads both and merges by time."""
+    lws = {"leaderworkerset.sigs.k8s.io/name": "kimi"}
+    leader = [l for l in JOURNAL if not any(f" TP{r}]" in l for r in range(4, 8))]
+    worker = [l for l in JOURNAL if any(f" TP{r}]" in l for r in range(4, 8))]
+    all_lines = pod_log(JOURNAL).splitlines(keepends=True)
+    leader_log = "".join(l for l in all_lines if not any(f" TP{r}]" in l for r in range(4, 8)))
+    worker_log = "".join(l for l in all_lines if any(f" TP{r}]" in l for r in range(4, 8)))
+    assert leader and worker
+    pods = [FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): leader_log}, lws),
+            FakePod("llm", "kimi-0-1", [SGLANG], {("sglang", False): worker_log}, lws),
+            FakePod("llm", "other-0", [SGLANG], {("sglang", False): REQUESTS_ONLY}, {"app": "other"})]
+    r, seen = _check(tmp_path, pods, "k8s:llm", "-l", "leaderworkerset.sigs.k8s.io/name=kimi")
+    d = r.json()
+    assert d["formula"] == demo["formula"] and _ledger(d) == _ledger(demo)
+    assert [x["label"] for x in d["ranks"]] == [f"TP{i}" for i in range(8)]
+    assert "kimi-0, kimi-0-1" in d["source"] and not any("other-0" in s for s in seen)
+
+
+def test_a_restarted_container_is_read_from_its_previous_instance(tmp_path, demo):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): REQUESTS_ONLY,
+                                              ("sglang", True): pod_log(JOURNAL)}, restarts={"sglang": 2})
+    r, seen = _check(tmp_path, [pod], "k8s:llm/kimi-0")
+    d = r.json()
+    assert d["formula"] == demo["formula"]
+    assert "previous instance" in d["source"]
+    assert any("restarted (2x)" in n and "previous=true" in n for n in d["host"]["notes"])
+    assert any("previous=true" in s for s in seen)
+
+
+def test_a_rotated_log_says_so_and_names_the_endpoint(tmp_path):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): REQUESTS_ONLY}, pod_ip="10.9.8.7")
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0")
+    assert r.code == ExitStatus.PARTIAL_DATA and "no_engine" in r.stderr
+    assert "rotates container logs" in r.stderr and "kvaudit check http://10.9.8.7:30000" in r.stderr
+
+
+def test_missing_pod_and_namespace_are_usage_errors(tmp_path):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)})
+    r, _ = _check(tmp_path, [pod], "k8s:llm/nope-0")
+    assert r.code == ExitStatus.BAD_INPUT and "not_found" in r.stderr and 'pods "nope-0" not found' in r.stderr
+    r, _ = _check(tmp_path, [pod], "k8s:elsewhere", "-l", "app=kimi")
+    assert r.code == ExitStatus.BAD_INPUT and "no pod in namespace elsewhere" in r.stderr
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0/nope")
+    assert r.code == ExitStatus.BAD_INPUT and "has no container 'nope'" in r.stderr
+
+
+def test_rbac_forbidden_names_the_missing_verb_and_resource(tmp_path):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)})
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0", forbidden={"pods/log"})
+    assert r.code == ExitStatus.AUTH_REFUSED and "forbidden" in r.stderr
+    assert "needs 'get' on 'pods/log' in namespace 'llm'" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_bad_credentials_unreachable_api_and_bad_kubeconfig(tmp_path):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)})
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "bad-token", url, token="wrong")
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg)
+    assert r.code == ExitStatus.AUTH_REFUSED and "refused the credentials" in r.stderr
+    sock, port = closed_port()
+    try:
+        cfg = kubeconfig(tmp_path / "closed", f"http://127.0.0.1:{port}")
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "--timeout", "5")
+    finally:
+        sock.close()
+    assert r.code == ExitStatus.UNREACHABLE and "unreachable" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "garbage").write_text("{not: [a kubeconfig")
+    r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", tmp_path / "garbage")
+    assert r.code == ExitStatus.BAD_INPUT and "kubeconfig" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("target, extra", [("k8s:LLM/x", ()), ("k8s:llm", ()), ("k8s:llm/x", ("-l", "a=b")),
+                                           ("host", ("-l", "a=b"))])
+def test_bad_pod_targets_are_usage_errors(target, extra):
+    r = cli("check", target, *extra)
+    assert r.code == ExitStatus.BAD_INPUT and "Traceback" not in r.stderr

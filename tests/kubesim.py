@@ -1,0 +1,162 @@
+"""A Kubernetes API server on loopback for the tests: a real HTTP server answering the documented core/v1 paths
+kvaudit reads (``GET pods``, ``GET pods/log`` with ``container``, ``previous``, ``timestamps``,
+``limitBytes``; ``GET pods?labelSelector=``) with real-shaped objects (Pod, PodList, Status 401/403/404/400),
+and a kubeconfig that points the official client at it with a bearer token."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+TOKEN = "kvaudit-test-token"
+
+
+@dataclass
+class FakePod:
+    namespace: str
+    name: str
+    containers: list[tuple[str, str, int]]  # (name, image, containerPort)
+    logs: dict[tuple[str, bool], str]  # (container, previous) -> log text with RFC 3339 timestamps
+    labels: dict[str, str] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    pod_ip: str = "10.1.2.3"
+
+    def obj(self) -> dict:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels,
+                         "uid": f"uid-{self.name}", "creationTimestamp": "2026-11-29T10:00:00Z"},
+            "spec": {"containers": [{"name": n, "image": img, "ports": [{"containerPort": p, "protocol": "TCP"}]}
+                                    for n, img, p in self.containers], "nodeName": "gpu-node-1"},
+            "status": {"phase": "Running", "podIP": self.pod_ip, "containerStatuses": [
+                {"name": n, "image": img, "imageID": f"docker.io/{img}@sha256:00", "ready": True,
+                 "restartCount": self.restarts.get(n, 0), "containerID": f"containerd://{n}",
+                 "state": {"running": {"startedAt": "2026-11-29T10:00:00Z"}}, "lastState": {}}
+                for n, img, _ in self.containers]},
+        }
+
+
+def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "details": details or {}, "code": code}
+
+
+@contextmanager
+def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterator[tuple[str, list[str]]]:
+    """Serve ``pods``. ``forbidden``: resources (``pods``, ``pods/log``) the caller may not ``get``/``list``.
+    Yields the base URL and the request lines seen (method and path with query)."""
+    seen: list[str] = []
+    by_key = {(p.namespace, p.name): p for p in pods}
+    namespaces = {p.namespace for p in pods}
+
+    class Handler(BaseHTTPRequestHandler):
+        def send_json(self, code: int, doc: dict) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            seen.append(f"GET {self.path}")
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                return self.send_json(401, _status(401, "Unauthorized", "Unauthorized"))
+            url = urlsplit(self.path)
+            q = {k: v[0] for k, v in parse_qs(url.query).items()}
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(/log)?", url.path)
+            if not m:
+                return self.send_json(404, _status(404, "NotFound", "the server could not find the requested resource"))
+            ns, name, is_log = m.group(1), m.group(2), bool(m.group(3))
+            resource = "pods/log" if is_log else "pods"
+            verb = "get" if name else "list"
+            if resource in forbidden:
+                return self.send_json(403, _status(403, "Forbidden", (
+                    f'pods "{name}" is forbidden: ' if name else "pods is forbidden: ")
+                    + f'User "system:serviceaccount:{ns}:kvaudit" cannot {verb} resource "{resource.split("/")[0]}"'
+                    + (' subresource "log"' if is_log else "") + f' in API group "" in the namespace "{ns}"',
+                    {"name": name or "", "kind": "pods"}))
+            if ns not in namespaces and name is None:
+                return self.send_json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
+            if name is None:
+                sel = dict(kv.split("=", 1) for kv in q.get("labelSelector", "").split(",") if "=" in kv)
+                items = [p.obj() for p in pods if p.namespace == ns and all(p.labels.get(k) == v for k, v in sel.items())]
+                return self.send_json(200, {"kind": "PodList", "apiVersion": "v1",
+                                            "metadata": {"resourceVersion": "1"}, "items": items})
+            pod = by_key.get((ns, name))
+            if pod is None:
+                return self.send_json(404, _status(404, "NotFound", f'pods "{name}" not found',
+                                                   {"name": name, "kind": "pods"}))
+            if not is_log:
+                return self.send_json(200, pod.obj())
+            container = q.get("container") or pod.containers[0][0]
+            if container not in [c[0] for c in pod.containers]:
+                return self.send_json(400, _status(400, "BadRequest",
+                                                   f"container {container} is not valid for pod {name}"))
+            previous = q.get("previous") == "true"
+            text = pod.logs.get((container, previous))
+            if text is None:
+                return self.send_json(400, _status(400, "BadRequest", f'previous terminated container "{container}" '
+                                                   f'in pod "{name}" not found'))
+            if q.get("timestamps") != "true":
+                text = re.sub(r"(?m)^\S+Z ", "", text)
+            data = text.encode()
+            if "limitBytes" in q:
+                data = data[: int(q["limitBytes"])]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: {server}
+users:
+- name: kvaudit
+  user:
+    token: {token}
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: kvaudit
+    namespace: llm
+current-context: test
+""")
+    return path
+
+
+def pod_log(journal_lines: list[str]) -> str:
+    """A journal excerpt (``2026-02-25T10:12:17+0000 host unit[pid]: MESSAGE``) as the container's own output
+    with ``timestamps=true``: the kubelet's RFC 3339 UTC prefix, nanoseconds, then the message."""
+    out = []
+    for i, line in enumerate(journal_lines):
+        m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\+0000 \S+ \S+: (.*)$", line)
+        if m:
+            out.append(f"{m.group(1)}.{i:09d}Z {m.group(2)}")
+    return "\n".join(out) + "\n"
