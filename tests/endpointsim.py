@@ -11,6 +11,20 @@ from typing import Iterator
 
 
 @contextmanager
+def listening(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A real HTTP server on a free loopback port, in a thread; yields its base URL. The socket is bound and
+    listening before the URL is handed out: no readiness wait is needed."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
 def serve(documents: dict[str, tuple[int, str, str]]) -> Iterator[tuple[str, list[str]]]:
     """Serve ``path -> (status, body, content type)``; every other path is a 404. Yields the base URL and the
     list of request lines the server saw (to assert what kvaudit asked for). The socket is bound and listening
@@ -38,14 +52,8 @@ def serve(documents: dict[str, tuple[int, str, str]]) -> Iterator[tuple[str, lis
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with listening(Handler) as url:
+        yield url, seen
 
 
 def json_doc(doc: object) -> tuple[int, str, str]:

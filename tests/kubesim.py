@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
+
+from tests.endpointsim import listening
 
 TOKEN = "kvaudit-test-token"
 
@@ -119,14 +120,8 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with listening(Handler) as url:
+        yield url, seen
 
 
 def kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
