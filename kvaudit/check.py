@@ -237,9 +237,7 @@ def check_endpoint(target: str, opts: CheckOptions) -> HostAudit:
     partial = [NO_GPU_READINGS_ENDPOINT]
     if opts.audit.model_geometry is None and a.formula.bytes_per_token is None:
         partial.append(f"{NO_CONFIG} (give --model-config: an endpoint does not serve the model's config.json)")
-    from urllib.parse import urlsplit
-
-    c = Collected(target=target, host=urlsplit(cap.url).hostname, source=f"endpoint {cap.url}", log_lines=(),
+    c = Collected(target=target, host=None, source=f"endpoint {cap.url}", log_lines=(),
                   gpus=(), apps=(), config_json=None, config_source=None, server_pids=(), commands=cap.requests,
                   partial=tuple(partial), collected_at=cap.collected_at)
     return HostAudit(target, c, a, (), (), None)

@@ -423,6 +423,11 @@ def fleet(
     threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     color: str = typer.Option("auto", "--color", help="auto, always or never."),
+    kubeconfig: Optional[Path] = typer.Option(
+        None, "--kubeconfig", help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster)."),
+    selector: Optional[str] = typer.Option(
+        None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server per pod or "
+                                       "LeaderWorkerSet group)."),
 ) -> int:
     """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
     from kvaudit.fleet import inventory as inv
@@ -441,7 +446,12 @@ def fleet(
                         textfile_dir=str(textfile_dir) if textfile_dir else None, html=str(html) if html else None,
                         csv=str(csv) if csv else None)
     try:
-        if inventory:
+        if inventory and inventory.startswith("k8s:"):
+            fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
+                                              st.timeout)
+        elif selector is not None:
+            raise Fail("-l/--selector goes with a k8s:NAMESPACE inventory")
+        elif inventory:
             fleet_hosts = inv.load(inventory, hosts)
         elif st.ssh_config and hosts:
             fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
@@ -452,6 +462,7 @@ def fleet(
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
     done = [0]
 
     def show_progress(fh, h):  # noqa: ANN001

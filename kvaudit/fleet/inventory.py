@@ -77,9 +77,47 @@ def _plain(text: str) -> list[FleetHost]:
         if not line:
             continue
         tokens = shlex.split(line)
+        name = tokens[0]
+        if len(tokens) > 2 and tokens[1] in ("-l", "--selector"):  # k8s:NAMESPACE -l SELECTOR: a pod group
+            name, tokens = f"{tokens[0]} -l {tokens[2]}", [tokens[0], f"kvaudit_selector={tokens[2]}", *tokens[3:]]
         v = _kv(tokens[1:])
-        out.append(FleetHost(tokens[0], _target(tokens[0], v) if "ansible_host" in v else tokens[0], (), v))
+        out.append(FleetHost(name, _target(tokens[0], v) if "ansible_host" in v else tokens[0], (), v))
     return out
+
+
+#: the labels that make several pods one server: a LeaderWorkerSet group (leader + workers)
+GROUP_LABELS = ("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index")
+
+
+def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, timeout_s: float) -> list[FleetHost]:
+    """``fleet k8s:NAMESPACE -l SELECTOR``: the servers among the pods the selector matches. The pods of one
+    LeaderWorkerSet group are one server (audited together, ranks merged); every other pod is its own."""
+    from kvaudit.collect.interface import CollectError
+    from kvaudit.collect.kube import KubeReader, parse_target
+
+    try:
+        t = parse_target(target, selector)
+    except ValueError as exc:
+        raise InventoryError(str(exc)) from None
+    if t.pod:
+        return [FleetHost(str(t), str(t))]
+    try:
+        pods = KubeReader(kubeconfig, timeout_s).pods(t.namespace, t.selector or "")
+    except CollectError as exc:
+        raise InventoryError(f"cannot list the pods of {t}: {exc}") from None
+    hosts: dict[str, FleetHost] = {}
+    for pod in sorted(pods, key=lambda p: p.metadata.name):
+        labels = pod.metadata.labels or {}
+        if all(k in labels for k in GROUP_LABELS):
+            sel = ",".join(f"{k}={labels[k]}" for k in GROUP_LABELS)
+            name = f"k8s:{t.namespace} -l {sel}"
+            hosts.setdefault(name, FleetHost(name, f"k8s:{t.namespace}", (), {"kvaudit_selector": sel}))
+        else:
+            name = f"k8s:{t.namespace}/{pod.metadata.name}"
+            hosts[name] = FleetHost(name, name)
+    if not hosts:
+        raise InventoryError(f"no pod in namespace {t.namespace} matches -l {t.selector}")
+    return list(hosts.values())
 
 
 def _ini(text: str, path: str) -> list[FleetHost]:

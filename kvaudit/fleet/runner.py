@@ -38,6 +38,8 @@ def _one(host: FleetHost, base: CheckOptions, run_deadline: float) -> HostAudit:
         unit=host.setting("unit") or base.unit,
         source=host.setting("source") or base.source,
         journal_directory=host.setting("journal_directory") or base.journal_directory,
+        selector=host.setting("selector") or base.selector,
+        kubeconfig=host.setting("kubeconfig") or base.kubeconfig,
         deadline_s=max(1.0, min(base.deadline_s, run_deadline - time.monotonic())),
     )
     try:

@@ -1,0 +1,64 @@
+"""Fleet over servers that are not SSH hosts: live endpoints and Kubernetes pods in an inventory, and
+`fleet k8s:NAMESPACE -l SELECTOR` finding the servers itself (issue 12, item 4)."""
+
+from __future__ import annotations
+
+from tests.collect.test_kube import JOURNAL, SGLANG
+from tests.conftest import cli
+from tests.endpointsim import json_doc, serve, sglang_server_info
+from tests.kubesim import FakePod, api_server, kubeconfig, pod_log
+
+LWS = "leaderworkerset.sigs.k8s.io/name"
+GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+KIMI_INFO = sglang_server_info(
+    {"model_path": "/models/moonshotai/Kimi-K2.5", "tp_size": 8, "dp_size": 1, "mem_fraction_static": 0.88,
+     "page_size": 1}, [{"weight": 72.3, "kvcache": 10.42, "token_capacity": 159277}], "0.5.9")
+
+
+def _pods():
+    group = {LWS: "kimi", GROUP: "0", "app": "llm"}
+    whole = pod_log(JOURNAL)
+    lines = whole.splitlines(keepends=True)
+    upper = "".join(l for l in lines if any(f" TP{r}]" in l for r in range(4, 8)))
+    lower = "".join(l for l in lines if not any(f" TP{r}]" in l for r in range(4, 8)))
+    return [FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): lower}, group),
+            FakePod("llm", "kimi-0-1", [SGLANG], {("sglang", False): upper}, group),
+            FakePod("llm", "solo-7b", [SGLANG], {("sglang", False): whole}, {"app": "llm"})]
+
+
+def test_inventory_with_endpoint_and_pod_targets(tmp_path):
+    with serve({"/server_info": json_doc(KIMI_INFO)}) as (url, _), api_server(_pods()) as (api, _):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        inv = tmp_path / "servers.txt"
+        inv.write_text(f"{url}\nk8s:llm/solo-7b\nk8s:llm -l {LWS}=kimi\n")
+        r = cli("fleet", inv, "--kubeconfig", cfg, "-f", "json", "--textfile-dir", tmp_path,
+                "--history", tmp_path / "h.sqlite")
+    d = r.json()
+    names = [h["name"] for h in d["hosts"]]
+    assert names == [url, "k8s:llm/solo-7b", f"k8s:llm -l {LWS}=kimi"]
+    assert all(h["summary"]["status"] != "failed" for h in d["hosts"]), [h["summary"]["error"] for h in d["hosts"]]
+    assert [h["summary"]["tokens"] for h in d["hosts"]] == [159277] * 3
+    assert [h["summary"]["gpus"] for h in d["hosts"]] == [1, 8, 8]  # the endpoint shows DP group 0's rank 0 only
+    prom = next(tmp_path.glob("*.prom")).read_text()
+    assert f'host="{url}"' in prom and 'host="k8s:llm/solo-7b"' in prom
+    hist = cli("history", "k8s:llm/solo-7b", "--history", tmp_path / "h.sqlite", "-f", "json")
+    assert hist.code == 0 and "159277" in hist.stdout
+
+
+def test_fleet_finds_the_servers_behind_a_selector(tmp_path):
+    """Three pods: a LeaderWorkerSet group of two (one server) and a standalone pod (another)."""
+    with api_server(_pods()) as (api, seen):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        r = cli("fleet", "k8s:llm", "-l", "app=llm", "--kubeconfig", cfg, "-f", "json")
+    d = r.json()
+    names = sorted(h["name"] for h in d["hosts"])
+    assert names == [f"k8s:llm -l {LWS}=kimi,{GROUP}=0", "k8s:llm/solo-7b"]
+    assert all(h["summary"]["tokens"] == 159277 for h in d["hosts"])
+    assert all(s.startswith("GET ") for s in seen)
+
+
+def test_selector_without_kubernetes_inventory_is_a_usage_error(tmp_path):
+    inv = tmp_path / "hosts.txt"
+    inv.write_text("gpu-1\n")
+    r = cli("fleet", inv, "-l", "app=x")
+    assert r.code == 2 and "-l/--selector" in r.stderr
