@@ -124,11 +124,48 @@ def _collect_pod(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog,
         parsed = parse_lines(_cleaned(lines))
     except NoStartupError:
         raise kube.no_startup(t, log) from None
-    partial = [kube.NO_GPU_READINGS]
-    if opts.audit.model_geometry is None:
+    gpus, apps, config, config_source, partial, records = _pod_readings(reader, t, log, parsed, opts)
+    c = kube.collected(str(t), log, lines, reader.records + records, partial)
+    c = replace(c, gpus=tuple(gpus), apps=tuple(apps), config_json=config, config_source=config_source,
+                gpu_source="nvidia-smi (pods/exec)" if gpus else None)
+    return c, parsed, list(log.notes)
+
+
+def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
+    """nvidia-smi and the model's config.json from inside the engine's container(s), through pods/exec (the
+    same gated commands as over SSH); when RBAC does not allow it, the audit says so. A group's pods are read
+    in name order and their GPUs numbered on (the ranks run in that order)."""
+    from kvaudit.collect import kube
+
+    gpus: list = []
+    apps: list = []
+    partial: list[str] = []
+    records: list = []
+    config = config_source = None
+    copts = CollectOptions(all_anchors(), None, None, None, opts.command_timeout, engine_names=process_names())
+    model_path = select(parsed, opts.startup)[0].model_path
+    for i, pod in enumerate(log.pods):
+        session = HostSession(kube.PodExecRunner(reader, t.namespace, pod.metadata.name, log.container),
+                              f"{t.namespace}/{pod.metadata.name}", copts)
+        try:
+            g, a = session.gpus()
+            if i == 0 and opts.audit.model_geometry is None:
+                config, config_source = session.config(model_path if isinstance(model_path, str) else None)
+        except kube.ExecForbidden as exc:
+            partial.append(str(exc))
+            break
+        finally:
+            records += session.records
+        offset = len(gpus)
+        gpus += [replace(x, index=x.index + offset) for x in g]
+        apps += a
+        partial += [p for p in session.partial if p not in partial]
+    if not gpus and not any("GPU readings" in p for p in partial):
+        partial.append(kube.NO_GPU_READINGS)
+    if opts.audit.model_geometry is None and config is None and not any(p.startswith(NO_CONFIG) for p in partial):
         partial.append(f"{NO_CONFIG}: the model's config.json is inside the pod (give --model-config); "
                        "bytes per token from the KV line")
-    return kube.collected(str(t), log, lines, reader.records, partial), parsed, list(log.notes)
+    return gpus, apps, config, config_source, partial, records
 
 
 def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, str]] | None:

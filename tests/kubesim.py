@@ -5,13 +5,16 @@ and a kubeconfig that points the official client at it with a bearer token."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 from tests.endpointsim import listening
@@ -28,6 +31,9 @@ class FakePod:
     labels: dict[str, str] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     pod_ip: str = "10.1.2.3"
+    #: what a command run in the container (pods/exec) gives: argv -> (exit code, stdout, stderr); None: the
+    #: container has no such program (Kubernetes' "executable file not found" failure)
+    execute: Callable[[list[str]], tuple[int, bytes, bytes] | None] | None = None
 
     def obj(self) -> dict:
         return {
@@ -72,6 +78,9 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
                 return self.send_json(401, _status(401, "Unauthorized", "Unauthorized"))
             url = urlsplit(self.path)
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec", url.path)
+            if m:
+                return self.exec(m.group(1), m.group(2), parse_qs(url.query))
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(/log)?", url.path)
             if not m:
                 return self.send_json(404, _status(404, "NotFound", "the server could not find the requested resource"))
@@ -116,6 +125,46 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def exec(self, ns: str, name: str, q: dict[str, list[str]]) -> None:
+            """pods/exec over a websocket (RFC 6455 handshake, v4/v5.channel.k8s.io): channel 1 stdout, 2
+            stderr, 3 the Status; then a close frame."""
+            if "pods/exec" in forbidden:
+                return self.send_json(403, _status(403, "Forbidden", f'pods "{name}" is forbidden: cannot create '
+                                                   f'resource "pods" subresource "exec" in the namespace "{ns}"'))
+            pod = by_key.get((ns, name))
+            if pod is None or "websocket" not in (self.headers.get("Upgrade") or "").lower():
+                return self.send_json(404 if pod is None else 400, _status(400, "BadRequest", "upgrade required"))
+            argv = q.get("command", [])
+            offered = [p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+            proto = next(p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io") if p in offered)
+            accept = base64.b64encode(hashlib.sha1((self.headers["Sec-WebSocket-Key"] +
+                                                    "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+            self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                             b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: "
+                             + proto.encode() + b"\r\n\r\n")
+            result = pod.execute(argv) if pod.execute else None
+            if result is None:
+                status = _status(500, "InternalError", f'exec: "{argv[0] if argv else ""}": executable file not '
+                                 "found in $PATH: unknown")
+            else:
+                rc, out, err = result
+                for channel, data in ((1, out), (2, err)):
+                    for i in range(0, len(data), 32 << 10):
+                        self._frame(bytes([channel]) + data[i:i + (32 << 10)])
+                status = {"metadata": {}, "status": "Success"} if rc == 0 else _status(
+                    500, "NonZeroExitCode", f"command terminated with non-zero exit code: {rc}",
+                    {"causes": [{"reason": "ExitCode", "message": str(rc)}]})
+            self._frame(b"\x03" + json.dumps(status).encode())
+            self.wfile.write(b"\x88\x02\x03\xe8")  # close, 1000
+            self.wfile.flush()
+            self.close_connection = True
+
+        def _frame(self, payload: bytes) -> None:
+            n = len(payload)
+            head = (b"\x82" + bytes([n]) if n < 126 else b"\x82\x7e" + struct.pack(">H", n) if n < 65536
+                    else b"\x82\x7f" + struct.pack(">Q", n))
+            self.wfile.write(head + payload)
 
         def log_message(self, *args):
             pass

@@ -29,8 +29,7 @@ from kvaudit.textsafe import printable
 LOG_LIMIT_BYTES = 64 << 20
 #: the most pods one selector may name (a typo like ``-l app`` must not pull a whole namespace's logs)
 MAX_PODS = 64
-NO_GPU_READINGS = ("no GPU readings: in a pod they need pods/exec (nvidia-smi inside the container), which "
-                   "kvaudit does not use; check the node over SSH for them")
+NO_GPU_READINGS = "no GPU readings: nvidia-smi gave none inside the container (pods/exec)"
 _TARGET = re.compile(r"k8s:(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?:/(?P<pod>[a-z0-9][-a-z0-9.]*))?"
                      r"(?:/(?P<container>[a-z0-9][-a-z0-9]*))?$")
 _STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ")
@@ -306,3 +305,91 @@ def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> list[tuple[int, str]]:
         return [(ln.number, ln.text) for ln in scan(io.BytesIO(data), anchors)]
     except InputError:
         return []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU readings and the model's config from inside the container (pods/exec, when RBAC allows it)
+
+
+class ExecForbidden(CollectError):
+    reason = "forbidden"
+
+
+class PodExecRunner:
+    """A :class:`~kvaudit.collect.interface.Runner` that runs kvaudit's read-only commands in the engine's
+    container through ``pods/exec`` (a websocket, ``v4/v5.channel.k8s.io``): the same gated command lines as
+    over SSH, passed as an argv (no shell in between). Output is bounded like SSH's; stdin is never opened."""
+
+    def __init__(self, reader: KubeReader, namespace: str, pod: str, container: str):
+        self.reader, self.namespace, self.pod, self.container = reader, namespace, pod, container
+
+    def run(self, command: str, timeout: float, max_bytes: int):
+        import shlex
+        import time
+
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+
+        from kvaudit.collect.interface import CommandResult
+
+        argv = shlex.split(command)
+        start = time.monotonic()
+        what = f"create pods/exec {self.namespace}/{self.pod} container={self.container}: {argv[0]}"
+        try:
+            ws = stream(self.reader.api().connect_get_namespaced_pod_exec, self.pod, self.namespace,
+                        container=self.container, command=argv, stdin=False, stdout=True, stderr=True, tty=False,
+                        binary=True, _preload_content=False, _request_timeout=timeout)
+        except ApiException as exc:
+            self.reader.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
+            text = printable(str(exc.reason or exc))
+            if "403" in text:
+                raise ExecForbidden(f"no GPU readings: RBAC does not allow 'create' on 'pods/exec' in namespace "
+                                    f"'{self.namespace}' (kvaudit reads nvidia-smi in the container when it does)"
+                                    ) from None
+            raise ExecForbidden(f"no GPU readings: pods/exec failed: {text[:200]}") from None
+        out, err = bytearray(), bytearray()
+        truncated = False
+        try:
+            while ws.is_open() and time.monotonic() - start < timeout:
+                ws.update(timeout=min(1.0, max(0.0, timeout - (time.monotonic() - start))))
+                out += ws.read_channel(1)
+                chunk = ws.read_channel(2)
+                err += chunk[:max(0, (16 << 10) - len(err))]
+                if len(out) > max_bytes:
+                    truncated = True
+                    del out[max_bytes:]
+                    break
+            rc = None if ws.is_open() else _exit_code(ws.read_channel(3), err)
+        finally:
+            ws.close()
+        return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
+
+    def run_batch(self, commands: list[str], timeout: float, max_bytes: int):
+        return [self.run(c, timeout, max_bytes) for c in commands]
+
+    def close(self) -> None:
+        pass
+
+
+def _exit_code(status: bytes | str, err: bytearray) -> int | None:
+    """The exit status from the exec's error channel (a Status object): Success -> 0, ``ExitCode`` cause -> its
+    value; a failure to start the command (``executable file not found``) -> 127 with the message in ``err``."""
+    import json
+
+    try:
+        doc = json.loads(status or b"null")
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("status") == "Success":
+        return 0
+    for cause in (doc.get("details") or {}).get("causes") or []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            try:
+                return int(cause.get("message"))
+            except (TypeError, ValueError):
+                break
+    message = printable(str(doc.get("message") or ""))[:500]
+    err += ("\n" + message).encode()
+    return 127 if "not found" in message or "no such file" in message.lower() else 1

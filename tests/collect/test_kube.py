@@ -25,6 +25,21 @@ def demo():
     return r.json()
 
 
+def kimi_container(argv):
+    """The Kimi server's container as pods/exec runs commands in it: nvidia-smi replaying the bundled host's
+    readings (the GPUs are the container's), the model's config.json at its model_path, the pod's hostname."""
+    if argv[:1] == ["nvidia-smi"]:
+        name = "nvidia-smi-gpus.csv" if argv[1].startswith("--query-gpu=") else "nvidia-smi-apps.csv"
+        return 0, (KIMI_HOST / name).read_bytes(), b""
+    if argv[:2] == ["head", "-c"]:
+        if argv[-1] == "/models/moonshotai/Kimi-K2.5/config.json":
+            return 0, (KIMI_HOST / "config.json").read_bytes(), b""
+        return 1, b"", f"head: cannot open '{argv[-1]}' for reading: No such file or directory\n".encode()
+    if argv == ["hostname"]:
+        return 0, b"kimi-0\n", b""
+    return None
+
+
 def _ledger(d):
     return [(r["label"], r["weights_gib"], r["kv_gib"], r["free_after_pool_gib"], r["free_at_end_gib"],
              r["unexplained_gib"]) for r in d["ranks"]]
@@ -38,17 +53,33 @@ def _check(tmp_path, pods, *args, forbidden=frozenset()):
 
 
 def test_kimi_served_as_a_pod_reconciles_to_the_demo_numbers(tmp_path, demo):
-    pod = FakePod("llm", "kimi-0", [SIDECAR, SGLANG], {("sglang", False): pod_log(JOURNAL)})
-    r, seen = _check(tmp_path, [pod], "k8s:llm/kimi-0")
-    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr  # no GPU readings in a pod: said
+    """The bundled host as a pod: log through pods/log, GPUs and config.json through pods/exec: the same audit
+    as `make demo`, GPU by GPU."""
+    pod = FakePod("llm", "kimi-0", [SIDECAR, SGLANG], {("sglang", False): pod_log(JOURNAL)},
+                  execute=kimi_container)
+    with api_server([pod]) as (url, seen):
+        cfg = kubeconfig(tmp_path / "kubeconfig", url)
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-f", "json")
+    assert r.code == ExitStatus.OK, r.stderr + r.stdout
     d = r.json()
-    assert d["formula"] == demo["formula"]
-    assert _ledger(d) == _ledger(demo)
+    assert d["formula"] == demo["formula"] and _ledger(d) == _ledger(demo)
+    assert d["gpus"] == demo["gpus"] and d["host"]["partial"] == []
     assert d["source"].startswith("k8s pod llm/kimi-0 container=sglang")  # the engine's container, not the sidecar
-    assert any("pods/exec" in p for p in d["host"]["partial"])
     logs = [s for s in seen if "/log" in s]
     assert logs and all("timestamps=true" in s and "limitBytes=" in s for s in logs)
     assert all(s.startswith("GET ") for s in seen)
+    execs = [s for s in seen if "/exec" in s]
+    assert execs and all("container=sglang" in s and "stdin=false" in s for s in execs)
+
+
+def test_without_exec_or_nvidia_smi_the_readings_are_said_missing(tmp_path, demo):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)})
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0")
+    assert r.code == ExitStatus.PARTIAL_DATA and r.json()["formula"] == demo["formula"]
+    assert any("nvidia-smi not found" in p for p in r.json()["host"]["partial"])
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0", forbidden={"pods/exec"})
+    assert r.code == ExitStatus.PARTIAL_DATA and r.json()["formula"] == demo["formula"]
+    assert any("does not allow 'create' on 'pods/exec'" in p for p in r.json()["host"]["partial"])
 
 
 def test_a_multi_node_group_is_one_target_merged_by_rank(tmp_path, demo):
