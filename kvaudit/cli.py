@@ -367,7 +367,7 @@ def check(
 
 @app.command()
 def capture(
-    target: str = typer.Argument("local", help="user@host[:port], an ssh_config alias, or 'local'."),
+    target: str = typer.Argument("local", help="user@host[:port], an ssh_config alias, 'local', or a pod (k8s:...)."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory to write the capture into."),
     ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file (default ~/.ssh/config)."),
     accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Trust and record an unknown host key."),
@@ -376,14 +376,22 @@ def capture(
     journal_directory: Optional[str] = typer.Option(None, "--journal-directory", help="journalctl --directory on the host."),
     timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
     connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1),
+    kubeconfig: Optional[Path] = typer.Option(None, "--kubeconfig", help="For k8s: targets."),
+    selector: Optional[str] = typer.Option(None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
+    from kvaudit.collect.endpoint import is_endpoint
     from kvaudit.collect.interface import CollectError
     from kvaudit.status import for_error
 
+    if is_endpoint(target):
+        raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
+                   "'kvaudit check URL --format json' keeps every figure it read (ranks[].logged)")
+    _check_target(target, selector=selector)
     opts = _check_options(None, None, unit, source, journal_directory, ssh_config, accept_new_host_key, timeout,
                           connect_timeout, None, [])
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
     try:
         c, path = run_capture(target, opts, str(output))
     except CollectError as exc:

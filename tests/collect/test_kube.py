@@ -159,3 +159,18 @@ def test_bad_credentials_unreachable_api_and_bad_kubeconfig(tmp_path):
 def test_bad_pod_targets_are_usage_errors(target, extra):
     r = cli("check", target, *extra)
     assert r.code == ExitStatus.BAD_INPUT and "Traceback" not in r.stderr
+
+
+def test_a_pod_is_captured_and_replayed(tmp_path, demo):
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, execute=kimi_container)
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "kubeconfig", url)
+        r = cli("capture", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-o", tmp_path / "cap")
+    assert r.code == ExitStatus.OK, r.stderr + r.stdout
+    d = cli("check", tmp_path / "cap", "-f", "json").json()
+    assert d["formula"] == demo["formula"] and d["gpus"] == demo["gpus"]
+
+
+def test_an_endpoint_is_not_captured(tmp_path):
+    r = cli("capture", "http://127.0.0.1:9", "-o", tmp_path / "cap")
+    assert r.code == ExitStatus.BAD_INPUT and "--format json" in r.stderr and not (tmp_path / "cap").exists()
