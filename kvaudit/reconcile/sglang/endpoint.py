@@ -58,7 +58,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
     mfs = opts.mem_fraction_static or as_float(args.get("mem_fraction_static"))
     page = as_int(args.get("page_size")) or 1
     tp, dp = as_int(args.get("tp_size")) or 1, as_int(args.get("dp_size")) or 1
-    attn_tp = tp // dp if args.get("enable_dp_attention") and dp > 1 else tp
+    attn_tp = max(1, tp // dp if args.get("enable_dp_attention") and dp > 1 else tp)
     kv_dtype, kv_elt = _kv_dtype(args, opts)
     geom = opts.model_geometry
     cell = None
