@@ -328,6 +328,14 @@ def check(
 
     fmt = _check_format(fmt)
     _check_target(target, selector=selector)
+    from kvaudit.fleet import preflight
+
+    try:
+        preflight.check(output=str(output) if output else None,
+                        textfile_dir=str(textfile_dir) if textfile_dir else None,
+                        ssh_config=str(ssh_config) if ssh_config else None)
+    except preflight.PreflightError as exc:
+        raise Fail(str(exc)) from None
     if endpoint is not None:
         _check_target(endpoint, endpoint_only=True)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
@@ -453,6 +461,13 @@ def fleet(
                         accept_new_host_key=accept_new_host_key, history=str(history) if history else None,
                         textfile_dir=str(textfile_dir) if textfile_dir else None, html=str(html) if html else None,
                         csv=str(csv) if csv else None)
+    from kvaudit.fleet import preflight
+
+    try:
+        preflight.check(output=str(output) if output else None, html=st.html, csv=st.csv, parquet=parquet,
+                        history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
+    except preflight.PreflightError as exc:
+        raise Fail(str(exc)) from None
     try:
         if inventory and inventory.startswith("k8s:"):
             fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
@@ -484,37 +499,54 @@ def fleet(
     run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, progress)
     if progress is not None:
         _env.stderr.write("\n")
+    if run.interrupted:
+        _second_interrupt_exits()
     results = [(f.name, h) for f, h in run.results]
+    failed_writes: list[str] = []  # reported at the end; they never discard the other outputs
+
+    def attempt(what: str, fn) -> None:  # noqa: ANN001
+        try:
+            fn()
+        except (OSError, Fail) as exc:
+            failed_writes.append(f"{what}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
+        except Exception as exc:  # an export library's own error (pandas, pyarrow, sqlite)
+            failed_writes.append(f"{what}: {type(exc).__name__}: {exc}")
+
     drift, prev = None, None
-    if st.history:
+    if st.history and not run.interrupted:
         from kvaudit.fleet import history as hist
         from kvaudit.report.rows import gpu_rows, host_summary
 
-        try:
-            run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
-                                 [host_summary(n, h) for n, h in results],
-                                 [r for n, h in results for r in gpu_rows(n, h)])
-            prev, drift = hist.drift(st.history, run_id)
-        except hist.HistoryError as exc:
-            raise Fail(str(exc)) from None
-    if st.textfile_dir:
+        def record() -> None:
+            nonlocal drift, prev
+            try:
+                run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
+                                     [host_summary(n, h) for n, h in results],
+                                     [r for n, h in results for r in gpu_rows(n, h)])
+                prev, drift = hist.drift(st.history, run_id)
+            except hist.HistoryError as exc:
+                raise Fail(str(exc)) from None
+
+        attempt(f"--history {st.history}", record)
+    if st.textfile_dir and not run.interrupted:
         from kvaudit.report import prometheus
 
-        try:
-            prometheus.write(st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s))
-        except OSError as exc:
-            raise Fail(f"cannot write the textfile to {st.textfile_dir}: {exc.strerror or exc}") from None
+        attempt(f"--textfile-dir {st.textfile_dir}", lambda: prometheus.write(
+            st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s)))
     if st.html:
         from kvaudit.report import html as html_report
 
-        _write(html_report.render(run, drift), Path(st.html))
+        attempt(f"--html {st.html}", lambda: _write(html_report.render(run, drift), Path(st.html)))
     if st.csv:
         from kvaudit.report import table_export
 
-        try:
-            table_export.write(results, st.csv, parquet)
-        except table_export.ExportError as exc:
-            raise Fail(str(exc)) from None
+        def export() -> None:
+            try:
+                table_export.write(results, st.csv, parquet)
+            except table_export.ExportError as exc:
+                raise Fail(str(exc)) from None
+
+        attempt(f"--csv {st.csv}", export)
     from kvaudit.report import fleet as fleet_report
 
     if fmt == "json":
@@ -523,8 +555,36 @@ def fleet(
         text = fleet_report.render_markdown(run, drift)
     else:
         text = fleet_report.render_text(run, drift, color=_color(color) and output is None)
-    _write(text, output)
+    attempt(f"-o {output}", lambda: _write(text, output))
+    for msg in failed_writes:
+        _env.stderr.write(f"kvaudit: error: could not write {printable(msg)}\n")
+    if run.interrupted:
+        done = sum(1 for _, h in results if h.error is None or h.error.reason != "interrupted")
+        _env.stderr.write(f"kvaudit: interrupted: {done} of {len(results)} hosts finished"
+                          + ("; history and the Prometheus textfile were not written (a partial run would read as "
+                             "failed hosts)" if (st.history or st.textfile_dir) else "") + "\n")
+        return 130
     return int(for_fleet([h for _, h in results]))
+
+
+def _second_interrupt_exits() -> None:
+    """After the first Ctrl-C the report for the finished hosts is being written; a second one ends the
+    process at once, quietly (no traceback from whatever was running)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):  # noqa: ANN001
+        try:
+            _env.stderr.write("kvaudit: interrupted again: stopping\n")
+            _env.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            os._exit(130)
+
+    signal.signal(signal.SIGINT, stop)
 
 
 @app.command("history")

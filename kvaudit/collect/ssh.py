@@ -23,6 +23,7 @@ import shlex
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +244,15 @@ def _server_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+#: every open runner, so that Ctrl-C can close them all (a worker blocked in a read returns at once)
+_OPEN: "weakref.WeakSet[SSHRunner]" = weakref.WeakSet()
+
+
+def close_all() -> None:
+    for r in list(_OPEN):
+        r.close()
+
+
 class SSHRunner:
     """One host: a connected SSHClient (plus its jump hosts) and the host's deadline."""
 
@@ -252,6 +262,7 @@ class SSHRunner:
         self.deadline = time.monotonic() + deadline_s
         self.deadline_s = deadline_s
         self._clients: list = []
+        _OPEN.add(self)
         self.policy_note: str | None = None
         hc = resolve(target, ssh_config)
         self.config = hc

@@ -3,8 +3,9 @@ the whole run. A host that fails is recorded with its reason; it never stops the
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable
@@ -22,6 +23,7 @@ class FleetRun:
     parallel: int
     results: tuple[tuple[FleetHost, HostAudit], ...]  # in inventory order
     deadline_hit: bool
+    interrupted: bool = False  # Ctrl-C: the hosts not finished are marked "interrupted"
 
     @property
     def failed(self) -> list[tuple[FleetHost, HostAudit]]:
@@ -48,34 +50,106 @@ def _one(host: FleetHost, base: CheckOptions, run_deadline: float) -> HostAudit:
         return HostAudit(host.target, None, None, (), (), InternalHostError(f"{host.name}: {type(exc).__name__}: {exc}"))
 
 
+class Interrupted(CollectError):
+    reason = "interrupted"  # Ctrl-C before this host finished
+
+
 def run(hosts: list[FleetHost], base: CheckOptions, parallel: int, run_timeout: float,
         on_done: Callable[[FleetHost, HostAudit], None] | None = None) -> FleetRun:
+    """Audit ``hosts``, ``parallel`` at a time. Returns at the run deadline whatever the workers are doing, and
+    on Ctrl-C (KeyboardInterrupt in the main thread): hosts not started are cancelled, open SSH sessions are
+    closed (their workers return at once), and the hosts not finished are recorded as ``interrupted``.
+
+    The workers are daemon threads: one stuck inside the SSH library past the deadline cannot keep the process
+    alive (a ThreadPoolExecutor's threads are joined at interpreter exit: a cron job would hang)."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     deadline = t0 + run_timeout
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(hosts)):
+        todo.put(i)
+    done: queue.Queue[tuple[int, HostAudit]] = queue.Queue()
+    cancel = threading.Event()
+
+    def worker() -> None:
+        while not cancel.is_set():
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            done.put((i, _one(hosts[i], base, deadline)))
+
+    for n in range(min(max(1, parallel), len(hosts))):
+        threading.Thread(target=worker, name=f"kvaudit-host-{n}", daemon=True).start()
     results: dict[int, HostAudit] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="kvaudit-host")
-    futures = {pool.submit(_one, h, base, deadline): i for i, h in enumerate(hosts)}
-    pending = set(futures)
     hit = False
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            hit = True
-            break
-        done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
-        for f in done:
-            i = futures[f]
-            results[i] = f.result()
+    stop = threading.Event()  # Ctrl-C: set by the handler, seen by the loop (no exception mid-bookkeeping)
+    previous = _on_interrupt(stop.set)
+    try:
+        while len(results) < len(hosts) and not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hit = True
+                break
+            try:
+                i, h = done.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            results[i] = h
             if on_done:
-                on_done(hosts[i], results[i])
-    for f in pending:  # past the run deadline: recorded, not waited for (their own deadlines end them)
-        f.cancel()
-        i = futures[f]
-        results[i] = HostAudit(hosts[i].target, None, None, (), (),
-                               HostTimeout(f"{hosts[i].name}: not finished within the {run_timeout:g} s run deadline"))
-        if on_done:
-            on_done(hosts[i], results[i])
-    pool.shutdown(wait=False, cancel_futures=True)
+                on_done(hosts[i], h)
+    except KeyboardInterrupt:  # no handler could be installed (not the main thread): the default behaviour
+        stop.set()
+    finally:
+        _restore_interrupt(previous)
+    interrupted = stop.is_set()
+    if interrupted:
+        cancel.set()
+        close_all_sessions()
+    cancel.set()
+    while True:  # what finished while we stopped
+        try:
+            i, h = done.get_nowait()
+        except queue.Empty:
+            break
+        results.setdefault(i, h)
+    for i, host in enumerate(hosts):
+        if i in results:
+            continue
+        if interrupted:
+            results[i] = HostAudit(host.target, None, None, (), (), Interrupted(f"{host.name}: interrupted (Ctrl-C)"))
+        else:
+            results[i] = HostAudit(host.target, None, None, (), (),
+                                   HostTimeout(f"{host.name}: not finished within the {run_timeout:g} s run deadline"))
+        if on_done and not interrupted:
+            on_done(host, results[i])
     return FleetRun(started.isoformat(timespec="seconds"), started.timestamp(), round(time.monotonic() - t0, 3),
-                    parallel, tuple((h, results[i]) for i, h in enumerate(hosts)), hit)
+                    parallel, tuple((h, results[i]) for i, h in enumerate(hosts)), hit, interrupted)
+
+
+def _on_interrupt(callback: Callable[[], None]):
+    """SIGINT calls ``callback`` for the duration of the run (main thread only; elsewhere nothing changes)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGINT, lambda signum, frame: callback())
+    except ValueError:
+        return None
+
+
+def _restore_interrupt(previous) -> None:  # noqa: ANN001
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+def close_all_sessions() -> None:
+    """Close every SSH connection kvaudit has open (Ctrl-C): a worker blocked on one returns at once."""
+    import sys
+
+    ssh = sys.modules.get("kvaudit.collect.ssh")
+    if ssh is not None:
+        ssh.close_all()

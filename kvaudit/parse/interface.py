@@ -63,6 +63,17 @@ class Failure(RankEvent):
     numbers: dict[str, float] = field(default_factory=dict)
 
 
+def literal(text: str) -> Any:
+    """``ast.literal_eval`` of a value a log printed, with the compiler's warnings silenced (a hostile or cut
+    log holds ``'\\R'``-style escapes: Python 3.12 would print a SyntaxWarning on kvaudit's stderr)."""
+    import ast
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.literal_eval(text)
+
+
 #: a quoted literal opens with a quote after a delimiter (``text='``, ``: "``, ``('``), not an apostrophe in a word
 _OPENER = re.compile(r"""(?:^|(?<=[\s=:(\[{,]))['"]""")
 

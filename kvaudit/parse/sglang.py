@@ -19,12 +19,11 @@ by order (the draft loads after the target on each rank) and by their ``type=``.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import SINGLE_RANK, literal, Event, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
 
@@ -318,7 +317,7 @@ def parse_server_args(body: str, form: str) -> dict[str, Any]:
     literals (enums, objects) stay as their text. A line cut short (journald's LineMax) keeps what it has."""
     if form == "dict":
         try:
-            value = ast.literal_eval(body)
+            value = literal(body)
             if isinstance(value, dict):
                 return {str(k): v for k, v in value.items()}
         except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -334,7 +333,7 @@ def parse_server_args(body: str, form: str) -> dict[str, Any]:
             continue
         raw = raw.strip()
         try:
-            out[key] = ast.literal_eval(raw)
+            out[key] = literal(raw)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             out[key] = raw
     return out

@@ -24,12 +24,11 @@ vLLM-Omni's pipe-delimited lines are tolerated. Values labelled GB, GiB or Gib a
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import SINGLE_RANK, literal, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, resolve
 
@@ -256,7 +255,7 @@ def parse_line(line: Line) -> _Parsed:
     m = _ARGS.search(t) if "non-default args" in t else None
     if m:
         try:
-            args = ast.literal_eval(m.group("d"))
+            args = literal(m.group("d"))
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             args = {}
         return _Parsed([Banner(n, t, None, None, args if isinstance(args, dict) else {})],
@@ -456,7 +455,7 @@ def _config(text: str) -> dict[str, Any]:
     for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", text):
         v = v.strip()
         try:
-            out[k] = ast.literal_eval(v)
+            out[k] = literal(v)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             out[k] = v
     return out

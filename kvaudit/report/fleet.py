@@ -9,8 +9,9 @@ from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
 from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
-from kvaudit.report.rows import host_summary
+from kvaudit.report.rows import STATUS_ORDER, host_summary
 from kvaudit.report.text import colour, table, wrap
+from kvaudit.textsafe import md_cell
 
 COLUMNS = ("host", "status", "GPUs", "tokens", "verdict", "free min", "unexpl.", "findings")
 STATUS_COLOUR = {"ok": "32", "warning": "33", "partial": "33", "error": "31"}
@@ -24,17 +25,31 @@ def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
     return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
 
 
+def _rank(status: str) -> int:
+    base = status.split(":")[0]
+    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
+
+
+def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: _rank(r["status"]))
+
+
+def counts_text(rows: list[dict[str, Any]]) -> str:
+    """``2 failed, 1 warning, 17 ok``: the worst first."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
+    return ", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=_rank))
+
+
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
     return [host_summary(f.name, h) for f, h in run.results]
 
 
 def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False) -> str:
     rows = summary_rows(run)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
     L = [colour(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
-            + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), "1", color)]
+                + counts_text(rows), "1", color)]
     if run.deadline_hit:
         L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
@@ -48,6 +63,11 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L += ["", colour("Not audited", "1", color)]
         for r in failed:
             L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}"))
+    others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
+    if others:
+        L += ["", colour("Why not ok", "1", color)]
+        for r in others:
+            L.extend(wrap(f"{r['host']} ({r['status']}): {r['why']}"))
     if drift:
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
@@ -59,15 +79,21 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
 
 def render_markdown(run: FleetRun, drift: list[Drift] | None = None) -> str:
     rows = summary_rows(run)
-    L = ["# kvaudit fleet report", "", f"{len(rows)} hosts, {run.started_at}, {run.duration_s:.1f} s.", "",
+    L = ["# kvaudit fleet report", "",
+         f"{len(rows)} hosts ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
-        L.append(f"| {r['host']} | {r['status']} | {r['gpus']} | {_f(r['tokens'])} | {r['verdict'] or '–'} | "
+        L.append(f"| {md_cell(r['host'])} | {r['status']} | {r['gpus']} | {_f(r['tokens'])} | {r['verdict'] or '–'} | "
                  f"{_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
                  f"{', '.join('`%s`' % c for c in r['findings']) or '–'} |")
     failed = [r for r in rows if r["reason"]]
     if failed:
-        L += ["", "## Not audited", ""] + [f"- **{r['host']}** ({r['reason']}): {r['error']}" for r in failed]
+        L += ["", "## Not audited", ""]
+        L += [f"- **{md_cell(r['host'])}** ({r['reason']}): {md_cell(r['error'])}" for r in failed]
+    others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
+    if others:
+        L += ["", "## Why not ok", ""]
+        L += [f"- **{md_cell(r['host'])}** ({r['status']}): {md_cell(r['why'])}" for r in others]
     if drift:
         L += ["", "## Since the last run", ""] + [f"- {d.message}" for d in drift]
     return "\n".join(L) + "\n"

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
-from kvaudit.report.rows import findings, gpu_rows, host_summary
+from kvaudit.report.rows import STATUS_ORDER, findings, gpu_rows, host_summary
 
 SEGMENTS = (  # (key in the bar, label, colour)
     ("weights_gib", "weights", "#4c72b0"),
@@ -71,6 +71,11 @@ def _bar(r: dict[str, Any], total: float) -> str:
     return '<div class="bar">' + "".join(parts) + "</div>"
 
 
+def _severity_rank(status: str) -> int:
+    base = status.split(":")[0]
+    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
+
+
 def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
     summaries = [host_summary(f.name, h) for f, h in run.results]
     H = ["<!doctype html><html><head><meta charset='utf-8'><title>kvaudit fleet report</title>",
@@ -79,15 +84,16 @@ def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
          f"{run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
          "<h2>Fleet</h2><table class='sortable'><thead><tr>"
          + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
-                                            "unexplained GiB", "errors", "warnings", "findings"))
+                                            "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
          + "</tr></thead><tbody>"]
-    for s in summaries:
+    for s in sorted(summaries, key=lambda s: _severity_rank(s["status"])):  # problems first
         st = s["status"].split(":")[0]
         H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
                  f"<td class='l s-{escape(st)}'>{escape(s['status'])}</td><td>{s['gpus']}</td>"
                  f"<td data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td><td class='l'>{escape(s['verdict'] or '–')}</td>"
                  f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
-                 f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td></tr>")
+                 f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td>"
+                 f"<td class='l'>{escape(s['why'] or '–')}</td></tr>")
     H.append("</tbody></table>")
     if drift:
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")

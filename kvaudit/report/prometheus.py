@@ -72,7 +72,8 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
 
 def write(directory: str, text: str, filename: str = FILENAME) -> Path:
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    if not d.is_dir():  # node_exporter reads an existing directory: a typo must not create one nobody scrapes
+        raise FileNotFoundError(2, "no such directory", directory)
     fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -29,6 +29,23 @@ def status(h: HostAudit) -> str:
     return "warning" if worst >= Severity.WARNING.rank else "ok"
 
 
+#: statuses from the worst to the best: counts and "why" lists follow this order
+STATUS_ORDER = ("failed", "error", "warning", "partial", "ok")
+
+
+def why(h: HostAudit) -> str:
+    """Why a host is not ok, in one line: the failure and its reason; else the findings above info (code and
+    the first sentence) and what could not be read. Empty for an ok host."""
+    from kvaudit.report.view import brief
+
+    if h.error is not None:
+        return f"{h.error.reason}: {h.error}"
+    parts = [f"{f.code}: {brief(f.message)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
+             if f.severity != Severity.INFO]
+    parts += [f"missing: {p}" for p in h.partial]
+    return "; ".join(parts)
+
+
 def _sum(r: RankLedger | None, pred) -> float | None:
     if r is None:
         return None
@@ -103,4 +120,5 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "warnings": sum(1 for f in fs if f.severity == Severity.WARNING),
         "infos": sum(1 for f in fs if f.severity == Severity.INFO),
         "partial": list(h.partial),
+        "why": why(h),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from kvaudit.check import HostAudit
-from kvaudit.report.rows import GPU_FIELDS, gpu_rows
+from kvaudit.report.rows import GPU_FIELDS, gpu_rows, status, why
 from kvaudit.textsafe import csv_cell
 
 
@@ -16,10 +16,15 @@ class ExportError(Exception):
 def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = False) -> int:
     import pandas as pd
 
-    rows = [r for name, h in hosts for r in gpu_rows(name, h)]
+    rows = []
+    for name, h in hosts:
+        # every host is in the table: one without GPU rows (failed, or nothing read) is one row saying why
+        mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": status(h)}]
+        reason = why(h)
+        rows += [{**r, "why": reason} for r in mine]
     if not parquet:  # a spreadsheet opens CSV: text from hosts must not become a formula there
         rows = [{k: csv_cell(v) for k, v in r.items()} for r in rows]
-    df = pd.DataFrame(rows, columns=list(GPU_FIELDS))
+    df = pd.DataFrame(rows, columns=[*GPU_FIELDS, "why"])
     df["gpu"] = df["gpu"].astype("Int64")
     df["kv_tokens"] = df["kv_tokens"].astype("Int64")
     df["kv_bytes"] = df["kv_bytes"].astype("Int64")

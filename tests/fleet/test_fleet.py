@@ -86,6 +86,7 @@ def run_fleet(root: Path, *extra: str):
 
 def test_twenty_hosts_three_broken(fleet):
     root, hosts = fleet
+    (root / "textfile").mkdir(exist_ok=True)
     r, wall = run_fleet(root, "--textfile-dir", root / "textfile", "--html", root / "report.html",
                         "--csv", root / "gpus.csv")
     assert r.code == ExitStatus.UNREACHABLE, r.stderr  # "some hosts unreachable"
@@ -147,7 +148,10 @@ def test_twenty_hosts_three_broken(fleet):
     import pandas as pd
 
     df = pd.read_csv(root / "gpus.csv")
-    assert len(df) == 12 * 8 + 3 + 1 + 1
+    audited = df[~df.status.str.startswith("failed")]
+    assert len(audited) == 12 * 8 + 3 + 1 + 1
+    failed = df[df.status.str.startswith("failed")]  # a host not audited is a row too, saying why
+    assert set(failed.host) == {f"gpu-{i:02d}" for i in (DOWN, HANGS, CHANGED)} and failed.why.notna().all()
     assert set(df[df.host == "gpu-07"].kv_tokens) == {702800}
     assert set(df[df.host == "gpu-01"].kv_tokens) == {159277}
     assert set(df[df.host == f"gpu-{TRT:02d}"].kv_tokens) == {446208}

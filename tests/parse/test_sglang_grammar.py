@@ -167,3 +167,18 @@ def test_non_memory_lines_yield_nothing():
                  "Loading safetensors checkpoint shards: 100% Completed | 64/64 [03:38<00:00,  3.41s/it]",
                  "Capturing batches (bs=1 avail_mem=9.31 GB): 100%|██████████| 10/10"):
         assert S.parse_line(Line(1, text)).event is None, text
+
+
+def test_escapes_in_a_logged_value_raise_no_warning():
+    """A value with an invalid escape ('\\R') is read as Python reads it, silently: the compiler's
+    SyntaxWarning (Python 3.12+) or DeprecationWarning would otherwise land on kvaudit's stderr."""
+    import warnings
+
+    from kvaudit.parse.sglang import parse_server_args
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = parse_server_args("model_path='C:\\Repo\\model', tp_size=2", "repr")
+        args2 = parse_server_args("{'model_path': 'C:\\Repo', 'tp_size': 2}", "dict")
+    assert args["tp_size"] == 2 and args2["tp_size"] == 2 and "Repo" in args["model_path"]
+    assert caught == []

@@ -1,0 +1,38 @@
+"""Every host that is not ok says why, in every report format, and the counts come worst first (issue 11,
+item 9). Hosts: the bundled capture (ok), a live endpoint (partial: no GPU readings), a refused port (failed)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from tests.conftest import FIXTURES, cli
+from tests.endpointsim import json_doc, serve, sglang_server_info
+from tests.hostsim import closed_port
+
+KIMI_INFO = sglang_server_info({"mem_fraction_static": 0.88, "tp_size": 8, "page_size": 1},
+                               [{"weight": 72.3, "kvcache": 10.42, "token_capacity": 159277}], "0.5.9")
+
+
+def test_every_non_ok_host_says_why_in_every_format(tmp_path):
+    sock, port = closed_port()
+    try:
+        with serve({"/server_info": json_doc(KIMI_INFO)}) as (url, _):
+            inv = tmp_path / "servers.txt"
+            inv.write_text(f"{FIXTURES / 'hosts' / 'kimi-k25-tp8'}\n{url}\nhttp://127.0.0.1:{port}\n")
+            text = cli("fleet", inv, "--html", tmp_path / "r.html", "--csv", tmp_path / "gpus.csv")
+            md = cli("fleet", inv, "-f", "markdown")
+    finally:
+        sock.close()
+    assert "1 failed, 1 partial, 1 ok" in text.stdout.splitlines()[0]
+    assert f"http://127.0.0.1:{port}: unreachable:" in text.stdout
+    assert "Why not ok" in text.stdout and "missing: no GPU readings" in text.stdout
+    assert "(1 failed, 1 partial, 1 ok)" in md.stdout and "## Why not ok" in md.stdout
+    assert "missing: no GPU readings" in md.stdout
+    html = (tmp_path / "r.html").read_text()
+    assert "why not ok" in html and "missing: no GPU readings" in html
+    assert html.index("failed:unreachable") < html.index(">ok<")  # problems first
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "gpus.csv").read_text())))
+    failed = [r for r in rows if r["status"] == "failed:unreachable"]
+    assert len(failed) == 1 and failed[0]["why"].startswith("unreachable:")  # a failed host is a row too
+    assert all(r["why"] == "" for r in rows if r["status"] == "ok") and len(rows) == 8 + 1 + 1
