@@ -98,6 +98,8 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         if not gpus and gpu_source is None:
             gpus, apps = session.gpus()
             gpu_source = "nvidia-smi" if gpus else None
+        if getattr(runner, "reconnected", False):
+            notes.append("the SSH connection closed between two commands and was opened again (once)")
         return session.result(lines, gpus, apps, config, config_source, pids, gpu_source), log, notes
     finally:
         runner.close()

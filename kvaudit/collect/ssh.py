@@ -250,6 +250,7 @@ _OPEN: "weakref.WeakSet[SSHRunner]" = weakref.WeakSet()
 
 def close_all() -> None:
     for r in list(_OPEN):
+        r.cancelled = True  # no reconnect after this
         r.close()
 
 
@@ -266,7 +267,29 @@ class SSHRunner:
         self.policy_note: str | None = None
         hc = resolve(target, ssh_config)
         self.config = hc
+        self._how = (accept_new, connect_timeout, ssh_config)
+        self.reconnected = False  # the connection closed between two commands and was opened again, once
+        self.cancelled = False  # closed on the user's request (Ctrl-C): never reopened
         self.client = self._connect(hc, accept_new, connect_timeout, depth=0, ssh_config=ssh_config)
+
+    def _transport(self):
+        """The live transport. One that closed between two commands (the server's side, a rekey that failed
+        under load) is replaced once by a new connection, within the host deadline; a second is a drop."""
+        transport = self.client.get_transport()
+        if transport is not None and transport.is_active():
+            return transport
+        if self.cancelled:
+            raise ConnectionDropped(f"{self.target}: connection closed (interrupted)")
+        if self.reconnected:
+            raise ConnectionDropped(f"{self.target}: connection closed (again, after one reconnect)")
+        self.reconnected = True
+        self.close()
+        accept_new, connect_timeout, ssh_config = self._how
+        self.client = self._connect(self.config, accept_new, connect_timeout, depth=0, ssh_config=ssh_config)
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionDropped(f"{self.target}: connection closed")
+        return transport
 
     def _remaining(self) -> float:
         left = self.deadline - time.monotonic()
@@ -372,9 +395,7 @@ class SSHRunner:
 
         start = time.monotonic()
         limit = min(timeout, self._remaining())
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise ConnectionDropped(f"{self.target}: connection closed")
+        transport = self._transport()
         try:
             chan = transport.open_session(timeout=min(10.0, limit))
             chan.exec_command(bounded(command, limit))

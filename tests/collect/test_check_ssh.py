@@ -282,3 +282,35 @@ def test_host_keys_compared_by_type_as_openssh_does(site, tmp_path):
     finally:
         two.stop()
         one.stop()
+
+
+def test_a_connection_closed_between_commands_is_reopened_once(site):
+    """The server closes the connection while no command runs (seen under load: the server side went away
+    after a command): the next command runs on a new connection, once; a second close is a drop."""
+    from kvaudit.collect.interface import ConnectionDropped
+    from kvaudit.collect.ssh import SSHRunner
+
+    runner = SSHRunner("gpu-test", str(site.trusted_config("reopen")), deadline_s=60)
+    try:
+        assert runner.run("hostname", 20, 1 << 20).rc == 0
+        runner.client.get_transport().close()
+        again = runner.run("hostname", 20, 1 << 20)
+        assert again.rc == 0 and again.stdout.strip() and runner.reconnected
+        runner.client.get_transport().close()
+        with pytest.raises(ConnectionDropped, match="after one reconnect"):
+            runner.run("hostname", 20, 1 << 20)
+    finally:
+        runner.close()
+
+
+def test_a_runner_closed_by_ctrl_c_is_never_reopened(site):
+    from kvaudit.collect import ssh
+    from kvaudit.collect.interface import ConnectionDropped
+
+    runner = ssh.SSHRunner("gpu-test", str(site.trusted_config("cancel")), deadline_s=60)
+    try:
+        ssh.close_all()
+        with pytest.raises(ConnectionDropped, match="interrupted"):
+            runner.run("hostname", 20, 1 << 20)
+    finally:
+        runner.close()
