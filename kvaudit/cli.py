@@ -41,6 +41,14 @@ app = typer.Typer(
 )
 
 
+def _opt(panel: str, *args, **kw):
+    """An option shown under ``panel`` in --help (rich's panels: where to read, what to assume, output...); a
+    flag (a bool) shows no ``<bool>`` metavar."""
+    if args and isinstance(args[0], bool):
+        kw.setdefault("metavar", "")
+    return typer.Option(*args, rich_help_panel=panel, **kw)
+
+
 class Fail(Exception):
     """A clean, one-line failure with its exit status."""
 
@@ -66,6 +74,8 @@ FORMAT_HELP = "Output format: text, json or markdown."
 
 
 def _color(mode: str) -> bool:
+    if mode not in ("auto", "always", "never"):
+        raise Fail(f"--color {mode!r}: choose one of auto, always, never")
     if mode == "always":
         return True
     if mode == "never" or "NO_COLOR" in _env.environ:
@@ -120,10 +130,15 @@ def _geometry(path: Optional[Path]):
         raise Fail(str(exc)) from None
 
 
-def _check_format(fmt: str) -> str:
+def _check_format(fmt: str, command: str = "") -> str:
     from kvaudit.report import FORMATS
 
     if fmt not in FORMATS:
+        if command == "fleet" and fmt in ("html", "csv", "parquet", "prometheus"):
+            flag = {"html": "--html FILE", "csv": "--csv FILE", "parquet": "--csv FILE --parquet",
+                    "prometheus": "--textfile-dir DIR"}[fmt]
+            raise Fail(f"--format {fmt}: the fleet writes {fmt} beside its report: use {flag} "
+                       f"(--format is one of {', '.join(FORMATS)})")
         raise Fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     return fmt
 
@@ -141,19 +156,19 @@ def _write(text: str, output: Optional[Path]) -> None:
 @app.command()
 def explain(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", "-c", help="The model's config.json."),
-    mem_fraction_static: Optional[float] = typer.Option(
+    model_config: Optional[Path] = _opt("What to assume", None, "--model-config", "-c", help="The model's config.json."),
+    mem_fraction_static: Optional[float] = _opt("What to assume", 
         None, "--mem-fraction-static", min=0.01, max=1.0,
         help="The --mem-fraction-static the server ran with, when the log has no server_args."),
-    tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="TP size, when the log does not say."),
-    gpu_memory_gib: Optional[float] = typer.Option(
+    tp_size: Optional[int] = _opt("What to assume", None, "--tp-size", min=1, help="TP size, when the log does not say."),
+    gpu_memory_gib: Optional[float] = _opt("What to assume", 
         None, "--gpu-memory-gib", min=0.1, help="The card's CUDA-visible total (GiB), to itemise what went before T."),
-    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
-    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
-    all_startups: bool = typer.Option(False, "--all-startups", help="Audit every startup in the input."),
-    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
-    color: str = typer.Option("auto", "--color", help="auto, always or never."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
+    fmt: str = _opt("Output", "text", "--format", "-f", help=FORMAT_HELP),
+    startup: Optional[int] = _opt("What to assume", None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
+    all_startups: bool = _opt("What to assume", False, "--all-startups", help="Audit every startup in the input."),
+    threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
+    output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
 ) -> int:
     """Read a startup log and account for every GiB per GPU."""
     from kvaudit.explain import audit
@@ -185,20 +200,20 @@ def explain(
 @app.command()
 def whatif(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
-    mem_fraction_static: Optional[float] = typer.Option(
+    mem_fraction_static: Optional[float] = _opt("What to assume", 
         None, "--mem-fraction-static", min=0.01, max=1.0, help="The fraction to try."),
-    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
-    tp_size: Optional[int] = typer.Option(None, "--tp-size", min=1, help="A different TP size (approximate)."),
-    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="A different context length."),
-    max_tokens: Optional[int] = typer.Option(
+    kv_cache_dtype: Optional[str] = _opt("What to assume", None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
+    tp_size: Optional[int] = _opt("What to assume", None, "--tp-size", min=1, help="A different TP size (approximate)."),
+    context_length: Optional[int] = _opt("What to assume", None, "--context-length", min=1, help="A different context length."),
+    max_tokens: Optional[int] = _opt("What to assume", 
         None, "--max-tokens", min=1, help="TensorRT-LLM: a kv_cache_config.max_tokens cap on the pool."),
-    model_config: Optional[Path] = typer.Option(None, "--model-config", "-c", help="The model's config.json."),
+    model_config: Optional[Path] = _opt("What to assume", None, "--model-config", "-c", help="The model's config.json."),
     log_mem_fraction_static: Optional[float] = typer.Option(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
         help="The fraction the logged startup used, when the log has no server_args."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
-    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
-    color: str = typer.Option("auto", "--color", help="auto, always or never."),
+    fmt: str = _opt("Output", "text", "--format", "-f", help="text or json."),
+    startup: Optional[int] = _opt("What to assume", None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
+    color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
 ) -> int:
     """Rerun the formula on the same log with other settings: tokens, reserve, and OOM risk."""
     from dataclasses import replace
@@ -260,7 +275,7 @@ def _check_options(model_config, mem_fraction_static, unit, source, journal_dire
 
 
 TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a capture directory, a pod "
-               "(k8s:NAMESPACE/POD[/CONTAINER], or k8s:NAMESPACE -l SELECTOR), or a live server's "
+               "(k8s:NAMESPACE/POD\\[/CONTAINER], or k8s:NAMESPACE -l SELECTOR), or a live server's "
                "http://HOST:PORT (its own endpoints, when the startup log is gone).")
 
 
@@ -294,30 +309,31 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
 @app.command()
 def check(
     target: str = typer.Argument("local", help=TARGET_HELP),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file (default ~/.ssh/config)."),
-    accept_new_host_key: bool = typer.Option(
+    ssh_config: Optional[Path] = _opt("Where to read", None, "--ssh-config", "-F", help="ssh_config file (default ~/.ssh/config)."),
+    accept_new_host_key: bool = _opt("Where to read", 
         False, "--accept-new-host-key", help="Trust and record an unknown host key (never a changed one)."),
-    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's systemd unit (default: found on the host)."),
-    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH instead of the journal."),
-    journal_directory: Optional[str] = typer.Option(
+    unit: Optional[str] = _opt("Where to read", None, "--unit", help="The engine's systemd unit (default: found on the host)."),
+    source: Optional[str] = _opt("Where to read", None, "--source", help="docker:NAME or file:PATH instead of the journal."),
+    journal_directory: Optional[str] = _opt("Where to read", 
         None, "--journal-directory", help="Read the journal from this directory on the host (journalctl --directory)."),
-    model_config: Optional[Path] = typer.Option(
+    model_config: Optional[Path] = _opt("What to assume", 
         None, "--model-config", "-c", help="A local config.json (default: read from model_path on the host)."),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", min=0.01, max=1.0),
-    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
-    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1, help="TCP/SSH connect timeout."),
-    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
-    startup: Optional[int] = typer.Option(None, "--startup", help="Which startup in the log (-1 = latest)."),
-    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
-    color: str = typer.Option("auto", "--color", help="auto, always or never."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
-    textfile_dir: Optional[Path] = typer.Option(
+    mem_fraction_static: Optional[float] = _opt("What to assume", None, "--mem-fraction-static", min=0.01, max=1.0,
+                                                 help="The fraction the server ran with, when the log has none."),
+    timeout: float = _opt("Time and parallelism", 120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    connect_timeout: Optional[float] = _opt("Time and parallelism", None, "--connect-timeout", min=0.1, help="TCP/SSH connect timeout."),
+    fmt: str = _opt("Output", "text", "--format", "-f", help=FORMAT_HELP),
+    startup: Optional[int] = _opt("What to assume", None, "--startup", help="Which startup in the log (-1 = latest)."),
+    threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
+    output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
+    textfile_dir: Optional[Path] = _opt("Output", 
         None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit.prom) here."),
-    endpoint: Optional[str] = typer.Option(
+    endpoint: Optional[str] = _opt("Where to read", 
         None, "--endpoint", help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
-    kubeconfig: Optional[Path] = typer.Option(
+    kubeconfig: Optional[Path] = _opt("Where to read", 
         None, "--kubeconfig", help="k8s: targets: the kubeconfig (default KUBECONFIG, ~/.kube/config, in-cluster)."),
-    selector: Optional[str] = typer.Option(
+    selector: Optional[str] = _opt("Where to read", 
         None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
@@ -376,16 +392,17 @@ def check(
 @app.command()
 def capture(
     target: str = typer.Argument("local", help="user@host[:port], an ssh_config alias, 'local', or a pod (k8s:...)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the capture into."),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file (default ~/.ssh/config)."),
-    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key", help="Trust and record an unknown host key."),
-    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's systemd unit."),
-    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH instead of the journal."),
-    journal_directory: Optional[str] = typer.Option(None, "--journal-directory", help="journalctl --directory on the host."),
-    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
-    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1),
-    kubeconfig: Optional[Path] = typer.Option(None, "--kubeconfig", help="For k8s: targets."),
-    selector: Optional[str] = typer.Option(None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
+    output: Path = _opt("Output", ..., "--output", "-o", help="Directory to write the capture into."),
+    ssh_config: Optional[Path] = _opt("Where to read", None, "--ssh-config", "-F", help="ssh_config file (default ~/.ssh/config)."),
+    accept_new_host_key: bool = _opt("Where to read", False, "--accept-new-host-key", help="Trust and record an unknown host key."),
+    unit: Optional[str] = _opt("Where to read", None, "--unit", help="The engine's systemd unit."),
+    source: Optional[str] = _opt("Where to read", None, "--source", help="docker:NAME or file:PATH instead of the journal."),
+    journal_directory: Optional[str] = _opt("Where to read", None, "--journal-directory", help="journalctl --directory on the host."),
+    timeout: float = _opt("Time and parallelism", 120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    connect_timeout: Optional[float] = _opt("Time and parallelism", None, "--connect-timeout", min=0.1,
+                                                   help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10)."),
+    kubeconfig: Optional[Path] = _opt("Where to read", None, "--kubeconfig", help="For k8s: targets."),
+    selector: Optional[str] = _opt("Where to read", None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
@@ -418,30 +435,33 @@ def capture(
 def fleet(
     inventory: Optional[str] = typer.Argument(
         None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", help="Only hosts (or groups) matching this pattern."),
-    config: Optional[Path] = typer.Option(None, "--config", help="kvaudit.toml with defaults (default ./kvaudit.toml)."),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh_config file."),
-    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", min=1, max=1024, help="Hosts at a time (8)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0, help="Deadline per host, seconds (120)."),
-    run_timeout: Optional[float] = typer.Option(None, "--run-timeout", min=1.0, help="Deadline for the run (1800)."),
-    connect_timeout: Optional[float] = typer.Option(None, "--connect-timeout", min=0.1),
-    unit: Optional[str] = typer.Option(None, "--unit", help="The engine's unit on every host."),
-    source: Optional[str] = typer.Option(None, "--source", help="docker:NAME or file:PATH on every host."),
-    journal_directory: Optional[str] = typer.Option(None, "--journal-directory"),
-    accept_new_host_key: bool = typer.Option(False, "--accept-new-host-key"),
-    fmt: str = typer.Option("text", "--format", "-f", help=FORMAT_HELP),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here, not to stdout."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report."),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Also write one row per GPU as CSV."),
-    parquet: bool = typer.Option(False, "--parquet", help="Write --csv's table as Parquet instead (needs pyarrow)."),
-    textfile_dir: Optional[Path] = typer.Option(None, "--textfile-dir", help="Write a Prometheus textfile here."),
-    history: Optional[Path] = typer.Option(None, "--history", help="SQLite file keeping every run (drift)."),
-    threshold: list[str] = typer.Option([], "--threshold", help="Override a finding threshold: NAME=VALUE."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    color: str = typer.Option("auto", "--color", help="auto, always or never."),
-    kubeconfig: Optional[Path] = typer.Option(
+    hosts: Optional[str] = _opt("Where to read", None, "--hosts", help="Only hosts (or groups) matching this pattern."),
+    config: Optional[Path] = _opt("Where to read", None, "--config", help="kvaudit.toml with defaults (default ./kvaudit.toml)."),
+    ssh_config: Optional[Path] = _opt("Where to read", None, "--ssh-config", "-F", help="ssh_config file."),
+    parallel: Optional[int] = _opt("Time and parallelism", None, "--parallel", "-j", min=1, max=1024, help="Hosts at a time (8)."),
+    timeout: Optional[float] = _opt("Time and parallelism", None, "--timeout", min=1.0, help="Deadline per host, seconds (120)."),
+    run_timeout: Optional[float] = _opt("Time and parallelism", None, "--run-timeout", min=1.0, help="Deadline for the run (1800)."),
+    connect_timeout: Optional[float] = _opt("Time and parallelism", None, "--connect-timeout", min=0.1,
+                                                   help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10)."),
+    unit: Optional[str] = _opt("Where to read", None, "--unit", help="The engine's unit on every host."),
+    source: Optional[str] = _opt("Where to read", None, "--source", help="docker:NAME or file:PATH on every host."),
+    journal_directory: Optional[str] = _opt("Where to read", None, "--journal-directory",
+                                            help="Read each host's journal from this directory (journalctl --directory)."),
+    accept_new_host_key: bool = _opt("Where to read", False, "--accept-new-host-key",
+                                     help="Trust and record unknown host keys (never a changed one)."),
+    fmt: str = _opt("Output", "text", "--format", "-f", help=FORMAT_HELP),
+    output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
+    html: Optional[Path] = _opt("Output", None, "--html", help="Also write a self-contained HTML report."),
+    csv: Optional[Path] = _opt("Output", None, "--csv", help="Also write one row per GPU as CSV."),
+    parquet: bool = _opt("Output", False, "--parquet", help="Write --csv's table as Parquet instead (needs pyarrow)."),
+    textfile_dir: Optional[Path] = _opt("Output", None, "--textfile-dir", help="Write a Prometheus textfile here."),
+    history: Optional[Path] = _opt("Output", None, "--history", help="SQLite file keeping every run (drift)."),
+    threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    quiet: bool = _opt("Output", False, "--quiet", "-q", help="No progress bar."),
+    color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
+    kubeconfig: Optional[Path] = _opt("Where to read", 
         None, "--kubeconfig", help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster)."),
-    selector: Optional[str] = typer.Option(
+    selector: Optional[str] = _opt("Where to read", 
         None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server per pod or "
                                        "LeaderWorkerSet group)."),
 ) -> int:
@@ -450,7 +470,7 @@ def fleet(
     from kvaudit.fleet import runner, settings
     from kvaudit.status import for_fleet
 
-    fmt = _check_format(fmt)
+    fmt = _check_format(fmt, "fleet")
     try:
         file_settings, _ = settings.load(str(config) if config else None)
     except settings.SettingsError as exc:
@@ -590,9 +610,9 @@ def _second_interrupt_exits() -> None:
 @app.command("history")
 def history_cmd(
     host: str = typer.Argument(..., help="The host's name as the fleet report shows it."),
-    history: Path = typer.Option(..., "--history", help="The SQLite file fleet --history writes."),
-    limit: int = typer.Option(30, "--limit", min=1, help="How many runs back."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    history: Path = _opt("Output", ..., "--history", help="The SQLite file fleet --history writes."),
+    limit: int = _opt("Output", 30, "--limit", min=1, help="How many runs back."),
+    fmt: str = _opt("Output", "text", "--format", "-f", help="text or json."),
 ) -> int:
     """A host's trend across fleet runs: status, tokens, free memory, findings."""
     import json as _json

@@ -188,3 +188,26 @@ def test_a_prompt_that_looks_like_a_startup_is_not_read(tmp_path):
     got = cli("explain", p, "-f", "json").json()
     assert got["formula"] == base["formula"] and got["startup"]["total"] == base["startup"]["total"]
     assert "/etc/evil" not in str(got)
+
+
+@pytest.mark.parametrize("command", ["check", "explain", "whatif", "capture", "fleet", "history"])
+def test_help_explains_every_option_in_panels(command):
+    """--help renders (no markup error from a bracket in a help text), every option says what it does, flags
+    show no <bool>, and options are grouped into panels (issue 11, item 16)."""
+    import typer
+
+    from kvaudit.cli import app
+
+    r = cli_process(command, "--help")
+    assert r.code == 0 and "internal error" not in r.stderr
+    assert not [line for line in r.stdout.splitlines() if "<bool>" in line and "--help" not in line]
+    click_cmd = typer.main.get_command(app).commands[command]
+    options = [p for p in click_cmd.params if p.param_type_name == "option" and p.name != "help"]
+    assert all(p.help for p in options), [p.name for p in options if not p.help]
+    if command in ("check", "fleet"):
+        assert "Where to read" in r.stdout and "Output" in r.stdout
+
+
+def test_fleet_format_html_points_at_the_html_option():
+    r = cli("fleet", "inventory.txt", "-f", "html")
+    assert r.code == 2 and "use --html FILE" in r.stderr
