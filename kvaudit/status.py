@@ -32,7 +32,8 @@ _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREA
            "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA,
            "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT,
            "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
-           "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED}
+           "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
+           "journal_denied": ExitStatus.AUTH_REFUSED, "interrupted": ExitStatus.UNREACHABLE}
 
 
 def for_error(reason: str) -> ExitStatus:

@@ -41,6 +41,10 @@ class NoEngineFound(CollectError):
     reason = "no_engine"
 
 
+class JournalDenied(CollectError):
+    reason = "journal_denied"  # the login user may not read the system journal: a permission, not a missing engine
+
+
 @dataclass(frozen=True)
 class CommandResult:
     command: str  # exactly what ran, shell-quoted

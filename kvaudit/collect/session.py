@@ -17,6 +17,7 @@ from kvaudit.collect.interface import (
     ComputeApp,
     GpuReading,
     HostTimeout,
+    JournalDenied,
     NoEngineFound,
     Runner,
 )
@@ -113,8 +114,11 @@ class HostSession:
             path = src[5:]
             self.source_desc = f"file:{path}"
             res = self._read_log(C.file_lines(path, self.opts.anchors))
+            why = _first_line(res.stderr) or f"rc {res.rc}"
+            if not res.stdout.strip() and "No such file" in why:  # grep's complaint (the pipeline's rc is cut's)
+                raise NoEngineFound(f"{self.target}: --source file:{path}: the file does not exist on the host")
             if res.rc not in (0, 1) or (res.rc == 1 and res.stderr.strip()):
-                raise NoEngineFound(f"{self.target}: cannot read {path}: {_first_line(res.stderr) or f'rc {res.rc}'}")
+                raise NoEngineFound(f"{self.target}: cannot read {path}: {why}")
             return self._lines(res)
         return self._journal()
 
@@ -150,11 +154,30 @@ class HostSession:
         res = self._read_log(C.journal_lines(unit, inv, d, self.opts.anchors))
         lines = self._lines(res)
         if not lines:
+            denied = _journal_denied(res.stderr)
+            if denied:
+                raise JournalDenied(f"{self.target}: {denied}")
+            if self.opts.unit:
+                self._unit_exists(unit, d)
             why = _first_line(res.stderr)
             raise NoEngineFound(f"{self.target}: the journal of {unit} has no engine lines"
-                                + (f" ({why})" if why else " (is the journal readable by this user? "
-                                   "root or the systemd-journal group is needed)"))
+                                + (f" ({why})" if why else ""))
         return lines
+
+    def _unit_exists(self, unit: str, directory: str | None) -> None:
+        """``--unit`` named a unit the host (or the journal directory) does not have: say so, with the
+        engine-like units it does have (systemd's list, or the journal's own when reading a directory)."""
+        res = self.run(C.journal_units(directory) if directory else C.list_units())
+        if res.rc != 0:
+            return
+        units = [line.split()[0] for line in res.stdout.decode(errors="replace").splitlines() if line.split()]
+        if unit in units or unit + ".service" in units:
+            return
+        like = sorted(u for u in units if u.endswith(".service") and self.opts.unit_pattern.search(u))
+        where = "in the journal" if directory else "on the host"
+        raise NoEngineFound(f"{self.target}: there is no unit {unit!r} {where}; "
+                            + (f"engine-like units there: {', '.join(like)}" if like else
+                               "no engine-like unit there either (--source docker:NAME or file:PATH?)"))
 
     def _read_log(self, command: str) -> CommandResult:
         """The log read; one that ran out of time is a timeout, not a log without engine lines."""
@@ -278,6 +301,22 @@ class HostSession:
             collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
         )
+
+
+#: journalctl's words when the login user may not read the system journal (systemd 239-255)
+_DENIED = re.compile(r"insufficient permissions|not seeing messages from other users|Permission denied", re.I)
+_GROUPS = re.compile(r"Users in groups? ([^.]*?) can see all messages")
+
+
+def _journal_denied(stderr: bytes) -> str | None:
+    """What to tell when journalctl refused the system journal: the groups that may read it, as it names them."""
+    text = stderr.decode("utf-8", "replace")
+    if not _DENIED.search(text):
+        return None
+    m = _GROUPS.search(text)
+    groups = m.group(1).replace("'", "") if m else "systemd-journal (or adm)"
+    return (f"the login user may not read the system journal (journalctl: {_first_line(stderr)}); add it to "
+            f"{groups}, or log in as root")
 
 
 def _first_line(b: bytes) -> str:

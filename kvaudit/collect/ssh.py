@@ -326,11 +326,15 @@ class SSHRunner:
         client.set_missing_host_key_policy(policy)
         name = f"{hc.user}@{hc.hostname}:{hc.port}"
         pinned = {e.keytype for e in known_keys(hc.known_hosts, _server_name(hc.hostname, hc.port)) if not e.revoked}
+        # as OpenSSH: an IdentityFile that does not exist is skipped (and named if authentication then fails)
+        keys = [p for p in hc.identity_files if os.path.exists(p)]
+        missing = [p for p in hc.identity_files if p not in keys]
+        no_key = f" (IdentityFile {', '.join(missing)}: no such file)" if missing else ""
         try:
             client.connect(
                 hc.hostname, port=hc.port, username=hc.user,
                 disabled_algorithms=_unpinned_host_key_algorithms(pinned, paramiko.Transport._preferred_keys),
-                key_filename=list(hc.identity_files) or None,
+                key_filename=keys or None,
                 look_for_keys=not hc.identities_only,
                 allow_agent=not (hc.identities_only and hc.identity_files),
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
@@ -347,7 +351,7 @@ class SSHRunner:
             raise AuthFailed(f"{name}: the private key needs a passphrase; load it into ssh-agent") from None
         except paramiko.AuthenticationException as exc:
             client.close()
-            raise AuthFailed(f"{name}: authentication refused ({exc})") from None
+            raise AuthFailed(f"{name}: authentication refused ({exc}){no_key}") from None
         except (socket.timeout, TimeoutError):
             client.close()
             raise Unreachable(f"{name}: connection timed out after {timeout:g} s") from None
@@ -364,6 +368,9 @@ class SSHRunner:
             # when its transport thread gave up before authentication
             if any(w in msg.lower() for w in ("banner", "timed out", "timeout", "no existing session")):
                 raise Unreachable(f"{name}: no SSH answer within {timeout:g} s ({msg})") from None
+            if "no authentication methods" in msg.lower():  # no key, no agent, nothing to offer: an auth problem
+                raise AuthFailed(f"{name}: no authentication method to offer (no usable IdentityFile, no "
+                                 f"ssh-agent key){no_key}: {msg}") from None
             if pinned and "no acceptable host key" in msg.lower():
                 raise HostKeyRefused(
                     f"HOST KEY CHANGED for {name}: known_hosts pins it by {', '.join(sorted(pinned))}, and it "

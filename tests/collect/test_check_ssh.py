@@ -6,6 +6,8 @@ import socket
 import threading
 import time
 
+import os
+
 import pytest
 
 from kvaudit.collect.commands import is_allowed
@@ -314,3 +316,55 @@ def test_a_runner_closed_by_ctrl_c_is_never_reopened(site):
             runner.run("hostname", 20, 1 << 20)
     finally:
         runner.close()
+
+
+def test_a_unit_that_does_not_exist_lists_the_engine_units_there(site):
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                    str(site.host.journal), "--unit", "vllm.service")
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr
+    assert "there is no unit 'vllm.service' in the journal; engine-like units there: sglang.service" in r.stderr
+
+
+def test_a_journal_the_login_user_may_not_read_is_its_own_reason(site):
+    """journalctl's own words for a user outside the journal groups (a stand-in journalctl prints them: the
+    tests run as root): reason journal_denied, the groups named, exit 5, not "no engine"."""
+    fake = site.host.bin / "journalctl"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *_SYSTEMD_INVOCATION_ID=*|*--unit=*)\n"
+                    "echo 'Hint: You are currently not seeing messages from other users and the system.' >&2\n"
+                    "echo \"      Users in groups 'adm', 'systemd-journal' can see all messages.\" >&2\n"
+                    "echo '      Pass -q to turn off this notice.' >&2\n"
+                    "echo 'No journal files were opened due to insufficient permissions.' >&2; exit 0;;\n"
+                    "esac\nPATH=/usr/bin:/bin exec journalctl \"$@\"\n")
+    fake.chmod(0o755)
+    try:
+        r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                        str(site.host.journal))
+    finally:
+        fake.unlink()
+    assert r.code == ExitStatus.AUTH_REFUSED and "journal_denied" in r.stderr, r.stderr
+    assert "adm, systemd-journal" in r.stderr and "no_engine" not in r.stderr
+
+
+def test_a_missing_source_file_says_so(site):
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--source", "file:/nope/server.log")
+    assert r.code == ExitStatus.PARTIAL_DATA and "file:/nope/server.log: the file does not exist" in r.stderr
+
+
+def test_no_authentication_method_is_an_auth_failure(site, tmp_path):
+    cfg = tmp_path / "noauth"
+    cfg.write_text(f"Host gpu-test\n  HostName 127.0.0.1\n  Port {site.sshd.port}\n  User nobody\n"
+                   f"  IdentitiesOnly yes\n  IdentityFile {tmp_path}/no-such-key\n"
+                   f"  UserKnownHostsFile {site.root}/trusted.known_hosts\n")
+    site.trusted_config()
+    env_agent = os.environ.pop("SSH_AUTH_SOCK", None)
+    try:
+        r = cli_process("check", "gpu-test", "--ssh-config", cfg)
+    finally:
+        if env_agent is not None:
+            os.environ["SSH_AUTH_SOCK"] = env_agent
+    assert r.code == ExitStatus.AUTH_REFUSED and "auth" in r.stderr, r.stderr
+
+
+def test_a_missing_ssh_config_is_a_usage_error(tmp_path):
+    r = cli_process("check", "gpu-test", "--ssh-config", tmp_path / "nope")
+    assert r.code == ExitStatus.BAD_INPUT and "--ssh-config" in r.stderr
