@@ -328,7 +328,7 @@ def check(
     color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
     output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
     textfile_dir: Optional[Path] = _opt("Output", 
-        None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit.prom) here."),
+        None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit-check-HOST.prom) here."),
     endpoint: Optional[str] = _opt("Where to read", 
         None, "--endpoint", help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
     kubeconfig: Optional[Path] = _opt("Where to read", 
@@ -373,7 +373,8 @@ def check(
 
         name = h.collected.host if (h.collected and h.collected.host) else target
         try:
-            prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0))
+            prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0, "check"),
+                             prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if h.error is not None:
@@ -551,8 +552,10 @@ def fleet(
     if st.textfile_dir and not run.interrupted:
         from kvaudit.report import prometheus
 
+        subject = _fleet_subject(inventory, st.ssh_config, hosts)
         attempt(f"--textfile-dir {st.textfile_dir}", lambda: prometheus.write(
-            st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s)))
+            st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s, f"fleet:{subject}"),
+            prometheus.filename("fleet", subject)))
     if st.html:
         from kvaudit.report import html as html_report
 
@@ -569,12 +572,13 @@ def fleet(
         attempt(f"--csv {st.csv}", export)
     from kvaudit.report import fleet as fleet_report
 
+    first_run = bool(st.history) and not run.interrupted and prev is None and not failed_writes
     if fmt == "json":
-        text = fleet_report.render_json(run, drift, prev)
+        text = fleet_report.render_json(run, drift, prev, first_run=first_run)
     elif fmt == "markdown":
-        text = fleet_report.render_markdown(run, drift)
+        text = fleet_report.render_markdown(run, drift, first_run=first_run)
     else:
-        text = fleet_report.render_text(run, drift, color=_color(color) and output is None)
+        text = fleet_report.render_text(run, drift, color=_color(color) and output is None, first_run=first_run)
     attempt(f"-o {output}", lambda: _write(text, output))
     for msg in failed_writes:
         _env.stderr.write(f"kvaudit: error: could not write {printable(msg)}\n")
@@ -585,6 +589,16 @@ def fleet(
                              "failed hosts)" if (st.history or st.textfile_dir) else "") + "\n")
         return 130
     return int(for_fleet([h for _, h in results]))
+
+
+def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | None) -> str:
+    """What a fleet run audits, for its textfile's name and ``invocation`` label: the inventory's stem, the
+    k8s namespace, or the ssh_config host pattern."""
+    if inventory and inventory.startswith("k8s:"):
+        return inventory[4:].split("/")[0]
+    if inventory:
+        return Path(inventory).stem
+    return f"{Path(ssh_config or 'ssh_config').name}-{hosts or 'all'}"
 
 
 def _second_interrupt_exits() -> None:

@@ -19,6 +19,8 @@ CREATE TABLE IF NOT EXISTS gpus (run_id INTEGER NOT NULL REFERENCES runs(id), ho
     free_at_end_gib REAL, unexplained_gib REAL);
 CREATE INDEX IF NOT EXISTS hosts_by_name ON hosts(host, run_id);
 """
+#: columns added after the first release, with their type: an older history file gains them on open
+ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"),)}
 
 FREE_DRIFT_GIB = 0.5
 WEIGHTS_DRIFT_GIB = 0.05
@@ -32,7 +34,7 @@ class HistoryError(Exception):
 class Drift:
     host: str
     gpu: int | None
-    what: str  # tokens | free | weights | finding_new | finding_resolved | status
+    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart
     before: Any
     after: Any
     message: str
@@ -42,6 +44,12 @@ def connect(path: str) -> sqlite3.Connection:
     try:
         db = sqlite3.connect(path)
         db.executescript(SCHEMA)
+        for table, columns in ADDED_COLUMNS.items():
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        db.commit()
         return db
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
@@ -56,9 +64,11 @@ def record(path: str, started_at: str, started_ts: float, duration_s: float, sum
                              (started_at, started_ts, duration_s, len(summaries)))
             run_id = int(cur.lastrowid)
             db.executemany(
-                "INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO hosts (run_id, host, status, reason, tokens, verdict, weights_gib, free_min_gib, "
+                "unexplained_gib, findings, startup_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(run_id, s["host"], s["status"], s["reason"], s["tokens"], s["verdict"], s["weights_gib"],
-                  s["free_min_gib"], s["unexplained_gib"], json.dumps(s["all_findings"])) for s in summaries])
+                  s["free_min_gib"], s["unexplained_gib"], json.dumps(s["all_findings"]), s.get("startup_id"))
+                 for s in summaries])
             db.executemany(
                 "INSERT INTO gpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(run_id, r["host"], r["gpu"], r["rank"], r["kv_tokens"], r["kv_gib"], r["weights_gib"],
@@ -95,6 +105,9 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         if before is None:
             out.append(Drift(host, None, "status", None, now["status"], f"{host}: new in this run ({now['status']})"))
             continue
+        if before.get("startup_id") and now.get("startup_id") and before["startup_id"] != now["startup_id"]:
+            out.append(Drift(host, None, "restart", before["startup_id"], now["startup_id"],
+                             f"{host}: restarted since the last run (a new start: {now['startup_id']})"))
         if before["status"] != now["status"]:
             out.append(Drift(host, None, "status", before["status"], now["status"],
                              f"{host}: status {before['status']} -> {now['status']}"))

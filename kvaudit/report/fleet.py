@@ -46,7 +46,10 @@ def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
     return [host_summary(f.name, h) for f, h in run.results]
 
 
-def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False) -> str:
+FIRST_RUN = "first run: the history starts here; the next run says what changed since this one"
+
+
+def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False) -> str:
     rows = summary_rows(run)
     L = [colour(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
                 + counts_text(rows), "1", color)]
@@ -72,12 +75,14 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
             L.extend(wrap("- " + d.message))
+    elif first_run:
+        L += ["", f"Since the last run: {FIRST_RUN}."]
     elif drift is not None:
         L += ["", "Since the last run: no change."]
     return "\n".join(L) + "\n"
 
 
-def render_markdown(run: FleetRun, drift: list[Drift] | None = None) -> str:
+def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: bool = False) -> str:
     rows = summary_rows(run)
     L = ["# kvaudit fleet report", "",
          f"{len(rows)} hosts ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
@@ -95,11 +100,14 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None) -> str:
         L += ["", "## Why not ok", ""]
         L += [f"- **{md_cell(r['host'])}** ({r['status']}): {md_cell(r['why'])}" for r in others]
     if drift:
-        L += ["", "## Since the last run", ""] + [f"- {d.message}" for d in drift]
+        L += ["", "## Since the last run", ""] + [f"- {md_cell(d.message)}" for d in drift]
+    elif first_run:
+        L += ["", "## Since the last run", "", FIRST_RUN + "."]
     return "\n".join(L) + "\n"
 
 
-def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: int | None = None) -> str:
+def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: int | None = None,
+                first_run: bool = False) -> str:
     hosts = []
     for f, h in run.results:
         d = host_dict(h)
@@ -111,7 +119,7 @@ def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: i
         "kvaudit_version": __version__,
         "run": {"started_at": run.started_at, "duration_s": run.duration_s, "parallel": run.parallel,
                 "hosts": len(run.results), "failed": len(run.failed), "deadline_hit": run.deadline_hit,
-                "previous_run_id": previous_run},
+                "previous_run_id": previous_run, "first_run": first_run, "interrupted": run.interrupted},
         "hosts": hosts,
         "drift": [{"host": d.host, "gpu": d.gpu, "what": d.what, "before": d.before, "after": d.after,
                    "message": d.message} for d in (drift or [])],

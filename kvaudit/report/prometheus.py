@@ -1,15 +1,25 @@
-"""A node_exporter textfile (``--textfile-dir``): written to a temporary file and renamed into place, so
-the collector never reads half a file. Metric names start with ``kvaudit_``; labels host, gpu, rank."""
+"""A node_exporter textfile (``--textfile-dir``), exposed with ``prometheus_client`` (names, label escaping and
+the text format are the library's), written to a temporary file and renamed into place so the collector never
+reads half a file.
+
+Each invocation writes its own file (``kvaudit-check-HOST.prom``, ``kvaudit-fleet-INVENTORY.prom``) and labels
+its series with ``invocation``, so ``check`` on one host and a nightly ``fleet`` can share one textfile
+directory without node_exporter seeing the same series twice. GPU series carry the GPU's ``UUID`` (the label
+dcgm-exporter uses) to join with its metrics. Every status is its own 0/1 series, so an alert is a plain
+comparison (``kvaudit_host_status{status="failed"} == 1``).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
+from kvaudit import __version__
 from kvaudit.check import HostAudit
-from kvaudit.report.rows import gpu_rows, host_summary
+from kvaudit.report.rows import STATUS_ORDER, gpu_rows, host_summary
 from kvaudit.units import GIB
 
 GPU_METRICS = (
@@ -24,64 +34,74 @@ GPU_METRICS = (
      "before_t_gib", GIB),
     ("kvaudit_foreign_process_bytes", "GPU memory held by processes that are not the engine's.", "foreign_gib", GIB),
 )
-FILENAME = "kvaudit.prom"
 
 
-def _esc(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def filename(kind: str, name: str) -> str:
+    """``kvaudit-check-gpu-07.prom``: one file per invocation kind and subject, a safe file name."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._")[:80] or "default"
+    return f"kvaudit-{kind}-{safe}.prom"
 
 
-def _labels(**kv: Any) -> str:
-    items = [(k, v) for k, v in kv.items() if v is not None]
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in items) + "}" if items else ""
+def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: float,
+           invocation: str = "fleet") -> str:
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-
-def _num(v: float) -> str:
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
-
-
-def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: float) -> str:
     hosts = list(hosts)
-    out: list[str] = []
+    reg = CollectorRegistry(auto_describe=True)
 
-    def family(name: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} gauge")
-        for labels, value in samples:
-            out.append(f"{name}{labels} {_num(value)}")
+    def gauge(name: str, help_: str, labels: tuple[str, ...]) -> Gauge:
+        return Gauge(name, help_, ("invocation", *labels), registry=reg)
 
+    gauge("kvaudit_build_info", "kvaudit's version (value always 1).", ("version",)).labels(invocation, __version__).set(1)
     rows = [r for name, h in hosts for r in gpu_rows(name, h)]
     for metric, help_, key, scale in GPU_METRICS:
-        samples = [(_labels(host=r["host"], gpu=r["gpu"], rank=r["rank"]),
-                    round(r[key] * scale) if scale != 1 else r[key]) for r in rows if r[key] is not None]
-        family(metric, help_, samples)
+        g = gauge(metric, help_, ("host", "gpu", "rank", "UUID"))
+        for r in rows:
+            if r[key] is None:
+                continue
+            value = round(r[key] * scale) if scale != 1 else r[key]
+            g.labels(invocation, r["host"], _text(r["gpu"]), _text(r["rank"]), _text(r["uuid"])).set(value)
     summaries = [host_summary(name, h) for name, h in hosts]
-    family("kvaudit_host_up", "1 when the host could be audited, 0 when it failed.",
-           [(_labels(host=s["host"]), 0 if s["reason"] else 1) for s in summaries])
-    family("kvaudit_host_status", "The host's status as a label (value always 1).",
-           [(_labels(host=s["host"], status=s["status"]), 1) for s in summaries])
-    family("kvaudit_tokens_match", "1 when the KV pool size matches the engine's formula.",
-           [(_labels(host=s["host"]), 1 if s["verdict"] == "match" else 0) for s in summaries if s["verdict"]])
-    family("kvaudit_findings", "Findings by severity.",
-           [(_labels(host=s["host"], severity=sev), s[key]) for s in summaries
-            for sev, key in (("error", "errors"), ("warning", "warnings"), ("info", "infos"))])
-    family("kvaudit_last_run_timestamp_seconds", "When the last audit ran (Unix time).", [("", run_ts)])
-    family("kvaudit_run_duration_seconds", "How long the last audit took.", [("", duration_s)])
-    return "\n".join(out) + "\n"
+    up = gauge("kvaudit_host_up", "1 when the host could be audited, 0 when it failed.", ("host",))
+    status = gauge("kvaudit_host_status", "1 for the host's status, 0 for the others (failed, error, warning, "
+                   "partial, ok).", ("host", "status"))
+    failure = gauge("kvaudit_host_failure", "1 when the host failed, with the reason (unreachable, timeout, auth, "
+                    "...).", ("host", "reason"))
+    match = gauge("kvaudit_tokens_match", "1 when the KV pool size matches the engine's formula.", ("host",))
+    found = gauge("kvaudit_findings", "Findings by severity.", ("host", "severity"))
+    for s in summaries:
+        up.labels(invocation, s["host"]).set(0 if s["reason"] else 1)
+        current = s["status"].split(":")[0]
+        for st in STATUS_ORDER:
+            status.labels(invocation, s["host"], st).set(1 if st == current else 0)
+        if s["reason"]:
+            failure.labels(invocation, s["host"], s["reason"]).set(1)
+        if s["verdict"]:
+            match.labels(invocation, s["host"]).set(1 if s["verdict"] == "match" else 0)
+        for sev, key in (("error", "errors"), ("warning", "warnings"), ("info", "infos")):
+            found.labels(invocation, s["host"], sev).set(s[key])
+    gauge("kvaudit_last_run_timestamp_seconds", "When the last audit ran (Unix time).", ()) \
+        .labels(invocation).set(run_ts)
+    gauge("kvaudit_run_duration_seconds", "How long the last audit took.", ()).labels(invocation).set(duration_s)
+    return generate_latest(reg).decode("utf-8")
 
 
-def write(directory: str, text: str, filename: str = FILENAME) -> Path:
+def _text(v: object) -> str:
+    return "" if v is None else str(v)
+
+
+def write(directory: str, text: str, name: str) -> Path:
     d = Path(directory)
     if not d.is_dir():  # node_exporter reads an existing directory: a typo must not create one nobody scrapes
         raise FileNotFoundError(2, "no such directory", directory)
-    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, d / filename)
+        os.replace(tmp, d / name)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return d / filename
+    return d / name

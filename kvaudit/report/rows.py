@@ -33,6 +33,19 @@ def status(h: HostAudit) -> str:
 STATUS_ORDER = ("failed", "error", "warning", "partial", "ok")
 
 
+def startup_id(h: HostAudit) -> str | None:
+    """Which start of the server was audited: the unit's invocation id, else the log source and the startup's
+    first line (a docker source names its start time). A new value in the next run is a restart."""
+    c, a = h.collected, h.audit
+    if c is None or a is None:
+        return None
+    if c.invocation_id:
+        return f"invocation {c.invocation_id}"
+    if a.from_endpoint:
+        return None  # a live endpoint has no startup to tell apart
+    return f"{c.source} startup at line {a.first_line}"
+
+
 def why(h: HostAudit) -> str:
     """Why a host is not ok, in one line: the failure and its reason; else the findings above info (code and
     the first sentence) and what could not be read. Empty for an ok host."""
@@ -121,4 +134,5 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "infos": sum(1 for f in fs if f.severity == Severity.INFO),
         "partial": list(h.partial),
         "why": why(h),
+        "startup_id": startup_id(h),
     }

@@ -108,12 +108,24 @@ def test_twenty_hosts_three_broken(fleet):
     assert by_name["gpu-07"]["formula"]["bytes_per_token"] == 131072  # from the host's config.json
     assert by_name["gpu-07"]["gpus"][0]["rank"] == "TP0"
     assert d["run"]["failed"] == 3 and d["run"]["deadline_hit"] is False
+    assert d["run"]["first_run"] is True and d["drift"] == []  # said as the first run, not as "no change"
 
     # the textfile passes Prometheus' own parser and carries the JSON's numbers
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = (root / "textfile" / "kvaudit.prom").read_text()
+    text = (root / "textfile" / "kvaudit-fleet-inventory.prom").read_text()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
+    (build,) = fams["kvaudit_build_info"].samples
+    assert build.value == 1 and build.labels["version"]
+    status = {(s.labels["host"], s.labels["status"]): s.value for s in fams["kvaudit_host_status"].samples}
+    assert status[(f"gpu-{DOWN:02d}", "failed")] == 1 and status[(f"gpu-{DOWN:02d}", "ok")] == 0
+    assert sum(v for (h, _), v in status.items() if h == "gpu-01") == 1  # one status per host, each its own series
+    failure = {s.labels["host"]: s.labels["reason"] for s in fams["kvaudit_host_failure"].samples}
+    assert failure[f"gpu-{DOWN:02d}"] == "unreachable"
+    uuids = {(s.labels["host"], s.labels["gpu"]): s.labels["UUID"] for s in fams["kvaudit_kv_tokens"].samples}
+    assert uuids[("gpu-01", "0")] == by_name["gpu-01"]["gpus"][0]["uuid"]  # joins with dcgm-exporter's UUID
+    assert {s.labels["invocation"] for f in fams.values() for s in f.samples if "invocation" in s.labels} == {
+        "fleet:inventory"}
     up = {s.labels["host"]: s.value for s in fams["kvaudit_host_up"].samples}
     assert up[f"gpu-{DOWN:02d}"] == 0 and up["gpu-01"] == 1 and sum(up.values()) == 17
     tokens = {(s.labels["host"], s.labels["gpu"]): s.value for s in fams["kvaudit_kv_tokens"].samples}
@@ -171,6 +183,9 @@ def test_second_run_shows_drift_only_where_the_journal_changed(fleet):
     assert d["run"]["previous_run_id"] is not None
     drift = [x for x in d["drift"] if x["what"] != "status" or x["before"] is not None]
     assert {x["host"] for x in drift} == {"gpu-17"}, drift
+    assert d["run"]["first_run"] is False
+    (restart,) = [x for x in drift if x["what"] == "restart"]  # a new invocation of the unit: a restart
+    assert restart["after"] == "invocation " + "f" * 32 and "restarted since the last run" in restart["message"]
     tok = next(x for x in drift if x["what"] == "tokens")
     assert (tok["before"], tok["after"]) == (159277, 133500)
     assert "gpu-17: KV tokens fell from 159,277 to 133,500" in tok["message"]

@@ -36,3 +36,48 @@ def test_every_non_ok_host_says_why_in_every_format(tmp_path):
     failed = [r for r in rows if r["status"] == "failed:unreachable"]
     assert len(failed) == 1 and failed[0]["why"].startswith("unreachable:")  # a failed host is a row too
     assert all(r["why"] == "" for r in rows if r["status"] == "ok") and len(rows) == 8 + 1 + 1
+
+
+def test_check_and_fleet_share_a_textfile_directory(tmp_path):
+    """Each invocation writes its own file and labels its series: node_exporter, which reads every *.prom in
+    the directory, never sees one series twice, although the same host is in both."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    capture = FIXTURES / "hosts" / "kimi-k25-tp8"
+    prom = tmp_path / "textfile"
+    prom.mkdir()
+    assert cli("check", capture, "--textfile-dir", prom).code == 0
+    inv = tmp_path / "nightly.txt"
+    inv.write_text(f"{capture}\n")
+    assert cli("fleet", inv, "--textfile-dir", prom).code == 0
+    files = sorted(p.name for p in prom.glob("*.prom"))
+    assert files == ["kvaudit-check-gpu-node-07.prom", "kvaudit-fleet-nightly.prom"]
+    seen = set()
+    for f in prom.glob("*.prom"):
+        for fam in text_string_to_metric_families(f.read_text()):
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                assert key not in seen, key
+                seen.add(key)
+    assert any(name == "kvaudit_kv_tokens" and dict(labels)["invocation"] == "check" for name, labels in seen)
+
+
+def test_a_history_file_from_before_restarts_were_tracked_still_opens(tmp_path):
+    """An older history file (no startup_id column) gains the column on open; its runs are kept."""
+    import sqlite3
+
+    from kvaudit.fleet import history
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(history.SCHEMA)
+    db.execute("ALTER TABLE hosts DROP COLUMN startup_id") if "startup_id" in history.SCHEMA else None
+    db.execute("INSERT INTO runs (started_at, started_ts, duration_s, hosts) VALUES ('t', 1, 1, 1)")
+    db.execute("INSERT INTO hosts (run_id, host, status, findings) VALUES (1, 'gpu-1', 'ok', '[]')")
+    db.commit()
+    db.close()
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{FIXTURES / 'hosts' / 'kimi-k25-tp8'}\n")
+    r = cli("fleet", inv, "--history", path, "-f", "json")
+    assert r.code == 0, r.stderr
+    assert r.json()["run"]["previous_run_id"] == 1 and r.json()["run"]["first_run"] is False
