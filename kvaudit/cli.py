@@ -157,16 +157,20 @@ def _write(text: str, output: Optional[Path]) -> None:
 def explain(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
     model_config: Optional[Path] = _opt("What to assume", None, "--model-config", "-c", help="The model's config.json."),
-    mem_fraction_static: Optional[float] = _opt("What to assume", 
+    mem_fraction_static: Optional[float] = _opt("What to assume",
         None, "--mem-fraction-static", min=0.01, max=1.0,
         help="The --mem-fraction-static the server ran with, when the log has no server_args."),
     tp_size: Optional[int] = _opt("What to assume", None, "--tp-size", min=1, help="TP size, when the log does not say."),
-    gpu_memory_gib: Optional[float] = _opt("What to assume", 
+    gpu_memory_gib: Optional[float] = _opt("What to assume",
         None, "--gpu-memory-gib", min=0.1, help="The card's CUDA-visible total (GiB), to itemise what went before T."),
     fmt: str = _opt("Output", "text", "--format", "-f", help=FORMAT_HELP),
     startup: Optional[int] = _opt("What to assume", None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
     all_startups: bool = _opt("What to assume", False, "--all-startups", help="Audit every startup in the input."),
     threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    ignore: list[str] = _opt("Output", [], "--ignore",
+                             help="Acknowledge a finding: CODE (shown, marked, not counted)."),
+    baseline: Optional[Path] = _opt("Output", None, "--baseline",
+                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
     color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
     output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
 ) -> int:
@@ -189,10 +193,14 @@ def explain(
         thresholds=_thresholds(threshold),
     )
     log = _open_log(file)
+    rules = _ignore_rules(ignore, baseline)
     try:
         audits = audit(log, opts, startup, all_startups)
     except InputError as exc:  # a --startup the input does not hold
         raise Fail(str(exc)) from None
+    from kvaudit import ignores
+
+    audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(renderer(fmt)(audits, color=_color(color) and output is None), output)
     return int(for_audits(audits))
 
@@ -200,12 +208,12 @@ def explain(
 @app.command()
 def whatif(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
-    mem_fraction_static: Optional[float] = _opt("What to assume", 
+    mem_fraction_static: Optional[float] = _opt("What to assume",
         None, "--mem-fraction-static", min=0.01, max=1.0, help="The fraction to try."),
     kv_cache_dtype: Optional[str] = _opt("What to assume", None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
     tp_size: Optional[int] = _opt("What to assume", None, "--tp-size", min=1, help="A different TP size (approximate)."),
     context_length: Optional[int] = _opt("What to assume", None, "--context-length", min=1, help="A different context length."),
-    max_tokens: Optional[int] = _opt("What to assume", 
+    max_tokens: Optional[int] = _opt("What to assume",
         None, "--max-tokens", min=1, help="TensorRT-LLM: a kv_cache_config.max_tokens cap on the pool."),
     model_config: Optional[Path] = _opt("What to assume", None, "--model-config", "-c", help="The model's config.json."),
     log_mem_fraction_static: Optional[float] = typer.Option(
@@ -310,13 +318,13 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
 def check(
     target: str = typer.Argument("local", help=TARGET_HELP),
     ssh_config: Optional[Path] = _opt("Where to read", None, "--ssh-config", "-F", help="ssh_config file (default ~/.ssh/config)."),
-    accept_new_host_key: bool = _opt("Where to read", 
+    accept_new_host_key: bool = _opt("Where to read",
         False, "--accept-new-host-key", help="Trust and record an unknown host key (never a changed one)."),
     unit: Optional[str] = _opt("Where to read", None, "--unit", help="The engine's systemd unit (default: found on the host)."),
     source: Optional[str] = _opt("Where to read", None, "--source", help="docker:NAME or file:PATH instead of the journal."),
-    journal_directory: Optional[str] = _opt("Where to read", 
+    journal_directory: Optional[str] = _opt("Where to read",
         None, "--journal-directory", help="Read the journal from this directory on the host (journalctl --directory)."),
-    model_config: Optional[Path] = _opt("What to assume", 
+    model_config: Optional[Path] = _opt("What to assume",
         None, "--model-config", "-c", help="A local config.json (default: read from model_path on the host)."),
     mem_fraction_static: Optional[float] = _opt("What to assume", None, "--mem-fraction-static", min=0.01, max=1.0,
                                                  help="The fraction the server ran with, when the log has none."),
@@ -327,14 +335,18 @@ def check(
     threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
     color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
     output: Optional[Path] = _opt("Output", None, "--output", "-o", help="Write the report here, not to stdout."),
-    textfile_dir: Optional[Path] = _opt("Output", 
+    textfile_dir: Optional[Path] = _opt("Output",
         None, "--textfile-dir", help="Also write a Prometheus node_exporter textfile (kvaudit-check-HOST.prom) here."),
-    endpoint: Optional[str] = _opt("Where to read", 
+    endpoint: Optional[str] = _opt("Where to read",
         None, "--endpoint", help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
-    kubeconfig: Optional[Path] = _opt("Where to read", 
+    kubeconfig: Optional[Path] = _opt("Where to read",
         None, "--kubeconfig", help="k8s: targets: the kubeconfig (default KUBECONFIG, ~/.kube/config, in-cluster)."),
-    selector: Optional[str] = _opt("Where to read", 
-        None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
+    selector: Optional[str] = _opt(
+        "Where to read", None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
+    ignore: list[str] = _opt("Output", [], "--ignore",
+                             help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted)."),
+    baseline: Optional[Path] = _opt("Output", None, "--baseline",
+                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -344,6 +356,7 @@ def check(
 
     fmt = _check_format(fmt)
     _check_target(target, selector=selector)
+    rules = _ignore_rules(ignore, baseline)
     from kvaudit.fleet import preflight
 
     try:
@@ -368,6 +381,9 @@ def check(
             h = cross_check(h, endpoint, opts)
     except InputError as exc:
         raise Fail(str(exc)) from None
+    from kvaudit import ignores
+
+    h = ignores.apply(h, rules, target, h.collected.host if h.collected else None)
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 
@@ -460,11 +476,15 @@ def fleet(
     threshold: list[str] = _opt("What to assume", [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
     quiet: bool = _opt("Output", False, "--quiet", "-q", help="No progress bar."),
     color: str = _opt("Output", "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
-    kubeconfig: Optional[Path] = _opt("Where to read", 
+    kubeconfig: Optional[Path] = _opt("Where to read",
         None, "--kubeconfig", help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster)."),
-    selector: Optional[str] = _opt("Where to read", 
-        None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server per pod or "
-                                       "LeaderWorkerSet group)."),
+    selector: Optional[str] = _opt(
+        "Where to read", None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server "
+                                                        "per pod or LeaderWorkerSet group)."),
+    ignore: list[str] = _opt("Output", [], "--ignore",
+                             help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted)."),
+    baseline: Optional[Path] = _opt("Output", None, "--baseline",
+                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
 ) -> int:
     """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
     from kvaudit.fleet import inventory as inv
@@ -482,6 +502,8 @@ def fleet(
                         accept_new_host_key=accept_new_host_key, history=str(history) if history else None,
                         textfile_dir=str(textfile_dir) if textfile_dir else None, html=str(html) if html else None,
                         csv=str(csv) if csv else None)
+    rules = _ignore_rules(list(st.ignore or ()) + list(ignore),
+                          baseline or (Path(st.baseline) if st.baseline else None))
     from kvaudit.fleet import preflight
 
     try:
@@ -518,6 +540,13 @@ def fleet(
     progress = show_progress if (not quiet and _env.stdout_isatty and output is None) else None
 
     run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, progress)
+    from dataclasses import replace as _replace
+
+    from kvaudit import ignores
+
+    run = _replace(run, results=tuple(
+        (f, ignores.apply(h, rules, f.name, f.target, h.collected.host if h.collected else None))
+        for f, h in run.results))
     if progress is not None:
         _env.stderr.write("\n")
     if run.interrupted:
@@ -589,6 +618,15 @@ def fleet(
                              "failed hosts)" if (st.history or st.textfile_dir) else "") + "\n")
         return 130
     return int(for_fleet([h for _, h in results]))
+
+
+def _ignore_rules(ignore: list[str], baseline: Optional[Path]):
+    from kvaudit import ignores
+
+    try:
+        return ignores.parse(list(ignore), str(baseline) if baseline else None)
+    except ignores.IgnoreError as exc:
+        raise Fail(str(exc)) from None
 
 
 def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | None) -> str:

@@ -45,7 +45,7 @@ def for_host(h) -> ExitStatus:
     """A checked host: transport failures first, then what the log says, then missing data, then warnings."""
     if h.error is not None:
         return for_error(h.error.reason)
-    findings = list(h.audit.findings if h.audit else ()) + list(h.findings)
+    findings = [f for f in list(h.audit.findings if h.audit else ()) + list(h.findings) if not f.ignored]
     worst = max((f.severity.rank for f in findings), default=0)
     if worst >= Severity.ERROR.rank:
         return ExitStatus.LOG_ERRORS

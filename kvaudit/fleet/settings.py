@@ -34,6 +34,8 @@ class FleetSettings:
     html: str | None = None
     csv: str | None = None
     thresholds: dict[str, float] | None = None
+    ignore: list[str] | None = None  # acknowledged findings, CODE or CODE@HOST (as --ignore)
+    baseline: str | None = None  # a file of them (as --baseline)
 
 
 def load(path: str | None) -> tuple[FleetSettings, str | None]:

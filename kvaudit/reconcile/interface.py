@@ -61,6 +61,12 @@ class Finding:
     message: str
     fields: dict[str, Any] = field(default_factory=dict)
     ranks: tuple[str, ...] = ()
+    ignored: bool = False  # acknowledged (--ignore, a baseline): shown, marked, not counted
+
+
+def active(findings) -> list["Finding"]:
+    """The findings that count (not acknowledged with --ignore)."""
+    return [f for f in findings if not f.ignored]
 
 
 @dataclass(frozen=True)
@@ -199,9 +205,10 @@ class Audit:
 
     @property
     def worst(self) -> Severity | None:
-        if not self.findings:
+        counted = [f for f in self.findings if not f.ignored]
+        if not counted:
             return None
-        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+        return max((f.severity for f in counted), key=lambda s: s.rank)
 
 
 @dataclass(frozen=True)

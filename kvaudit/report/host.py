@@ -116,7 +116,7 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
         if h.findings:
             L.append(colour("Live findings", "1", color))
             for f in h.findings:
-                L.append(f"  {f.severity.value:<7} {f.code}")
+                L.append(f"  {f.severity.value:<7} {f.code}" + (" (ignored)" if f.ignored else ""))
                 L.extend(wrap(f.message, "    "))
             L.append("")
         if h.partial:
@@ -150,7 +150,8 @@ def render_markdown(hosts: list[HostAudit]) -> str:
             L.append("")
         if h.findings:
             L += ["### Live findings", "", "| severity | code | message |", "|---|---|---|"]
-            L += [f"| {f.severity.value} | `{f.code}` | {f.message} |" for f in h.findings]
+            L += [f"| {f.severity.value}{' (ignored)' if f.ignored else ''} | `{f.code}` | {f.message} |"
+                  for f in h.findings]
             L.append("")
         if h.partial:
             L += ["### Partial data", ""] + [f"- {p}" for p in h.partial] + [""]

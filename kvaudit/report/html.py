@@ -116,7 +116,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
         H.append("</tbody></table>")
         for fi in findings(h):
             H.append(f"<p class='finding sev-{fi.severity.value}'><b>{escape(fi.code)}</b> "
-                     f"({fi.severity.value}): {escape(fi.message)}</p>")
+                     f"({fi.severity.value}{', ignored' if fi.ignored else ''}): {escape(fi.message)}</p>")
         for p in h.partial:
             H.append(f"<p class='finding sev-warning'>partial: {escape(p)}</p>")
     H.append(f"<script>{JS}</script></body></html>")

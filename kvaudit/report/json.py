@@ -14,7 +14,7 @@ SCHEMA_VERSION = 1
 
 def finding_dict(f: Finding) -> dict[str, Any]:
     return {"code": f.code, "severity": f.severity.value, "message": f.message, "ranks": list(f.ranks),
-            "fields": f.fields}
+            "fields": f.fields, "ignored": f.ignored}
 
 
 def rank_dict(r: RankLedger) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def render_one(a: Audit) -> str:
     if a.findings:
         L += ["### Findings", "", "| severity | code | message |", "|---|---|---|"]
         for fi in a.findings:
-            L.append(f"| {fi.severity.value} | `{fi.code}` | {_esc(fi.message)} |")
+            L.append(f"| {fi.severity.value}{' (ignored)' if fi.ignored else ''} | `{fi.code}` | {_esc(fi.message)} |")
         L.append("")
     L += ["### In short", ""] + [f"- {_esc(s)}" for s in summary_sentences(a)]
     if a.notes:

@@ -21,7 +21,7 @@ def findings(h: HostAudit) -> list:
 def status(h: HostAudit) -> str:
     if h.error is not None:
         return f"failed:{h.error.reason}"
-    worst = max((f.severity.rank for f in findings(h)), default=0)
+    worst = max((f.severity.rank for f in findings(h) if not f.ignored), default=0)
     if worst >= Severity.ERROR.rank:
         return "error"
     if h.partial:
@@ -54,7 +54,7 @@ def why(h: HostAudit) -> str:
     if h.error is not None:
         return f"{h.error.reason}: {h.error}"
     parts = [f"{f.code}: {brief(f.message)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
-             if f.severity != Severity.INFO]
+             if f.severity != Severity.INFO and not f.ignored]
     parts += [f"missing: {p}" for p in h.partial]
     return "; ".join(parts)
 
@@ -127,11 +127,12 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "weights_gib": max(weights) if weights else None,
         "free_min_gib": min(frees) if frees else None,
         "unexplained_gib": max(unexpl, key=abs) if unexpl else None,
-        "findings": sorted({f.code for f in fs if f.severity != Severity.INFO}),
+        "findings": sorted({f.code for f in fs if f.severity != Severity.INFO and not f.ignored}),
         "all_findings": sorted({f.code for f in fs}),
-        "errors": sum(1 for f in fs if f.severity == Severity.ERROR),
-        "warnings": sum(1 for f in fs if f.severity == Severity.WARNING),
-        "infos": sum(1 for f in fs if f.severity == Severity.INFO),
+        "ignored": sorted({f.code for f in fs if f.ignored}),
+        "errors": sum(1 for f in fs if f.severity == Severity.ERROR and not f.ignored),
+        "warnings": sum(1 for f in fs if f.severity == Severity.WARNING and not f.ignored),
+        "infos": sum(1 for f in fs if f.severity == Severity.INFO and not f.ignored),
         "partial": list(h.partial),
         "why": why(h),
         "startup_id": startup_id(h),

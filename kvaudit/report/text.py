@@ -77,7 +77,8 @@ def render_one(a: Audit, color: bool = False) -> str:
     if a.findings:
         L.append(colour("Findings", "1", color))
         for fi in a.findings:
-            head = colour(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}"
+            head = colour(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}" + (
+                " (ignored: acknowledged with --ignore)" if fi.ignored else "")
             L.append("  " + head)
             L.extend(wrap(fi.message, "    "))
         L.append("")

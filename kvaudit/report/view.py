@@ -183,7 +183,7 @@ def summary_sentences(a: Audit) -> list[str]:
     for fi in a.findings:
         if fi.code == "RESERVE_EXPLAINS_FREE":
             out.append(fi.message)
-    problems = [fi for fi in a.findings if fi.severity != Severity.INFO]
+    problems = [fi for fi in a.findings if fi.severity != Severity.INFO and not fi.ignored]
     if problems:
         out.append("Needs attention: " + " ".join(f"[{p.code}] {brief(p.message)}." for p in problems))
     elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):

@@ -1,0 +1,75 @@
+"""Known findings, acknowledged: ``--ignore CODE[@HOST]`` and a baseline file (as pip-audit's
+``--ignore-vuln``), so a warning the team has accepted does not mail every night. An ignored finding still
+appears in every report, marked ``ignored``; it no longer counts toward the status, the exit code or the
+Prometheus counts.
+
+Baseline file: one rule per line, ``CODE`` or ``CODE@HOST`` (``HOST`` a glob on the host's name or target),
+``#`` comments. A code that kvaudit does not emit is an error (a typo would silently ignore nothing)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+class IgnoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class IgnoreRule:
+    code: str
+    host: str | None = None  # glob; None: every host
+
+    def matches(self, code: str, names: tuple[str, ...]) -> bool:
+        return code == self.code and (self.host is None or any(fnmatch.fnmatchcase(n, self.host) for n in names))
+
+    def __str__(self) -> str:
+        return self.code + (f"@{self.host}" if self.host else "")
+
+
+def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ...]:
+    from kvaudit.reconcile.findings import CODES
+
+    texts = [(r, "--ignore") for r in rules]
+    if baseline:
+        try:
+            lines = Path(baseline).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise IgnoreError(f"--baseline {baseline}: cannot read it ({getattr(exc, 'strerror', None) or exc})") \
+                from None
+        texts += [(line.split("#", 1)[0].strip(), f"{baseline}:{i}") for i, line in enumerate(lines, 1)]
+    out = []
+    for text, where in texts:
+        if not text:
+            continue
+        code, _, host = text.partition("@")
+        code = code.strip().upper()
+        if code not in CODES:
+            raise IgnoreError(f"{where}: {text!r}: no finding has code {code!r} (codes: docs/findings.md)")
+        out.append(IgnoreRule(code, host.strip() or None))
+    return tuple(out)
+
+
+def apply(h, rules: tuple[IgnoreRule, ...], *names: str):
+    """The host's audit with matching findings marked ignored (``names``: how the host is called: its report
+    name, its target, its own host name)."""
+    if not rules:
+        return h
+    names = tuple(n for n in names if n)
+
+    def mark(findings):
+        return tuple(replace(f, ignored=True) if any(r.matches(f.code, names) for r in rules) else f
+                     for f in findings)
+
+    audit = replace(h.audit, findings=mark(h.audit.findings)) if h.audit is not None else None
+    return replace(h, audit=audit, findings=mark(h.findings))
+
+
+def apply_audit(a, rules: tuple[IgnoreRule, ...]):
+    """``explain``: an audit of a log with matching findings marked ignored (host-less rules only match)."""
+    if not rules:
+        return a
+    return replace(a, findings=tuple(replace(f, ignored=True) if any(r.matches(f.code, ()) and r.host is None
+                                                                      for r in rules) else f for f in a.findings))
