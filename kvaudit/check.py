@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvaudit.collect import capture as capture_mod
-from kvaudit.collect.interface import CollectError, Collected, NoEngineFound
+from kvaudit.collect.interface import CollectError, Collected, JournalDenied, NoEngineFound
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
@@ -82,10 +82,16 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     try:
         session.prefetch_start()
         session.hostname()
-        lines = _local_journal(session, opts) if is_local(target) else None
-        if lines is None:
-            lines = session.log_lines()
-        log = _parse_lines(target, lines, session)
+        lines: list[tuple[int, str]] = []
+        try:
+            lines = _local_journal(session, opts) if is_local(target) else None
+            if lines is None:
+                lines = session.log_lines()
+            log = _parse_lines(target, lines, session)
+        except (NoEngineFound, JournalDenied) as exc:
+            # no engine log: what else was read (GPUs, processes, the commands) is still the host's evidence
+            exc.collected = _evidence(session, target, lines or [], str(exc))
+            raise
         startup = select(log, opts.startup)[0]
         model_path = startup.model_path
         config, config_source = (None, None)
@@ -170,6 +176,21 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
     return gpus, apps, config, config_source, partial, records
 
 
+def _evidence(session: HostSession, target: str, lines: list[tuple[int, str]], why: str) -> Collected:
+    gpus, apps, gpu_source = [], [], None
+    try:
+        if is_local(target):
+            gpus, apps, gpu_source = _nvml(session)
+        if not gpus and gpu_source is None:
+            gpus, apps = session.gpus()
+            gpu_source = "nvidia-smi" if gpus else None
+        pids = session.server_pids()
+    except CollectError:  # the host went away meanwhile: keep what there is
+        pids = ()
+    session.partial.insert(0, f"no engine log: {why}")
+    return session.result(lines, gpus, apps, None, None, pids, gpu_source)
+
+
 def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, str]] | None:
     """On the host itself, read the journal through systemd-python when it is installed."""
     if opts.source:
@@ -223,7 +244,9 @@ def _parse_lines(target: str, lines: list[tuple[int, str]], session: HostSession
 def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, notes: list[str] | None = None) -> HostAudit:
     notes = list(notes or [])
     if log is None:
-        raise NoEngineFound(f"{c.target}: no engine startup in the collected log ({len(c.log_lines)} lines)")
+        exc = NoEngineFound(f"{c.target}: no engine startup in the collected log ({len(c.log_lines)} lines)")
+        exc.collected = c  # a capture made without the log still holds the GPUs and processes
+        raise exc
     startup: Startup = select(log, opts.startup)[0]
     aopts = replace(opts.audit, source=c.source)
     if aopts.model_geometry is None and c.config_json is not None:
@@ -310,13 +333,22 @@ def check(target: str, opts: CheckOptions) -> HostAudit:
         c, log, notes = collect(target, opts)
         return audit_collected(c, log, opts, notes)
     except CollectError as exc:
+        if exc.collected is not None:  # no audit, but the GPUs and processes read are still shown
+            gpus, live = reconcile_gpus(None, exc.collected, 0, opts.audit.thresholds, process_names())
+            return HostAudit(target, exc.collected, None, gpus, live, exc)
         return HostAudit(target, None, None, (), (), exc)
     except NoStartupError as exc:
         return HostAudit(target, None, None, (), (), NoEngineFound(f"{target}: {exc}"))
 
 
 def capture(target: str, opts: CheckOptions, directory: str) -> tuple[Collected, Path]:
-    c, log, notes = collect(target, opts)
+    try:
+        c, log, notes = collect(target, opts)
+    except CollectError as exc:
+        if exc.collected is None:
+            raise
+        # no engine log: the evidence is written anyway (GPUs, processes, commands), and says what is missing
+        return exc.collected, capture_mod.write(exc.collected, directory)
     path = capture_mod.write(c, directory)
     try:  # what is partial depends on the log (one that states bytes per token needs no config.json)
         c = audit_collected(c, log, opts, notes).collected or c

@@ -401,7 +401,7 @@ def check(
         text = host_report.render_markdown([h])
     else:
         text = host_report.render_text([h], color=_color(color) and output is None)
-    if h.error is None or fmt == "json":
+    if h.error is None or fmt == "json" or h.collected is not None:  # what was read is shown, even without an audit
         _write(text, output)
     return int(for_host(h))
 

@@ -8,9 +8,12 @@ from typing import Protocol
 
 
 class CollectError(Exception):
-    """A host could not be audited. ``reason`` is a stable word fleet reports and exit codes use."""
+    """A host could not be audited. ``reason`` is a stable word fleet reports and exit codes use.
+    ``collected``: what was read from the host before the failure (GPU readings, processes, the commands run),
+    when anything was: a report still shows it."""
 
     reason = "error"
+    collected: "Collected | None" = None
 
 
 class Unreachable(CollectError):

@@ -7,6 +7,7 @@ from typing import Any
 from kvaudit.check import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
 from kvaudit.report.text import colour, table, wrap, render_one
+from kvaudit.textsafe import md_cell
 
 GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
                "free now", "drift", "engine", "others")
@@ -95,10 +96,12 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
         L.append(colour(head, "1", color))
         if h.error is not None:
             L.append(colour(f"  FAILED [{h.error.reason}]: ", "31", color) + str(h.error))
-            out.append("\n".join(L) + "\n")
-            continue
+            if c is None:
+                out.append("\n".join(L) + "\n")
+                continue
+            L.append("  no audit; what was read from the host:")
         assert c is not None
-        L.append(f"  source: {c.source}")
+        L.append(f"  source: {c.source or '-'}")
         what = ("HTTP GETs" if c.source.startswith("endpoint") else
                 "Kubernetes API requests" if c.source.startswith("k8s") else "commands")
         L.append(f"  received {c.bytes_received:,} bytes in {len(c.commands)} read-only {what}"
@@ -134,11 +137,13 @@ def render_markdown(hosts: list[HostAudit]) -> str:
     out = []
     for h in hosts:
         L = [f"# kvaudit check {h.target}", ""]
-        if h.error is not None:
-            L.append(f"**Failed ({h.error.reason})**: {h.error}")
-            out.append("\n".join(L) + "\n")
-            continue
         c = h.collected
+        if h.error is not None:
+            L.append(f"**Failed ({h.error.reason})**: {md_cell(str(h.error))}")
+            if c is None:
+                out.append("\n".join(L) + "\n")
+                continue
+            L += ["", "No audit; what was read from the host:", ""]
         assert c is not None
         L += [f"Source: {c.source}; {c.bytes_received:,} bytes received; GPUs from {c.gpu_source or 'nowhere'}.", ""]
         if h.audit is not None:

@@ -368,3 +368,24 @@ def test_no_authentication_method_is_an_auth_failure(site, tmp_path):
 def test_a_missing_ssh_config_is_a_usage_error(tmp_path):
     r = cli_process("check", "gpu-test", "--ssh-config", tmp_path / "nope")
     assert r.code == ExitStatus.BAD_INPUT and "--ssh-config" in r.stderr
+
+
+def test_no_engine_log_still_shows_what_was_read(site, tmp_path):
+    """A journal without the engine (another unit only): no audit, but the GPUs, the processes and the
+    commands run are in every report, and a capture keeps them, saying the log was missing (issue 11, 12)."""
+    other = str(site.host.root / "journal-other")
+    r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory", other,
+                    "--format", "json")
+    assert r.code == ExitStatus.PARTIAL_DATA and "no_engine" in r.stderr
+    d = r.json()
+    assert d["formula"] is None and d["host"]["error"]["reason"] == "no_engine"
+    assert len(d["gpus"]) == 8 and d["gpus"][0]["free_gib"] is not None and d["host"]["commands"]
+    assert d["host"]["partial"][0].startswith("no engine log: ")
+    text = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory", other)
+    assert "FAILED [no_engine]" in text.stdout and "GPUs now" in text.stdout
+    cap = cli_process("capture", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory", other,
+                      "-o", tmp_path / "cap")
+    assert cap.code == ExitStatus.PARTIAL_DATA and "partial: no engine log" in cap.stdout
+    assert (tmp_path / "cap" / "nvidia-smi-gpus.csv").read_text().count("\n") == 8
+    again = cli_process("check", tmp_path / "cap", "--format", "json")
+    assert again.code == ExitStatus.PARTIAL_DATA and len(again.json()["gpus"]) == 8
