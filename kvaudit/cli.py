@@ -328,7 +328,8 @@ def check(
         None, "--model-config", "-c", help="A local config.json (default: read from model_path on the host)."),
     mem_fraction_static: Optional[float] = _opt("What to assume", None, "--mem-fraction-static", min=0.01, max=1.0,
                                                  help="The fraction the server ran with, when the log has none."),
-    timeout: float = _opt("Time and parallelism", 120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    timeout: Optional[float] = _opt("Time and parallelism", None, "--timeout", min=1.0,
+                                    help="Deadline for the whole host, seconds (120)."),
     connect_timeout: Optional[float] = _opt("Time and parallelism", None, "--connect-timeout", min=0.1, help="TCP/SSH connect timeout."),
     fmt: str = _opt("Output", "text", "--format", "-f", help=FORMAT_HELP),
     startup: Optional[int] = _opt("What to assume", None, "--startup", help="Which startup in the log (-1 = latest)."),
@@ -347,6 +348,9 @@ def check(
                              help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted)."),
     baseline: Optional[Path] = _opt("Output", None, "--baseline",
                                     help="A file of acknowledged findings, one CODE[@HOST] per line."),
+    config: Optional[Path] = _opt("Where to read", None, "--config",
+                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
+    no_config: bool = _opt("Where to read", False, "--no-config", help="Read no kvaudit.toml."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -356,7 +360,15 @@ def check(
 
     fmt = _check_format(fmt)
     _check_target(target, selector=selector)
-    rules = _ignore_rules(ignore, baseline)
+    st = _settings(config, no_config)
+    ssh_config = ssh_config or (Path(st.ssh_config) if st.ssh_config else None)
+    unit, source, journal_directory = unit or st.unit, source or st.source, journal_directory or st.journal_directory
+    accept_new_host_key = accept_new_host_key or st.accept_new_host_key
+    timeout, connect_timeout = timeout or st.timeout, connect_timeout or st.connect_timeout_given
+    textfile_dir = textfile_dir or (Path(st.textfile_dir) if st.textfile_dir else None)
+    threshold = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
+    rules = _ignore_rules(list(st.ignore or ()) + list(ignore),
+                          baseline or (Path(st.baseline) if st.baseline else None))
     from kvaudit.fleet import preflight
 
     try:
@@ -415,11 +427,15 @@ def capture(
     unit: Optional[str] = _opt("Where to read", None, "--unit", help="The engine's systemd unit."),
     source: Optional[str] = _opt("Where to read", None, "--source", help="docker:NAME or file:PATH instead of the journal."),
     journal_directory: Optional[str] = _opt("Where to read", None, "--journal-directory", help="journalctl --directory on the host."),
-    timeout: float = _opt("Time and parallelism", 120.0, "--timeout", min=1.0, help="Deadline for the whole host, seconds."),
+    timeout: Optional[float] = _opt("Time and parallelism", None, "--timeout", min=1.0,
+                                    help="Deadline for the whole host, seconds (120)."),
     connect_timeout: Optional[float] = _opt("Time and parallelism", None, "--connect-timeout", min=0.1,
                                                    help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10)."),
     kubeconfig: Optional[Path] = _opt("Where to read", None, "--kubeconfig", help="For k8s: targets."),
     selector: Optional[str] = _opt("Where to read", None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
+    config: Optional[Path] = _opt("Where to read", None, "--config",
+                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
+    no_config: bool = _opt("Where to read", False, "--no-config", help="Read no kvaudit.toml."),
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
@@ -431,8 +447,11 @@ def capture(
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
                    "'kvaudit check URL --format json' keeps every figure it read (ranks[].logged)")
     _check_target(target, selector=selector)
-    opts = _check_options(None, None, unit, source, journal_directory, ssh_config, accept_new_host_key, timeout,
-                          connect_timeout, None, [])
+    st = _settings(config, no_config)
+    opts = _check_options(None, None, unit or st.unit, source or st.source, journal_directory or st.journal_directory,
+                          ssh_config or (Path(st.ssh_config) if st.ssh_config else None),
+                          accept_new_host_key or st.accept_new_host_key, timeout or st.timeout,
+                          connect_timeout or st.connect_timeout_given, None, [])
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
     try:
         c, path = run_capture(target, opts, str(output))
@@ -453,7 +472,9 @@ def fleet(
     inventory: Optional[str] = typer.Argument(
         None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
     hosts: Optional[str] = _opt("Where to read", None, "--hosts", help="Only hosts (or groups) matching this pattern."),
-    config: Optional[Path] = _opt("Where to read", None, "--config", help="kvaudit.toml with defaults (default ./kvaudit.toml)."),
+    config: Optional[Path] = _opt("Where to read", None, "--config",
+                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
+    no_config: bool = _opt("Where to read", False, "--no-config", help="Read no kvaudit.toml."),
     ssh_config: Optional[Path] = _opt("Where to read", None, "--ssh-config", "-F", help="ssh_config file."),
     parallel: Optional[int] = _opt("Time and parallelism", None, "--parallel", "-j", min=1, max=1024, help="Hosts at a time (8)."),
     timeout: Optional[float] = _opt("Time and parallelism", None, "--timeout", min=1.0, help="Deadline per host, seconds (120)."),
@@ -493,7 +514,7 @@ def fleet(
 
     fmt = _check_format(fmt, "fleet")
     try:
-        file_settings, _ = settings.load(str(config) if config else None)
+        file_settings, _ = settings.load(str(config) if config else None, no_config, _announce)
     except settings.SettingsError as exc:
         raise Fail(str(exc)) from None
     st = settings.merge(file_settings, parallel=parallel, timeout=timeout, run_timeout=run_timeout,
@@ -620,6 +641,21 @@ def fleet(
     return int(for_fleet([h for _, h in results]))
 
 
+def _announce(line: str) -> None:
+    _env.stderr.write(f"kvaudit: {line}\n")
+
+
+def _settings(config: Optional[Path], no_config: bool):
+    """kvaudit.toml for check, capture and history (fleet reads it itself, with its own keys)."""
+    from kvaudit.fleet import settings
+
+    try:
+        st, _ = settings.load(str(config) if config else None, no_config, _announce)
+    except settings.SettingsError as exc:
+        raise Fail(str(exc)) from None
+    return st
+
+
 def _ignore_rules(ignore: list[str], baseline: Optional[Path]):
     from kvaudit import ignores
 
@@ -661,18 +697,45 @@ def _second_interrupt_exits() -> None:
 
 @app.command("history")
 def history_cmd(
-    host: str = typer.Argument(..., help="The host's name as the fleet report shows it."),
-    history: Path = _opt("Output", ..., "--history", help="The SQLite file fleet --history writes."),
+    host: Optional[str] = typer.Argument(None, help="The host's name as the fleet report shows it (omit: list "
+                                                    "the hosts and runs)."),
+    history: Optional[Path] = _opt("Output", None, "--history",
+                                   help="The SQLite file fleet --history writes (default: kvaudit.toml's history)."),
     limit: int = _opt("Output", 30, "--limit", min=1, help="How many runs back."),
     fmt: str = _opt("Output", "text", "--format", "-f", help="text or json."),
+    config: Optional[Path] = _opt("Where to read", None, "--config",
+                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
+    no_config: bool = _opt("Where to read", False, "--no-config", help="Read no kvaudit.toml."),
 ) -> int:
     """A host's trend across fleet runs: status, tokens, free memory, findings."""
     import json as _json
 
     from kvaudit.fleet import history as hist
 
+    st = _settings(config, no_config)
+    history = history or (Path(st.history) if st.history else None)
+    if history is None:
+        raise Fail("name the history file: --history FILE (or history = \"...\" in kvaudit.toml)")
     if not history.exists():
         raise Fail(f"history file {history} does not exist")
+    if host is None:
+        try:
+            hosts, runs = hist.overview(str(history))
+        except hist.HistoryError as exc:
+            raise Fail(str(exc)) from None
+        if fmt == "json":
+            _env.stdout.write(_json.dumps({"runs": runs, "hosts": hosts}, indent=2) + "\n")
+            return 0
+        from kvaudit.report.text import table
+
+        _env.stdout.write(f"{history}: {len(runs)} run(s), {len(hosts)} host(s)\n")
+        _env.stdout.write("\n".join(table(("run", "started", "hosts", "seconds"),
+                                           [(str(r["id"]), r["started_at"], str(r["hosts"]), f"{r['duration_s']:.1f}")
+                                            for r in runs[-10:]])) + "\n\n")
+        _env.stdout.write("\n".join(table(("host", "runs", "last status", "last run"),
+                                           [(h["host"], str(h["runs"]), h["status"], h["last_run"]) for h in hosts]))
+                          + "\n")
+        return 0
     try:
         rows = hist.host_history(str(history), host, limit)
     except hist.HistoryError as exc:

@@ -147,3 +147,21 @@ def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
     finally:
         db.close()
     return [dict(r, findings=json.loads(r["findings"])) for r in reversed(rows)]
+
+
+def overview(path: str) -> tuple[list[dict], list[dict]]:
+    """Every host in the history (runs it appears in, its latest status and run), and every run."""
+    db = connect(path)
+    try:
+        db.row_factory = sqlite3.Row
+        runs = [dict(r) for r in db.execute("SELECT id, started_at, hosts, duration_s FROM runs ORDER BY id")]
+        hosts = [dict(r) for r in db.execute(
+            "SELECT h.host, COUNT(*) AS runs, (SELECT h2.status FROM hosts h2 WHERE h2.host = h.host "
+            "ORDER BY h2.run_id DESC LIMIT 1) AS status, (SELECT r.started_at FROM runs r JOIN hosts h3 "
+            "ON h3.run_id = r.id WHERE h3.host = h.host ORDER BY r.id DESC LIMIT 1) AS last_run "
+            "FROM hosts h GROUP BY h.host ORDER BY h.host")]
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
+    finally:
+        db.close()
+    return hosts, runs

@@ -1,5 +1,8 @@
-"""``kvaudit.toml``: defaults for a fleet run. Precedence: command-line flags, then the file, then built-in
-defaults. Looked up as ``--config FILE``, else ``./kvaudit.toml``."""
+"""``kvaudit.toml``: defaults for ``fleet``, ``check``, ``capture`` and ``history``. Precedence: command-line
+flags, then the file, then built-in defaults. Read from ``--config FILE``; else ``./kvaudit.toml`` when it
+exists, announced on stderr ("using ./kvaudit.toml"), so a file in the working directory never changes a run
+silently; ``--no-config`` reads none. Each command takes the keys that mean something to it (``check`` has no
+use for ``parallel``); an unknown key is an error wherever it is read."""
 
 from __future__ import annotations
 
@@ -34,16 +37,29 @@ class FleetSettings:
     html: str | None = None
     csv: str | None = None
     thresholds: dict[str, float] | None = None
+
+    @property
+    def connect_timeout_given(self) -> float | None:
+        """The file's connect timeout only when it differs from the default (check then defers to ssh_config's)."""
+        return self.connect_timeout if self.connect_timeout != 10.0 else None
     ignore: list[str] | None = None  # acknowledged findings, CODE or CODE@HOST (as --ignore)
     baseline: str | None = None  # a file of them (as --baseline)
 
 
-def load(path: str | None) -> tuple[FleetSettings, str | None]:
+def load(path: str | None, no_config: bool = False, announce=None) -> tuple[FleetSettings, str | None]:
+    """The settings and the file they came from. ``announce``: called with a line when ./kvaudit.toml is read
+    without being named."""
+    if no_config:
+        if path:
+            raise SettingsError("--config and --no-config exclude each other")
+        return FleetSettings(), None
     p = Path(path) if path else Path("kvaudit.toml")
     if not p.exists():
         if path:
             raise SettingsError(f"config file {path} does not exist")
         return FleetSettings(), None
+    if not path and announce is not None:
+        announce(f"using ./{p} (--config FILE to choose, --no-config for none)")
     try:
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
