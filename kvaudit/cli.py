@@ -23,6 +23,7 @@ class Environment:
     stdout: IO[str] = field(default_factory=lambda: sys.stdout)
     stderr: IO[str] = field(default_factory=lambda: sys.stderr)
     stdout_isatty: bool = field(default_factory=lambda: sys.stdout.isatty())
+    stderr_isatty: bool = field(default_factory=lambda: sys.stderr.isatty())
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -550,17 +551,14 @@ def fleet(
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
-    done = [0]
+    from contextlib import nullcontext
 
-    def show_progress(fh, h):  # noqa: ANN001
-        done[0] += 1
-        _env.stderr.write(f"\r[{done[0]}/{len(fleet_hosts)}] {fh.name}: "
-                          f"{'ok' if h.error is None else h.error.reason}\x1b[K")
-        _env.stderr.flush()
+    from kvaudit.report.progress import FleetProgress
 
-    progress = show_progress if (not quiet and _env.stdout_isatty and output is None) else None
-
-    run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, progress)
+    shown = FleetProgress(len(fleet_hosts), _env.stderr) if (not quiet and _env.stderr_isatty) else None
+    with shown or nullcontext():
+        run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, shown.finished if shown else None,
+                         shown.started if shown else None)
     from dataclasses import replace as _replace
 
     from kvaudit import ignores
@@ -568,8 +566,6 @@ def fleet(
     run = _replace(run, results=tuple(
         (f, ignores.apply(h, rules, f.name, f.target, h.collected.host if h.collected else None))
         for f, h in run.results))
-    if progress is not None:
-        _env.stderr.write("\n")
     if run.interrupted:
         _second_interrupt_exits()
     results = [(f.name, h) for f, h in run.results]

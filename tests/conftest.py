@@ -39,7 +39,7 @@ class Result:
 def cli(*args: str, stdin: bytes = b"") -> Result:
     """The CLI in-process, with an injected environment (no TTY, no colour)."""
     out, err = io.StringIO(), io.StringIO()
-    env = Environment(stdin=io.BytesIO(stdin), stdout=out, stderr=err, stdout_isatty=False,
+    env = Environment(stdin=io.BytesIO(stdin), stdout=out, stderr=err, stdout_isatty=False, stderr_isatty=False,
                       environ={"NO_COLOR": "1"})
     code = run([str(a) for a in args], env)
     return Result(code, out.getvalue(), err.getvalue())

@@ -55,7 +55,8 @@ class Interrupted(CollectError):
 
 
 def run(hosts: list[FleetHost], base: CheckOptions, parallel: int, run_timeout: float,
-        on_done: Callable[[FleetHost, HostAudit], None] | None = None) -> FleetRun:
+        on_done: Callable[[FleetHost, HostAudit], None] | None = None,
+        on_start: Callable[[FleetHost], None] | None = None) -> FleetRun:
     """Audit ``hosts``, ``parallel`` at a time. Returns at the run deadline whatever the workers are doing, and
     on Ctrl-C (KeyboardInterrupt in the main thread): hosts not started are cancelled, open SSH sessions are
     closed (their workers return at once), and the hosts not finished are recorded as ``interrupted``.
@@ -77,6 +78,8 @@ def run(hosts: list[FleetHost], base: CheckOptions, parallel: int, run_timeout: 
                 i = todo.get_nowait()
             except queue.Empty:
                 return
+            if on_start:
+                on_start(hosts[i])
             done.put((i, _one(hosts[i], base, deadline)))
 
     for n in range(min(max(1, parallel), len(hosts))):
