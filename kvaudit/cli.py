@@ -605,7 +605,19 @@ def fleet(
     if st.html:
         from kvaudit.report import html as html_report
 
-        attempt(f"--html {st.html}", lambda: _write(html_report.render(run, drift), Path(st.html)))
+        trends = {}
+        if st.history and not run.interrupted:
+            from kvaudit.fleet import history as history_db
+
+            try:
+                trends = {name: history_db.host_history(st.history, name, 30) for name, _ in results}
+            except history_db.HistoryError:
+                trends = {}
+        provenance = {"kvaudit": __version__, "command": " ".join(["kvaudit", *map(str, sys.argv[1:])])
+                      if sys.argv and sys.argv[0].endswith("kvaudit") else "kvaudit fleet",
+                      "inventory": str(inventory or f"--ssh-config {st.ssh_config} --hosts {hosts}"),
+                      "run": run.started_at}
+        attempt(f"--html {st.html}", lambda: _write(html_report.render(run, drift, provenance, trends), Path(st.html)))
     if st.csv:
         from kvaudit.report import table_export
 

@@ -1,5 +1,8 @@
-"""A self-contained HTML fleet report (no network needed to read it): a sortable fleet table, a bar per GPU
-(weights / KV / graphs / draft / reserve-side tables / free at end / unexplained), and the findings."""
+"""A self-contained HTML fleet report for on-call (no network needed to read it): provenance (version, command
+line, inventory, time), the fleet table problems first, then each host: problems open, healthy hosts
+collapsed; a bar per GPU (weights / KV / graphs / draft / reserve-side tables / free at end / unexplained), the
+findings, and with ``--history`` a trend chart per host (KV tokens, free memory, unexplained over the runs,
+inline SVG)."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ th{cursor:pointer;background:#f6f6f6;position:sticky;top:0}td:first-child,th:fir
 .s-ok{color:#2a7a2a}.s-warning,.s-partial{color:#a66d00}.s-error,.s-failed{color:#b00020;font-weight:600}
 .bar{display:flex;height:14px;width:520px;border:1px solid #ccc}.bar div{height:100%}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
-.finding{font-size:13px;margin:2px 0}.sev-error{color:#b00020}.sev-warning{color:#a66d00}.sev-info{color:#555}
+.finding{font-size:13px;margin:2px 0}.prov{font-size:12px;color:#555}.prov code{font-size:12px}
+details>summary{cursor:pointer;font-weight:600;margin:10px 0 4px}.trend{margin:6px 0}.trend text{font-size:10px;fill:#555}.sev-error{color:#b00020}.sev-warning{color:#a66d00}.sev-info{color:#555}
 """
 
 JS = """
@@ -76,12 +80,34 @@ def _severity_rank(status: str) -> int:
     return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
 
 
-def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
+def _trend(runs: list[dict[str, Any]]) -> str:
+    """A small inline SVG per quantity (KV tokens, free min GiB, unexplained GiB) over the host's runs."""
+    charts = []
+    for key, label in (("tokens", "KV tokens"), ("free_min_gib", "free min GiB"), ("unexplained_gib", "unexplained GiB")):
+        pts = [(i, r[key]) for i, r in enumerate(runs) if isinstance(r.get(key), (int, float))]
+        if len(pts) < 2:
+            continue
+        lo, hi = min(v for _, v in pts), max(v for _, v in pts)
+        span = (hi - lo) or 1.0
+        w, h, n = 180, 40, max(1, len(runs) - 1)
+        xy = " ".join(f"{4 + (w - 8) * i / n:.1f},{h - 4 - (h - 8) * (v - lo) / span:.1f}" for i, v in pts)
+        last = pts[-1][1]
+        charts.append(f"<svg class='trend' width='{w + 90}' height='{h}' role='img' aria-label='{escape(label)}'>"
+                      f"<polyline fill='none' stroke='#4c72b0' stroke-width='1.5' points='{xy}'/>"
+                      f"<text x='{w + 2}' y='14'>{escape(label)}</text>"
+                      f"<text x='{w + 2}' y='30'>{escape(_v(last))}</text></svg>")
+    return ("<div>" + "".join(charts) + f"<span class='prov'> over {len(runs)} runs</span></div>") if charts else ""
+
+
+def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str, str] | None = None,
+           trends: dict[str, list[dict[str, Any]]] | None = None) -> str:
     summaries = [host_summary(f.name, h) for f, h in run.results]
     H = ["<!doctype html><html><head><meta charset='utf-8'><title>kvaudit fleet report</title>",
          f"<style>{CSS}</style></head><body>",
          f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts, started {escape(run.started_at)}, "
          f"{run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
+         "<p class='prov'>" + " · ".join(f"{escape(k)}: <code>{escape(v)}</code>"
+                                         for k, v in (provenance or {}).items()) + "</p>",
          "<h2>Fleet</h2><table class='sortable'><thead><tr>"
          + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
                                             "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
@@ -99,11 +125,16 @@ def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
     H.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span><i style='background:{c}'></i>{escape(l)}</span>" for _, l, c in SEGMENTS) + "</p>")
-    for (f, h), s in zip(run.results, summaries):
-        H.append(f"<h3 id='h-{escape(f.name)}'>{escape(f.name)} <small class='s-{escape(s['status'].split(':')[0])}'>"
-                 f"{escape(s['status'])}</small></h3>")
+    order = sorted(zip(run.results, summaries), key=lambda x: _severity_rank(x[1]["status"]))  # problems first
+    for (f, h), s in order:
+        healthy = s["status"] == "ok"
+        H.append(f"<details id='h-{escape(f.name)}'{'' if healthy else ' open'}><summary>{escape(f.name)} "
+                 f"<small class='s-{escape(s['status'].split(':')[0])}'>{escape(s['status'])}</small>"
+                 + (f" <small>{escape(s['why'])}</small>" if s["why"] else "") + "</summary>")
+        if trends and trends.get(f.name):
+            H.append(_trend(trends[f.name]))
         if h.error is not None:
-            H.append(f"<p class='finding sev-error'>{escape(str(h.error))}</p>")
+            H.append(f"<p class='finding sev-error'>{escape(str(h.error))}</p></details>")
             continue
         rows = gpu_rows(f.name, h)
         H.append("<table><thead><tr><th>GPU</th><th>rank</th><th>T GiB</th><th>memory at startup</th>"
@@ -119,5 +150,6 @@ def render(run: FleetRun, drift: list[Drift] | None = None) -> str:
                      f"({fi.severity.value}{', ignored' if fi.ignored else ''}): {escape(fi.message)}</p>")
         for p in h.partial:
             H.append(f"<p class='finding sev-warning'>partial: {escape(p)}</p>")
+        H.append("</details>")
     H.append(f"<script>{JS}</script></body></html>")
     return "\n".join(H) + "\n"

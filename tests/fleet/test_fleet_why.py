@@ -81,3 +81,23 @@ def test_a_history_file_from_before_restarts_were_tracked_still_opens(tmp_path):
     r = cli("fleet", inv, "--history", path, "-f", "json")
     assert r.code == 0, r.stderr
     assert r.json()["run"]["previous_run_id"] == 1 and r.json()["run"]["first_run"] is False
+
+
+def test_html_report_for_on_call(tmp_path):
+    """Provenance at the top, problems open and first, healthy hosts collapsed, a trend per host from the
+    history (inline SVG, nothing fetched from the network)."""
+    sock, port = closed_port()
+    try:
+        inv = tmp_path / "servers.txt"
+        inv.write_text(f"{FIXTURES / 'hosts' / 'kimi-k25-tp8'}\nhttp://127.0.0.1:{port}\n")
+        for _ in range(2):
+            cli("fleet", inv, "--history", tmp_path / "h.sqlite", "--html", tmp_path / "r.html")
+    finally:
+        sock.close()
+    page = (tmp_path / "r.html").read_text()
+    assert "kvaudit: <code>" in page and f"inventory: <code>{inv}</code>" in page
+    failed_at = page.index(f"<details id='h-http://127.0.0.1:{port}' open>")
+    ok_at = page.index(f"<details id='h-{FIXTURES / 'hosts' / 'kimi-k25-tp8'}'>")  # collapsed
+    assert failed_at < ok_at
+    assert page.count("<polyline") >= 2 and "over 2 runs" in page  # KV tokens and free memory over the runs
+    assert "http://" not in page.replace(f"http://127.0.0.1:{port}", "")  # no external resource
