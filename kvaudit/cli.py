@@ -549,7 +549,8 @@ def fleet(
         raise Fail(str(exc)) from None
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
-                          st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
+                          st.accept_new_host_key, st.timeout, connect_timeout or st.connect_timeout_given,
+                          None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
     from contextlib import nullcontext
 

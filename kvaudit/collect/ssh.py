@@ -36,6 +36,7 @@ from kvaudit.collect.interface import (
     HostTimeout,
     Unreachable,
 )
+from kvaudit.textsafe import printable
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 _append_lock = threading.Lock()
@@ -85,11 +86,77 @@ class HostConfig:
     proxy_command: str | None
 
 
+class SshConfigError(CollectError):
+    reason = "ssh_config"  # the ssh_config cannot be applied to this host: a usage problem (exit 2)
+
+
+def _ssh_g(t: "Target", ssh_config: str | None) -> dict[str, list[str]] | None:
+    """What OpenSSH itself would use for this host (``ssh -G``: Include, Match, tokens, canonicalisation,
+    defaults), as ``{option: [values]}``; None when the ssh client is not installed."""
+    import shutil
+    import subprocess
+
+    ssh = None if os.environ.get("KVAUDIT_NO_SSH_G") else shutil.which("ssh")
+    if ssh is None:
+        return None
+    argv = [ssh, "-G"] + (["-F", str(Path(ssh_config).expanduser())] if ssh_config else [])
+    argv += (["-l", t.user] if t.user else []) + (["-p", str(t.port)] if t.port else []) + ["--", t.host]
+    try:
+        p = subprocess.run(argv, capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SshConfigError(f"{t.host}: ssh -G did not answer ({exc})") from None
+    if p.returncode != 0:
+        why = printable(p.stderr.decode("utf-8", "replace").strip().splitlines()[0] if p.stderr.strip() else
+                        f"rc {p.returncode}")
+        raise SshConfigError(f"{t.host}: OpenSSH cannot apply the ssh_config"
+                             f"{' ' + str(ssh_config) if ssh_config else ''}: {why}")
+    out: dict[str, list[str]] = {}
+    for line in p.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key:
+            out.setdefault(key.lower(), []).append(value.strip())
+    return out
+
+
+def _from_ssh_g(t: "Target", g: dict[str, list[str]]) -> HostConfig:
+    def one(key: str, default: str | None = None) -> str | None:
+        v = g.get(key)
+        return v[0] if v else default
+
+    hostname = one("hostname", t.host) or t.host
+    port = int(one("port", "22") or 22)
+    user = one("user") or t.user or getpass.getuser()
+    timeout = one("connecttimeout", "none")
+    pc = one("proxycommand")
+    if pc and pc.lower() != "none":  # ssh expands these at connect time; so do we
+        pc = pc.replace("%%", "\0").replace("%h", hostname).replace("%p", str(port)).replace("%r", user) \
+            .replace("%n", t.host).replace("\0", "%")
+    pj = one("proxyjump")
+    known = tuple(os.path.expanduser(p) for v in g.get("userknownhostsfile", []) for p in v.split()) or (
+        os.path.expanduser("~/.ssh/known_hosts"),)
+    return HostConfig(
+        alias=t.host, hostname=hostname, port=port, user=user,
+        identity_files=tuple(os.path.expanduser(p) for p in g.get("identityfile", [])),
+        identities_only=(one("identitiesonly", "no") or "no").lower() == "yes",
+        known_hosts=known,
+        connect_timeout=float(timeout) if timeout and timeout.lower() != "none" else DEFAULT_CONNECT_TIMEOUT,
+        proxy_jump=None if not pj or pj.lower() == "none" else pj,
+        proxy_command=pc if pc and pc.lower() != "none" else None,
+    )
+
+
 def resolve(target: str, ssh_config: str | None) -> HostConfig:
-    """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias."""
+    """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias: with
+    OpenSSH's own ``ssh -G`` when the client is installed (exactly what ``ssh`` would do), else paramiko's
+    reader (no Match, no Include of globs, no canonicalisation)."""
     import paramiko
 
     t = Target.parse(target)
+    if ssh_config and not Path(ssh_config).expanduser().exists():
+        raise SshConfigError(f"ssh config {ssh_config} does not exist")
+    g = _ssh_g(t, ssh_config)
+    if g is not None:
+        return _from_ssh_g(t, g)
     path = Path(ssh_config).expanduser() if ssh_config else Path("~/.ssh/config").expanduser()
     cfg = paramiko.SSHConfig()
     if path.exists():

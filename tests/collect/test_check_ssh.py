@@ -389,3 +389,39 @@ def test_no_engine_log_still_shows_what_was_read(site, tmp_path):
     assert (tmp_path / "cap" / "nvidia-smi-gpus.csv").read_text().count("\n") == 8
     again = cli_process("check", tmp_path / "cap", "--format", "json")
     assert again.code == ExitStatus.PARTIAL_DATA and len(again.json()["gpus"]) == 8
+
+
+def test_ssh_config_is_read_as_openssh_reads_it(site, tmp_path):
+    """Include and Match (which paramiko's reader does not do) resolve through OpenSSH's own ssh -G."""
+    extra = tmp_path / "conf.d" / "gpu.conf"
+    extra.parent.mkdir()
+    extra.write_text(f"Host gpu-inc\n  HostName 127.0.0.1\n  Port {site.sshd.port}\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{site.sshd.port} {site.sshd.host_pub}\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Include {extra.parent}/*.conf\n"
+                   f"Match host 127.0.0.1\n  IdentityFile {site.key}\n  IdentitiesOnly yes\n"
+                   f"  UserKnownHostsFile {known}\n  User {os.environ.get('USER') or 'root'}\n")
+    r = cli_process("check", "gpu-inc", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
+                    "--format", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    assert r.json()["formula"]["logged_tokens"] == 159277
+
+
+def test_an_ssh_config_ssh_rejects_names_the_file_and_option(tmp_path):
+    cfg = tmp_path / "config"
+    cfg.write_text("Host gpu-x\n  HostName 127.0.0.1\n  Prot 22\n")
+    r = cli_process("check", "gpu-x", "--ssh-config", cfg)
+    assert r.code == ExitStatus.BAD_INPUT and "ssh_config" in r.stderr
+    assert str(cfg) in r.stderr and "option: prot" in r.stderr and "line 3" in r.stderr
+
+
+def test_without_the_ssh_client_the_own_reader_gives_the_same_host(site, monkeypatch):
+    """The fallback reader (no ssh client) and ssh -G agree on a plain config."""
+    from kvaudit.collect.ssh import resolve
+
+    cfg = str(site.trusted_config("plain"))
+    by_openssh = resolve("gpu-test", cfg)
+    monkeypatch.setenv("KVAUDIT_NO_SSH_G", "1")
+    by_paramiko = resolve("gpu-test", cfg)
+    assert by_openssh == by_paramiko
