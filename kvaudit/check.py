@@ -34,6 +34,7 @@ class CheckOptions:
     command_timeout: float = 60.0
     startup: int | None = None
     kubeconfig: str | None = None  # k8s: targets
+    identity_file: str | None = None  # a key to try first (an inventory's ansible_ssh_private_key_file)
     selector: str | None = None  # k8s:NAMESPACE -l SELECTOR
 
 
@@ -75,7 +76,8 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     else:
         from kvaudit.collect.ssh import SSHRunner
 
-        runner = SSHRunner(target, opts.ssh_config, opts.accept_new_host_key, opts.deadline_s, opts.connect_timeout)
+        runner = SSHRunner(target, opts.ssh_config, opts.accept_new_host_key, opts.deadline_s, opts.connect_timeout,
+                           opts.identity_file)
         if runner.policy_note:
             notes.append(runner.policy_note)
     session = HostSession(runner, target, copts)

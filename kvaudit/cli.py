@@ -472,7 +472,8 @@ def capture(
 def fleet(
     inventory: Optional[str] = typer.Argument(
         None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
-    hosts: Optional[str] = _opt("Where to read", None, "--hosts", help="Only hosts (or groups) matching this pattern."),
+    hosts: Optional[str] = _opt("Where to read", None, "--hosts", "--limit",
+                                         help="Ansible's --limit: a,b  gpu-*  GROUP  !excluded  &required."),
     config: Optional[Path] = _opt("Where to read", None, "--config",
                                   help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
     no_config: bool = _opt("Where to read", False, "--no-config", help="Read no kvaudit.toml."),

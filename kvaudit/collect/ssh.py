@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvaudit.collect.interface import (
@@ -325,7 +325,7 @@ class SSHRunner:
     """One host: a connected SSHClient (plus its jump hosts) and the host's deadline."""
 
     def __init__(self, target: str, ssh_config: str | None = None, accept_new: bool = False,
-                 deadline_s: float = 120.0, connect_timeout: float | None = None):
+                 deadline_s: float = 120.0, connect_timeout: float | None = None, identity_file: str | None = None):
         self.target = target
         self.deadline = time.monotonic() + deadline_s
         self.deadline_s = deadline_s
@@ -333,6 +333,8 @@ class SSHRunner:
         _OPEN.add(self)
         self.policy_note: str | None = None
         hc = resolve(target, ssh_config)
+        if identity_file:  # tried first, as ssh -i does
+            hc = replace(hc, identity_files=(os.path.expanduser(identity_file),) + hc.identity_files)
         self.config = hc
         self._how = (accept_new, connect_timeout, ssh_config)
         self.reconnected = False  # the connection closed between two commands and was opened again, once

@@ -1,14 +1,27 @@
 """Inventories: a plain hosts file, an Ansible inventory (INI or YAML), or ssh_config aliases matching a
-pattern. Per-host settings ride along as variables: ``ansible_host``/``ansible_user``/``ansible_port``
-build the SSH target; ``kvaudit_unit``, ``kvaudit_source``, ``kvaudit_journal_directory`` override the
-run's defaults for that host (a host whose journal is kept elsewhere, a docker-run engine...)."""
+pattern. Per-host settings ride along as variables: ``ansible_host``/``ansible_user``/``ansible_port`` (and
+their ``ansible_ssh_*`` spellings) build the SSH target, ``ansible_ssh_private_key_file`` adds the key;
+``kvaudit_unit``, ``kvaudit_source``, ``kvaudit_journal_directory``, ``kvaudit_selector``,
+``kvaudit_kubeconfig`` override the run's defaults for that host (a typo in a ``kvaudit_`` name is an error,
+as in kvaudit.toml); ``ansible_become*`` is ignored (kvaudit only reads) and said.
+
+Ansible inventories are read with ``ansible-inventory -i FILE --list`` when Ansible is installed (what Ansible
+itself resolves: ranges, group_vars precedence, plugins limited to ini and yaml), else with kvaudit's own
+reader, which a test holds to the same hosts, groups and variables on a set of inventories. Host ranges
+(``gpu-[01:64]``, ``[a:c]``, ``[1:9:2]``) and ``--limit`` patterns are Ansible's (``a,b``, ``gpu-*``,
+groups, ``!excluded``, ``&required``)."""
 
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import re
 import shlex
-from dataclasses import dataclass, field
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -22,16 +35,21 @@ class FleetHost:
     target: str  # what SSH connects to: user@host:port, or an ssh_config alias
     groups: tuple[str, ...] = ()
     vars: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what the inventory asked that kvaudit does not do (become), said in the report
 
     def setting(self, key: str) -> str | None:
         v = self.vars.get(f"kvaudit_{key}")
         return str(v) if v is not None else None
 
 
+#: the kvaudit_* host variables kvaudit reads; any other kvaudit_ name is a typo
+HOST_SETTINGS = ("unit", "source", "journal_directory", "selector", "kubeconfig")
+
+
 def _target(name: str, v: dict[str, str]) -> str:
-    host = v.get("ansible_host") or name
-    user = v.get("ansible_user")
-    port = v.get("ansible_port")
+    host = v.get("ansible_host") or v.get("ansible_ssh_host") or name
+    user = v.get("ansible_user") or v.get("ansible_ssh_user")
+    port = v.get("ansible_port") or v.get("ansible_ssh_port")
     t = f"{user}@{host}" if user else host
     return f"{t}:{port}" if port else t
 
@@ -45,7 +63,17 @@ def _kv(tokens: list[str]) -> dict[str, str]:
     return out
 
 
-def load(path: str, limit: str | None = None) -> list[FleetHost]:
+def kind(path: str, text: str) -> str:
+    """``yaml``, ``ini`` (Ansible inventories) or ``plain`` (one target per line)."""
+    if Path(path).suffix in (".yml", ".yaml") or re.match(r"^\s*(all|[\w-]+)\s*:\s*$", text, re.M) and \
+            "[" not in text.split("\n", 1)[0]:
+        return "yaml"
+    if re.search(r"^\s*\[[^\]]+\]\s*$", text, re.M):
+        return "ini"
+    return "plain"
+
+
+def load(path: str, limit: str | None = None, use_ansible: bool = True) -> list[FleetHost]:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -53,20 +81,158 @@ def load(path: str, limit: str | None = None) -> list[FleetHost]:
         raise InventoryError(f"cannot read inventory {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InventoryError(f"inventory {path} is not text") from None
-    if p.suffix in (".yml", ".yaml") or re.match(r"^\s*(all|[\w-]+)\s*:\s*$", text, re.M) and "[" not in text.split("\n", 1)[0]:
-        hosts = _yaml(text, path)
-    elif re.search(r"^\s*\[[^\]]+\]\s*$", text, re.M):
-        hosts = _ini(text, path)
-    else:
+    k = kind(path, text)
+    if k == "plain":
         hosts = _plain(text)
+    else:
+        own = (lambda: _yaml(text, path)) if k == "yaml" else (lambda: _ini(text, path))
+        try:
+            hosts = (ansible_inventory(path) if use_ansible else None) or own()
+        except InventoryError as ansible_says:
+            own()  # kvaudit's reader names the line when it can; else Ansible's own words stand
+            raise ansible_says
+    hosts = [_checked(h, path) for h in _merged(hosts)]
     if limit:
-        hosts = [h for h in hosts if fnmatch.fnmatchcase(h.name, limit) or limit in h.groups]
+        hosts = select(hosts, limit)
+    if not hosts:
+        raise InventoryError(f"inventory {path} names no hosts" + (f" matching {limit!r}" if limit else ""))
+    return hosts
+
+
+def _merged(hosts: list[FleetHost]) -> list[FleetHost]:
+    """One entry per host name (a host listed in several groups): groups united, in order."""
     seen: dict[str, FleetHost] = {}
     for h in hosts:
-        seen.setdefault(h.name, h)
-    if not seen:
-        raise InventoryError(f"inventory {path} names no hosts" + (f" matching {limit!r}" if limit else ""))
+        if h.name in seen:
+            first = seen[h.name]
+            seen[h.name] = replace(first, groups=tuple(dict.fromkeys(first.groups + h.groups)))
+        else:
+            seen[h.name] = h
     return list(seen.values())
+
+
+def _checked(h: FleetHost, path: str) -> FleetHost:
+    """kvaudit_* typos are errors; become is ignored, and said; the key file becomes a setting."""
+    bad = sorted(k for k in h.vars if k.startswith("kvaudit_") and k[8:] not in HOST_SETTINGS)
+    if bad:
+        raise InventoryError(f"{path}: host {h.name}: unknown setting {bad[0]!r} (known: "
+                             + ", ".join(f"kvaudit_{k}" for k in HOST_SETTINGS) + ")")
+    notes = h.notes
+    if any(k.startswith("ansible_become") and str(v).lower() not in ("false", "no", "0", "")
+           for k, v in h.vars.items()):
+        notes += ("ansible_become ignored: kvaudit only reads, as the login user",)
+    return replace(h, notes=notes)
+
+
+def select(hosts: list[FleetHost], limit: str) -> list[FleetHost]:
+    """Ansible's --limit: patterns separated by ``,`` (or ``:``), each a host-name or group glob; ``!pat``
+    removes, ``&pat`` keeps only those that also match; the rest are united, in inventory order."""
+    def matches(h: FleetHost, pat: str) -> bool:
+        return fnmatch.fnmatchcase(h.name, pat) or any(fnmatch.fnmatchcase(g, pat) for g in h.groups) or pat == "all"
+
+    parts = [p.strip() for p in re.split(r"[,:](?![^\[]*\])", limit) if p.strip()]
+    plus = [p for p in parts if not p.startswith(("!", "&"))]
+    chosen = [h for h in hosts if any(matches(h, p) for p in plus)] if plus else list(hosts)
+    for p in parts:
+        if p.startswith("&"):
+            chosen = [h for h in chosen if matches(h, p[1:])]
+        elif p.startswith("!"):
+            chosen = [h for h in chosen if not matches(h, p[1:])]
+    return chosen
+
+
+_RANGE = re.compile(r"\[([0-9]+|[a-zA-Z]):([0-9]+|[a-zA-Z])(?::([0-9]+))?\]")
+
+
+def expand(pattern: str) -> list[str]:
+    """Ansible's host ranges: ``gpu-[01:04]`` (zero padded as written), ``[a:c]``, ``[1:9:2]``, several in one
+    name. A range Ansible would refuse (mixed kinds, unequal padded widths) is an error."""
+    m = _RANGE.search(pattern)
+    if not m:
+        return [pattern]
+    beg, end, stride = m.group(1), m.group(2), int(m.group(3) or 1)
+    head, tail = pattern[:m.start()], pattern[m.end():]
+    if beg.isdigit() and end.isdigit():
+        width = len(beg) if beg.startswith("0") and len(beg) > 1 else 0
+        if width and len(end) != width:
+            raise InventoryError(f"host range {m.group(0)}: padded ranges need ends of equal width")
+        values = [str(i).zfill(width) for i in range(int(beg), int(end) + 1, max(1, stride))]
+    elif beg.isalpha() and end.isalpha():
+        values = [chr(c) for c in range(ord(beg), ord(end) + 1, max(1, stride))]
+    else:
+        raise InventoryError(f"host range {m.group(0)}: mixes letters and numbers")
+    if not values:
+        raise InventoryError(f"host range {m.group(0)}: empty")
+    return [h for v in values for h in expand(head + v + tail)]
+
+
+def _ansible_exe() -> str | None:
+    if os.environ.get("KVAUDIT_NO_ANSIBLE"):
+        return None
+    beside = Path(sys.executable).with_name("ansible-inventory")
+    return str(beside) if beside.exists() else shutil.which("ansible-inventory")
+
+
+def ansible_inventory(path: str) -> list[FleetHost] | None:
+    """The inventory as Ansible resolves it (``ansible-inventory -i FILE --list``, only the ini and yaml
+    plugins: no inventory script is ever run); None when Ansible is not installed."""
+    exe = _ansible_exe()
+    if exe is None:
+        return None
+    env = {**os.environ, "ANSIBLE_INVENTORY_ENABLED": "ini,yaml", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_INVENTORY_UNPARSED_FAILED": "1", "ANSIBLE_LOCAL_TEMP": os.environ.get("TMPDIR", "/tmp")}
+    try:
+        p = subprocess.run([exe, "-i", path, "--list"], capture_output=True, timeout=120, env=env,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InventoryError(f"ansible-inventory -i {path}: {exc}") from None
+    if p.returncode != 0:
+        why = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise InventoryError(f"ansible-inventory -i {path}: {why[-1] if why else f'rc {p.returncode}'}")
+    try:
+        data = json.loads(p.stdout)
+    except ValueError:
+        raise InventoryError(f"ansible-inventory -i {path}: not JSON") from None
+    return from_ansible_json(data)
+
+
+def from_ansible_json(data: dict) -> list[FleetHost]:
+    """``ansible-inventory --list`` output -> hosts, in group order, each with every group it is in (with
+    their ancestors) and its merged variables."""
+    hostvars = (data.get("_meta") or {}).get("hostvars") or {}
+    parents: dict[str, list[str]] = {}
+    for g, node in data.items():
+        for child in (node or {}).get("children", []) if isinstance(node, dict) else []:
+            parents.setdefault(child, []).append(g)
+
+    def lineage(g: str, seen: tuple[str, ...] = ()) -> list[str]:
+        out = []
+        for parent in parents.get(g, []):
+            if parent not in seen:
+                out += lineage(parent, seen + (parent,)) + [parent]
+        return out
+
+    order: list[str] = []
+    groups_of: dict[str, list[str]] = {}
+
+    def walk(g: str, seen: tuple[str, ...] = ()) -> None:
+        node = data.get(g) or {}
+        for h in node.get("hosts", []):
+            order.append(h)
+            groups_of.setdefault(h, [])
+            for x in lineage(g) + [g]:
+                if x not in ("all", "ungrouped") and x not in groups_of[h]:
+                    groups_of[h].append(x)
+        for child in node.get("children", []):
+            if child not in seen:
+                walk(child, seen + (child,))
+
+    walk("all")
+    out = []
+    for h in dict.fromkeys(order):
+        v = {k: str(x) for k, x in (hostvars.get(h) or {}).items()}
+        out.append(FleetHost(h, _target(h, v), tuple(groups_of.get(h, ())), v))
+    return out
 
 
 def _plain(text: str) -> list[FleetHost]:
@@ -144,27 +310,49 @@ def _ini(text: str, path: str) -> list[FleetHost]:
         elif kind == "children":
             children.setdefault(section, []).append(tokens[0])
         else:
-            groups.setdefault(section, []).append((tokens[0], _kv(tokens[1:])))
+            for name in expand(tokens[0]):
+                groups.setdefault(section, []).append((name, _kv(tokens[1:])))
     return _flatten(groups, group_vars, children)
 
 
 def _flatten(groups, group_vars, children) -> list[FleetHost]:
-    def ancestors(g: str, seen=()) -> list[str]:
+    """One host per name, as Ansible merges it: the variables of ``all``, then of every group the host is in
+    (directly or as a child's member) from the shallowest to the deepest, by name within a depth, then the
+    host's own (later lines win)."""
+    parents: dict[str, list[str]] = {}
+    for parent, kids in children.items():
+        for kid in kids:
+            parents.setdefault(kid, []).append(parent)
+
+    def ancestors(g: str, seen: tuple[str, ...] = ()) -> list[str]:
         out = []
-        for parent, kids in children.items():
-            if g in kids and parent not in seen:
-                out += [parent] + ancestors(parent, seen + (parent,))
+        for parent in parents.get(g, []):
+            if parent not in seen:
+                out += ancestors(parent, seen + (parent,)) + [parent]
         return out
 
-    out = []
+    def depth(g: str, seen: tuple[str, ...] = ()) -> int:
+        ps = [p for p in parents.get(g, []) if p not in seen and p != "all"]
+        return 1 + max((depth(p, seen + (p,)) for p in ps), default=0)
+
+    order: list[str] = []
+    member: dict[str, list[str]] = {}
+    own: dict[str, dict[str, str]] = {}
     for g, members in groups.items():
         for name, hv in members:
-            chain = ["all"] + list(reversed(ancestors(g))) + [g]
-            v: dict[str, str] = {}
-            for grp in chain:
-                v.update({k: str(x) for k, x in group_vars.get(grp, {}).items()})
-            v.update({k: str(x) for k, x in hv.items()})
-            out.append(FleetHost(name, _target(name, v), tuple(x for x in chain if x != "all"), v))
+            order.append(name)
+            member.setdefault(name, [])
+            for x in ancestors(g) + [g]:
+                if x not in member[name] and x not in ("all", "ungrouped"):
+                    member[name].append(x)
+            own.setdefault(name, {}).update({k: str(x) for k, x in hv.items()})
+    out = []
+    for name in dict.fromkeys(order):
+        v: dict[str, str] = {k: str(x) for k, x in group_vars.get("all", {}).items()}
+        for grp in sorted(member[name], key=lambda x: (depth(x), x)):
+            v.update({k: str(x) for k, x in group_vars.get(grp, {}).items()})
+        v.update(own[name])
+        out.append(FleetHost(name, _target(name, v), tuple(member[name]), v))
     return out
 
 
@@ -188,7 +376,8 @@ def _yaml(text: str, path: str) -> list[FleetHost]:
         if not isinstance(node, dict):
             raise InventoryError(f"{path}: group {name!r} is not a mapping")
         for h, hv in (node.get("hosts") or {}).items():
-            groups.setdefault(name, []).append((str(h), {k: str(x) for k, x in (hv or {}).items()}))
+            for one in expand(str(h)):
+                groups.setdefault(name, []).append((one, {k: str(x) for k, x in (hv or {}).items()}))
         if node.get("vars"):
             group_vars[name] = {k: str(x) for k, x in node["vars"].items()}
         for child, cnode in (node.get("children") or {}).items():

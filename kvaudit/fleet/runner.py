@@ -42,10 +42,12 @@ def _one(host: FleetHost, base: CheckOptions, run_deadline: float) -> HostAudit:
         journal_directory=host.setting("journal_directory") or base.journal_directory,
         selector=host.setting("selector") or base.selector,
         kubeconfig=host.setting("kubeconfig") or base.kubeconfig,
+        identity_file=host.vars.get("ansible_ssh_private_key_file") or base.identity_file,
         deadline_s=max(1.0, min(base.deadline_s, run_deadline - time.monotonic())),
     )
     try:
-        return check(host.target, opts)
+        h = check(host.target, opts)
+        return replace(h, notes=h.notes + host.notes) if host.notes else h
     except Exception as exc:  # a bug or an unforeseen library error: this host fails, the run goes on
         return HostAudit(host.target, None, None, (), (), InternalHostError(f"{host.name}: {type(exc).__name__}: {exc}"))
 

@@ -425,3 +425,24 @@ def test_without_the_ssh_client_the_own_reader_gives_the_same_host(site, monkeyp
     monkeypatch.setenv("KVAUDIT_NO_SSH_G", "1")
     by_paramiko = resolve("gpu-test", cfg)
     assert by_openssh == by_paramiko
+
+
+def test_an_inventory_key_file_is_tried_first(site, tmp_path):
+    """ansible_ssh_private_key_file reaches the connection (as ssh -i): a config that offers no key works
+    with it, and fails without it."""
+    from kvaudit.collect.interface import AuthFailed
+    from kvaudit.collect.ssh import SSHRunner
+
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{site.sshd.port} {site.sshd.host_pub}\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host gpu-key\n  HostName 127.0.0.1\n  Port {site.sshd.port}\n  IdentitiesOnly yes\n"
+                   f"  IdentityFile {tmp_path}/absent\n  UserKnownHostsFile {known}\n"
+                   f"  User {os.environ.get('USER') or 'root'}\n")
+    with pytest.raises(AuthFailed):
+        SSHRunner("gpu-key", str(cfg), deadline_s=30).close()
+    runner = SSHRunner("gpu-key", str(cfg), deadline_s=30, identity_file=str(site.key))
+    try:
+        assert runner.run("hostname", 20, 1 << 20).rc == 0
+    finally:
+        runner.close()
