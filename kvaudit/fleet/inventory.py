@@ -196,6 +196,15 @@ def ansible_inventory(path: str) -> list[FleetHost] | None:
     return from_ansible_json(data)
 
 
+def _ancestors(parents: dict[str, list[str]], g: str, seen: tuple[str, ...] = ()) -> list[str]:
+    """Every group above ``g`` (outermost first), cycles cut."""
+    out = []
+    for parent in parents.get(g, []):
+        if parent not in seen:
+            out += _ancestors(parents, parent, seen + (parent,)) + [parent]
+    return out
+
+
 def from_ansible_json(data: dict) -> list[FleetHost]:
     """``ansible-inventory --list`` output -> hosts, in group order, each with every group it is in (with
     their ancestors) and its merged variables."""
@@ -205,12 +214,8 @@ def from_ansible_json(data: dict) -> list[FleetHost]:
         for child in (node or {}).get("children", []) if isinstance(node, dict) else []:
             parents.setdefault(child, []).append(g)
 
-    def lineage(g: str, seen: tuple[str, ...] = ()) -> list[str]:
-        out = []
-        for parent in parents.get(g, []):
-            if parent not in seen:
-                out += lineage(parent, seen + (parent,)) + [parent]
-        return out
+    def lineage(g: str) -> list[str]:
+        return _ancestors(parents, g)
 
     order: list[str] = []
     groups_of: dict[str, list[str]] = {}
@@ -324,12 +329,8 @@ def _flatten(groups, group_vars, children) -> list[FleetHost]:
         for kid in kids:
             parents.setdefault(kid, []).append(parent)
 
-    def ancestors(g: str, seen: tuple[str, ...] = ()) -> list[str]:
-        out = []
-        for parent in parents.get(g, []):
-            if parent not in seen:
-                out += ancestors(parent, seen + (parent,)) + [parent]
-        return out
+    def ancestors(g: str) -> list[str]:
+        return _ancestors(parents, g)
 
     def depth(g: str, seen: tuple[str, ...] = ()) -> int:
         ps = [p for p in parents.get(g, []) if p not in seen and p != "all"]
