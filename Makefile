@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.test-installed
 KIMI_HOST := fixtures/hosts/kimi-k25-tp8
 
-.PHONY: demo test bench install clean golden explain-demo
+.PHONY: demo test bench install clean golden explain-demo screenshot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(TEST_STAMP)
 # Regenerate golden report files after a reviewed change of the output.
 golden: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/report --update-golden
+
+# docs/fleet-report.png, made by headless Chromium from a demo fleet's HTML report (never by hand).
+screenshot: $(STAMP)
+	sh scripts/screenshot.sh
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/run.py

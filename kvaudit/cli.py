@@ -638,7 +638,11 @@ def fleet(
     elif fmt == "markdown":
         text = fleet_report.render_markdown(run, drift, first_run=first_run)
     else:
-        text = fleet_report.render_text(run, drift, color=_color(color) and output is None, first_run=first_run)
+        import shutil
+
+        width = shutil.get_terminal_size((120, 24)).columns if (_env.stdout_isatty and output is None) else 120
+        text = fleet_report.render_text(run, drift, color=_color(color) and output is None, first_run=first_run,
+                                        width=max(60, width))
     attempt(f"-o {output}", lambda: _write(text, output))
     for msg in failed_writes:
         _env.stderr.write(f"kvaudit: error: could not write {printable(msg)}\n")

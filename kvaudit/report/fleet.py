@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvaudit import __version__
@@ -49,7 +50,39 @@ def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
 FIRST_RUN = "first run: the history starts here; the next run says what changed since this one"
 
 
-def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False) -> str:
+def _fit(text: str, width: int, middle: bool = False) -> str:
+    """``text`` in ``width`` characters: cut at the end ("…"), or in the middle for names and paths (both ends
+    stay readable; nothing is split at a hyphen onto another line)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    if middle:
+        head = (width - 1) // 2
+        return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+    return text[:width - 1] + "…"
+
+
+def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, indent: int = 2) -> list[tuple[str, ...]]:
+    """The rows with the host and findings columns shortened so that one row fits ``width`` columns (no row
+    wraps on an 80-column terminal); the numbers are never cut."""
+    def total(rows) -> int:
+        cols = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+        return indent + sum(cols) + 2 * (len(cols) - 1)
+
+    rows = list(body)
+    for col, floor, middle in ((len(header) - 1, 8, False), (0, 12, True)):
+        over = total(rows) - width
+        if over <= 0:
+            break
+        cur = max(len(header[col]), *(len(r[col]) for r in rows)) if rows else len(header[col])
+        keep = max(floor, cur - over)
+        rows = [tuple(_fit(c, keep, middle) if i == col else c for i, c in enumerate(r)) for r in rows]
+    return rows
+
+
+def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False,
+                width: int = 120) -> str:
     rows = summary_rows(run)
     L = [colour(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
                 + counts_text(rows), "1", color)]
@@ -60,21 +93,27 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         body.append((r["host"], r["status"], str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
                      ",".join(r["findings"]) or "-"))
-    L.extend(table(COLUMNS, body, left=2))
+    lines = table(COLUMNS, fitted(COLUMNS, body, width), left=2)
+    if color:  # the status cell coloured in place (padding measured before the escape codes)
+        for i, r in enumerate(rows, 1):
+            st = r["status"]
+            code = STATUS_COLOUR.get(st.split(":")[0], "31")
+            lines[i] = re.sub(rf"(?<=  ){re.escape(st)}(?= )", colour(st, code, True), lines[i], count=1)
+    L.extend(lines)
     failed = [r for r in rows if r["reason"]]
     if failed:
         L += ["", colour("Not audited", "1", color)]
         for r in failed:
-            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}"))
+            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}", width=min(width, 100)))
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", colour("Why not ok", "1", color)]
         for r in others:
-            L.extend(wrap(f"{r['host']} ({r['status']}): {r['why']}"))
+            L.extend(wrap(f"{r['host']} ({r['status']}): {r['why']}", width=min(width, 100)))
     if drift:
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
-            L.extend(wrap("- " + d.message))
+            L.extend(wrap("- " + d.message, width=min(width, 100)))
     elif first_run:
         L += ["", f"Since the last run: {FIRST_RUN}."]
     elif drift is not None:

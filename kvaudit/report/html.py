@@ -80,6 +80,33 @@ def _severity_rank(status: str) -> int:
     return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
 
 
+#: the numbers that make two GPUs "the same" in the report (to 0.01 GiB): merged into one row
+_SAME = ("kv_gib", "weights_gib", "graphs_gib", "draft_gib", "reserve_gib", "unexplained_gib", "pre_load_free_gib",
+         "free_at_end_gib", "free_now_gib", "before_t_gib", "foreign_gib", "status")
+
+
+def _merged_rows(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive GPUs with the same numbers (to the hundredth of a GiB) as one row: eight identical H200s
+    read as "0-7", as the terminal shows them; any difference keeps a GPU on its own row."""
+    def key(r: dict[str, Any]) -> tuple:
+        return tuple(round(r[k], 2) if isinstance(r.get(k), float) else r.get(k) for k in _SAME)
+
+    groups: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if groups and key(groups[-1][-1]) == key(r):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
+
+
+def _span(values: list[Any]) -> str:
+    vals = [str(v) for v in values if v is not None]
+    if not vals:
+        return "–"
+    return vals[0] if len(vals) == 1 else f"{vals[0]}–{vals[-1]} ({len(vals)})"
+
+
 def _trend(runs: list[dict[str, Any]]) -> str:
     """A small inline SVG per quantity (KV tokens, free min GiB, unexplained GiB) over the host's runs."""
     charts = []
@@ -136,13 +163,15 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
         if h.error is not None:
             H.append(f"<p class='finding sev-error'>{escape(str(h.error))}</p></details>")
             continue
-        rows = gpu_rows(f.name, h)
-        H.append("<table><thead><tr><th>GPU</th><th>rank</th><th>T GiB</th><th>memory at startup</th>"
-                 "<th>free now GiB</th><th>unexplained GiB</th></tr></thead><tbody>")
-        for r in rows:
+        H.append("<table><thead><tr><th>GPU</th><th>rank</th><th>before T GiB</th><th>T GiB</th>"
+                 "<th>memory at startup (from T)</th><th>free now GiB</th><th>unexplained GiB</th></tr></thead><tbody>")
+        for group in _merged_rows(gpu_rows(f.name, h)):
+            r = group[0]
             total = r["pre_load_free_gib"] or 0
-            H.append(f"<tr><td>{_v(r['gpu'])}</td><td class='l'>{escape(r['rank'] or '–')}</td><td>{_v(total)}</td>"
-                     f"<td class='l'>{_bar(r, total)}</td><td>{_v(r['free_now_gib'])}</td>"
+            gpus = _span([x["gpu"] for x in group])
+            ranks = _span([x["rank"] for x in group])
+            H.append(f"<tr><td>{escape(gpus)}</td><td class='l'>{escape(ranks)}</td><td>{_v(r['before_t_gib'])}</td>"
+                     f"<td>{_v(total)}</td><td class='l'>{_bar(r, total)}</td><td>{_v(r['free_now_gib'])}</td>"
                      f"<td>{_v(r['unexplained_gib'])}</td></tr>")
         H.append("</tbody></table>")
         for fi in findings(h):

@@ -33,8 +33,10 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = " 
     return [line(header)] + [line(r) for r in body]
 
 
-def wrap(text: str, indent: str = "  ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
+    # break_on_hyphens=False: a host name, a path or a fingerprint is never split at a hyphen
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False) or [indent]
 
 
 def render_one(a: Audit, color: bool = False) -> str:

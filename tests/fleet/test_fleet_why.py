@@ -101,3 +101,60 @@ def test_html_report_for_on_call(tmp_path):
     assert failed_at < ok_at
     assert page.count("<polyline") >= 2 and "over 2 runs" in page  # KV tokens and free memory over the runs
     assert "http://" not in page.replace(f"http://127.0.0.1:{port}", "")  # no external resource
+
+
+def test_the_fleet_table_fits_an_80_column_terminal(tmp_path):
+    """Long names (a pod group's selector, a capture path) are shortened in the middle, the findings cut at
+    the end, numbers never; no line is wider than the terminal; status coloured without breaking alignment."""
+    from kvaudit.fleet.runner import FleetRun
+    from kvaudit.fleet.inventory import FleetHost
+    from kvaudit.check import CheckOptions, check
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report.fleet import render_text
+
+    capture = FIXTURES / "hosts" / "kimi-k25-tp8"
+    h = check(str(capture), CheckOptions(AuditOptions()))
+    long_name = "k8s:inference-production -l leaderworkerset.sigs.k8s.io/name=kimi-k25,leaderworkerset.sigs.k8s.io/group-index=0"
+    run = FleetRun("2026-11-30T00:00:00+00:00", 0.0, 1.0, 8, ((FleetHost(long_name, str(capture)), h),
+                                                              (FleetHost("gpu-01", str(capture)), h)), False)
+    for color in (False, True):
+        text = render_text(run, width=80, color=color)
+        import re
+
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+        assert max(len(line) for line in plain.splitlines()) <= 80, plain
+        assert "159,277" in plain and "…" in plain
+    head = [line for line in plain.splitlines() if line.lstrip().startswith("host")][0]
+    row = [line for line in plain.splitlines() if "159,277" in line][0]
+    assert head.index("tokens") + len("tokens") == row.index("159,277") + len("159,277")  # aligned
+
+
+def test_fleet_exit_status_keeps_failure_classes_apart():
+    from kvaudit.check import HostAudit
+    from kvaudit.collect.interface import AuthFailed, NoEngineFound, Unreachable
+    from kvaudit.collect.ssh import SshConfigError
+    from kvaudit.status import ExitStatus, for_fleet
+
+    def failed(exc):
+        return HostAudit("h", None, None, (), (), exc)
+
+    auth, down, cfg, none = failed(AuthFailed("x")), failed(Unreachable("x")), failed(SshConfigError("x")), \
+        failed(NoEngineFound("x"))
+    assert for_fleet([auth, cfg]) == ExitStatus.AUTH_REFUSED  # refused, not "unreachable"
+    assert for_fleet([auth, down, cfg]) == ExitStatus.UNREACHABLE
+    assert for_fleet([cfg, none]) == ExitStatus.BAD_INPUT
+    assert for_fleet([none]) == ExitStatus.PARTIAL_DATA
+    assert for_fleet([]) == ExitStatus.OK
+
+
+def test_identical_gpus_share_a_row_in_the_html():
+    from kvaudit.report.html import _merged_rows, _span
+
+    base = {"gpu": 0, "rank": "TP0", "kv_gib": 10.4241, "weights_gib": 72.3, "graphs_gib": 1.92, "draft_gib": 2.31,
+            "reserve_gib": 11.28, "unexplained_gib": 0.015, "pre_load_free_gib": 94.01, "free_at_end_gib": 6.93,
+            "free_now_gib": 6.43, "before_t_gib": 1.55, "foreign_gib": 0.0, "status": "ok"}
+    rows = [{**base, "gpu": i, "rank": f"TP{i}"} for i in range(8)]
+    rows[5] = {**rows[5], "free_now_gib": 2.0}  # one GPU drifted: it keeps its own row
+    groups = _merged_rows(rows)
+    assert [len(g) for g in groups] == [5, 1, 2]
+    assert _span([r["gpu"] for r in groups[0]]) == "0–4 (5)" and _span([r["rank"] for r in groups[1]]) == "TP5"
