@@ -130,39 +130,28 @@ def test_a_write_failing_at_the_end_loses_nothing_else(tmp_path):
     assert (tmp_path / "gpus.csv").read_text().startswith("host,")
 
 
-def _on_a_terminal(args: list[str]) -> tuple[int, str, str]:
-    """Run kvaudit with stderr on a pseudo-terminal (stdout a pipe); return the exit code, stdout and what the
-    terminal showed."""
-    import os
-    import pty
+def _with_stderr_on_a_terminal(args: list[str]) -> tuple[int, str, str]:
+    """The CLI in-process with an injected environment whose stderr is a terminal and stdout a pipe (httpie's
+    pattern: no pseudo-terminal needed, so it runs where /dev/pts is missing, as in a fresh chroot)."""
+    import io
 
-    master, slave = pty.openpty()
-    exe = Path(sys.executable).with_name("kvaudit")
-    p = subprocess.Popen([str(exe), *map(str, args)], stdout=subprocess.PIPE, stderr=slave, text=True)
-    os.close(slave)
-    chunks = []
-    out = p.stdout.read()
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    p.wait(timeout=60)
-    os.close(master)
-    return p.returncode, out, b"".join(chunks).decode("utf-8", "replace")
+    from kvaudit.cli import Environment, run
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run([str(a) for a in args], Environment(stdin=io.BytesIO(), stdout=out, stderr=err, stdout_isatty=False,
+                                                   stderr_isatty=True, environ={}))
+    return code, out.getvalue(), err.getvalue()
 
 
 def test_progress_on_a_terminal_only_and_cleared_before_the_report(tmp_path):
     with serve({"/server_info": json_doc(KIMI_INFO)}) as (fast, _), silent_server() as (slow, _):
         inv = tmp_path / "servers.txt"
         inv.write_text(f"{fast}\n{fast}/b\n{slow}\n")
-        code, out, term = _on_a_terminal(["fleet", inv, "--timeout", "3", "-f", "json"])
+        code, out, term = _with_stderr_on_a_terminal(["fleet", inv, "--timeout", "3", "-f", "json"])
         assert code == 4 and json.loads(out)["run"]["hosts"] == 3  # stdout: the report alone
-        assert "kvaudit fleet" in term and "/3" in term  # hosts done of total, on stderr's terminal
-        quiet_code, _, quiet_term = _on_a_terminal(["fleet", inv, "--timeout", "3", "-q", "-f", "json"])
+        assert "kvaudit fleet" in term and "3/3" in term and "1 failed" in term  # done/total, failures
+        assert term.rstrip().endswith("\x1b[2K") or "\x1b[2K" in term[-40:]  # the line cleared at the end
+        quiet_code, _, quiet_term = _with_stderr_on_a_terminal(["fleet", inv, "--timeout", "3", "-q", "-f", "json"])
         assert quiet_code == 4 and "kvaudit fleet" not in quiet_term
         p = _kvaudit("fleet", inv, "--timeout", "3", "-f", "json")  # stderr a pipe (cron): no progress
         _, err = p.communicate(timeout=60)
