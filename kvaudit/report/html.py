@@ -27,7 +27,8 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-bottom:1px solid #eee;text-align:right}
-th{cursor:pointer;background:#f6f6f6;position:sticky;top:0}td:first-child,th:first-child,td.l{text-align:left}
+th{cursor:pointer;background:#f6f6f6;position:sticky;top:0;text-align:left}td:first-child,td.l{text-align:left}
+td.why{max-width:420px;font-size:12px;color:#555}
 .s-ok{color:#2a7a2a}.s-warning,.s-partial{color:#a66d00}.s-error,.s-failed{color:#b00020;font-weight:600}
 .bar{display:flex;height:14px;width:520px;border:1px solid #ccc}.bar div{height:100%}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
@@ -100,6 +101,12 @@ def _merged_rows(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return groups
 
 
+def _brief(why: str, width: int = 110) -> str:
+    """The table's "why not ok": the codes and the first words; the whole text is the cell's tooltip and is
+    under the host below."""
+    return why if len(why) <= width else why[:width - 1].rsplit(" ", 1)[0] + " …"
+
+
 def _span(values: list[Any]) -> str:
     vals = [str(v) for v in values if v is not None]
     if not vals:
@@ -146,7 +153,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
                  f"<td data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td><td class='l'>{escape(s['verdict'] or '–')}</td>"
                  f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
                  f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td>"
-                 f"<td class='l'>{escape(s['why'] or '–')}</td></tr>")
+                 f"<td class='l why' title='{escape(s['why'])}'>{escape(_brief(s['why']) or '–')}</td></tr>")
     H.append("</tbody></table>")
     if drift:
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
@@ -167,11 +174,11 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
                  "<th>memory at startup (from T)</th><th>free now GiB</th><th>unexplained GiB</th></tr></thead><tbody>")
         for group in _merged_rows(gpu_rows(f.name, h)):
             r = group[0]
-            total = r["pre_load_free_gib"] or 0
+            total = r["pre_load_free_gib"]
             gpus = _span([x["gpu"] for x in group])
             ranks = _span([x["rank"] for x in group])
             H.append(f"<tr><td>{escape(gpus)}</td><td class='l'>{escape(ranks)}</td><td>{_v(r['before_t_gib'])}</td>"
-                     f"<td>{_v(total)}</td><td class='l'>{_bar(r, total)}</td><td>{_v(r['free_now_gib'])}</td>"
+                     f"<td>{_v(total)}</td><td class='l'>{_bar(r, total or 0)}</td><td>{_v(r['free_now_gib'])}</td>"
                      f"<td>{_v(r['unexplained_gib'])}</td></tr>")
         H.append("</tbody></table>")
         for fi in findings(h):

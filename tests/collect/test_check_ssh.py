@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import json
 import os
 
 import pytest
@@ -446,3 +447,38 @@ def test_an_inventory_key_file_is_tried_first(site, tmp_path):
         assert runner.run("hostname", 20, 1 << 20).rc == 0
     finally:
         runner.close()
+
+
+def test_ctrl_c_in_fleet_closes_the_ssh_session_at_once(site, tmp_path):
+    """A fleet stuck on a host whose nvidia-smi hangs (30 s): Ctrl-C closes the SSH session, the report shows
+    the host as interrupted, exit 130, well before the hang ends; no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    marker = site.host.root / "smi" / "hanging"
+    marker.unlink(missing_ok=True)
+    site.host.set_smi_mode("hang")
+    inv = tmp_path / "hosts.txt"
+    inv.write_text("gpu-test\n")
+    exe = Path(sys.executable).with_name("kvaudit")
+    p = subprocess.Popen([str(exe), "fleet", str(inv), "--ssh-config", str(site.trusted_config()), "--timeout", "60",
+                          "-f", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)  # polling for the host's own signal that the command is running
+        assert marker.exists()
+        t = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        took = time.monotonic() - t
+    finally:
+        site.host.set_smi_mode("ok")
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert json.loads(out)["hosts"][0]["summary"]["status"] == "failed:interrupted"
+    assert took < 10, took
