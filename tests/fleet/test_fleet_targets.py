@@ -53,7 +53,7 @@ def test_fleet_finds_the_servers_behind_a_selector(tmp_path):
     d = r.json()
     names = sorted(h["name"] for h in d["hosts"])
     assert names == [f"k8s:llm -l {LWS}=kimi,{GROUP}=0", "k8s:llm/solo-7b"]
-    assert all(h["summary"]["tokens"] == 159277 for h in d["hosts"])
+    assert all(h["summary"]["tokens"] == 159277 for h in d["hosts"]), (r.stderr, [h["summary"] for h in d["hosts"]])
     assert all(s.startswith("GET ") for s in seen)
 
 
