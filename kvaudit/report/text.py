@@ -39,7 +39,7 @@ def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
                          break_on_hyphens=False) or [indent]
 
 
-def render_one(a: Audit, color: bool = False) -> str:
+def render_one(a: Audit, color: bool = False, legend: bool = True) -> str:
     f, m = a.formula, a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
@@ -74,7 +74,8 @@ def render_one(a: Audit, color: bool = False) -> str:
     L.append(colour("Per GPU (GiB)", "1", color))
     grid = [(r.label,) + r.cells for r in rows(a)]
     L.extend(table(columns(a), grid))
-    L.append("  " + "; ".join(f"{k}: {v}" for k, v in column_help(a).items()))
+    if legend:  # once per report, wrapped to the page
+        L.extend(wrap("; ".join(f"{k}: {v}" for k, v in column_help(a).items())))
     L.append("")
     if a.findings:
         L.append(colour("Findings", "1", color))
@@ -96,7 +97,7 @@ def render_one(a: Audit, color: bool = False) -> str:
 
 
 def render(audits: list[Audit], color: bool = False, **_: Any) -> str:
-    return "\n".join(render_one(a, color) for a in audits)
+    return "\n".join(render_one(a, color, legend=i == 0) for i, a in enumerate(audits))
 
 
 def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:

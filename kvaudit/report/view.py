@@ -12,8 +12,7 @@ COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool",
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
 STATE_COLUMN = "state"
 COLUMN_HELP = {
-    "T": "the memory the ledger accounts for (SGLang: free before the weights, what its fraction applies to; "
-         "vLLM, TensorRT-LLM: the card's total)",
+    "T": "the memory the ledger accounts for",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
@@ -55,7 +54,13 @@ def columns(a: Audit) -> tuple[str, ...]:
 
 
 def column_help(a: Audit) -> dict[str, str]:
-    return {k: v for k, v in COLUMN_HELP.items() if k != STATE_COLUMN or has_state(a)}
+    """The per-GPU table's legend for this audit: T said in the engine's own terms, the state column only
+    where there is one."""
+    t = ("free before the weights (what the fraction applies to)" if a.engine == "sglang" else
+         "the card's total")
+    out = {k: v for k, v in COLUMN_HELP.items() if k != STATE_COLUMN or has_state(a)}
+    out["T"] = t
+    return out
 
 
 def rank_cells(r: RankLedger, with_state: bool = False) -> tuple[float | None, ...]:
