@@ -10,7 +10,7 @@ from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
 from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
-from kvaudit.report.rows import STATUS_ORDER, host_summary
+from kvaudit.report.rows import host_summary, status_rank
 from kvaudit.report.text import colour, table, wrap
 from kvaudit.textsafe import md_cell
 
@@ -26,13 +26,8 @@ def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
     return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
 
 
-def _rank(status: str) -> int:
-    base = status.split(":")[0]
-    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
-
-
 def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: _rank(r["status"]))
+    return sorted(rows, key=lambda r: status_rank(r["status"]))
 
 
 def counts_text(rows: list[dict[str, Any]]) -> str:
@@ -40,7 +35,7 @@ def counts_text(rows: list[dict[str, Any]]) -> str:
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
-    return ", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=_rank))
+    return ", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=status_rank))
 
 
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
-from kvaudit.report.rows import STATUS_ORDER, findings, gpu_rows, host_summary
+from kvaudit.report.rows import findings, gpu_rows, host_summary, status_rank
 
 SEGMENTS = (  # (key in the bar, label, colour)
     ("weights_gib", "weights", "#4c72b0"),
@@ -74,11 +74,6 @@ def _bar(r: dict[str, Any], total: float) -> str:
         parts.append(f'<div title="{escape(label)}: {v:.2f} GiB" style="width:{100 * v / total:.3f}%;'
                      f'background:{colour}"></div>')
     return '<div class="bar">' + "".join(parts) + "</div>"
-
-
-def _severity_rank(status: str) -> int:
-    base = status.split(":")[0]
-    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
 
 
 #: the numbers that make two GPUs "the same" in the report (to 0.01 GiB): merged into one row
@@ -146,7 +141,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
          + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
                                             "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
          + "</tr></thead><tbody>"]
-    for s in sorted(summaries, key=lambda s: _severity_rank(s["status"])):  # problems first
+    for s in sorted(summaries, key=lambda s: status_rank(s["status"])):  # problems first
         st = s["status"].split(":")[0]
         H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
                  f"<td class='l s-{escape(st)}'>{escape(s['status'])}</td><td>{s['gpus']}</td>"
@@ -159,7 +154,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
     H.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span><i style='background:{c}'></i>{escape(l)}</span>" for _, l, c in SEGMENTS) + "</p>")
-    order = sorted(zip(run.results, summaries), key=lambda x: _severity_rank(x[1]["status"]))  # problems first
+    order = sorted(zip(run.results, summaries), key=lambda x: status_rank(x[1]["status"]))  # problems first
     for (f, h), s in order:
         healthy = s["status"] == "ok"
         H.append(f"<details id='h-{escape(f.name)}'{'' if healthy else ' open'}><summary>{escape(f.name)} "

@@ -33,6 +33,12 @@ def status(h: HostAudit) -> str:
 STATUS_ORDER = ("failed", "error", "warning", "partial", "ok")
 
 
+def status_rank(status: str) -> int:
+    """Where a status (``failed:unreachable`` counts as ``failed``) sorts, the worst first."""
+    base = status.split(":")[0]
+    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
+
+
 def startup_id(h: HostAudit) -> str | None:
     """Which start of the server was audited: the unit's invocation id, else the log source and the startup's
     first line (a docker source names its start time). A new value in the next run is a restart."""
