@@ -361,12 +361,13 @@ def check(
 
     fmt = _check_format(fmt)
     _check_target(target, selector=selector)
-    st = _settings(config, no_config)
-    ssh_config = ssh_config or (Path(st.ssh_config) if st.ssh_config else None)
-    unit, source, journal_directory = unit or st.unit, source or st.source, journal_directory or st.journal_directory
-    accept_new_host_key = accept_new_host_key or st.accept_new_host_key
-    timeout, connect_timeout = timeout or st.timeout, connect_timeout or st.connect_timeout_given
-    textfile_dir = textfile_dir or (Path(st.textfile_dir) if st.textfile_dir else None)
+    st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
+                        journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
+                        timeout=timeout, connect_timeout=connect_timeout, textfile_dir=textfile_dir)
+    ssh_config = Path(st.ssh_config) if st.ssh_config else None
+    unit, source, journal_directory = st.unit, st.source, st.journal_directory
+    accept_new_host_key, timeout, connect_timeout = st.accept_new_host_key, st.timeout, st.connect_timeout
+    textfile_dir = Path(st.textfile_dir) if st.textfile_dir else None
     threshold = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     rules = _ignore_rules(list(st.ignore or ()) + list(ignore),
                           baseline or (Path(st.baseline) if st.baseline else None))
@@ -448,11 +449,11 @@ def capture(
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
                    "'kvaudit check URL --format json' keeps every figure it read (ranks[].logged)")
     _check_target(target, selector=selector)
-    st = _settings(config, no_config)
-    opts = _check_options(None, None, unit or st.unit, source or st.source, journal_directory or st.journal_directory,
-                          ssh_config or (Path(st.ssh_config) if st.ssh_config else None),
-                          accept_new_host_key or st.accept_new_host_key, timeout or st.timeout,
-                          connect_timeout or st.connect_timeout_given, None, [])
+    st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
+                        journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
+                        timeout=timeout, connect_timeout=connect_timeout)
+    opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
+                          st.accept_new_host_key, st.timeout, st.connect_timeout, None, [])
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
     try:
         c, path = run_capture(target, opts, str(output))
@@ -550,8 +551,7 @@ def fleet(
         raise Fail(str(exc)) from None
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
-                          st.accept_new_host_key, st.timeout, connect_timeout or st.connect_timeout_given,
-                          None, pairs)
+                          st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
     from contextlib import nullcontext
 
@@ -668,6 +668,14 @@ def _settings(config: Optional[Path], no_config: bool):
     except settings.SettingsError as exc:
         raise Fail(str(exc)) from None
     return st
+
+
+def _host_settings(config: Optional[Path], no_config: bool, **flags):
+    """kvaudit.toml under the command's own flags (given flags win), as fleet merges them."""
+    from kvaudit.fleet import settings
+
+    return settings.merge(_settings(config, no_config),
+                          **{k: str(v) if isinstance(v, Path) else v for k, v in flags.items()})
 
 
 def _ignore_rules(ignore: list[str], baseline: Optional[Path]):

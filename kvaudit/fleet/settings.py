@@ -26,7 +26,7 @@ class FleetSettings:
     parallel: int = 8
     timeout: float = 120.0  # per host
     run_timeout: float = 1800.0  # the whole run
-    connect_timeout: float = 10.0
+    connect_timeout: float | None = None  # None: the ssh_config's ConnectTimeout, else 10 s
     unit: str | None = None
     source: str | None = None
     journal_directory: str | None = None
@@ -37,11 +37,6 @@ class FleetSettings:
     html: str | None = None
     csv: str | None = None
     thresholds: dict[str, float] | None = None
-
-    @property
-    def connect_timeout_given(self) -> float | None:
-        """The file's connect timeout only when it differs from the default (check then defers to ssh_config's)."""
-        return self.connect_timeout if self.connect_timeout != 10.0 else None
     ignore: list[str] | None = None  # acknowledged findings, CODE or CODE@HOST (as --ignore)
     baseline: str | None = None  # a file of them (as --baseline)
 
