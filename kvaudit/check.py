@@ -100,12 +100,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         if opts.audit.model_geometry is None:
             config, config_source = session.config(model_path if isinstance(model_path, str) else None)
         pids = session.server_pids()
-        gpus, apps, gpu_source = [], [], None
-        if is_local(target):
-            gpus, apps, gpu_source = _nvml(session)
-        if not gpus and gpu_source is None:
-            gpus, apps = session.gpus()
-            gpu_source = "nvidia-smi" if gpus else None
+        gpus, apps, gpu_source = _gpu_readings(session, target)
         if getattr(runner, "reconnected", False):
             notes.append("the SSH connection closed between two commands and was opened again (once)")
         return session.result(lines, gpus, apps, config, config_source, pids, gpu_source), log, notes
@@ -178,14 +173,21 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
     return gpus, apps, config, config_source, partial, records
 
 
+def _gpu_readings(session: HostSession, target: str):
+    """The GPUs now: NVML on this machine when it answers, else nvidia-smi (on the host or here)."""
+    gpus, apps, gpu_source = [], [], None
+    if is_local(target):
+        gpus, apps, gpu_source = _nvml(session)
+    if not gpus and gpu_source is None:
+        gpus, apps = session.gpus()
+        gpu_source = "nvidia-smi" if gpus else None
+    return gpus, apps, gpu_source
+
+
 def _evidence(session: HostSession, target: str, lines: list[tuple[int, str]], why: str) -> Collected:
     gpus, apps, gpu_source = [], [], None
     try:
-        if is_local(target):
-            gpus, apps, gpu_source = _nvml(session)
-        if not gpus and gpu_source is None:
-            gpus, apps = session.gpus()
-            gpu_source = "nvidia-smi" if gpus else None
+        gpus, apps, gpu_source = _gpu_readings(session, target)
         pids = session.server_pids()
     except CollectError:  # the host went away meanwhile: keep what there is
         pids = ()
@@ -279,16 +281,15 @@ NO_GPU_READINGS_ENDPOINT = ("no GPU readings: an HTTP endpoint does not give the
 def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCapture"]:
     """Fetch a live server's documents and audit them with the engine they belong to."""
     from kvaudit.collect.endpoint import NotAnEndpoint, fetch
-    from kvaudit.engines import audit_endpoint
+    from kvaudit.engines import audit_endpoint, endpoint_documents, endpoint_paths
 
-    cap = fetch(target, opts.deadline_s)
+    cap = fetch(target, endpoint_paths(), opts.deadline_s)
     docs = {d.path: d.body for d in cap.documents if d.status == 200}
     a = audit_endpoint(docs, cap.url, opts.audit)
     if a is None:
         answered = ", ".join(sorted(docs)) or "nothing"
-        raise NotAnEndpoint(f"{cap.url}: answers {answered}, but none of it is an engine's KV pool (SGLang "
-                            "/server_info, vLLM's vllm:cache_config_info, TensorRT-LLM's kvCacheStats); "
-                            "audit its startup log instead")
+        raise NotAnEndpoint(f"{cap.url}: answers {answered}, but none of it is an engine's KV pool ("
+                            f"{endpoint_documents()}); audit its startup log instead")
     return a, cap
 
 

@@ -32,15 +32,18 @@ class Engine:
     process_names: tuple[str, ...] = ()  # what its systemd units and process titles contain (lower case)
     #: the audit of a live server from its own HTTP documents (path -> body), None when they are not its own
     endpoint: Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None = None
+    #: the documents it reads there, each as the paths it has been served at (newest first)
+    endpoint_paths: tuple[tuple[str, ...], ...] = ()
 
 
 ENGINES: tuple[Engine, ...] = (
     Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",),
-           sglang_endpoint.audit_endpoint),
+           sglang_endpoint.audit_endpoint, sglang_endpoint.PATHS),
     Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",),
-           vllm_endpoint.audit_endpoint),
+           vllm_endpoint.audit_endpoint, vllm_endpoint.PATHS),
     Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), trtllm_formula.reconcile, trtllm_formula.whatif,
-           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), trtllm_endpoint.audit_endpoint),
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), trtllm_endpoint.audit_endpoint,
+           trtllm_endpoint.PATHS),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
@@ -62,6 +65,17 @@ def all_anchors() -> tuple[bytes, ...]:
 def process_names() -> tuple[str, ...]:
     """Every engine's unit/process name fragments, for finding a host's engine unit and its processes."""
     return tuple(n for e in ENGINES for n in e.process_names)
+
+
+def endpoint_paths() -> tuple[tuple[str, ...], ...]:
+    """Every engine's endpoint documents, in engine order, each once."""
+    return tuple(dict.fromkeys(doc for e in ENGINES for doc in e.endpoint_paths))
+
+
+def endpoint_documents() -> str:
+    """What the engines read from a live server, for a message: ``SGLang /server_info, vLLM /version /metrics``."""
+    return ", ".join(f"{e.display} " + " ".join(names[0] for names in e.endpoint_paths)
+                     for e in ENGINES if e.endpoint_paths)
 
 
 def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -> Audit | None:

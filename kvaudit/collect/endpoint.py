@@ -2,10 +2,8 @@
 
 Read-only GETs, each bounded in time and size, no redirects followed (a server that redirects is not
 answering for itself), nothing sent but the request line and ``Accept``. Which documents are read, and what
-they mean, is each engine's business (``reconcile/<engine>/endpoint.py``); this module only fetches them.
-Paths (docs/endpoints.md has the shapes): SGLang ``/server_info`` (``/get_server_info`` before 0.4.x renamed
-it), Prometheus text at ``/metrics`` (SGLang with ``--enable-metrics``, vLLM always), vLLM's ``/version``,
-TensorRT-LLM's ``/metrics`` (JSON iteration stats) and ``/prometheus/metrics``.
+they mean, is each engine's business: each names its paths in ``engines.py`` (``Engine.endpoint_paths``) and
+reads them in ``reconcile/<engine>/endpoint.py``; this module only fetches them (docs/endpoints.md).
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ from kvaudit.textsafe import printable
 
 #: what one endpoint may return: a /metrics page of a big server is ~100 KiB, /server_info a few KiB
 MAX_DOCUMENT_BYTES = 8 << 20
-#: the documents asked for, in order; a 404 is an answer (that path is not served), not a failure
-PATHS = ("/server_info", "/get_server_info", "/version", "/metrics", "/prometheus/metrics")
 
 
 class NotAnEndpoint(CollectError):
@@ -78,17 +74,19 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx comes back as an HTTPError: recorded, not followed
 
 
-def fetch(target: str, deadline_s: float = 30.0, paths: tuple[str, ...] = PATHS) -> EndpointCapture:
-    """GET each path once. Raises :class:`Unreachable` when the server does not answer at all (refused, DNS,
-    TLS), :class:`HostTimeout` past the deadline, :class:`NotAnEndpoint` when it answers none of the paths."""
+def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float = 30.0) -> EndpointCapture:
+    """GET each document once, in order: each is a tuple of the paths it has been served at, newest name first
+    (a 404 is an answer, not a failure; an older name is asked only when the newer one is not served).
+    Raises :class:`Unreachable` when the server does not answer at all (refused, DNS, TLS),
+    :class:`HostTimeout` past the deadline, :class:`NotAnEndpoint` when it answers none of the paths."""
     url = base_url(target)
     opener = urllib.request.build_opener(_NoRedirect())
     deadline = time.monotonic() + deadline_s
     docs: list[Document] = []
     records: list[CommandRecord] = []
-    for path in paths:
-        if path == "/get_server_info" and any(d.path == "/server_info" and d.status == 200 for d in docs):
-            continue  # the old name is only asked when the new one is not served
+    for path, names in ((p, names) for names in documents for p in names):
+        if any(d.path in names and d.status == 200 for d in docs):
+            continue  # served under a newer name already
         left = deadline - time.monotonic()
         if left <= 0:
             raise HostTimeout(f"{url}: no answer within the {deadline_s:g} s deadline (while reading {path})")

@@ -31,6 +31,8 @@ from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.units import GIB
 from kvaudit.versions import VersionRange, parse_version
 
+#: the document read, at the paths it has been served at (newest first)
+PATHS = (("/server_info", "/get_server_info"),)
 #: the half-width of a value rounded to 2 decimals (3-decimal builds fall inside it)
 HALF_ULP = 0.005
 #: the fields of /server_info that are state, not server arguments
@@ -47,7 +49,7 @@ def server_info(body: str | None) -> dict[str, Any] | None:
 
 def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -> Audit | None:
     """The audit of a live SGLang server from its documents (path -> body), None when they are not SGLang's."""
-    doc = server_info(documents.get("/server_info")) or server_info(documents.get("/get_server_info"))
+    doc = next((d for d in (server_info(documents.get(p)) for p in PATHS[0]) if d is not None), None)
     if doc is None:
         return None
     args = {k: v for k, v in doc.items() if k not in _NOT_ARGS}

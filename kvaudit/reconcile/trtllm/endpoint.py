@@ -17,6 +17,11 @@ from kvaudit.reconcile.interface import (Audit, AuditOptions, Formula, FormulaRo
 from kvaudit.reconcile.values import as_int
 
 
+#: the documents asked: the iteration stats (JSON) and the Prometheus page (request metrics only: kept in the
+#: record of what the server answers, it sizes nothing)
+PATHS = (("/metrics",), ("/prometheus/metrics",))
+
+
 def _kv_stats(body: str | None) -> dict[str, Any] | None:
     doc = json_document(body)
     if doc is None:

@@ -25,6 +25,8 @@ from kvaudit.reconcile.vllm.cell import cell_size
 from kvaudit.units import GIB
 
 INFO_METRIC = "vllm:cache_config_info"
+#: the documents read: the release, and the Prometheus page with the cache config
+PATHS = (("/version",), ("/metrics",))
 
 
 def cache_configs(documents: Mapping[str, str]) -> list[Sample]:
