@@ -42,6 +42,11 @@ class Site:
 {extra}""")
         return p
 
+    def known_hosts(self, path: Path) -> Path:
+        """A known_hosts file that pins this site's sshd."""
+        path.write_text(f"[127.0.0.1]:{self.sshd.port} {self.sshd.host_pub}\n")
+        return path
+
     def trusted_config(self, name: str = "trusted") -> Path:
         cfg = self.ssh_config(name)
         (self.root / f"{name}.known_hosts").write_text(f"[127.0.0.1]:{self.sshd.port} {self.sshd.host_pub}\n")

@@ -397,8 +397,7 @@ def test_ssh_config_is_read_as_openssh_reads_it(site, tmp_path):
     extra = tmp_path / "conf.d" / "gpu.conf"
     extra.parent.mkdir()
     extra.write_text(f"Host gpu-inc\n  HostName 127.0.0.1\n  Port {site.sshd.port}\n")
-    known = tmp_path / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{site.sshd.port} {site.sshd.host_pub}\n")
+    known = site.known_hosts(tmp_path / "known_hosts")
     cfg = tmp_path / "config"
     cfg.write_text(f"Include {extra.parent}/*.conf\n"
                    f"Match host 127.0.0.1\n  IdentityFile {site.key}\n  IdentitiesOnly yes\n"
@@ -434,8 +433,7 @@ def test_an_inventory_key_file_is_tried_first(site, tmp_path):
     from kvaudit.collect.interface import AuthFailed
     from kvaudit.collect.ssh import SSHRunner
 
-    known = tmp_path / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{site.sshd.port} {site.sshd.host_pub}\n")
+    known = site.known_hosts(tmp_path / "known_hosts")
     cfg = tmp_path / "config"
     cfg.write_text(f"Host gpu-key\n  HostName 127.0.0.1\n  Port {site.sshd.port}\n  IdentitiesOnly yes\n"
                    f"  IdentityFile {tmp_path}/absent\n  UserKnownHostsFile {known}\n"
