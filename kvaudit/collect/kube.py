@@ -91,18 +91,21 @@ class KubeReader:
             self._api = _core_api(self.kubeconfig)
         return self._api
 
-    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    def call(self, verb: str, resource: str, ns: str, detail: str, fn: Callable[..., Any], *args: Any,
+             **kw: Any) -> Any:
+        """One API request, recorded as ``VERB RESOURCE NS...``; a refusal names the verb and resource."""
         import time
 
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError as Urllib3Error
 
+        what = f"{verb} {resource} {ns}{detail}"
         start = time.monotonic()
         try:
             out = fn(*args, _request_timeout=(min(10.0, self.timeout_s), self.timeout_s), **kw)
         except ApiException as exc:
             self.records.append(CommandRecord(what, exc.status, 0, time.monotonic() - start))
-            raise _api_error(exc, what) from None
+            raise _api_error(exc, what, verb, resource, ns) from None
         except Urllib3Error as exc:
             self.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
             text = printable(str(exc))
@@ -114,15 +117,15 @@ class KubeReader:
         return out
 
     def pod(self, ns: str, name: str) -> Any:
-        return self.call(f"get pods {ns}/{name}", self.api().read_namespaced_pod, name, ns)
+        return self.call("get", "pods", ns, f"/{name}", self.api().read_namespaced_pod, name, ns)
 
     def pods(self, ns: str, selector: str) -> list[Any]:
-        found = self.call(f"list pods {ns} -l {selector}", self.api().list_namespaced_pod, ns,
+        found = self.call("list", "pods", ns, f" -l {selector}", self.api().list_namespaced_pod, ns,
                           label_selector=selector)
         return list(found.items or [])
 
     def log(self, ns: str, name: str, container: str, previous: bool) -> bytes:
-        resp = self.call(f"get pods/log {ns}/{name} container={container}" + (" previous" if previous else ""),
+        resp = self.call("get", "pods/log", ns, f"/{name} container={container}" + (" previous" if previous else ""),
                          self.api().read_namespaced_pod_log, name, ns, container=container, timestamps=True,
                          limit_bytes=LOG_LIMIT_BYTES, previous=previous, _preload_content=False)
         try:
@@ -162,10 +165,7 @@ def _core_api(kubeconfig: str | None) -> Any:
     return client.CoreV1Api(client.ApiClient(cfg))
 
 
-def _api_error(exc: Any, what: str) -> CollectError:
-    verb, _, rest = what.partition(" ")
-    resource = rest.split(" ")[0]
-    ns = what.split(" ")[2].split("/")[0] if len(what.split(" ")) > 2 else ""
+def _api_error(exc: Any, what: str, verb: str, resource: str, ns: str) -> CollectError:
     message = ""
     try:
         import json
