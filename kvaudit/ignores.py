@@ -25,9 +25,6 @@ class IgnoreRule:
     def matches(self, code: str, names: tuple[str, ...]) -> bool:
         return code == self.code and (self.host is None or any(fnmatch.fnmatchcase(n, self.host) for n in names))
 
-    def __str__(self) -> str:
-        return self.code + (f"@{self.host}" if self.host else "")
-
 
 def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ...]:
     from kvaudit.reconcile.findings import CODES

@@ -197,13 +197,6 @@ class Audit:
     from_endpoint: bool = False
 
     @property
-    def origin(self) -> str:
-        """Where in the input the numbers come from, for the reports' heading."""
-        if self.from_endpoint:
-            return "live numbers (no startup log)"
-        return f"startup {self.startup_index} of {self.startups_total} (lines {self.first_line}-{self.last_line})"
-
-    @property
     def worst(self) -> Severity | None:
         counted = [f for f in self.findings if not f.ignored]
         if not counted:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvaudit.reconcile.interface import Audit
 from kvaudit.report.text import format_value
-from kvaudit.report.view import column_help, columns, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, origin, rows, summary_sentences
 from kvaudit.textsafe import md_cell
 
 
@@ -17,7 +17,7 @@ def _esc(s: str) -> str:
 def render_one(a: Audit) -> str:
     f = a.formula
     L = [f"## kvaudit: {_esc(a.source)}", "",
-         f"{a.engine_display or a.engine} {a.engine_version}, {a.origin}; model {_esc(a.model.architecture or 'unknown')}"
+         f"{a.engine_display or a.engine} {a.engine_version}, {origin(a)}; model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 

@@ -6,7 +6,7 @@ import textwrap
 from typing import Any
 
 from kvaudit.reconcile.interface import Audit, FormulaRow, Severity, WhatIf
-from kvaudit.report.view import column_help, columns, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, origin, rows, summary_sentences
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
 WIDTH = 100
@@ -43,7 +43,7 @@ def render_one(a: Audit, color: bool = False, legend: bool = True) -> str:
     f, m = a.formula, a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
-    L.append(colour(f"{a.source}: {engine} {a.engine_version}, {a.origin}", "1", color))
+    L.append(colour(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
              f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,

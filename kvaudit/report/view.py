@@ -53,6 +53,13 @@ def columns(a: Audit) -> tuple[str, ...]:
     return COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
 
 
+def origin(a: Audit) -> str:
+    """Where in the input the numbers come from, for the reports' heading."""
+    if a.from_endpoint:
+        return "live numbers (no startup log)"
+    return f"startup {a.startup_index} of {a.startups_total} (lines {a.first_line}-{a.last_line})"
+
+
 def column_help(a: Audit) -> dict[str, str]:
     """The per-GPU table's legend for this audit: T said in the engine's own terms, the state column only
     where there is one."""
