@@ -260,7 +260,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
             aopts = replace(aopts, model_geometry=geometry_from_text(c.config_json, c.config_source or "config.json"))
         except ConfigError as exc:
             notes.append(f"remote config.json unusable: {exc}")
-    audit = with_input_notes(log.engine.reconcile(startup, aopts, len(log.startups)), log)
+    audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log)
     if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
             p.startswith(NO_CONFIG) for p in c.partial):
         # the log itself states bytes per token (TensorRT-LLM's "kv size per token"): the config is not needed

@@ -20,6 +20,7 @@ from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.reconcile.sglang import endpoint as sglang_endpoint
 from kvaudit.reconcile.trtllm import endpoint as trtllm_endpoint
 from kvaudit.reconcile.vllm import endpoint as vllm_endpoint
+from kvaudit.verdict import settle
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Engine:
     endpoint: Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None = None
     #: the documents it reads there, each as the paths it has been served at (newest first)
     endpoint_paths: tuple[tuple[str, ...], ...] = ()
+
+    def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
+        """The engine's audit of one startup, its findings settled by the shared verdict rules."""
+        return settle(self.reconcile(startup, opts, startups_total))
 
 
 ENGINES: tuple[Engine, ...] = (
@@ -84,7 +89,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         if e.endpoint is not None:
             a = e.endpoint(documents, url, opts)
             if a is not None:
-                return a
+                return settle(a)
     return None
 
 

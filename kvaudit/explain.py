@@ -125,7 +125,7 @@ def select(log: ParsedLog, startup: int | None) -> list[Startup]:
 
 def audit(log: ParsedLog, opts: AuditOptions, startup: int | None = None, all_startups: bool = False) -> list[Audit]:
     chosen = list(log.startups) if all_startups else select(log, startup)
-    return [with_input_notes(log.engine.reconcile(s, opts, len(log.startups)), log) for s in chosen]
+    return [with_input_notes(log.engine.audit(s, opts, len(log.startups)), log) for s in chosen]
 
 
 def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
@@ -138,5 +138,5 @@ def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
 
 def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions, startup: int | None = None) -> tuple[Audit, WhatIf]:
     (s,) = select(log, startup)
-    base = log.engine.reconcile(s, opts, len(log.startups))
+    base = log.engine.audit(s, opts, len(log.startups))
     return base, log.engine.whatif(s, opts, base, replace(new_opts, source=opts.source))

@@ -92,7 +92,8 @@ def test_markdown_and_output_file(tmp_path):
     r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "markdown", "-o", out)
     assert r.code == 0 and r.stdout == ""
     md = out.read_text()
-    assert md.startswith("## kvaudit") and "| TP0 |" in md and "`RESERVE_EXPLAINS_FREE`" in md
+    head, _, rest = md.partition("\n\n")
+    assert head.startswith("**OK 159,277 tokens = formula") and rest.startswith("## kvaudit") and "| TP0 |" in md and "`RESERVE_EXPLAINS_FREE`" in md
 
 
 def test_colour_only_when_asked_or_on_a_terminal():

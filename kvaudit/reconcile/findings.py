@@ -17,6 +17,7 @@ CODES: dict[str, Severity] = {
     "TOKENS_MISMATCH": WARNING,
     "TOKENS_EXPLAINED": INFO,
     "TOKENS_CAPPED": INFO,
+    "ASSUMPTION_CONTRADICTED": INFO,  # raised by kvaudit.verdict (rule 3) in place of a TOKENS_MISMATCH
     "RESERVE_EXPLAINS_FREE": INFO,
     "UNUSED_MEMORY": WARNING,
     "LOW_HEADROOM": WARNING,
@@ -110,8 +111,8 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
         f"(1 - {f.mem_fraction_static:g}) x T {f.pre_load_free_gib:.2f} = {reserve:.2f} GiB, less the request "
         f"table ({req:.2f}) and allocator rounding ({rnd:.2f}). SGLang holds it back by design"
         + (f" for: {spent}" if spent else " for CUDA graphs and activations")
-        + end + ". It is not wasted."
-    )
+        + end
+    )  # the verdict layer closes it: "not wasted" only when no UNUSED_MEMORY speaks of the idle part
     return _f("RESERVE_EXPLAINS_FREE", msg, {
         "free_after_pool_gib": l.free_after_pool_gib, "reserve_gib": round(reserve, 4),
         "request_table_gib": req, "allocator_rounding_gib": rnd,

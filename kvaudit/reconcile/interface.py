@@ -104,6 +104,9 @@ class Formula:
     logged_tokens_approximate: bool = False  # the log gives the count only abridged ("273K")
     probable_cap: str | None = None  # why the pool looks capped although no --max-total-tokens is in the log
     state_pool_gib: float | None = None  # a hybrid model's state pool, taken out of the same budget (max rank)
+    #: the inputs the token check rests on (names as in kvaudit.verdict.inputs): a check that rests on an
+    #: assumed one cannot produce a mismatch by itself (verdict rule 3)
+    check_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ class RankLedger:
     unexplained_gib: float | None
     unexplained_tolerance_gib: float | None
     unmodelled: tuple[str, ...] = ()  # items the ledger could not size (and so may sit in 'unexplained')
+    #: the largest each unmodelled item can be (GiB; None: no bound known), parallel to ``unmodelled``: a
+    #: cause that cannot hold the unexplained amount is not offered (kvaudit.verdict, rule 2)
+    unmodelled_max_gib: tuple[float | None, ...] = ()
     logged: tuple[tuple[str, float], ...] = ()  # every number this rank's memory lines stated, by reading key
 
     def item(self, key: str) -> LedgerItem | None:

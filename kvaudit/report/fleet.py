@@ -103,8 +103,9 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", colour("Why not ok", "1", color)]
-        for r in others:
-            L.extend(wrap(f"{r['host']} ({r['status']}): {r['why']}", width=min(width, 100)))
+        for r in others:  # each host's entry opens with its headline; the other findings follow
+            L.extend(wrap(f"{r['host']}: {r['headline']}", width=min(width, 100)))
+            L.extend(wrap(f"({r['status']}) {r['why']}", indent="    ", width=min(width, 100)))
     if drift:
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
@@ -132,7 +133,8 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", "## Why not ok", ""]
-        L += [f"- **{md_cell(r['host'])}** ({r['status']}): {md_cell(r['why'])}" for r in others]
+        L += [f"- **{md_cell(r['host'])}**: {md_cell(r['headline'])} ({r['status']}: {md_cell(r['why'])})"
+              for r in others]
     if drift:
         L += ["", "## Since the last run", ""] + [f"- {md_cell(d.message)}" for d in drift]
     elif first_run:

@@ -6,8 +6,9 @@ from typing import Any
 
 from kvaudit.check import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
-from kvaudit.report.text import colour, table, wrap, render_one
+from kvaudit.report.text import STATUS_COLOURS, colour, table, wrap, render_one
 from kvaudit.textsafe import md_cell
+from kvaudit.verdict import judge_host
 
 GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
                "free now", "drift", "engine", "others")
@@ -64,6 +65,8 @@ def host_dict(h: HostAudit) -> dict[str, Any]:
     else:
         doc = {"schema_version": SCHEMA_VERSION, "engine": None, "engine_version": None, "source": None,
                "formula": None, "ranks": [], "findings": [finding_dict(f) for f in h.findings]}
+    j = judge_host(h)
+    doc["headline"], doc["status"] = j.headline, j.status
     doc["host"] = host
     doc["gpus"] = gpus
     return doc
@@ -90,6 +93,8 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
     for h in hosts:
         L: list[str] = []
         c = h.collected
+        j = judge_host(h)
+        L.append(colour(j.headline, STATUS_COLOURS.get(j.status.split(":")[0], "1"), color))
         head = f"kvaudit check {h.target}"
         if c and c.host:
             head += f" ({c.host})"
@@ -110,7 +115,8 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
             L.extend(wrap("note: " + n))
         L.append("")
         if h.audit is not None:
-            L.append(render_one(h.audit, color).rstrip("\n"))
+            # the audit without its own headline: the host's, above, is the same judgement with the live findings
+            L.append(render_one(h.audit, color).rstrip("\n").split("\n", 1)[1])
             L.append("")
         if h.gpus:
             L.append(colour("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
@@ -136,7 +142,7 @@ def render_markdown(hosts: list[HostAudit]) -> str:
 
     out = []
     for h in hosts:
-        L = [f"# kvaudit check {h.target}", ""]
+        L = [f"**{md_cell(judge_host(h).headline)}**", "", f"# kvaudit check {md_cell(h.target)}", ""]
         c = h.collected
         if h.error is not None:
             L.append(f"**Failed ({h.error.reason})**: {md_cell(str(h.error))}")
@@ -147,7 +153,7 @@ def render_markdown(hosts: list[HostAudit]) -> str:
         assert c is not None
         L += [f"Source: {c.source}; {c.bytes_received:,} bytes received; GPUs from {c.gpu_source or 'nowhere'}.", ""]
         if h.audit is not None:
-            L.append(md_one(h.audit))
+            L.append(md_one(h.audit).split("\n", 2)[2])  # without its headline: the host's is above
         if h.gpus:
             L += ["### GPUs now (GiB)", "", "| " + " | ".join(GPU_COLUMNS) + " |",
                   "|" + "---|" * 2 + "---:|" * (len(GPU_COLUMNS) - 2)]

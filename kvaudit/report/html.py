@@ -160,6 +160,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
         H.append(f"<details id='h-{escape(f.name)}'{'' if healthy else ' open'}><summary>{escape(f.name)} "
                  f"<small class='s-{escape(s['status'].split(':')[0])}'>{escape(s['status'])}</small>"
                  + (f" <small>{escape(s['why'])}</small>" if s["why"] else "") + "</summary>")
+        H.append(f"<p class='headline s-{escape(s['status'].split(':')[0])}'>{escape(s['headline'])}</p>")
         if trends and trends.get(f.name):
             H.append(_trend(trends[f.name]))
         if h.error is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvaudit import __version__
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, WhatIf
+from kvaudit.verdict import inputs, judge
 
 SCHEMA_VERSION = 1
 
@@ -59,8 +60,11 @@ def dumps(doc: Any) -> str:
 def audit_dict(a: Audit) -> dict[str, Any]:
     f = a.formula
     m = a.model
+    j = judge(a)
     return {
         "schema_version": SCHEMA_VERSION,
+        "headline": j.headline,
+        "status": j.status,
         "kvaudit_version": __version__,
         "engine": a.engine,
         "engine_version": a.engine_version,
@@ -102,6 +106,7 @@ def audit_dict(a: Audit) -> dict[str, Any]:
             "probable_cap": f.probable_cap,
             "state_pool_gib": f.state_pool_gib,
         },
+        "inputs": [{"name": i.name, "value": i.value, "source": i.source, "kind": i.kind} for i in inputs(a)],
         "ranks": [rank_dict(r) for r in a.ranks],
         "findings": [finding_dict(x) for x in a.findings],
         "hicache_host_gb": a.hicache_host_gb,

@@ -6,30 +6,36 @@ from typing import Any
 
 from kvaudit.reconcile.interface import Audit
 from kvaudit.report.text import format_value
-from kvaudit.report.view import column_help, columns, origin, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
 from kvaudit.textsafe import md_cell
+from kvaudit.verdict import judge
 
 
 def _esc(s: str) -> str:
     return md_cell(s)
 
 
-def render_one(a: Audit) -> str:
+def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> str:
     f = a.formula
-    L = [f"## kvaudit: {_esc(a.source)}", "",
+    L = [f"**{_esc(judge(a, extra, partial).headline)}**", "", f"## kvaudit: {_esc(a.source)}", "",
          f"{a.engine_display or a.engine} {a.engine_version}, {origin(a)}; model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 
+    if not_reached(a):
+        L[-4:] = ["### Formula", "", "Not reached: the startup failed before the KV pool was sized (the cause is "
+                  "under Findings)."]
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "–"
     formula_rows = [(r.quantity, format_value(r, "–"), r.source) for r in a.formula_rows] + [
         ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "–", ""),
     ]
-    for name, val, src in formula_rows:
-        L.append(f"| {_esc(name)} | {val} | {_esc(src)} |")
-    L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}", "", "### Per GPU (GiB)", "",
+    if not not_reached(a):
+        for name, val, src in formula_rows:
+            L.append(f"| {_esc(name)} | {val} | {_esc(src)} |")
+        L += ["", f"**Verdict: {f.verdict.value}** — {_esc(f.verdict_reason)}"]
+    L += ["", "### Per GPU (GiB)", "",
           "| " + " | ".join(columns(a)) + " |", "|" + "---|" + "---:|" * (len(columns(a)) - 1)]
     for r in rows(a):
         L.append("| " + " | ".join((_esc(r.label),) + r.cells) + " |")

@@ -8,6 +8,7 @@ from typing import Any
 from kvaudit.check import HostAudit
 from kvaudit.reconcile.interface import RankLedger, Severity
 from kvaudit.units import GIB
+from kvaudit.verdict import judge_host
 
 GPU_FIELDS = ("host", "gpu", "uuid", "rank", "status", "kv_tokens", "kv_bytes", "kv_gib", "weights_gib",
               "graphs_gib", "draft_gib", "reserve_gib", "unexplained_gib", "pre_load_free_gib", "free_at_end_gib",
@@ -141,5 +142,6 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "infos": sum(1 for f in fs if f.severity == Severity.INFO and not f.ignored),
         "partial": list(h.partial),
         "why": why(h),
+        "headline": judge_host(h).headline,
         "startup_id": startup_id(h),
     }

@@ -6,9 +6,13 @@ import textwrap
 from typing import Any
 
 from kvaudit.reconcile.interface import Audit, FormulaRow, Severity, WhatIf
-from kvaudit.report.view import column_help, columns, origin, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
+from kvaudit.verdict import judge
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
+#: the headline coloured by status
+STATUS_COLOURS = {"error": "1;31", "failed": "1;31", "warning": "1;33", "partial": "1;33", "ok": "1;32",
+                  "unchecked": "1"}
 WIDTH = 100
 
 
@@ -39,10 +43,15 @@ def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
                          break_on_hyphens=False) or [indent]
 
 
-def render_one(a: Audit, color: bool = False, legend: bool = True) -> str:
-    f, m = a.formula, a.model
+def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple = (),
+               partial: tuple[str, ...] = ()) -> str:
+    """One audit; its first line is the verdict's headline (``extra``/``partial``: a checked host's live
+    findings and what could not be read, which the headline weighs too)."""
+    m = a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
+    j = judge(a, extra, partial)
+    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.split(":")[0], "1"), color))
     L.append(colour(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
@@ -53,23 +62,12 @@ def render_one(a: Audit, color: bool = False, legend: bool = True) -> str:
              f"speculative {a.speculative}" if a.speculative else None]
     L.append("  " + ", ".join(x for x in model if x))
     L.append("")
-    L.append(colour("Formula", "1", color) + "  " + a.formula_text)
-
-    def g(v: float | None, nd: int = 2) -> str:
-        return "-" if v is None else f"{v:.{nd}f} GiB"
-
-    pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
-    head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
-    body = head + [
-        ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
-        ("predicted tokens", pred, f.rule or ""),
-        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "-", ""),
-    ]
-    for name, val, src in body:
-        L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
-    verdict = f.verdict.value.upper()
-    vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
-    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason))
+    if not_reached(a):
+        # a failed startup shows its cause first, not an empty formula table
+        L.extend(wrap(colour("Formula", "1", color) + "  not reached: the startup failed before the KV pool "
+                      "was sized (the cause is under Findings)", ""))
+    else:
+        L.extend(_formula_lines(a, color))
     L.append("")
     L.append(colour("Per GPU (GiB)", "1", color))
     grid = [(r.label,) + r.cells for r in rows(a)]
@@ -94,6 +92,24 @@ def render_one(a: Audit, color: bool = False, legend: bool = True) -> str:
         for n in a.notes:
             L.extend(wrap("- " + n))
     return "\n".join(L) + "\n"
+
+
+def _formula_lines(a: Audit, color: bool) -> list[str]:
+    f = a.formula
+    L = [colour("Formula", "1", color) + "  " + a.formula_text]
+    pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
+    head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
+    body = head + [
+        ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
+        ("predicted tokens", pred, f.rule or ""),
+        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "-", ""),
+    ]
+    for name, val, src in body:
+        L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
+    verdict = f.verdict.value.upper()
+    vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
+    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason))
+    return L
 
 
 def render(audits: list[Audit], color: bool = False, **_: Any) -> str:

@@ -132,6 +132,16 @@ def rows(audit: Audit) -> list[Row]:
     return [Row(tuple(labels), cells) for cells, labels in groups.items()]
 
 
+def not_reached(a: Audit) -> bool:
+    """The startup failed before its formula had a single input: the report leads with the cause instead of
+    an empty formula table."""
+    f = a.formula
+    failed = any(fi.code in ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY") and not fi.ignored for fi in a.findings)
+    empty = all(v is None for v in (f.pre_load_free_gib, f.post_load_free_gib, f.rest_gib, f.predicted_tokens,
+                                    f.logged_tokens, f.bytes_per_token))
+    return failed and empty and not any(r.value is not None for r in a.formula_rows)
+
+
 #: info findings that say a check ran and its numbers held
 CHECKS_THAT_HELD = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "RESERVE_EXPLAINS_FREE", "BUDGET_RECONCILES")
 

@@ -220,6 +220,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         logged_tokens_approximate=approx,
         probable_cap=probable_cap,
         state_pool_gib=round(state.mid, 3) if state is not None else None,
+        check_inputs=("mem_fraction_static", "pre_load_free_gib", "post_load_free_gib", "bytes_per_token")
+        + (("attention_tp_size",) if bpt_source == "config" else ()),
     )
     if verdict == Verdict.MATCH:
         findings.append(F.tokens_match(formula))

@@ -147,9 +147,14 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
         causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
                       "(max((1 - mfs) x T, a pre-capture activation reserve))")
+    # the direction picks the causes (kvaudit.verdict, rule 2): fewer tokens need less free memory or a larger
+    # reserve; more tokens need more free memory or a smaller reserve
     if logged < lo:
-        causes.append("memory taken by another process between the two measurements, or a smaller reserve "
+        causes.append("memory taken by another process between the two measurements, or a larger reserve "
                       "than the version rules assume")
-    if causes and not causes[-1].startswith("memory taken"):
+    elif logged > hi:
+        causes.append("memory freed between the two measurements, or a smaller reserve than the version rules "
+                      "assume")
+    if causes and not causes[-1].startswith(("memory taken", "memory freed")):
         return Verdict.EXPLAINED, msg + "; fits: " + "; ".join(causes), eff_r
     return Verdict.MISMATCH, msg + ("; possible: " + "; ".join(causes) if causes else ""), eff_r

@@ -123,6 +123,9 @@ def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) 
         max_total_tokens_cap=next((c.tokens for c in ctx.caps if c.kind == "max_tokens"), None),
         speculative_headroom_tokens=None,
         kv_bytes_per_token_logged=round(cell.from_pool_line, 1) if cell.from_pool_line else None,
+        # the budget is fraction x free unless the log states it; the cell divides the KV heads by TP
+        check_inputs=(("mem_fraction_static",) if b.available_logged is None else ())
+        + (("attention_tp_size",) if (cell.source or "").startswith("config") else ()),
     )
 
 

@@ -1,0 +1,346 @@
+"""The verdict: one judgement per audit, host and fleet, decided by the same rules for every engine.
+
+An engine's reconciler says what it read, derived and assumed (the formula, the ledgers, candidate findings,
+each with its amounts). This layer then
+
+1. settles the findings so that no two of them give the same GiB two accounts, or contradict each other
+   (:func:`settle`, applied by :meth:`kvaudit.engines.Engine.audit` to every audit an engine produces, so an
+   engine module cannot emit a contradiction even if it tries);
+2. decides the status and writes the one-line headline every report opens with (:func:`judge`,
+   :func:`judge_host`).
+
+The rules are stated in docs/findings.md ("The verdict's rules"); each function below names the rule it keeps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from kvaudit.reconcile.interface import Audit, Finding, Formula, RankLedger, Severity, Verdict
+
+#: findings that say "the startup failed": their message carries the cause quoted from the log
+FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")
+#: findings that say the pool does not follow the formula (rule 4: a formula violation is a finding)
+VIOLATION_CODES = ("TOKENS_MISMATCH", "LIVE_POOL_MISMATCH", "BUDGET_MISMATCH", "NOT_ENOUGH_MEMORY",
+                   "ASSUMPTION_CONTRADICTED")
+#: sources of a formula input that are not the log's, the user's or the config's word (rule 3)
+ASSUMED_PREFIXES = ("default", "assumed")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What every report relays: the status, the one-line headline, the findings that count."""
+
+    status: str  # ok | unchecked | warning | error | partial | failed:<reason>
+    headline: str
+    findings: tuple[Finding, ...]
+
+
+# --- settling an engine's findings --------------------------------------------------------------------------
+
+
+def settle(a: Audit) -> Audit:
+    """The audit with its findings made consistent (rules 1-4). Idempotent: settling twice changes nothing."""
+    findings = list(a.findings)
+    findings = _one_account_per_gib(findings)
+    findings = _causes_that_hold(findings, a.ranks)
+    findings = _assumptions_said(findings, a.formula, a.model)
+    findings = _not_a_check_of_itself(findings, a.formula)
+    findings = _violations_are_findings(findings, a.formula)
+    return replace(a, findings=tuple(findings))
+
+
+def _one_account_per_gib(findings: list[Finding]) -> list[Finding]:
+    """Rule 1. Free memory after the pool is what the reserve was *for* plus what stayed idle. "Not wasted" is
+    said only when no UNUSED_MEMORY speaks of the idle part of the same GPUs; otherwise the reserve finding
+    points at it as part of the reserve the operator configured."""
+    unused = [f for f in findings if f.code == "UNUSED_MEMORY" and not f.ignored]
+    out = []
+    for f in findings:
+        if f.code != "RESERVE_EXPLAINS_FREE" or f.fields.get("settled"):
+            out.append(f)
+            continue
+        overlap = [u for u in unused if not u.ranks or not f.ranks or set(u.ranks) & set(f.ranks)]
+        msg = f.message.rstrip(". ")
+        if overlap:
+            idle = overlap[0].fields.get("idle_gib")
+            amount = f"{idle:.2f} GiB" if isinstance(idle, (int, float)) else "the memory"
+            msg += (f". Of it, {amount} was still idle at the end of startup: that part is reserve you configured "
+                    "and nothing used (UNUSED_MEMORY)")
+        else:
+            msg += ". It is not wasted"
+        out.append(replace(f, message=msg + ".", fields={**f.fields, "settled": True,
+                                                         "idle_is_unused": bool(overlap)}))
+    return out
+
+
+def _causes_that_hold(findings: list[Finding], ranks: tuple[RankLedger, ...]) -> list[Finding]:
+    """Rule 2. A cause named for unexplained memory must be able to hold the amount: a candidate whose largest
+    possible size is below it is not offered; memory *more* free than accounted (negative) is held by no
+    consumer at all, so the finding says an item was counted too large instead."""
+    out = []
+    for f in findings:
+        if f.code != "UNEXPLAINED_MEMORY" or f.fields.get("settled"):
+            out.append(f)
+            continue
+        amount = f.fields.get("unexplained_gib")
+        worst = max((r for r in ranks if r.unexplained_gib is not None),
+                    key=lambda r: abs(r.unexplained_gib or 0), default=None)
+        if not isinstance(amount, (int, float)) or worst is None:
+            out.append(f)
+            continue
+        tol = worst.unexplained_tolerance_gib or 0.0
+        where = f.message.split(" is not accounted", 1)[0]
+        need = abs(amount) - tol
+        sizes = dict(zip(worst.unmodelled, worst.unmodelled_max_gib)) if worst.unmodelled_max_gib else {}
+        able = [c for c in worst.unmodelled if sizes.get(c) is None or sizes[c] >= need]
+        unable = [(c, sizes[c]) for c in worst.unmodelled if c not in able]
+        fields = {**f.fields, "settled": True, "candidates": able,
+                  "candidates_too_small": {c: s for c, s in unable}}
+        if amount < 0:
+            msg = (f"{where} is more free than every logged and modelled item allows (rounding allows "
+                   f"+-{tol:.2f}): an item was counted larger than it is, or memory was freed that the log does "
+                   "not show; no unmodelled item can explain memory that is free")
+            out.append(replace(f, message=msg, fields={**fields, "candidates": []}, severity=Severity.WARNING))
+            continue
+        if able:
+            said = " or ".join(able)
+            covered = f.fields.get("covered_by_unmodelled")
+            msg = (f"{where} is not accounted for by any logged or modelled item (rounding allows +-{tol:.2f}); "
+                   + (f"probably {said}, which the log does not let kvaudit size" if covered else
+                      f"not modelled: {said}"))
+        else:
+            msg = (f"{where} is not accounted for by any logged or modelled item (rounding allows +-{tol:.2f}); "
+                   f"no modelled item can hold {abs(amount):.2f} GiB")
+            fields["covered_by_unmodelled"] = False
+        if unable:
+            msg += " (" + "; ".join(f"{c} is at most {s:.2f} GiB" for c, s in unable) + ")"
+        sev = f.severity if able else Severity.WARNING
+        out.append(replace(f, message=msg, fields=fields, severity=sev))
+    return out
+
+
+def _assumptions_said(findings: list[Finding], formula: Formula, model: Any) -> list[Finding]:
+    """Rule 3. A check that rests on an assumed value cannot produce a mismatch by itself: the mismatch
+    becomes ASSUMPTION_CONTRADICTED (info), which says which value was assumed and what the log implies."""
+    assumed = [i for i in inputs_of(formula, model) if i.kind == "assumed" and i.name in formula.check_inputs]
+    if not assumed:
+        return findings
+    said = " and ".join(f"{i.name} {i.value:g}" if isinstance(i.value, float) else f"{i.name} {i.value}"
+                        for i in assumed) + " (" + "; ".join(str(i.source) for i in assumed) + ")"
+    out = []
+    for f in findings:
+        if f.code == "TOKENS_MISMATCH":
+            eff = formula.effective_mem_fraction_static
+            implied = (f"; the pool implies a fraction of {eff:g}"
+                       if eff is not None and any(i.name == "mem_fraction_static" for i in assumed) else "")
+            out.append(Finding("ASSUMPTION_CONTRADICTED", Severity.INFO,
+                               f"the pool does not follow the formula with an assumed {said}: the log does not "
+                               f"state it{implied}; pass the value the server ran with to check it. {f.message}",
+                               {**f.fields, "assumed": [i.name for i in assumed]}, f.ranks, f.ignored))
+        else:
+            out.append(f)
+    return out
+
+
+def _not_a_check_of_itself(findings: list[Finding], formula: Formula) -> list[Finding]:
+    """Rule 3. A value derived from the same line it is checked against is not a check: when the bytes per
+    token came from the KV line and the config disagrees with that line (GEOMETRY_MISMATCH), the token
+    "match" only shows that the budget equals the line's own size; it is folded into the geometry finding."""
+    codes = {f.code for f in findings if not f.ignored}
+    if not ({"GEOMETRY_MISMATCH", "TOKENS_MATCH"} <= codes):
+        return findings
+    if not (formula.bytes_per_token_source or "").startswith(("kv_line", "log")):
+        return findings
+    out = []
+    for f in findings:
+        if f.code == "TOKENS_MATCH":
+            continue
+        if f.code == "GEOMETRY_MISMATCH" and not f.fields.get("settled"):
+            f = replace(f, message=f.message + "; the budget holds the pool at the KV line's own bytes per token, "
+                        "so the token count is not checked against the config",
+                        fields={**f.fields, "settled": True})
+        out.append(f)
+    return out
+
+
+def _violations_are_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
+    """Rule 4. A formula that does not hold is a finding wherever it was computed, never only a note."""
+    if formula.verdict != Verdict.MISMATCH or any(f.code in VIOLATION_CODES for f in findings):
+        return findings
+    p = formula.predicted_tokens
+    return findings + [Finding("TOKENS_MISMATCH", Severity.WARNING, formula.verdict_reason, {
+        "logged_tokens": formula.logged_tokens, "predicted_low": p.low if p else None,
+        "predicted_high": p.high if p else None,
+        "effective_mem_fraction_static": formula.effective_mem_fraction_static,
+        "mem_fraction_static": formula.mem_fraction_static})]
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of the formula and where it came from (rule 3): ``kind`` is ``log`` (a line, a setting the
+    log printed), ``config`` (config.json), ``user`` (a flag), ``derived`` (computed from other inputs) or
+    ``assumed`` (a version default or a guess, said as one)."""
+
+    name: str
+    value: Any
+    source: str | None
+    kind: str
+
+
+def input_kind(source: str | None) -> str:
+    s = (source or "").lower()
+    if not s:
+        return "unknown"
+    if s.startswith(ASSUMED_PREFIXES):
+        return "assumed"
+    if s.startswith(("cli", "user", "--")):
+        return "user"
+    if s.startswith("config"):
+        return "config"
+    if s.startswith(("inferred", "derived", "estimated")):
+        return "derived"
+    return "log"
+
+
+def inputs(a: Audit) -> list[Input]:
+    """The formula's inputs with their sources, in the order the formula uses them."""
+    return inputs_of(a.formula, a.model)
+
+
+def inputs_of(f: Formula, m: Any) -> list[Input]:
+    rows = [("mem_fraction_static", f.mem_fraction_static, f.mem_fraction_static_source),
+            ("pre_load_free_gib", f.pre_load_free_gib, f.pre_load_free_source),
+            ("post_load_free_gib", f.post_load_free_gib, "log" if f.post_load_free_gib is not None else None),
+            ("bytes_per_token", f.bytes_per_token, f.bytes_per_token_source),
+            ("attention_tp_size", m.attention_tp_size, m.attention_tp_size_source or (
+                "log" if m.attention_tp_size is not None else None)),
+            ("page_size", f.page_size, "log" if f.page_size is not None else None),
+            ("max_total_tokens_cap", f.max_total_tokens_cap, "log" if f.max_total_tokens_cap else None)]
+    return [Input(n, v, src, input_kind(src)) for n, v, src in rows if v is not None]
+
+
+# --- the judgement and its headline -----------------------------------------------------------------------
+
+
+def counted(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if not f.ignored]
+
+
+def _line_of(f: Finding) -> int | None:
+    line = f.fields.get("line")
+    return line if isinstance(line, int) and line > 0 else None
+
+
+TRACEBACK_HEADER = "Traceback (most recent call last)"
+
+
+def _failure_cause(f: Finding) -> str:
+    """The exception as the log stated it, without kvaudit's framing: its first sentence. A traceback's
+    header is never the cause; when the log was cut before the exception line, that is said instead."""
+    detail = f.fields.get("detail")
+    if f.code == "STARTUP_FAILED" and isinstance(detail, str) and detail:
+        msg = detail
+    else:
+        msg = f.message
+        if msg.startswith("line ") and ": " in msg:
+            msg = msg.split(": ", 1)[1]
+        msg = msg.split("; ", 1)[0]
+    if TRACEBACK_HEADER in msg:
+        msg = msg.split(TRACEBACK_HEADER, 1)[0].rstrip(" :") or "a traceback"
+        msg += " (the log ends before the traceback's exception line)"
+    ends = [m.start() for m in _SENTENCE_END.finditer(msg) if m.start() >= 20]
+    return msg[:ends[0] + 1] if ends else msg
+
+
+_SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ")
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    from kvaudit.report.view import brief
+
+    s = brief(text).replace(" (whole under Findings)", "").replace(" ... (whole under Findings)", "")
+    return s if len(s) <= limit else s[:limit - 1].rsplit(" ", 1)[0] + " ..."
+
+
+def _ignored_note(findings: Iterable[Finding]) -> str:
+    n = sum(1 for f in findings if f.ignored)
+    return f" ({n} ignored)" if n else ""
+
+
+def _ok_answer(a: Audit) -> str:
+    f = a.formula
+    parts = []
+    if f.logged_tokens and f.verdict == Verdict.MATCH:
+        parts.append(f"{f.logged_tokens:,} tokens = formula")
+    elif f.logged_tokens and f.verdict == Verdict.EXPLAINED:
+        parts.append(f"{f.logged_tokens:,} tokens, explained: {_first_sentence(f.verdict_reason, 100)}")
+    reserve = next((x for x in a.findings if x.code == "RESERVE_EXPLAINS_FREE"), None)
+    if reserve is not None and isinstance(reserve.fields.get("free_after_pool_gib"), (int, float)):
+        parts.append(f"{reserve.fields['free_after_pool_gib']:.2f} GiB free is the reserve")
+    ends = [r.free_at_end_gib for r in a.ranks if r.end_is_final and r.free_at_end_gib is not None]
+    if ends:
+        parts.append(f"{min(ends):.2f} GiB free for activations")
+    if not parts:
+        held = next((x for x in a.findings if x.code in ("BUDGET_RECONCILES", "TOKENS_MATCH")), None)
+        if held is not None:
+            parts.append(_first_sentence(held.message, 140))
+    return "; ".join(parts) or "the checks that ran held"
+
+
+def checked(a: Audit) -> bool:
+    """Did a check run and hold (the pool against the formula, or a budget that adds up)?"""
+    from kvaudit.report.view import CHECKS_THAT_HELD
+
+    return a.formula.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(
+        f.code in CHECKS_THAT_HELD and not f.ignored for f in a.findings)
+
+
+def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()) -> Judgement:
+    """Status and headline of one audit (``extra``: a host's live findings; ``partial``: what a check could
+    not read). Rule 5: the headline says the status, the root cause or the answer, and where it is."""
+    allf = list(a.findings) + list(extra)
+    active = counted(allf)
+    ign = _ignored_note(allf)
+    errors = [f for f in active if f.severity == Severity.ERROR]
+    if errors:
+        # the finding that quotes the exception: a memory error's own line before the generic failure
+        failure = next((f for f in errors if f.code == "NOT_ENOUGH_MEMORY"), None) or \
+            next((f for f in errors if f.code == "STARTUP_FAILED"), None)
+        if failure is not None:
+            line = _line_of(failure)
+            cause = _first_sentence(_failure_cause(failure), 200)
+            where = f" (line {line})" if line and f"line {line}" not in cause else ""
+            head = f"ERROR startup failed: {cause}{where}"
+        else:
+            head = f"ERROR {errors[0].code}: {_first_sentence(errors[0].message)}"
+        return Judgement("error", head + ign, tuple(allf))
+    warnings = [f for f in active if f.severity == Severity.WARNING]
+    if warnings:
+        first = warnings[0]
+        more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        return Judgement("warning", f"WARNING {first.code}: {_first_sentence(first.message)}{more}{ign}", tuple(allf))
+    if partial:
+        return Judgement("partial", f"PARTIAL {_ok_answer(a) if checked(a) else 'nothing checked'}; missing: "
+                         f"{_first_sentence(partial[0], 100)}{ign}", tuple(allf))
+    if checked(a):
+        where = " (live numbers)" if a.from_endpoint else ""
+        return Judgement("ok", f"OK {_ok_answer(a)}{where}{ign}", tuple(allf))
+    tokens = f"{a.formula.logged_tokens:,} tokens; " if a.formula.logged_tokens else ""
+    return Judgement("unchecked", f"UNCHECKED {tokens}the pool size could not be checked: "
+                     f"{_first_sentence(a.formula.verdict_reason, 140)}{ign}", tuple(allf))
+
+
+def judge_host(h: Any) -> Judgement:
+    """A checked host (kvaudit.check.HostAudit): a transport failure first, then its audit's judgement."""
+    if h.error is not None:
+        return Judgement(f"failed:{h.error.reason}", f"FAILED {h.error.reason}: {h.error}", tuple(h.findings))
+    if h.audit is None:
+        active = counted(h.findings)
+        worst = max((f.severity.rank for f in active), default=0)
+        status = "error" if worst >= 2 else "partial"
+        return Judgement(status, f"{status.upper()} no engine startup audited"
+                         + (f"; missing: {h.partial[0]}" if h.partial else ""), tuple(h.findings))
+    return judge(h.audit, h.findings, tuple(h.partial))
