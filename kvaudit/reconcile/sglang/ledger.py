@@ -43,6 +43,7 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
     (attention-backend buffers). ``unexplained`` = T on this rank - every item - free at the end."""
     items: list[LedgerItem] = []
     unmodelled: list[str] = []
+    limits: dict[str, float | None] = {}  # the largest an unmodelled item can be (verdict rule 2)
     if ctx.opts.gpu_capacity_gib is not None and rf.pre is not None:
         items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
                                 rounded(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
@@ -87,6 +88,7 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
                                     rounded((rounding + freelist) / GIB, 4), "model", in_reserve=True, line=kv_line))
         else:
             unmodelled.append("allocator rounding (needs --model-config)")
+            limits["allocator rounding (needs --model-config)"] = rounding_limit_gib(tokens)
 
     # Memory pool end -> first target graph capture: attention-backend workspaces (nothing logs their size)
     first_graph = rf.graph_begin.get("target decode", rf.graph_begin.get("target prefill"))
@@ -147,4 +149,18 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         unexplained_gib=unexplained,
         unexplained_tolerance_gib=tol,
         unmodelled=tuple(unmodelled),
+        unmodelled_max_gib=tuple(limits.get(u) for u in unmodelled),
     )
+
+
+#: the most K/V buffers a pool has: 2 per layer for the deepest models served (128 layers); MLA has 1 per layer
+MAX_BUFFERS = 256
+
+
+def rounding_limit_gib(tokens: int | None) -> float | None:
+    """The largest allocator rounding can be without the config: at most one 2 MiB segment per buffer, plus the
+    token free list (8 B a token) rounded up to a segment."""
+    if tokens is None:
+        return None
+    freelist = -(-tokens * 8 // ALLOC_ROUND) * ALLOC_ROUND
+    return rounded((MAX_BUFFERS * ALLOC_ROUND + freelist) / GIB, 3)
