@@ -56,9 +56,11 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
     return hits[0] if len(hits) == 1 else None
 
 
-#: a run of digits no engine prints in a memory line (a 19-digit nanosecond timestamp is the longest real one):
-#: a line holding one is hostile or corrupt, and its numbers would overflow the arithmetic
-_ABSURD_NUMBER = re.compile(r"\d{25}|\d[eE]\+?\d{3}")
+#: a number no engine prints in a memory line (a 19-digit nanosecond timestamp is the longest real one): a line
+#: holding one is hostile or corrupt, and its numbers would overflow the arithmetic. Only a number standing on its
+#: own counts: digits inside an identifier (a Hugging Face snapshot hash such as ``...1e950...``, a UUID, a run
+#: id) are never parsed as a number, so they never make a line be skipped; a unit may follow (``1e999GB``)
+_ABSURD_NUMBER = re.compile(r"(?<![\w.])(?:\d{25,}|\d+(?:\.\d+)?[eE]\+?\d{3,})(?![0-9a-fA-F_-])")
 
 
 #: request payloads in the OpenAI shape, whatever engine logs them (each grammar adds its own markers)

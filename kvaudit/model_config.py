@@ -67,6 +67,14 @@ class ModelGeometry:
     linear_attention_layers: int | None
     max_position_embeddings: int | None
     multimodal: bool
+    #: sliding-window hybrids whose two kinds of layer differ (Gemma-4: ``num_global_key_value_heads``,
+    #: ``global_head_dim`` for the full layers; MiMo: ``swa_num_key_value_heads``, ``swa_head_dim``,
+    #: ``swa_v_head_dim`` for the sliding ones); None: as the model's own heads and head_dim
+    full_kv_heads: int | None = None
+    full_head_dim: int | None = None
+    swa_kv_heads: int | None = None
+    swa_head_dim: int | None = None
+    swa_v_head_dim: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -221,4 +229,9 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         linear_attention_layers=linear or None,
         max_position_embeddings=_int(cfg, "max_position_embeddings", source=source),
         multimodal=cfg is not outer or any(k in outer for k in ("vision_config", "audio_config")),
+        full_kv_heads=_int(cfg, "num_global_key_value_heads", source=source),
+        full_head_dim=_int(cfg, "global_head_dim", source=source),
+        swa_kv_heads=_int(cfg, "swa_num_key_value_heads", source=source),
+        swa_head_dim=_int(cfg, "swa_head_dim", source=source),
+        swa_v_head_dim=_int(cfg, "swa_v_head_dim", source=source),
     )

@@ -64,12 +64,16 @@ def _one_account_per_gib(findings: list[Finding]) -> list[Finding]:
             continue
         overlap = [u for u in unused if not u.ranks or not f.ranks or set(u.ranks) & set(f.ranks)]
         msg = f.message.rstrip(". ")
+        end = f.fields.get("free_at_end_gib")
+        final = f.fields.get("free_at_end_is_final") and isinstance(end, (int, float))
         if overlap:
             idle = overlap[0].fields.get("idle_gib")
             amount = f"{idle:.2f} GiB" if isinstance(idle, (int, float)) else "the memory"
-            msg += (f". Of it, {amount} was still idle at the end of startup: that part is reserve you configured "
-                    "and nothing used (UNUSED_MEMORY)")
+            msg += (f". The {amount} still free at the end of startup is not what it was held for: reserve you configured "
+                    "that nothing used (UNUSED_MEMORY)")
         else:
+            if final:
+                msg += f"; {end:.2f} GiB was still free for activations at the end of startup"
             msg += ". It is not wasted"
         out.append(replace(f, message=msg + ".", fields={**f.fields, "settled": True,
                                                          "idle_is_unused": bool(overlap)}))

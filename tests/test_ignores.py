@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.conftest import SAMPLES, cli
 
-WARNED = SAMPLES / "sglang_107.log"  # UNUSED_MEMORY: a warning, exit 1
+WARNED = SAMPLES / "sglang_210.log"  # UNUSED_MEMORY: its only warning, exit 1
 
 
 def test_explain_ignore_keeps_the_finding_marked_and_exits_clean():

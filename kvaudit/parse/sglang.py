@@ -188,6 +188,16 @@ class SpecReset(Event):
 
 
 @dataclass(frozen=True)
+class RequestsReduced(Event):
+    """``max_running_requests was reduced from the requested R to A (per dp worker) due to the available KV cache
+    capacity.`` (srt/mem_cache/kv_cache_configurator.py ``resolve_max_num_reqs``, 0.5.2x): the concurrency the
+    engine applied is below the one asked for."""
+
+    requested: int = 0
+    applied: int = 0
+
+
+@dataclass(frozen=True)
 class MfsAdjust(RankEvent):
     """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
 
@@ -257,6 +267,11 @@ _KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
 _KV_BUDGET = re.compile(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
 _CAP = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 _SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+#: ``Reserving X GB of the KV budget for post-sizing multimodal allocations (...)``
+#: (srt/mem_cache/kv_cache_configurator.py ``mm_runtime_reservation_gb``, 2026: SGLANG_VLM_CACHE_SIZE_MB, 100 MiB
+#: by default, plus the feature cache with CUDA-IPC transport; multimodal models only): taken from the budget
+_BUDGET_RESERVE = re.compile(r"Reserving " + NUM + r" ?GB of the KV budget for (.+)")
+_REQS_REDUCED = re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+)")
 _NOT_ENOUGH = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static\.?"
     r"(?: Current value: (?P<self>self\.server_args\.)?mem_fraction_static=" + NUM + r")?"
@@ -632,6 +647,11 @@ def _other_lines(line: Line) -> _Parsed:
                       {"swa_size": int(m.group(2)), "full_size": int(m.group(3))}),
             clues,
         )
+    m = _BUDGET_RESERVE.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(OtherPool(n, text, rank, "target", "budget_reserve", float(m.group(1)), True,
+                                 {"for": m.group(2).strip().rstrip(".")}), clues)
     m = _MAMBA.search(text)
     if m:
         rank, clues = at(m)
@@ -687,6 +707,10 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(CapWarning(n, text, rank, "target", int(m.group(1)), int(m.group(2))), clues)
+    m = _REQS_REDUCED.search(text)
+    if m:
+        # the release that added the warning is not pinned down: it narrows no version
+        return _Parsed(RequestsReduced(n, text, int(m.group(1)), int(m.group(2))), [])
     m = _SPEC_RESET.search(text)
     if m:
         return _Parsed(SpecReset(n, text, int(m.group(1))), [_clue((0, 5, 4), None, "spec max-requests reset")])
@@ -825,8 +849,12 @@ def _peer_roles(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Even
     return out
 
 
-#: free memory only falls while a server starts (weights, pools, graphs take it); a reading this much above the
-#: rank's previous one means the process was restarted (two startups pasted together without a server_args line)
+#: a new startup is told by a new server_args, a new ``Load weight begin`` / distributed init, or the phase order
+#: starting again; never by a rise in free memory alone: a CUDA-graph capture can *free* memory (``mem
+#: usage=-5.29 GB`` when the loader's garbage is collected). A phase-start line (weights begin or end, distributed
+#: init: an excerpt may lack the begin) this much above the rank's
+#: previous reading is a restart (two startups pasted together without a server_args line), unless it may be the
+#: draft worker's begin (speculative decoding on)
 RESTART_RISE_GIB = 2.0
 RESTART_RISE_FRACTION = 0.1
 
@@ -845,11 +873,12 @@ def _starts_new(b: _Builder, ev: Event) -> bool:
         return False
     if isinstance(ev, ServerArgs):
         return True
-    if isinstance(ev, RankEvent) and ev.role == "target":
+    if isinstance(ev, (WeightBegin, WeightEnd, DistInit)) and ev.role == "target":
         st = b.ranks.get(ev.rank)
         now = _avail(ev)
         if st is not None and now is not None and st.last_avail is not None and \
-                now - st.last_avail > max(RESTART_RISE_GIB, RESTART_RISE_FRACTION * st.last_avail):
+                now - st.last_avail > max(RESTART_RISE_GIB, RESTART_RISE_FRACTION * st.last_avail) and \
+                (b.spec_enabled() is not True or st.draft_weights):
             return True
     if not isinstance(ev, (WeightBegin, WeightEnd, DistInit)):
         return False

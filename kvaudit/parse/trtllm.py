@@ -27,7 +27,8 @@ Format strings (shared reference §2.3 and its 2026 update; docs/trtllm-log-gram
   max_tokens_in_paged_kv_cache) are set (to %f and %ld, respectively).", "Loaded engine size: %d MiB",
   "[MemUsageChange] Allocated %.2f MiB for execution context memory.", "Allocated %s GPU memory for runtime
   buffers." / "for decoder." (KB/MB/GB in base 1024), pre-0.9 "Allocate %zu bytes for k/v cache." and "Using
-  %d total tokens in paged KV cache, and %d blocks per sequence";
+  %d total tokens in paged KV cache, and %d blocks per sequence", and the oldest (~0.5-0.7) "Using %d tokens in
+  paged KV cache.";
 * failures: "Executor creation failed", CUDA out of memory, "maxTokensInPagedKvCache (N) must be large enough
   to process at least 1 sequence to completion (i.e. must be larger than beam_width (B) * tokensPerBlock (T) *
   maxBlocksPerSeq (M))", "Impossib(l)e to fit in any sequence in kvCache", "Can't allocate new blocks",
@@ -184,7 +185,7 @@ _ENGINE_SIZE = re.compile(r"Loaded engine size: (\d+) MiB")
 _CONTEXT = re.compile(r"Allocated " + NUM + r" MiB for execution context memory")
 _BUFFERS = re.compile(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
 _OLD_ALLOC = re.compile(r"Allocate (\d+) bytes for k/v cache")
-_OLD_TOKENS = re.compile(r"Using (\d+) total tokens in paged KV cache, and (\d+) blocks per sequence")
+_OLD_TOKENS = re.compile(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
 _SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
 _WINDOW = re.compile(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
 _BACKEND = re.compile(r"Using LLM with (PyTorch|TensorRT) backend")
@@ -398,11 +399,15 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         read("old_kv_bytes", m.group(1))
         return ev, [_clue((0, 1, 0), (0, 8, 99), "'Allocate N bytes for k/v cache' (pre-0.9 batch manager)")]
-    m = _OLD_TOKENS.search(t) if "total tokens in paged KV cache" in t else None
+    m = _OLD_TOKENS.search(t) if "tokens in paged KV cache" in t else None
     if m:
         ev.append(KVAllocation(n, t, rank, "target", 0.0, int(m.group(1))))
-        read("blocks_per_sequence", m.group(2))
-        return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]
+        if m.group(2):
+            read("blocks_per_sequence", m.group(2))
+            return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]
+        # the oldest wording (~0.5-0.7, the C++ batch manager): the count before it is rounded up to whole
+        # blocks at allocation (maintainer's answer in NVIDIA/TensorRT-LLM#224)
+        return ev, [_clue((0, 1, 0), (0, 7, 99), "'Using N tokens in paged KV cache.' (~0.5-0.7)")]
     m = _SEQ.search(t) if "max_seq_len=" in t else None
     if m:
         read("max_seq_len", m.group(1))

@@ -17,6 +17,7 @@ CODES: dict[str, Severity] = {
     "TOKENS_MISMATCH": WARNING,
     "TOKENS_EXPLAINED": INFO,
     "TOKENS_CAPPED": INFO,
+    "CONCURRENCY_LOWERED": WARNING,
     "ASSUMPTION_CONTRADICTED": INFO,  # raised by kvaudit.verdict (rule 3) in place of a TOKENS_MISMATCH
     "RESERVE_EXPLAINS_FREE": INFO,
     "UNUSED_MEMORY": WARNING,
@@ -89,6 +90,17 @@ def tokens_capped(cap: int, predicted: TokenInterval | None) -> Finding:
               {"max_total_tokens": cap, "predicted_high": predicted.high if predicted else None})
 
 
+def concurrency_lowered(requested: int, applied: int, why: str, line: int | None) -> Finding:
+    """The engine serves fewer requests at once than --max-running-requests asked for (SGLang
+    ``resolve_max_num_reqs``: capped at tokens // 2 and, for state-pool hybrids, at the state slots // ratio)."""
+    where = f" (line {line})" if line else ""
+    return _f("CONCURRENCY_LOWERED",
+              f"--max-running-requests {requested:,} was lowered to {applied:,} by the engine{where}: {why}; requests "
+              f"beyond {applied:,} wait in the queue. Give the state pool more slots (--max-mamba-cache-size, or a "
+              "larger fraction) or ask for fewer",
+              {"requested": requested, "applied": applied, "why": why, "line": line})
+
+
 def tokens_capped_probably(tokens: int, why: str) -> Finding:
     return _f("TOKENS_CAPPED",
               f"the KV pool of {tokens:,} tokens is probably capped (--max-total-tokens, or a PD/CI override): "
@@ -103,25 +115,24 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
     spent = ", ".join(f"{it.label} {it.gib:.2f}" for it in after)
     where = "every GPU" if len(ranks) == total_ranks and total_ranks > 1 else (
         "the GPU" if total_ranks == 1 else f"{len(ranks)} of {total_ranks} GPUs")
-    end = ""
-    if l.free_at_end_gib is not None and l.end_is_final:
-        end = f"; {l.free_at_end_gib:.2f} GiB was still free for activations at the end of startup"
     msg = (
         f"The {l.free_after_pool_gib:.2f} GiB free after the KV pool on {where} is the static reserve "
         f"(1 - {f.mem_fraction_static:g}) x T {f.pre_load_free_gib:.2f} = {reserve:.2f} GiB, less the request "
         f"table ({req:.2f}) and allocator rounding ({rnd:.2f}). SGLang holds it back by design"
         + (f" for: {spent}" if spent else " for CUDA graphs and activations")
-        + end
-    )  # the verdict layer closes it: "not wasted" only when no UNUSED_MEMORY speaks of the idle part
+    )  # the verdict layer closes it with the end of startup: "not wasted" only when no UNUSED_MEMORY speaks of
+    # the idle part (kvaudit.verdict, rule 1)
     return _f("RESERVE_EXPLAINS_FREE", msg, {
         "free_after_pool_gib": l.free_after_pool_gib, "reserve_gib": round(reserve, 4),
         "request_table_gib": req, "allocator_rounding_gib": rnd,
-        "free_at_end_gib": l.free_at_end_gib, "rank": l.label,
+        "free_at_end_gib": l.free_at_end_gib, "free_at_end_is_final": l.end_is_final, "rank": l.label,
     }, tuple(ranks))
 
 
 def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens: int | None,
-                  final: bool) -> Finding:
+                  final: bool, hicache_ratio: float | None = None) -> Finding:
+    """``hicache_ratio``: the hierarchical cache's host pool is that many times the device pool, so raising the
+    fraction grows host RAM too: said with the advice."""
     more = f" (room for about {extra_tokens:,} more tokens)" if extra_tokens else ""
     pool = f"a pool of {f.logged_tokens:,} tokens" if f.logged_tokens else "the KV pool"
     when = "at the end of startup" if final else "after the KV pool was allocated"
@@ -130,6 +141,11 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
         keep = 2.0  # GiB left for activation peaks after raising the fraction
         target = min(0.98, f.mem_fraction_static + max(0.0, idle - keep) / t)
         suggest = f"; --mem-fraction-static {target:.2f} would use it and keep ~{keep:.0f} GiB free"
+        if hicache_ratio and l.kv_gib:
+            grown = l.kv_gib + (target - f.mem_fraction_static) * t
+            suggest += (f". With the hierarchical cache (hicache_ratio {hicache_ratio:g}) the host pool grows with "
+                        f"the device pool: about {hicache_ratio * grown * GIB / GB_DECIMAL:.0f} GB of host RAM per "
+                        f"rank instead of {hicache_ratio * l.kv_gib * GIB / GB_DECIMAL:.0f} GB; check the host has it")
     elif f.max_total_tokens_cap:
         suggest = f"; --max-total-tokens {f.max_total_tokens_cap:,} caps the pool"
     return _f("UNUSED_MEMORY",

@@ -20,7 +20,7 @@ from kvaudit.reconcile.interface import (
 )
 from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell
 from kvaudit.reconcile.values import as_float, as_int
-from kvaudit.reconcile.sglang.checks import failure_findings, ledger_findings
+from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
     Context,
     build_context,
@@ -236,6 +236,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         for i, r in enumerate(ranks)
     )
     findings.extend(ledger_findings(ctx, ledgers, formula, reserve, th))
+    findings.extend(concurrency_findings(ctx, logged, ctx_len))
     memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in startup.of(Failure))
     findings.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None))
     hicache = startup.of(HiCacheHost)

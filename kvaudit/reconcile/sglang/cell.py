@@ -115,9 +115,38 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
     if geom is None or ctx.kv_elt is None:
         return None, None
     if geom.is_hybrid_swa:
-        return None, ("hybrid sliding-window model: the full/SWA token split is not modelled; bytes per token "
-                      "are the whole pool's (both kinds of layers) per full-attention token, from the KV lines")
+        ratio = ctx.args.get("swa_full_tokens_ratio")
+        if ctx.era.lo >= (0, 5, 9) and isinstance(ratio, (int, float)) and not isinstance(ratio, bool) \
+                and ctx.pp == 1 and geom.kv_lora_rank is None:
+            return swa_cell(geom, ctx.attn_tp, ctx.kv_elt, float(ratio)), None
+        why = ("SGLang before 0.5.9 splits a per-layer profile" if ctx.era.lo < (0, 5, 9)
+               else "the log has no swa_full_tokens_ratio" if not isinstance(ratio, (int, float)) else
+               "the split under pipeline parallelism or MLA is not modelled")
+        return None, (f"hybrid sliding-window model: the full/SWA token split is not modelled here ({why}); "
+                      "bytes per token are the whole pool's (both kinds of layers) per full-attention token, "
+                      "from the KV lines")
     return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), None
+
+
+def swa_cell(geom: ModelGeometry, attn_tp: int, kv_elt: float, ratio: float) -> CellSize:
+    """Bytes one full-attention token costs a sliding-window hybrid (SGLang 0.5.9+; 0.5.11+
+    ``HybridSWAPoolConfigurator``, srt/model_executor/pool_configurator.py): ``F x n_full + r x S x n_swa``, F and
+    S the per-layer bytes of a full and a sliding layer (K and V: the pool allocates V even where the config shares
+    K and V, ``attention_k_eq_v``), r = ``swa_full_tokens_ratio``. The budget divides by it; the SWA pool then holds
+    ``floor(full tokens x r)`` tokens (both page-aligned)."""
+    def per_layer(heads: int | None, hd: int | None, vhd: int | None) -> float:
+        h = max(1, (heads or 1) // attn_tp)
+        return h * ((hd or 0) + (vhd or hd or 0)) * kv_elt
+
+    full_hd = geom.full_head_dim or geom.head_dim
+    full = per_layer(geom.full_kv_heads or geom.num_kv_heads, full_hd, geom.full_head_dim or geom.v_head_dim or full_hd)
+    swa_hd = geom.swa_head_dim or geom.head_dim
+    swa = per_layer(geom.swa_kv_heads or geom.num_kv_heads, swa_hd, geom.swa_v_head_dim or geom.v_head_dim or swa_hd)
+    nf, ns = geom.full_attention_layers or 0, geom.sliding_window_layers or 0
+    profile = full * nf + ratio * swa * ns
+    desc = (f"sliding-window hybrid: full {full:,.0f} B x {nf} layers + swa_full_tokens_ratio {ratio:g} x SWA "
+            f"{swa:,.0f} B x {ns} layers")
+    return CellSize(int(round(profile)), int(round(profile)), (), desc)
 
 
 #: the largest page size a server whose log does not state it may have run with (FlashMLA and TRT-LLM MLA

@@ -6,6 +6,7 @@ from kvaudit.parse.sglang import Failure
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Thresholds
 from kvaudit.reconcile.sglang.context import Context
+from kvaudit.reconcile.values import as_float
 from kvaudit.units import GIB, Interval
 
 def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Formula, reserve: Interval | None,
@@ -43,7 +44,7 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
             req = item_gib(l, "request_table")
             rnd = item_gib(l, "allocator_rounding")
             pools = sum(it.gib or 0 for it in l.items
-                        if it.key in ("kv_cache", "kv_cache_swa", "state_pool") or it.key.startswith("pool_"))
+                        if it.key in ("kv_cache", "kv_cache_swa", "state_pool", "budget_reserve") or it.key.startswith("pool_"))
             expected = l.free_after_weights_gib - pools - req - rnd
             tol = th.reserve_tolerance_gib + (0.0 if l.item("allocator_rounding") else 0.08)
             if abs(l.free_after_pool_gib - expected) <= tol:
@@ -68,13 +69,38 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
         idle = l.free_at_end_gib if l.end_is_final else None
         if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
             extra = int(idle * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
-            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final))
+            hicache = as_float(ctx.args.get("hicache_ratio")) if ctx.args.get("enable_hierarchical_cache") else None
+            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final, hicache))
             break
     low = [l for l in ledgers if l.end_is_final and l.free_at_end_gib is not None
            and l.free_at_end_gib < th.low_headroom_gib]
     if low:
         out.append(F.low_headroom(min(low, key=lambda x: x.free_at_end_gib or 0), th.low_headroom_gib))
     return out
+
+
+def concurrency_findings(ctx: Context, tokens: int | None, context_len: int | None) -> list[Finding]:
+    """--max-running-requests above what the engine applied (its own warning line, the scheduler summary, or the
+    state pool's cap rerun): concurrency lowered without the operator asking."""
+    from kvaudit.parse.sglang import RequestsReduced
+    from kvaudit.reconcile.sglang.ledger import applied_requests
+    from kvaudit.reconcile.values import as_int
+
+    said = ctx.startup.of(RequestsReduced)
+    if said:
+        r = said[0]
+        return [F.concurrency_lowered(r.requested, r.applied, "the engine's own warning: the KV cache capacity",
+                                      r.line)]
+    requested = as_int(ctx.args.get("max_running_requests"))
+    if not requested:
+        return []
+    dp = as_int(ctx.args.get("dp_size")) or 1
+    per_worker = requested // dp if ctx.args.get("enable_dp_attention") is True else requested
+    applied, how = applied_requests(ctx, tokens, context_len)
+    if applied is None or applied >= per_worker:
+        return []
+    line = ctx.summary.line if ctx.summary is not None and ctx.summary.max_running_requests else None
+    return [F.concurrency_lowered(per_worker, applied, how, line)]
 
 
 def item_gib(l: RankLedger, key: str) -> float:

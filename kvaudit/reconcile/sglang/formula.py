@@ -110,6 +110,21 @@ def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, c
 
 
 
+def _multimodal(ctx: Context) -> bool:
+    geom = ctx.opts.model_geometry
+    if geom is not None:
+        return bool(geom.multimodal)
+    from kvaudit.parse.sglang import WeightEnd
+
+    return any("ConditionalGeneration" in (e.model_type or "") for e in ctx.startup.of(WeightEnd))
+
+
+def _reserve_logged(ctx: Context) -> bool:
+    from kvaudit.parse.sglang import OtherPool
+
+    return any(e.kind == "budget_reserve" for e in ctx.startup.of(OtherPool))
+
+
 def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, post: Interval, mfs: float,
                      cell: Interval, cap: int | None, state: Interval | None = None
                      ) -> tuple[Verdict, str, float | None]:
@@ -147,6 +162,15 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
         causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
                       "(max((1 - mfs) x T, a pre-capture activation reserve))")
+    if logged < lo and _multimodal(ctx) and not _reserve_logged(ctx):
+        # 2026 releases take SGLANG_VLM_CACHE_SIZE_MB (100 MiB by default) out of a multimodal model's budget
+        # (kv_cache_configurator.py mm_runtime_reservation_gb) and log "Reserving X GB of the KV budget"; an
+        # excerpt without that line, or an older build, leaves it open. Offered only when it can hold the gap.
+        gap_gib = (lo - logged) * pred.cell.mid / GIB
+        if gap_gib <= 0.5:
+            causes.append(f"a multimodal runtime reservation taken from the KV budget of about {gap_gib:.2f} GiB "
+                          "(SGLANG_VLM_CACHE_SIZE_MB, 100 MiB by default in the releases that reserve it; the log "
+                          "has no 'Reserving ... GB of the KV budget' line to confirm it)")
     # the direction picks the causes (kvaudit.verdict, rule 2): fewer tokens need less free memory or a larger
     # reserve; more tokens need more free memory or a smaller reserve
     if logged < lo:

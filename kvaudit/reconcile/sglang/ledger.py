@@ -10,30 +10,80 @@ from kvaudit.reconcile.sglang.facts import RankFacts
 from kvaudit.reconcile.sglang.pool import KV_KEYS, components, is_swa, kv_gib, kv_parts
 from kvaudit.units import GIB, LOG_HALF_ULP
 
-def request_table(ctx: Context, tokens: int | None, context_len: int | None) -> tuple[int | None, str]:
-    """req_to_token: rows x (context_len + extra) x int32 (``ReqToTokenPool``, srt/mem_cache/memory_pool.py).
-    Rows: max_num_reqs (+1 in 0.4.0-0.4.8); max_num_reqs = --max-running-requests when given, else
-    clamp(tokens / context_len * 512, 2048, 4096). Extra: 4 (+ speculative_num_draft_tokens from 0.5.1)."""
-    if not context_len:
-        return None, "context length unknown"
+#: ``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`` and the extra-buffer additions (srt/mem_cache/
+#: kv_cache_configurator.py ``_calculate_mamba_ratio``, 0.5.4+; model_runner.py before the configurator split):
+#: state slots per request row: 3, + 2 with the ping-pong extra buffer under the overlap scheduler (+ 1 when lazy
+#: or without overlap), 1 without the radix cache
+MAMBA_RATIO = 3
+
+
+def mamba_ratio(ctx: Context) -> tuple[int, int, str]:
+    """(low, high, how) of the state slots per request row; low == high when server_args decide it."""
+    a = ctx.args
+    if a.get("disable_radix_cache") is True:
+        return 1, 1, "1 (radix cache off)"
+    strategy = a.get("mamba_radix_cache_strategy")
+    extra = a.get("enable_mamba_extra_buffer")
+    if strategy == "extra_buffer" or extra is True:
+        add = 1 if a.get("disable_overlap_schedule") is True else 2
+        return MAMBA_RATIO + add, MAMBA_RATIO + add, f"{MAMBA_RATIO + add} (extra buffer)"
+    if ctx.startup.server_args is not None:
+        return MAMBA_RATIO, MAMBA_RATIO, f"{MAMBA_RATIO}"
+    return MAMBA_RATIO, MAMBA_RATIO + 2, f"{MAMBA_RATIO}..{MAMBA_RATIO + 2} (server_args not in the log)"
+
+
+def state_slots(ctx: Context) -> int | None:
+    """The state pool's slot count (``max_mamba_cache_size`` on the Mamba line, 0.5.4+)."""
+    from kvaudit.parse.sglang import OtherPool
+
+    for e in ctx.startup.of(OtherPool):
+        if e.kind == "mamba" and e.role == "target" and isinstance(e.detail.get("max_mamba_cache_size"), int):
+            return e.detail["max_mamba_cache_size"]
+    return None
+
+
+def applied_requests(ctx: Context, tokens: int | None, context_len: int | None) -> tuple[int | None, str]:
+    """How many request rows the engine sized (``resolve_max_num_reqs``): the scheduler summary's
+    ``max_running_requests`` when the log prints it (what was applied); else --max-running-requests or the default
+    clamp(tokens / context_len x 512, 2048, 4096), capped at tokens // 2 and, for a state-pool hybrid, at
+    ``max_mamba_cache_size // ratio`` (0.5.4+)."""
+    if ctx.summary is not None and ctx.summary.max_running_requests:
+        return ctx.summary.max_running_requests, "max_running_requests in the scheduler summary"
     reqs = as_int(ctx.args.get("max_running_requests"))
     how = "--max-running-requests"
     if reqs is None and ctx.spec_algo is not None and ctx.era.overlaps((0, 4, 5), (0, 5, 18)):
         reqs, how = 48, "48 (speculative decoding default)"
-    if reqs is None and tokens:
+    if reqs is None and tokens and context_len:
         upper = 5120 if ctx.era.hi is not None and ctx.era.hi <= (0, 3, 0) else 4096
         reqs = max(2048, min(upper, int(tokens / context_len * 512)))
         how = "default clamp(tokens/context_len*512, 2048, 4096)"
+    slots = state_slots(ctx)
+    if slots is not None:
+        lo, _hi, ratio_how = mamba_ratio(ctx)
+        cap = slots // lo  # the larger bound: the table is at most this
+        if reqs is None or cap < reqs:
+            reqs, how = cap, f"capped by the state pool: {slots} slots // ratio {ratio_how}"
     if reqs is None:
         return None, "max_running_requests unknown"
-    rows = reqs + 1 if ctx.era.within((0, 4, 0), (0, 4, 8)) else reqs
+    return reqs, how
+
+
+def request_table(ctx: Context, tokens: int | None, context_len: int | None) -> tuple[int | None, str]:
+    """req_to_token: rows x (context_len + extra) x int32 (``ReqToTokenPool``, srt/mem_cache/memory_pool.py).
+    Rows: the applied max_num_reqs (:func:`applied_requests`), + 1 in 0.4.0-0.4.8 and for state-pool hybrids
+    (``HybridReqToTokenPool`` allocates size + 1 rows, the padding row). Extra: 4 (+ speculative_num_draft_tokens
+    from 0.5.1)."""
+    if not context_len:
+        return None, "context length unknown"
+    reqs, how = applied_requests(ctx, tokens, context_len)
+    if reqs is None:
+        return None, how
+    rows = reqs + 1 if (ctx.era.within((0, 4, 0), (0, 4, 8)) or state_slots(ctx) is not None) else reqs
     extra = 4
     if ctx.spec_algo is not None and ctx.era.lo >= (0, 5, 1):
         extra += as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
     nbytes = rows * (context_len + extra) * 4
     return -(-nbytes // ALLOC_ROUND) * ALLOC_ROUND, f"{rows} rows ({how}) x ({context_len:,} + {extra}) x 4 B"
-
-
 
 
 def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, tokens: int | None,
@@ -92,13 +142,25 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
 
     # Memory pool end -> first target graph capture: attention-backend workspaces (nothing logs their size)
     first_graph = rf.graph_begin.get("target decode", rf.graph_begin.get("target prefill"))
+    if (rf.pool_end is None or first_graph is None) and rf.graph_usage and kv_line is not None:
+        # graphs were captured, but the lines that bracket the backend's workspaces are not in the log
+        what = "attention-backend buffers (no 'Memory pool end' / 'Capture ... begin' line to size them)"
+        unmodelled.append(what)
+        limits[what] = None
     if rf.pool_end is not None and first_graph is not None:
         begin_line = rf.lines.get("begin target decode", rf.lines.get("begin target prefill"))
         items.append(LedgerItem("attention_backend", "attention backend buffers (pool end -> graph begin)",
                                 rounded(rf.pool_end - first_graph, 3), "derived", in_reserve=True, line=begin_line))
     for name in sorted(n for n in rf.graph_usage if not n.startswith("draft")):
         key = f"graphs_{name.replace(' ', '_')}"
-        items.append(LedgerItem(key, f"CUDA graphs ({name})", rounded(rf.graph_usage[name], 3), "log", in_reserve=True,
+        usage = rf.graph_usage[name]
+        if usage < 0:
+            # free memory *rose* across the capture (``mem usage=-5.29 GB``): the loader's buffers were garbage
+            # collected while graphs were captured; that is memory given back, not graphs of negative size
+            items.append(LedgerItem(f"freed_{key}", f"memory freed during CUDA-graph capture ({name}): the "
+                                    "loader's buffers collected", rounded(usage, 3), "log", line=rf.lines.get(key)))
+            continue
+        items.append(LedgerItem(key, f"CUDA graphs ({name})", rounded(usage, 3), "log", in_reserve=True,
                                 line=rf.lines.get(key)))
     if rf.draft_weights is not None:
         # 0.5.14+ loads the draft before sizing the pool, so its weights sit inside the mfs budget
@@ -108,8 +170,16 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
     if dkv:
         items.append(LedgerItem("draft_kv_cache", "draft KV cache", rounded(sum(dkv), 3), "log", in_reserve=True,
                                 line=rf.lines.get("draft_kv_cache")))
-        if rf.draft_pool_end is not None and rf.draft_post is not None:
-            overhead = rounded(rf.draft_post - rf.draft_pool_end - sum(dkv), 3)
+        # the draft's pool stage begins at the last reading before its KV line: its own weights' end when it
+        # loads after the target's pool (<= 0.5.13), the target's Memory pool end when it loads first (the
+        # 0.5.14+ three-phase init, or an excerpt that begins at the draft's Load weight end)
+        stage_start = rf.draft_post
+        weights_line, target_pool_line = rf.lines.get("draft_weights"), rf.lines.get("pool_end")
+        if rf.pool_end is not None and target_pool_line is not None and (
+                weights_line is None or weights_line < target_pool_line):
+            stage_start = rf.pool_end
+        if rf.draft_pool_end is not None and stage_start is not None:
+            overhead = rounded(stage_start - rf.draft_pool_end - sum(dkv), 3)
             if overhead:
                 items.append(LedgerItem("draft_pool_overhead", "draft pool overhead", overhead, "derived",
                                         in_reserve=True, line=rf.lines.get("draft_pool_end")))

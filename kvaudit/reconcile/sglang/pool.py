@@ -10,6 +10,7 @@ DeepSeek-V3.2's NSA indexer buffers sit inside the MLA line. Each component beco
                    when a rank logged only the ``SWAKVPool mem usage`` summary
     kv_cache_swa   the sliding-window layers' KV tensors
     state_pool     Mamba conv + SSM state (+ the speculative intermediate caches), per request, not per token
+    budget_reserve a reservation the engine logged out of the same budget (``Reserving X GB of the KV budget``)
     pool_<kind>    another engine-logged pool that counts in the budget
 """
 
@@ -80,6 +81,9 @@ def components(rf: RankFacts) -> tuple[PoolComponent, ...]:
                                      f"{pool.detail.get('max_mamba_cache_size', '?')} slots)",
                                      pool.gib or 0.0, max(1, len(sizes)), pool.line,
                                      pool.detail.get("max_mamba_cache_size"), per_token=False))
+        elif pool.kind == "budget_reserve":
+            out.append(PoolComponent("budget_reserve", f"KV budget reserved for {pool.detail.get('for') or 'later'}",
+                                     pool.gib or 0.0, 1, pool.line, per_token=False))
         else:
             out.append(PoolComponent(f"pool_{pool.kind}", f"{pool.kind} pool", pool.gib or 0.0, 1, pool.line))
     return tuple(out)
@@ -95,9 +99,14 @@ def kv_parts(comps: tuple[PoolComponent, ...]) -> int:
     return sum(c.parts for c in comps if c.key in KV_KEYS)
 
 
+#: what the budget pays for before the KV pool: a hybrid's state pool, a logged reservation (multimodal buffers)
+TAKEN_BEFORE_KV = ("state_pool", "budget_reserve")
+
+
 def state_gib(comps: tuple[PoolComponent, ...]) -> tuple[float, int] | None:
-    """The state pool (GiB, rounded figures in it), or None when the rank logged none."""
-    st = [c for c in comps if c.key == "state_pool"]
+    """What the budget paid before the KV pool (GiB, rounded figures in it): the state pool and any logged
+    reservation, or None when the rank logged neither."""
+    st = [c for c in comps if c.key in TAKEN_BEFORE_KV]
     return (sum(c.gib for c in st), sum(c.parts for c in st)) if st else None
 
 

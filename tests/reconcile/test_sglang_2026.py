@@ -1,0 +1,130 @@
+"""Issue 18's classes (SGLang 0.5.10+ pools and platforms) on the real samples it names (fixtures/samples, copies
+of the public logs described in fixtures/samples/INDEX.md), each held to what the release's code gives."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kvaudit.explain import audit, read_log
+from kvaudit.model_config import load_config
+from kvaudit.reconcile.interface import AuditOptions, Verdict
+from tests.conftest import CONFIGS, ROOT
+
+SAMPLES = ROOT / "fixtures" / "samples"
+GEMMA4 = CONFIGS / "gemma-4-31b-it.json"
+
+
+def run(name_or_text, **opts):
+    data = name_or_text.encode() if "\n" in name_or_text else (SAMPLES / name_or_text).read_bytes()
+    return audit(read_log(io.BytesIO(data)), AuditOptions(**opts), all_startups=True)
+
+
+def codes(a):
+    return {f.code: f for f in a.findings if not f.ignored}
+
+
+def test_a_capture_that_frees_memory_is_not_a_restart():
+    """sglang_206: 'Capture cuda graph end ... mem usage=-5.29 GB' is the loader's garbage collected, not a new
+    start: one startup, and it matches (10.00 - 0.1 x 22.91 = 7.71 GiB / 40,911 B)."""
+    audits = run("sglang_206.log")
+    assert len(audits) == 1
+    (a,) = audits
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == 202093
+    r = a.ranks[0]
+    freed = [i for i in r.items if i.key.startswith("freed_")]
+    assert freed and freed[0].gib == pytest.approx(-5.29) and not any(
+        i.key.startswith("graphs_") and (i.gib or 0) < 0 for i in r.items)
+
+
+def test_a_hash_in_a_model_path_is_not_an_absurd_number():
+    """sglang_216: the snapshot hash '...f751885ef69' holds '1e950'; server_args must still be read (mfs 0.85),
+    and then the pool matches: 20.54 - 0.15 x 31.49 = 15.82 GiB."""
+    (a,) = run("sglang_216.log")
+    assert a.formula.mem_fraction_static == 0.85 and a.formula.mem_fraction_static_source == "server_args"
+    assert a.formula.verdict == Verdict.MATCH
+    assert not any("absurd" in n or "no engine prints" in n for n in a.notes)
+
+
+def test_a_standalone_absurd_number_still_drops_its_line():
+    log = ("[2026-01-01 10:00:00 TP0] Load weight begin. avail mem=1e999 GB\n"
+           "[2026-01-01 10:00:00 TP0] Load weight end. type=X, avail mem=60.00 GB, mem usage=10.00 GB.\n"
+           "[2026-01-01 10:00:00 TP0] KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB\n")
+    (a,) = run(log)
+    assert a.formula.pre_load_free_gib != float("inf") and any("no engine prints" in n for n in a.notes)
+
+
+def test_mamba_request_table_follows_the_state_pool():
+    """sglang_202 (Ling hybrid, 117 state slots, 262,144 context): the request table is at most
+    117 // 3 + 1 = 40 rows x 262,148 x 4 B (0.04 GiB), not 4,096 rows (2.34 GiB); the ledger is then positive
+    (the attention backend's buffers the excerpt does not itemise), never a negative warning."""
+    (a,) = run("sglang_202.log")
+    r = a.ranks[0]
+    table = r.item("request_table")
+    assert table is not None and table.gib == pytest.approx(40 * 262148 * 4 / 2**30, abs=0.002)
+    assert "state pool" in table.label
+    assert r.unexplained_gib is not None and r.unexplained_gib > 0
+    f = codes(a)["UNEXPLAINED_MEMORY"]
+    assert f.severity.value == "info"
+
+
+def test_a_lowered_concurrency_is_a_finding():
+    """--max-running-requests 64 on a hybrid whose 117 state slots allow 117 // 5 = 23 with the extra buffer."""
+    text = (SAMPLES / "sglang_202.log").read_text().replace(
+        "[2026-10-10 11:54:06] Load weight begin.",
+        "[2026-10-10 11:54:05] server_args=ServerArgs(model_path='/m', mem_fraction_static=0.8, "
+        "max_running_requests=64, mamba_radix_cache_strategy='extra_buffer', page_size=64)\n"
+        "[2026-10-10 11:54:06] Load weight begin.")
+    (a,) = run(text)
+    f = codes(a)["CONCURRENCY_LOWERED"]
+    assert f.fields["requested"] == 64 and f.fields["applied"] == 23 and "117 slots // ratio 5" in f.message
+
+
+def test_the_engines_own_reduced_warning_is_a_finding():
+    text = (SAMPLES / "sglang_202.log").read_text() + (
+        "[2026-10-10 11:59:50] max_running_requests was reduced from the requested 128 to 39 (per dp worker) due "
+        "to the available KV cache capacity.\n")
+    (a,) = run(text)
+    f = codes(a)["CONCURRENCY_LOWERED"]
+    assert (f.fields["requested"], f.fields["applied"]) == (128, 39)
+
+
+def test_a_draft_loaded_before_the_target_pool_has_only_its_own_lines():
+    """sglang_219 begins at the MTP draft's 'Load weight end' (0.5.14+ loads it before sizing the pool): the
+    draft is its own KV (0.65 + 0.65) and the drop from the target's pool end to its own (18.17 -> 16.75), never
+    the target's pool stage (47.58 -> 18.17)."""
+    (a,) = run("sglang_219.log")
+    r = a.ranks[0]
+    draft = sum(i.gib or 0 for i in r.items if i.key.startswith("draft"))
+    assert r.item("draft_kv_cache").gib == pytest.approx(1.30)
+    assert r.item("draft_pool_overhead").gib == pytest.approx(18.17 - 16.75 - 1.30, abs=0.001)
+    assert draft < 2.0
+
+
+def test_a_logged_budget_reservation_is_an_item():
+    """sglang_219: 'Reserving 0.10 GB of the KV budget for post-sizing multimodal allocations' is an item."""
+    (a,) = run("sglang_219.log")
+    item = a.ranks[0].item("budget_reserve")
+    assert item is not None and item.gib == pytest.approx(0.10) and "multimodal" in item.label
+
+
+def test_gemma4_sliding_window_cell_from_the_config():
+    """sglang_216 with the Gemma-4 config: full 2 x (512 + 512) x 1 B x 10 + 0.8 x 8 x (256 + 256) x 1 B x 50 =
+    184,320 B per full token (HybridSWAPoolConfigurator, 0.5.11), no GEOMETRY_MISMATCH, and a match."""
+    geom = load_config(GEMMA4)
+    assert geom.is_hybrid_swa and (geom.full_attention_layers, geom.sliding_window_layers) == (10, 50)
+    (a,) = run("sglang_216.log", model_geometry=geom)
+    assert a.formula.bytes_per_token == 184320 and a.formula.bytes_per_token_source == "config"
+    assert "GEOMETRY_MISMATCH" not in codes(a) and a.formula.verdict == Verdict.MATCH
+
+
+def test_gemma4_bf16_cell_and_an_honest_mismatch():
+    """sglang_204 (0.5.12 + patches, ratio 0.1, bf16): 81,920 B per full token from the config; the pool is about
+    0.07 GiB short of the formula: a mismatch whose causes can hold that amount (a multimodal reservation),
+    and the direction is right (a *larger* reserve, never a smaller one)."""
+    (a,) = run("sglang_204.log", model_geometry=load_config(GEMMA4))
+    assert a.formula.bytes_per_token == 81920 and "GEOMETRY_MISMATCH" not in codes(a)
+    f = codes(a)["TOKENS_MISMATCH"]
+    assert "multimodal runtime reservation" in f.message and "larger reserve" in f.message
+    assert "smaller reserve" not in f.message
