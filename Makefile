@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.test-installed
 KIMI_HOST := fixtures/hosts/kimi-k25-tp8
 
-.PHONY: demo test bench install clean golden explain-demo screenshot
+.PHONY: demo test bench install clean golden explain-demo screenshot corpus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ golden: $(TEST_STAMP)
 # docs/fleet-report.png, made by headless Chromium from a demo fleet's HTML report (never by hand).
 screenshot: $(STAMP)
 	sh scripts/screenshot.sh
+
+# One line per real log of fixtures/corpus (engine, version, exit, status, verdict, findings, headline), to read.
+corpus: $(STAMP)
+	$(BIN)/python scripts/corpus.py
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/run.py

@@ -69,8 +69,8 @@ def _one_account_per_gib(findings: list[Finding]) -> list[Finding]:
         if overlap:
             idle = overlap[0].fields.get("idle_gib")
             amount = f"{idle:.2f} GiB" if isinstance(idle, (int, float)) else "the memory"
-            msg += (f". The {amount} still free at the end of startup is not what it was held for: reserve you configured "
-                    "that nothing used (UNUSED_MEMORY)")
+            msg += (f". The {amount} still free at the end of startup is not what it was held for: reserve you "
+                    "configured that nothing used (UNUSED_MEMORY)")
         else:
             if final:
                 msg += f"; {end:.2f} GiB was still free for activations at the end of startup"
