@@ -215,7 +215,7 @@ class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 
     kind: ``not_enough_memory`` | ``no_kv_memory`` | ``unbalanced`` | ``host_memory`` | ``oom`` |
-    ``traceback`` | ``exception`` | ``pool_too_small`` | ``warmup`` | ``cuda_error`` | ``killed``.
+    ``traceback`` | ``exception`` | ``pool_too_small`` | ``warmup`` | ``cuda_error`` | ``killed`` | ``child_failed``.
     """
 
     kind: str = ""
@@ -287,7 +287,13 @@ _UNBALANCED = re.compile(
 )
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
-_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
+#: the exception a traceback ends with: ``RuntimeError: msg`` or, when it is the repr Triton and friends print
+#: inside another error, ``ValueError("msg")``
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
+                        r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$)")
+#: ``Received sigquit from a child process. It usually means the child failed.`` (srt/entrypoints/engine.py, the
+#: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup
+_CHILD_FAILED = re.compile(r"Received sigquit from a child process")
 _POOL_SMALL = re.compile(r"Memory pool size is too small|max_running_request is zero")
 # failures SGLang's processes print after the pool is sized, as often as before it:
 # ``Initialization failed. warmup error: ...`` (srt/entrypoints/http_server.py, _wait_and_warmup),
@@ -737,10 +743,16 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "traceback", m.group(0)), clues)
+    m = _CHILD_FAILED.search(text)
+    if m:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "child_failed",
+                               "a child process failed (SGLang received SIGQUIT from it)"), clues)
     m = _EXCEPTION.search(_after_prefix(text))
     if m:
+        msg = m.group("msg") if m.group("msg") is not None else m.group("arg")[1:-1]
         return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception",
-                               quote(f"{m.group('exc')}: {m.group('msg')}")), [])
+                               quote(f"{m.group('exc')}: {msg}")), [])
     return _Parsed(None, [])
 
 

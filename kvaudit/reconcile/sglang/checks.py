@@ -110,7 +110,7 @@ def item_gib(l: RankLedger, key: str) -> float:
 
 #: failure kinds that end a startup wherever they appear, before or after the scheduler summary
 FATAL = ("traceback", "exception", "oom", "pool_too_small", "not_enough_memory", "no_kv_memory", "unbalanced",
-         "warmup", "cuda_error", "killed")
+         "warmup", "cuda_error", "killed", "child_failed")
 #: kinds whose message says more than "Traceback (most recent call last)"
 _TELLING = ("exception", "oom", "not_enough_memory", "no_kv_memory", "warmup", "cuda_error", "killed",
             "pool_too_small", "unbalanced")
@@ -136,7 +136,18 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None) ->
     fatal = [f for f in failures if f.kind in FATAL]
     if fatal:
         first = fatal[0]
-        telling = next((f for f in fatal if f.kind in _TELLING), first)
+        # the quote is the exception itself: the memory error's own line, else the last exception the traceback
+        # ends with (the root cause, printed after the frames), else the first telling line
+        memory_kinds = ("not_enough_memory", "no_kv_memory", "pool_too_small", "oom")
+        raised = [f for f in fatal if f.kind in ("exception", "cuda_error")]
+        telling = (next((f for f in fatal if f.kind in memory_kinds), None) or (raised[-1] if raised else None)
+                   or next((f for f in fatal if f.kind in _TELLING), first))
+        # "Initialization failed. warmup error: Traceback ..." names the stage; the exception names the cause
+        stage = next((f for f in fatal if f.kind in ("warmup", "exception") and "Traceback" in f.message
+                      and f.line <= telling.line and f is not telling), None)
+        detail = telling.message
+        if stage is not None:
+            detail = stage.message.split("Traceback", 1)[0].rstrip(" :") + ": " + telling.message
         after = ctx.summary.line if ctx.summary is not None and ctx.summary.line < first.line else None
-        out.append(F.startup_failed(first.line, telling.message, after_summary_line=after))
+        out.append(F.startup_failed(telling.line, detail, after_summary_line=after))
     return out
