@@ -26,6 +26,8 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1,
     "float8_e4m3fnuz": 1, "uint8": 1, "int8": 1,
     "fp4_e2m1": 0.5, "float4_e2m1fn_x2": 0.5, "fp4": 0.5,
+    # NVFP4 (vLLM 0.2x --kv-cache-dtype nvfp4): 4-bit values and one fp8 (e4m3) scale per 16 of them
+    "nvfp4": 0.5 + 1 / 16,
 }
 
 

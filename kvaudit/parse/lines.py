@@ -221,7 +221,7 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         )
     cmd = [grep, "-a", "-n", "-F"]
     for a in anchors:
-        cmd += ["-e", a.decode("latin-1")]
+        cmd += ["-e", os.fsdecode(a)]  # round-trips any byte (a non-ASCII anchor reaches grep as its own bytes)
     env = dict(os.environ, LC_ALL="C")
     feeder = None
     if origin is not None:

@@ -50,6 +50,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"LLM engine",
     b"server version",
     b"non-default args",
+    "\u2588  version".encode(),
     b"max seq len",
     b"failed to start",
     b"mamba page",
@@ -119,6 +120,7 @@ class Concurrency(Event):
     factor: float = 0.0
 
 
+_ART_BANNER = re.compile(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
 _TAG = re.compile(r"\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)")
 _BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine \(v(?P<ver>[\w.+-]+)\) with config: (?P<cfg>.*)$")
 _API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
@@ -168,6 +170,7 @@ _GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
 _GRAPH_UTIL = re.compile(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
+#: | exception (a traceback's final line; fatal only before the KV pool was sized)
 _FAILURES = (
     (re.compile(r"No available memory for the cache blocks"), "no_kv_memory"),
     (re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
@@ -252,6 +255,10 @@ def parse_line(line: Line) -> _Parsed:
     m = _API.search(t) if "API server version" in t else None
     if m:
         return _Parsed([Banner(n, t, m.group("ver"), None, {})], [_version_clue(m.group("ver"))])
+    m = _ART_BANNER.search(t) if "version " in t and "\u2588" in t else None
+    if m:
+        # the 0.2x ASCII-art banner (entrypoints/utils.py / api_utils.py): "... █  version 0.22.1rc1..."
+        return _Parsed([Banner(n, t, m.group(1), None, {})], [_version_clue(m.group(1))])
     m = _ARGS.search(t) if "non-default args" in t else None
     if m:
         try:
@@ -440,7 +447,31 @@ def parse_line(line: Line) -> _Parsed:
         elif "# CUDA blocks" in t:
             clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
         return _Parsed(ev, clues)
+    m = _EXCEPTION.match(_after_prefix(t)) if "Error" in t or "Exception" in t else None
+    if m:
+        msg = m.group("msg")
+        return _Parsed([Failure(n, t, _rank(t, len(t)), "target", "exception",
+                                quote(f"{m.group('exc')}: {msg}"), {"generic": float(_generic_wrapper(msg))})], [])
     return _Parsed([], [])
+
+
+#: the exception a Python traceback ends with, as vLLM's processes print it (after the process tag and level)
+_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
+_LINE_PREFIX = re.compile(r"^(?:\([^()]*?pid=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
+                          r"\[[^\]]*\]\s?)?")
+#: exceptions that only wrap the cause printed above them: the quote prefers the cause
+_WRAPPERS = ("See root cause above", "validation error for", "Error raised in subprocess", "non-zero exit status",
+             "Engine core initialization failed")
+
+
+def _after_prefix(text: str) -> str:
+    """The message after the process tag, the level and the ``[file.py:N]`` location (a traceback's exception line
+    has nothing before it but these)."""
+    return text[_LINE_PREFIX.match(text).end():]
+
+
+def _generic_wrapper(msg: str) -> bool:
+    return any(w in msg for w in _WRAPPERS)
 
 
 def _message(text: str, start: int) -> str:
@@ -486,7 +517,10 @@ class VLLMParser:
         seen_memory = False
 
         def flush() -> None:
-            if any(not isinstance(e, Banner) for e in events):
+            # a traceback's exception is any Python program's: it makes a vLLM startup only beside vLLM's banner
+            own = [e for e in events if not isinstance(e, Banner)
+                   and not (isinstance(e, Failure) and e.kind == "exception")]
+            if own or (any(isinstance(e, Banner) for e in events) and any(isinstance(e, Failure) for e in events)):
                 era = resolve(clues, VersionRange((0, 2, 0), None))
                 path = config.get("model")
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,

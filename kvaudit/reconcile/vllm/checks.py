@@ -67,6 +67,15 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
             f"gpu_memory_utilization{fit[0]}", 0, {"kv_gib": K, **fit[1]}))
     fatal = [f for f in failures if f.kind in FATAL]
+    if logged is None:
+        # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
+        # one of the fatal lines above says the engine died
+        raised = [f for f in failures if f.kind == "exception"]
+        cause = [f for f in raised if not f.numbers.get("generic")] or raised
+        if cause and not fatal:
+            fatal = [cause[-1]]
+        elif cause and fatal and fatal[-1].kind == "engine_failed":
+            fatal = fatal[:-1] + [cause[-1]] if cause[-1].line < fatal[-1].line else fatal
     if fatal:
         last = fatal[-1]
         if last.line in quoted:

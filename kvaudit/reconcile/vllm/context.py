@@ -123,10 +123,12 @@ def _kv_dtype(args: dict[str, Any], opts: AuditOptions, args_seen: bool,
     when a banner or a non-default-args line is present (an absent key is the default); the model dtype is
     established by the args' dtype or the config's torch_dtype; anything else says "assumed"."""
     name = opts.kv_cache_dtype or args.get("kv_cache_dtype")
+    unknown = None
     if isinstance(name, str) and name != "auto":
         elt = element_bytes(name)
         if elt is not None:
             return name, elt, False
+        unknown = name  # the log states a dtype kvaudit cannot size: say so, never "auto"
     auto_known = args_seen or name == "auto"
     model = args.get("dtype") if args.get("dtype") not in (None, "auto") else None
     model_known = model is not None or (geom is not None and geom.torch_dtype is not None)
@@ -136,6 +138,8 @@ def _kv_dtype(args: dict[str, Any], opts: AuditOptions, args_seen: bool,
         elt = 2  # an fp32 checkpoint runs in 16-bit unless --dtype float32
     assumed = not (auto_known and model_known)
     label = f"auto ({model_name.replace('torch.', '')}{', assumed' if assumed else ''})"
+    if unknown is not None:
+        return f"{unknown} (element size unknown to kvaudit; {elt:g} B assumed)", elt, True
     return label, elt, assumed
 
 
