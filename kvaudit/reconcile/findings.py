@@ -108,8 +108,9 @@ def tokens_capped_probably(tokens: int, why: str) -> Finding:
               {"max_total_tokens": None, "logged_tokens": tokens, "probable": True, "why": why})
 
 
-def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float, rnd: float,
+def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float, rnd: float | None,
                           ranks: list[str], total_ranks: int) -> Finding:
+    """``rnd``: the allocator rounding, None when it could not be sized (no config): then it is not printed as 0."""
     after = [it for it in l.items if it.in_reserve and it.key not in ("request_table", "allocator_rounding")
              and it.gib is not None]
     spent = ", ".join(f"{it.label} {it.gib:.2f}" for it in after)
@@ -118,7 +119,8 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
     msg = (
         f"The {l.free_after_pool_gib:.2f} GiB free after the KV pool on {where} is the static reserve "
         f"(1 - {f.mem_fraction_static:g}) x T {f.pre_load_free_gib:.2f} = {reserve:.2f} GiB, less the request "
-        f"table ({req:.2f}) and allocator rounding ({rnd:.2f}). SGLang holds it back by design"
+        f"table ({req:.2f})" + (f" and allocator rounding ({rnd:.2f})" if rnd is not None else "")
+        + ". SGLang holds it back by design"
         + (f" for: {spent}" if spent else " for CUDA graphs and activations")
     )  # the verdict layer closes it with the end of startup: "not wasted" only when no UNUSED_MEMORY speaks of
     # the idle part (kvaudit.verdict, rule 1)
