@@ -255,8 +255,14 @@ def _failure_cause(f: Finding) -> str:
     if TRACEBACK_HEADER in msg:
         msg = msg.split(TRACEBACK_HEADER, 1)[0].rstrip(" :") or "a traceback"
         msg += " (the log ends before the traceback's exception line)"
+    tried = _OOM_ASKED.search(msg)
+    if tried:  # torch's OOM: the size it asked for is the cause's second half
+        return msg[:tried.end()]
     ends = [m.start() for m in _SENTENCE_END.finditer(msg) if m.start() >= 20]
     return msg[:ends[0] + 1] if ends else msg
+
+
+_OOM_ASKED = re.compile(r"out of memory\. Tried to allocate \d+(?:\.\d+)? [KMG]i?B")
 
 
 _SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ")
@@ -310,9 +316,12 @@ def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()
     ign = _ignored_note(allf)
     errors = [f for f in active if f.severity == Severity.ERROR]
     if errors:
-        # the finding that quotes the exception: a memory error's own line before the generic failure
-        failure = next((f for f in errors if f.code == "NOT_ENOUGH_MEMORY"), None) or \
-            next((f for f in errors if f.code == "STARTUP_FAILED"), None)
+        # the finding that quotes the exception: STARTUP_FAILED's quote, unless it refers to the memory error's own
+        # line (vLLM quotes that once, in NOT_ENOUGH_MEMORY)
+        started = next((f for f in errors if f.code == "STARTUP_FAILED"), None)
+        memory = next((f for f in errors if f.code == "NOT_ENOUGH_MEMORY"), None)
+        refers = started is not None and str(started.fields.get("detail", "")).startswith("the error quoted in")
+        failure = (memory if (started is None or refers) and memory is not None else started) or memory
         if failure is not None:
             line = _line_of(failure)
             cause = _first_sentence(_failure_cause(failure), 200)

@@ -63,6 +63,23 @@ class Failure(RankEvent):
     numbers: dict[str, float] = field(default_factory=dict)
 
 
+_OOM_TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) (GiB|MiB|KiB)")
+_OOM_FREE = re.compile(r"of which (\d+(?:\.\d+)?) (GiB|MiB|KiB) (?:is )?free")
+_OOM_TOTAL = re.compile(r"total capacity of (\d+(?:\.\d+)?) (GiB|MiB)")
+_UNIT_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}
+
+
+def oom_numbers(text: str) -> dict[str, float]:
+    """What a PyTorch CUDA out-of-memory message states (GiB): ``tried_gib`` (the allocation that failed),
+    ``free_gib`` (free on the device then), ``capacity_gib``. Same wording in every engine (torch's allocator)."""
+    out: dict[str, float] = {}
+    for key, rx in (("tried_gib", _OOM_TRIED), ("free_gib", _OOM_FREE), ("capacity_gib", _OOM_TOTAL)):
+        m = rx.search(text)
+        if m:
+            out[key] = float(m.group(1)) * _UNIT_GIB[m.group(2)]
+    return out
+
+
 def literal(text: str) -> Any:
     """``ast.literal_eval`` of a value a log printed, with the compiler's warnings silenced (a hostile or cut
     log holds ``'\\R'``-style escapes: Python 3.12 would print a SyntaxWarning on kvaudit's stderr)."""

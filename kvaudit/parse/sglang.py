@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, literal, Event, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import oom_numbers, SINGLE_RANK, literal, Event, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
 
@@ -738,7 +738,8 @@ def _other_lines(line: Line) -> _Parsed:
     m = _OOM.search(text)
     if m and "Not enough" not in text:
         rank, clues = at(m)
-        return _Parsed(Failure(n, text, rank, "target", "oom", quote(_after_prefix(text).strip())), clues)
+        return _Parsed(Failure(n, text, rank, "target", "oom", quote(_after_prefix(text).strip()),
+                               oom_numbers(text)), clues)
     m = _TRACEBACK.search(text)
     if m:
         rank, clues = at(m)

@@ -128,3 +128,18 @@ def test_gemma4_bf16_cell_and_an_honest_mismatch():
     f = codes(a)["TOKENS_MISMATCH"]
     assert "multimodal runtime reservation" in f.message and "larger reserve" in f.message
     assert "smaller reserve" not in f.message
+
+
+def test_a_cuda_oom_after_the_pool_is_not_enough_memory_with_its_arithmetic():
+    """torch's message states what was asked (384 MiB) and what was free (120 MiB): the reserve was 0.26 GiB short;
+    0.9 - 0.26 / 78.50 = 0.897 would have left it. The headline quotes the exception, with what it asked for."""
+    (a,) = audit(read_log(io.BytesIO((ROOT / "fixtures" / "sglang_classes" / "oom-graph-capture-0.5.log")
+                                     .read_bytes())), AuditOptions())
+    f = codes(a)["NOT_ENOUGH_MEMORY"]
+    assert f.fields["tried_gib"] == pytest.approx(0.375) and f.fields["free_gib"] == pytest.approx(120 / 1024, abs=1e-4)
+    assert f.fields["shortfall_gib"] == pytest.approx(0.375 - 120 / 1024, abs=1e-4)
+    assert f.fields["fitting_mem_fraction_static"] == pytest.approx(0.9 - (0.375 - 120 / 1024) / 78.50, abs=1e-4)
+    from kvaudit.verdict import judge
+
+    assert judge(a).headline == ("ERROR startup failed: Scheduler hit an exception: torch.OutOfMemoryError: CUDA out "
+                                 "of memory. Tried to allocate 384.00 MiB (line 8)")

@@ -238,7 +238,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     findings.extend(ledger_findings(ctx, ledgers, formula, reserve, th))
     findings.extend(concurrency_findings(ctx, logged, ctx_len))
     memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in startup.of(Failure))
-    findings.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None))
+    findings.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None, formula))
     hicache = startup.of(HiCacheHost)
     hicache_gb = hicache[0].host_gb if hicache else None
     if hicache_gb is not None:

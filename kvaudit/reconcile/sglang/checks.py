@@ -116,7 +116,43 @@ _TELLING = ("exception", "oom", "not_enough_memory", "no_kv_memory", "warmup", "
             "pool_too_small", "unbalanced")
 
 
-def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None) -> list[Finding]:
+def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
+    """A CUDA out-of-memory with its arithmetic (torch's message states what was asked and what was free). After
+    the KV pool it is the reserve that ran short (graphs, attention workspaces, the draft): a fraction lower by
+    (asked - free) / T would have left the room; before the pool, the weights themselves did not fit."""
+    from kvaudit.parse.sglang import PoolEnd
+
+    oom = next((f for f in ctx.startup.of(Failure) if f.kind == "oom" and "tried_gib" in f.numbers), None)
+    if oom is None:
+        return None
+    tried, free = oom.numbers["tried_gib"], oom.numbers.get("free_gib")
+    pool_end = min((e.line for e in ctx.startup.of(PoolEnd)), default=None)
+    after_pool = pool_end is not None and pool_end < oom.line
+    numbers: dict[str, float] = {"tried_gib": round(tried, 4)}
+    said = f"it asked for {tried:.2f} GiB"
+    if free is not None:
+        numbers["free_gib"] = round(free, 4)
+        said += f" with {free:.2f} GiB free"
+    stage = ("after the KV pool was allocated (CUDA graphs, attention workspaces, the draft come out of the static "
+             "reserve)" if after_pool else "before the KV pool was sized (loading the weights)")
+    hint = ""
+    mfs = formula.mem_fraction_static if formula else None
+    T = formula.pre_load_free_gib if formula else None
+    if after_pool and free is not None and mfs is not None and T:
+        short = max(0.0, tried - free)
+        fits = mfs - short / T
+        numbers.update(shortfall_gib=round(short, 4), fitting_mem_fraction_static=round(fits, 4))
+        hint = (f"; the reserve was {short:.2f} GiB short: --mem-fraction-static {fits:.3f} or lower (mfs - short / "
+                f"T = {mfs:g} - {short:.2f} / {T:.2f}) leaves that much more for it, less cuda-graph batch sizes "
+                "(--cuda-graph-max-bs) need less")
+    elif not after_pool:
+        hint = "; a lower --mem-fraction-static does not help here: the weights do not fit (more GPUs, or a smaller "\
+               "or quantized checkpoint)"
+    return F.not_enough_memory(f"CUDA out of memory {stage}: {said}{hint}", oom.line, numbers)
+
+
+def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
+                     formula: Formula | None = None) -> list[Finding]:
     """Error findings for the failure lines. A failure after the scheduler summary (a warmup error, a CUDA
     error, a killed process) is as much a failed startup as one before it. ``shortfall`` carries what the
     formula says about a memory error (the smallest viable fraction, what the engine's own count implies)."""
@@ -130,6 +166,10 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None) ->
     if not memory and shortfall and shortfall.get("profiled") is not None:
         out.append(F.not_enough_memory(f"profiled value {int(shortfall['profiled'])}",
                                        int(shortfall.get("line", 0)), {}, shortfall))
+    if not memory:
+        oom = oom_finding(ctx, formula)
+        if oom is not None:
+            out.append(oom)
     unbalanced = [f for f in failures if f.kind == "unbalanced"]
     if unbalanced:
         out.append(F.engine_unbalanced(unbalanced[0].line, unbalanced[0].numbers))
