@@ -11,6 +11,7 @@ from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, JournalDenied, NoEngineFound
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
+from kvaudit.platforms import detect
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
@@ -260,6 +261,8 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, not
             aopts = replace(aopts, model_geometry=geometry_from_text(c.config_json, c.config_source or "config.json"))
         except ConfigError as exc:
             notes.append(f"remote config.json unusable: {exc}")
+    if aopts.platform is None:  # the GPUs' own names (nvidia-smi, NVML), else the log's lines
+        aopts = replace(aopts, platform=detect(g.name for g in c.gpus) or log.platform)
     audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log)
     if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
             p.startswith(NO_CONFIG) for p in c.partial):

@@ -6,12 +6,13 @@ one :class:`Engine` line here; nothing else in kvaudit changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.sglang import SGLangParser
 from kvaudit.parse.trtllm import TRTLLMParser
+from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile import sglang as sglang_formula
 from kvaudit.reconcile import trtllm as trtllm_formula
@@ -38,7 +39,18 @@ class Engine:
 
     def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
         """The engine's audit of one startup, its findings settled by the shared verdict rules."""
-        return settle(self.reconcile(startup, opts, startups_total))
+        return settle(on_platform(self.reconcile(startup, opts, startups_total), opts))
+
+
+def on_platform(a: Audit, opts: AuditOptions) -> Audit:
+    """The platform an audit ran on, named in the audit, with what T means there (kvaudit.platforms)."""
+    p = opts.platform
+    if p is None or not p.unified_memory:
+        return a
+    note = (f"{p.name}: unified memory. The free memory the engine measured (T and every 'avail mem') is the "
+            "system memory the process could still take, shared with the OS and other programs, not a card's "
+            "capacity; it moves between two readings, so small gaps against the formula are expected")
+    return replace(a, platform=p.name, notes=a.notes + (note,))
 
 
 ENGINES: tuple[Engine, ...] = (
@@ -64,6 +76,8 @@ def all_anchors() -> tuple[bytes, ...]:
     for e in ENGINES:
         for a in e.parser.anchors:
             seen[a] = None
+    for a in PLATFORM_ANCHORS:  # the lines that name a unified-memory platform
+        seen[a] = None
     return tuple(seen)
 
 

@@ -9,6 +9,7 @@ from typing import BinaryIO
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import InputError, Line, ScanStats, scan_fast
+from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
 
@@ -21,6 +22,8 @@ class ParsedLog:
     engine: Engine
     startups: tuple[Startup, ...]
     stats: ScanStats
+    #: a unified-memory platform the lines name (kvaudit.platforms), None when they name none
+    platform: Platform | None = None
 
 
 #: how much of a seekable input's head tells which engine wrote it
@@ -36,7 +39,7 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(list(scan_fast(stream, engine.parser.anchors, stats)), stats)
+            return parse_lines(list(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS, stats)), stats)
         except NoStartupError:
             stream.seek(start)
     stats = ScanStats()
@@ -106,7 +109,7 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
             what += f", {stats.absurd_lines} line(s) with an absurd number skipped"
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
-    return ParsedLog(engine, tuple(startups), stats)
+    return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines))
 
 
 def engine_names(last: str = " and ") -> str:
@@ -127,7 +130,13 @@ def select(log: ParsedLog, startup: int | None) -> list[Startup]:
 
 def audit(log: ParsedLog, opts: AuditOptions, startup: int | None = None, all_startups: bool = False) -> list[Audit]:
     chosen = list(log.startups) if all_startups else select(log, startup)
+    opts = with_platform(opts, log)
     return [with_input_notes(log.engine.audit(s, opts, len(log.startups)), log) for s in chosen]
+
+
+def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
+    """The platform the user or a reading named, else the one the log's own lines name."""
+    return opts if opts.platform is not None or log.platform is None else replace(opts, platform=log.platform)
 
 
 def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
@@ -140,5 +149,6 @@ def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
 
 def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions, startup: int | None = None) -> tuple[Audit, WhatIf]:
     (s,) = select(log, startup)
+    opts = with_platform(opts, log)
     base = log.engine.audit(s, opts, len(log.startups))
     return base, log.engine.whatif(s, opts, base, replace(new_opts, source=opts.source))

@@ -44,12 +44,32 @@ class Judgement:
 def settle(a: Audit) -> Audit:
     """The audit with its findings made consistent (rules 1-4). Idempotent: settling twice changes nothing."""
     findings = list(a.findings)
+    findings = _advice_for_the_platform(findings, a.platform is not None)
     findings = _one_account_per_gib(findings)
     findings = _causes_that_hold(findings, a.ranks)
     findings = _assumptions_said(findings, a.formula, a.model)
     findings = _not_a_check_of_itself(findings, a.formula)
     findings = _violations_are_findings(findings, a.formula)
     return replace(a, findings=tuple(findings))
+
+
+#: what idle memory is on a unified-memory device (kvaudit.platforms): the host's own RAM
+UNIFIED_ADVICE = ("this device shares system memory with the host: the idle part is RAM the OS, the page cache and "
+                  "other programs also draw on, so no larger fraction is suggested; size it by what the host can spare")
+
+
+def _advice_for_the_platform(findings: list[Finding], unified: bool) -> list[Finding]:
+    """The advice an UNUSED_MEMORY carries (a fraction that would use the idle memory) is given on a card of its own;
+    on a unified-memory platform a fraction of system memory is not a GPU's to take, and the finding says so."""
+    out = []
+    for f in findings:
+        if f.code != "UNUSED_MEMORY" or f.fields.get("settled"):
+            out.append(f)
+            continue
+        advice = UNIFIED_ADVICE if unified else f.fields.get("advice")
+        msg = f.message + (f"; {advice}" if advice else "")
+        out.append(replace(f, message=msg, fields={**f.fields, "settled": True, "advice": advice}))
+    return out
 
 
 def _one_account_per_gib(findings: list[Finding]) -> list[Finding]:

@@ -150,10 +150,11 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
                         f"rank instead of {hicache_ratio * l.kv_gib * GIB / GB_DECIMAL:.0f} GB; check the host has it")
     elif f.max_total_tokens_cap:
         suggest = f"; --max-total-tokens {f.max_total_tokens_cap:,} caps the pool"
+    # the advice is the verdict layer's to give or withhold (kvaudit.verdict: not on unified memory)
     return _f("UNUSED_MEMORY",
-              f"{idle:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle {when} beside {pool}{more}{suggest}",
-              {"idle_gib": idle, "pre_load_free_gib": t, "extra_tokens": extra_tokens, "at_end": final},
-              (l.label,))
+              f"{idle:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle {when} beside {pool}{more}",
+              {"idle_gib": idle, "pre_load_free_gib": t, "extra_tokens": extra_tokens, "at_end": final,
+               "advice": suggest[2:] if suggest else None}, (l.label,))
 
 
 def low_headroom(l: RankLedger, threshold: float) -> Finding:

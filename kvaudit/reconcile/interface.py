@@ -201,6 +201,8 @@ class Audit:
     pre_load_label: str = "free before loading"
     #: the numbers are a live server's own (its HTTP endpoints), not a startup log's: no lines, less visible
     from_endpoint: bool = False
+    #: the platform the audit ran on when it is not a card of its own (kvaudit.platforms), e.g. unified memory
+    platform: str | None = None
 
     @property
     def worst(self) -> Severity | None:
@@ -224,6 +226,7 @@ class AuditOptions:
     gpu_capacity_gib: float | None = None  # the card's CUDA-visible total, when known (NVML)
     thresholds: Thresholds = field(default_factory=Thresholds)
     hypothetical: bool = False  # a what-if: the log's KV lines describe other settings than these
+    platform: Any = None  # kvaudit.platforms.Platform: a unified-memory device, from the log's lines or a reading
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ def audit_dict(a: Audit) -> dict[str, Any]:
             "attention_tp_size_source": m.attention_tp_size_source,
         },
         "speculative": a.speculative,
+        "platform": a.platform,
         "formula": {
             "mem_fraction_static": f.mem_fraction_static,
             "mem_fraction_static_source": f.mem_fraction_static_source,

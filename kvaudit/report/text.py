@@ -59,7 +59,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
              (f"attention TP {'at least ' if m.attention_tp_size_at_least else ''}{m.attention_tp_size}"
               + (" (assumed)" if (m.attention_tp_size_source or "").startswith("assumed") else ""))
              if m.attention_tp_size else None,
-             f"speculative {a.speculative}" if a.speculative else None]
+             f"speculative {a.speculative}" if a.speculative else None,
+             f"on {a.platform} (unified memory)" if a.platform else None]
     L.append("  " + ", ".join(x for x in model if x))
     L.append("")
     if not_reached(a):

@@ -143,3 +143,16 @@ def test_a_cuda_oom_after_the_pool_is_not_enough_memory_with_its_arithmetic():
 
     assert judge(a).headline == ("ERROR startup failed: Scheduler hit an exception: torch.OutOfMemoryError: CUDA out "
                                  "of memory. Tried to allocate 384.00 MiB (line 8)")
+
+
+def test_a_unified_memory_platform_is_named_and_gets_no_fraction_advice():
+    """sglang_219's FlashInfer cache path names sm121 (GB10, DGX Spark): the report names the platform and says
+    what T is there; an UNUSED_MEMORY there advises no fraction of system memory."""
+    (a,) = run("sglang_219.log")
+    assert a.platform == "DGX Spark (NVIDIA GB10)" and any("unified memory" in n for n in a.notes)
+    text = (SAMPLES / "sglang_210.log").read_text() + "[2026-02-09 10:00:00] device_name=NVIDIA_GB10\n"
+    (b,) = run(text)
+    f = codes(b)["UNUSED_MEMORY"]
+    assert "--mem-fraction-static" not in f.message and "shares system memory" in f.message
+    (c,) = run("sglang_210.log")
+    assert "--mem-fraction-static 0.93" in codes(c)["UNUSED_MEMORY"].message and c.platform is None
