@@ -124,9 +124,11 @@ def _causes_that_hold(findings: list[Finding], ranks: tuple[RankLedger, ...]) ->
         fields = {**f.fields, "settled": True, "candidates": able,
                   "candidates_too_small": {c: s for c, s in unable}}
         if amount < 0:
+            freed = f.fields.get("freed_candidates") or []
             msg = (f"{where} is more free than every logged and modelled item allows (rounding allows "
                    f"+-{tol:.2f}): an item was counted larger than it is, or memory was freed that the log does "
-                   "not show; no unmodelled item can explain memory that is free")
+                   "not show" + (f" ({'; '.join(freed)})" if freed else "")
+                   + "; no unmodelled item can explain memory that is free")
             out.append(replace(f, message=msg, fields={**fields, "candidates": []}, severity=Severity.WARNING))
             continue
         if able:

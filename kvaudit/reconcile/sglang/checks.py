@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvaudit.parse.sglang import Failure
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Thresholds
@@ -60,7 +62,13 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
     if off:
         # memory missing (positive) that an item the ledger could not size may hold: info, naming it
         covered = all((l.unexplained_gib or 0) > 0 and l.unmodelled for l in off)
-        out.append(F.unexplained(off, covered))
+        f = F.unexplained(off, covered)
+        if ctx.spec_algo is not None:
+            # NEXTN/EAGLE drafts keep bf16 copies of the target's embed_tokens/lm_head until after the KV pool is
+            # sized (sgl-project/sglang#36452): memory freed later, that shows as more free than accounted
+            f = replace(f, fields={**f.fields, "freed_candidates": [
+                "the draft's bf16 embed_tokens/lm_head copies, released after the KV pool was sized"]})
+        out.append(f)
 
     # memory idle at the end of startup: only when the end reading is final (graphs and draft are in the
     # log); memory an excerpt stops before spending is not idle
