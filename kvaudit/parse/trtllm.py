@@ -81,6 +81,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"maxTokens for windowSize",
     b"has_speculative_draft_tokens",
     b"allottedPrimaryMemBytes",
+    b"KV Memory Percentage",
+    b"free_gpu_mem",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -163,6 +165,8 @@ _PROFILE = re.compile(r"Memory (used after loading model weights|used for model 
 _PEAK = re.compile(r"Peak memory during memory usage profiling \(torch \+ non-torch\): " + NUM + r" GiB, available KV "
                    r"cache memory when calculating max tokens: " + NUM + r" GiB")
 _FRACTION = re.compile(r"fraction is set " + NUM)
+_PERCENTAGE = re.compile(r"KV Memory Percentage:\s*(\d+(?:\.\d+)?)\s*%")
+_CONFIG_FRACTION = re.compile(r"(?:kv_cache_)?free_gpu_mem(?:ory)?_fraction['\"]?\s*[=:]\s*['\"]?(0?\.\d+|1\.0*)\b")
 _KV_SIZE = re.compile(r"kv size (?:per token )?is (\d+)(?: bytes/token)?(?: \+ (\d+) bytes fixed cost)?")
 _DEVICE_TOTAL = re.compile(r"device total memory " + NUM + r" GiB")
 _TMP_KV = re.compile(r"(?:tmp kv_mem|temporary kv cache memory during profiling) " + NUM + r" GiB")
@@ -275,6 +279,16 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _OOM_TABLE.search(t) if "(GiB): " in t else None
     if m:
         read("oom_total_gib" if m.group(1) == "Total" else "oom_free_gib", m.group(2))
+        return ev, []
+    m = _PERCENTAGE.search(t) if "KV Memory Percentage" in t else None
+    if m:
+        # trtllm-bench's summary: the fraction the run used, in percent (bench/dataclasses/reporting.py)
+        read("fraction", str(float(m.group(1)) / 100))
+        return ev, []
+    m = _CONFIG_FRACTION.search(t) if "free_gpu_mem" in t else None
+    if m and "Both" not in t:
+        # the KvCacheConfig repr / Triton's parameter: free_gpu_memory_fraction=F, kv_cache_free_gpu_mem_fraction
+        read("fraction", m.group(1))
         return ev, []
     m = _PEAK.search(t) if "Peak memory during memory usage profiling" in t else None
     if m:

@@ -50,7 +50,8 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     util = ctx.util
     if mem is not None:
         fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell)
-        out.append(F.not_enough_memory(mem.message + fit[0], mem.line, {**mem.numbers, **fit[1]}))
+        cause, extra = _graph_estimate_cause(ctx, mem.kind, K)
+        out.append(F.not_enough_memory(mem.message + fit[0] + cause, mem.line, {**mem.numbers, **fit[1], **extra}))
         quoted.add(mem.line)
     elif fixed_kv is not None and any(f.kind == "oom" for f in failures):
         oom = next(f for f in failures if f.kind == "oom")
@@ -87,6 +88,22 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
             detail += " (after the KV pool was sized)"
         out.append(F.startup_failed(last.line, detail, after))
     return out
+
+
+def _graph_estimate_cause(ctx: Context, kind: str, K: float | None) -> tuple[str, dict[str, float]]:
+    """0.18+ takes its CUDA-graph memory estimate out of the KV budget before sizing the cache
+    (v1/worker/gpu_worker.py determine_available_memory): an estimate as large as what was left is the cause of
+    "No available memory for the cache blocks", and raising the utilisation is not the only fix."""
+    if kind != "no_kv_memory":
+        return "", {}
+    est = max((rr.r["graph_estimate_gib"] for rr in ctx.facts.values() if "graph_estimate_gib" in rr.r), default=None)
+    if est is None:
+        return "", {}
+    return (f"; the CUDA-graph memory estimate of {est:.2f} GiB is taken out of the budget before the cache (0.18+): "
+            "the likely reason none was left (the log does not give the budget to confirm it). "
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (the estimate off; graphs are then paid "
+            "from the headroom), fewer capture sizes (--max-cudagraph-capture-size / -cc.cudagraph_capture_sizes) "
+            "or --enforce-eager give it back", {"graph_estimate_gib": est})
 
 
 def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float | None, K: float | None,
