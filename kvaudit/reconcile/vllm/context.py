@@ -50,6 +50,20 @@ class Context:
         return self.tp * self.pp * self.dp
 
 
+#: ``CacheConfig.gpu_memory_utilization``'s default (vllm/config/cache.py): 0.9 up to 0.20, 0.92 from 0.21
+UTILIZATION_DEFAULTS = (((0, 21, 0), 0.92), ((0, 0, 0), 0.9))
+
+
+def default_utilization(era) -> tuple[float | None, str | None]:
+    """The version's default fraction, when the era tells which; an era that straddles 0.21 assumes none."""
+    for since, value in UTILIZATION_DEFAULTS:
+        if era.lo >= since:
+            if since == (0, 0, 0) and not (era.hi is not None and era.hi < (0, 21, 0)):
+                return None, None  # 0.9 or 0.92: the log does not say which release
+            return value, f"default {value:g} for {era} (not among the non-default args)"
+    return None, None
+
+
 def build_context(startup: Startup, opts: AuditOptions) -> Context:
     args = dict(startup.server_args or {})
     facts = gather_facts(startup)
@@ -62,7 +76,7 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     if util is None and as_float(args.get("gpu_memory_utilization")) is not None:
         util, util_source = as_float(args["gpu_memory_utilization"]), "engine args"
     if util is None and args_seen and "gpu_memory_utilization" not in args and _non_default_args_seen(startup):
-        util, util_source = 0.9, "default (not among the non-default args)"
+        util, util_source = default_utilization(startup.era)
 
     hybrid = _hybrid_layout(startup)
     if hybrid is not None and hybrid.block_size:
