@@ -176,8 +176,9 @@ _FAILURES = (
     (re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
                 r"cache \((\d+)\)"), "max_len"),
     (re.compile(r"Error in memory profiling"), "profiling"),
-    (re.compile(r"\(" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV cache memory \("
-                + NUM + r" G(?:i)?B\)"), "kv_needed"),
+    # the number follows "max seq len (N)," on one line, or starts its own when a paste wrapped the message
+    (re.compile(r"(?:\(|^|[\s,])" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV "
+                r"cache memory \(" + NUM + r" G(?:i)?B\)"), "kv_needed"),
     (re.compile(r"on startup is less than desired GPU memory utilization"), "free_memory"),
     (re.compile(r"EngineCore failed to start"), "engine_failed"),
     (re.compile(r"CUDA out of memory"), "oom"),
@@ -465,9 +466,13 @@ _WRAPPERS = ("See root cause above", "validation error for", "Error raised in su
 
 
 def _after_prefix(text: str) -> str:
-    """The message after the process tag, the level and the ``[file.py:N]`` location (a traceback's exception line
-    has nothing before it but these)."""
+    """The message after a paste's quote bar (``▎``, ``│``, ``>``), the process tag, the level and the
+    ``[file.py:N]`` location (a traceback's exception line has nothing before it but these)."""
+    text = _PASTE_BAR.sub("", text, count=1)
     return text[_LINE_PREFIX.match(text).end():]
+
+
+_PASTE_BAR = re.compile(r"^[\s\u258e\u2502\u2503|>]+")
 
 
 def _generic_wrapper(msg: str) -> bool:
@@ -477,7 +482,7 @@ def _generic_wrapper(msg: str) -> bool:
 def _message(text: str, start: int) -> str:
     """The error as the engine wrote it: from the start of the message (after the ``[file.py:N]`` prefix)."""
     prefix = text.rfind("] ", 0, start)
-    return quote(text[prefix + 2 if prefix >= 0 else 0:])
+    return quote(_PASTE_BAR.sub("", text[prefix + 2 if prefix >= 0 else 0:], count=1))
 
 
 def _config(text: str) -> dict[str, Any]:
