@@ -27,7 +27,7 @@ Format strings (shared reference §2.3 and its 2026 update; docs/trtllm-log-gram
   max_tokens_in_paged_kv_cache) are set (to %f and %ld, respectively).", "Loaded engine size: %d MiB",
   "[MemUsageChange] Allocated %.2f MiB for execution context memory.", "Allocated %s GPU memory for runtime
   buffers." / "for decoder." (KB/MB/GB in base 1024), pre-0.9 "Allocate %zu bytes for k/v cache." and "Using
-  %d total tokens in paged KV cache, and %d blocks per sequence", and the oldest (~0.5-0.7) "Using %d tokens in
+  %d total tokens in paged KV cache, and %d blocks per sequence", and the oldest (~0.5-0.8) "Using %d tokens in
   paged KV cache.";
 * failures: "Executor creation failed", CUDA out of memory, "maxTokensInPagedKvCache (N) must be large enough
   to process at least 1 sequence to completion (i.e. must be larger than beam_width (B) * tokensPerBlock (T) *
@@ -419,9 +419,9 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         if m.group(2):
             read("blocks_per_sequence", m.group(2))
             return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]
-        # the oldest wording (~0.5-0.7, the C++ batch manager): the count before it is rounded up to whole
+        # the oldest wording (~0.5-0.8, the C++ batch manager): the count before it is rounded up to whole
         # blocks at allocation (maintainer's answer in NVIDIA/TensorRT-LLM#224)
-        return ev, [_clue((0, 1, 0), (0, 7, 99), "'Using N tokens in paged KV cache.' (~0.5-0.7)")]
+        return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N tokens in paged KV cache.' (~0.5-0.8)")]
     m = _SEQ.search(t) if "max_seq_len=" in t else None
     if m:
         read("max_seq_len", m.group(1))

@@ -33,7 +33,7 @@ def test_trtllm_bench_reads_its_fraction_and_warns_on_headroom():
 def test_the_oldest_trtllm_pool_line_is_read():
     """trtllm_103 (TensorRT-LLM ~0.5, Triton): 'Using 10718 tokens in paged KV cache.'"""
     a = run("trtllm_103.log")
-    assert a.engine == "trtllm" and a.formula.logged_tokens == 10718 and a.engine_version == "0.1.0..0.7.99"
+    assert a.engine == "trtllm" and a.formula.logged_tokens == 10718 and a.engine_version == "0.1.0..0.8.99"
 
 
 def test_a_graph_estimate_that_took_the_budget_is_named():
