@@ -34,6 +34,7 @@ explain-demo: $(STAMP)
 	$(BIN)/kvaudit explain fixtures/journal_logs/kimi-k25-sglang-0.5.9-tp8-eagle3.log --model-config fixtures/configs/kimi-k2.5.json
 
 test: $(TEST_STAMP)
+	$(BIN)/ruff check kvaudit tests scripts bench
 	$(BIN)/python -m pytest -q
 
 # Regenerate golden report files after a reviewed change of the output.

@@ -69,7 +69,8 @@ def main() -> None:
     cenv = dict(os.environ, LC_ALL="C")
     grep = shutil.which("grep")
     res: dict[str, dict] = {}
-    print(f"input: {big} ({big.stat().st_size / 2**30:.2f} GiB), {small.stat().st_size / 2**20:.0f} MiB; best of {RUNS}; "
+    print(f"input: {big} ({big.stat().st_size / 2**30:.2f} GiB), {small.stat().st_size / 2**20:.0f} MiB; "
+          f"best of {RUNS}; "
           f"anchors: {engine.name if engine else 'all engines'} ({len(used)})")
     subprocess.run(["cat", str(big)], stdout=subprocess.DEVNULL)  # warm the page cache for both
     res["grep_1g"] = best([grep, "-a", "-c", "-E", pattern, str(big)], cenv)

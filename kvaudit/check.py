@@ -246,7 +246,8 @@ def _parse_lines(target: str, lines: list[tuple[int, str]], session: HostSession
                             f"({sum(r.bytes_received for r in session.records):,} bytes received)") from None
 
 
-def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions, notes: list[str] | None = None) -> HostAudit:
+def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions,
+                    notes: list[str] | None = None) -> HostAudit:
     notes = list(notes or [])
     if log is None:
         exc = NoEngineFound(f"{c.target}: no engine startup in the collected log ({len(c.log_lines)} lines)")

@@ -248,7 +248,8 @@ def whatif(
                    + ", ".join(sorted(k for k in DTYPE_BYTES if "_" in k or k in ("bf16", "fp8", "auto"))))
     geom = _geometry(model_config)
     if (kv_cache_dtype or tp_size) and geom is None:
-        raise Fail("--kv-cache-dtype and --tp-size need --model-config (bytes per token come from the model's geometry)")
+        raise Fail("--kv-cache-dtype and --tp-size need --model-config (bytes per token come from the model's "
+                   "geometry)")
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
                         mem_fraction_static=log_mem_fraction_static)
     new = replace(base, mem_fraction_static=mem_fraction_static or log_mem_fraction_static,

@@ -147,7 +147,8 @@ def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
                                        "prints (25+ digits, or a 3-digit exponent)",))
 
 
-def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions, startup: int | None = None) -> tuple[Audit, WhatIf]:
+def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions,
+            startup: int | None = None) -> tuple[Audit, WhatIf]:
     (s,) = select(log, startup)
     opts = with_platform(opts, log)
     base = log.engine.audit(s, opts, len(log.startups))

@@ -33,7 +33,8 @@ _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREA
            "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT,
            "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
            "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
-           "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT, "interrupted": ExitStatus.UNREACHABLE}
+           "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT,
+           "interrupted": ExitStatus.UNREACHABLE}
 
 
 def for_error(reason: str) -> ExitStatus:

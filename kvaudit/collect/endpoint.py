@@ -84,8 +84,8 @@ def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float
     deadline = time.monotonic() + deadline_s
     docs: list[Document] = []
     records: list[CommandRecord] = []
-    for path, names in ((p, names) for names in documents for p in names):
-        if any(d.path in names and d.status == 200 for d in docs):
+    for path, aliases in ((p, names) for names in documents for p in names):
+        if any(d.path in aliases and d.status == 200 for d in docs):
             continue  # served under a newer name already
         left = deadline - time.monotonic()
         if left <= 0:

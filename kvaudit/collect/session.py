@@ -149,8 +149,8 @@ class HostSession:
                 raise NoEngineFound(f"{self.target}: cannot read the journal"
                                     f"{' in ' + d if d else ''}: {_first_line(res.stderr) or f'rc {res.rc}'}")
         self.invocation = inv
-        self.source_desc = f"journal unit={unit}" + (f" invocation={inv}" if inv else " (no invocation id: all starts)") + (
-            f" directory={d}" if d else "")
+        which = f" invocation={inv}" if inv else " (no invocation id: all starts)"
+        self.source_desc = f"journal unit={unit}{which}" + (f" directory={d}" if d else "")
         res = self._read_log(C.journal_lines(unit, inv, d, self.opts.anchors))
         lines = self._lines(res)
         if not lines:

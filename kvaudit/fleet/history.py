@@ -125,10 +125,12 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         if before is None:
             continue
         label = f"{host} GPU {gpu}" + (f" ({now['rank']})" if now["rank"] else "")
-        for key, what, limit in (("free_now_gib", "free", FREE_DRIFT_GIB), ("weights_gib", "weights", WEIGHTS_DRIFT_GIB)):
+        for key, what, limit in (("free_now_gib", "free", FREE_DRIFT_GIB),
+                                 ("weights_gib", "weights", WEIGHTS_DRIFT_GIB)):
             a, b = before[key], now[key]
             if a is not None and b is not None and abs(b - a) > limit:
-                out.append(Drift(host, now["gpu"], what, a, b, f"{label}: {what} {a:.2f} -> {b:.2f} GiB ({b - a:+.2f})"))
+                out.append(Drift(host, now["gpu"], what, a, b,
+                                 f"{label}: {what} {a:.2f} -> {b:.2f} GiB ({b - a:+.2f})"))
     for host in sorted(set(h0) - set(h1)):
         out.append(Drift(host, None, "status", h0[host]["status"], None, f"{host}: not in this run"))
     return prev, out

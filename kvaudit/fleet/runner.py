@@ -49,7 +49,8 @@ def _one(host: FleetHost, base: CheckOptions, run_deadline: float) -> HostAudit:
         h = check(host.target, opts)
         return replace(h, notes=h.notes + host.notes) if host.notes else h
     except Exception as exc:  # a bug or an unforeseen library error: this host fails, the run goes on
-        return HostAudit(host.target, None, None, (), (), InternalHostError(f"{host.name}: {type(exc).__name__}: {exc}"))
+        return HostAudit(host.target, None, None, (), (),
+                         InternalHostError(f"{host.name}: {type(exc).__name__}: {exc}"))
 
 
 class Interrupted(CollectError):

@@ -170,7 +170,8 @@ def rank_imbalance(what: str, lo: tuple[str, float], hi: tuple[str, float], spre
     arose while the weights loaded, not from another process."""
     cost = ""
     if bytes_per_token:
-        cost = f"; every rank is sized by the smallest, which costs about {int(spread * GIB / bytes_per_token):,} tokens"
+        tokens = int(spread * GIB / bytes_per_token)
+        cost = f"; every rank is sized by the smallest, which costs about {tokens:,} tokens"
     if equal_before is not None:
         why = (f"the ranks were equal before loading (T within {equal_before:.2f} GiB), so the difference arose "
                "while the weights loaded (uneven shards, or extra buffers on one rank)")
@@ -179,7 +180,8 @@ def rank_imbalance(what: str, lo: tuple[str, float], hi: tuple[str, float], spre
     return _f("RANK_IMBALANCE",
               f"{what} differs across ranks by {spread:.2f} GiB ({lo[0]} {lo[1]:.2f} vs {hi[0]} {hi[1]:.2f}): "
               f"{why}{cost}",
-              {"min_rank": lo[0], "min_gib": lo[1], "max_rank": hi[0], "max_gib": hi[1], "spread_gib": round(spread, 3)},
+              {"min_rank": lo[0], "min_gib": lo[1], "max_rank": hi[0], "max_gib": hi[1],
+               "spread_gib": round(spread, 3)},
               (lo[0], hi[0]))
 
 
@@ -295,9 +297,8 @@ def budget_reconciles(sentence: str, ranks: list[str], note: str = "") -> Findin
 def budget_mismatch(rank: str, residual: float, tol: float, ranks: list[str]) -> Finding:
     return _f("BUDGET_MISMATCH",
               f"on {rank} the logged terms do not add up to the KV budget: {residual:+.2f} GiB off (rounding allows "
-              f"+-{tol:.2f}); another version's rule, or a term the log does not show", {"rank": rank,
-                                                                                       "residual_gib": round(residual, 3)},
-              tuple(ranks))
+              f"+-{tol:.2f}); another version's rule, or a term the log does not show",
+              {"rank": rank, "residual_gib": round(residual, 3)}, tuple(ranks))
 
 
 def non_torch_high(rank: str, non_torch: float, total: float) -> Finding:

@@ -119,7 +119,8 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
     for l in mapped:
         if l.foreign:
             total = sum(f.gib or 0 for f in l.foreign)
-            names = ", ".join(f"pid {f.pid} ({f.name or '?'}) {f.gib if f.gib is not None else '?'} GiB" for f in l.foreign)
+            names = ", ".join(f"pid {f.pid} ({f.name or '?'}) {f.gib if f.gib is not None else '?'} GiB"
+                              for f in l.foreign)
             findings.append(Finding(
                 "FOREIGN_PROCESS", Severity.WARNING,
                 f"GPU {l.index} ({l.rank}) is shared: {names}, {total:.2f} GiB in all, outside the engine's ledger",
@@ -132,8 +133,9 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
             "OCCUPIED_AT_STARTUP", Severity.WARNING,
             f"{w.before_t_gib:.2f} GiB of GPU {w.index} ({w.rank}) was already gone when the engine measured T "
             f"(CUDA context and NCCL take about 1-2 GiB): another process held memory at startup, and the KV "
-            f"pool is smaller for it", {"gpu": w.index, "before_t_gib": w.before_t_gib,
-                                        "gpus": [l.index for l in occupied]}, tuple(l.rank for l in occupied if l.rank)))
+            f"pool is smaller for it",
+            {"gpu": w.index, "before_t_gib": w.before_t_gib, "gpus": [l.index for l in occupied]},
+            tuple(l.rank for l in occupied if l.rank)))
     if audit is not None and audit.ranks:
         n_ranks, n_mapped = len(audit.ranks), len(mapped)
         if c.gpus and n_mapped < n_ranks:

@@ -119,7 +119,8 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
             L.append(render_one(h.audit, color).rstrip("\n").split("\n", 1)[1])
             L.append("")
         if h.gpus:
-            L.append(colour("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1", color))
+            L.append(colour("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1",
+                            color))
             L.extend(table(GPU_COLUMNS, gpu_rows(h), left=2))
             L.append("")
         if h.findings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvaudit.reconcile.interface import Audit
-from kvaudit.report.text import format_value
+from kvaudit.report.text import format_value, logged_tokens_text
 from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
 from kvaudit.textsafe import md_cell
 from kvaudit.verdict import judge
@@ -18,7 +18,8 @@ def _esc(s: str) -> str:
 def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> str:
     f = a.formula
     L = [f"**{_esc(judge(a, extra, partial).headline)}**", "", f"## kvaudit: {_esc(a.source)}", "",
-         f"{a.engine_display or a.engine} {a.engine_version}, {origin(a)}; model {_esc(a.model.architecture or 'unknown')}"
+         f"{a.engine_display or a.engine} {a.engine_version}, {origin(a)}; "
+         f"model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]
 
@@ -29,7 +30,7 @@ def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> st
     formula_rows = [(r.quantity, format_value(r, "–"), r.source) for r in a.formula_rows] + [
         ("bytes per token", f"{f.bytes_per_token:,}" if f.bytes_per_token else "–", f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
-        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "–", ""),
+        ("logged tokens", logged_tokens_text(f, "–"), ""),
     ]
     if not not_reached(a):
         for name, val, src in formula_rows:

@@ -52,7 +52,8 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     def gauge(name: str, help_: str, labels: tuple[str, ...]) -> Gauge:
         return Gauge(name, help_, ("invocation", *labels), registry=reg)
 
-    gauge("kvaudit_build_info", "kvaudit's version (value always 1).", ("version",)).labels(invocation, __version__).set(1)
+    build = gauge("kvaudit_build_info", "kvaudit's version (value always 1).", ("version",))
+    build.labels(invocation, __version__).set(1)
     rows = [r for name, h in hosts for r in gpu_rows(name, h)]
     for metric, help_, key, scale in GPU_METRICS:
         g = gauge(metric, help_, ("host", "gpu", "rank", "UUID"))

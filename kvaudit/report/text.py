@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from kvaudit.reconcile.interface import Audit, FormulaRow, Severity, WhatIf
+from kvaudit.reconcile.interface import Audit, Formula, FormulaRow, Severity, WhatIf
 from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
 from kvaudit.verdict import judge
 
@@ -18,6 +18,13 @@ WIDTH = 100
 
 def colour(text: str, code: str, color: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+
+def logged_tokens_text(f: Formula, dash: str) -> str:
+    """The logged token count, marked ``~`` when the log gives it only abridged ("273K")."""
+    if not f.logged_tokens:
+        return dash
+    return ("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}"
 
 
 def format_value(row: FormulaRow, dash: str = "-") -> str:
@@ -101,9 +108,10 @@ def _formula_lines(a: Audit, color: bool) -> list[str]:
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
-        ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-", f.bytes_per_token_source or ""),
+        ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-",
+         f.bytes_per_token_source or ""),
         ("predicted tokens", pred, f.rule or ""),
-        ("logged tokens", (("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}") if f.logged_tokens else "-", ""),
+        ("logged tokens", logged_tokens_text(f, "-"), ""),
     ]
     for name, val, src in body:
         L.append(f"  {name:<40} {val:>18}   {src}".rstrip())

@@ -46,7 +46,8 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
             req = item_gib(l, "request_table")
             rnd = item_gib(l, "allocator_rounding")
             pools = sum(it.gib or 0 for it in l.items
-                        if it.key in ("kv_cache", "kv_cache_swa", "state_pool", "budget_reserve") or it.key.startswith("pool_"))
+                        if it.key in ("kv_cache", "kv_cache_swa", "state_pool", "budget_reserve")
+                        or it.key.startswith("pool_"))
             expected = l.free_after_weights_gib - pools - req - rnd
             tol = th.reserve_tolerance_gib + (0.0 if l.item("allocator_rounding") else 0.08)
             if abs(l.free_after_pool_gib - expected) <= tol:

@@ -255,8 +255,9 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cell, bpt_source, pool: Hybr
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")
-        return Prediction(None, Verdict.UNKNOWN, "bytes per token were derived from this same line (no --model-config), "
-                                                 "so the token count cannot be checked independently")
+        return Prediction(None, Verdict.UNKNOWN,
+                          "bytes per token were derived from this same line (no --model-config), so the token count "
+                          "cannot be checked independently")
     block = ctx.block_size
     if pool is not None:
         mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
