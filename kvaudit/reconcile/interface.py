@@ -103,7 +103,7 @@ class Formula:
     kv_bytes_per_token_logged: float | None = None  # from the KV line: size / (tokens + padding)
     logged_tokens_approximate: bool = False  # the log gives the count only abridged ("273K")
     probable_cap: str | None = None  # why the pool looks capped although no --max-total-tokens is in the log
-    state_pool_gib: float | None = None  # a hybrid model's state pool, taken out of the same budget (max rank)
+    state_pool_gib: float | None = None  # what a hybrid's state pool took from the budget (max rank; no padding slot)
     #: the inputs the token check rests on (names as in kvaudit.verdict.inputs): a check that rests on an
     #: assumed one cannot produce a mismatch by itself (verdict rule 3)
     check_inputs: tuple[str, ...] = ()

@@ -13,11 +13,15 @@ from kvaudit.reconcile.interface import AuditOptions, Verdict
 from tests.conftest import CONFIGS, ROOT
 
 SAMPLES = ROOT / "fixtures" / "samples"
+CORPUS = ROOT / "fixtures" / "corpus"
 GEMMA4 = CONFIGS / "gemma-4-31b-it.json"
 
 
 def run(name_or_text, **opts):
-    data = name_or_text.encode() if "\n" in name_or_text else (SAMPLES / name_or_text).read_bytes()
+    if isinstance(name_or_text, str) and "\n" in name_or_text:
+        data = name_or_text.encode()
+    else:
+        data = (SAMPLES / name_or_text).read_bytes()
     return audit(read_log(io.BytesIO(data)), AuditOptions(**opts), all_startups=True)
 
 
@@ -121,13 +125,23 @@ def test_gemma4_sliding_window_cell_from_the_config():
 
 def test_gemma4_bf16_cell_and_an_honest_mismatch():
     """sglang_204 (0.5.12 + patches, ratio 0.1, bf16): 81,920 B per full token from the config; the pool is about
-    0.07 GiB short of the formula: a mismatch whose causes can hold that amount (a multimodal reservation),
-    and the direction is right (a *larger* reserve, never a smaller one)."""
+    0.07 GiB short of the formula: an honest mismatch whose direction is right (a *larger* reserve, never a
+    smaller one). The multimodal runtime reservation is 0.5.18+ (mm_runtime_reservation_gb): not offered for a
+    0.5.10-0.5.12 log."""
     (a,) = run("sglang_204.log", model_geometry=load_config(GEMMA4))
     assert a.formula.bytes_per_token == 81920 and "GEOMETRY_MISMATCH" not in codes(a)
     f = codes(a)["TOKENS_MISMATCH"]
-    assert "multimodal runtime reservation" in f.message and "larger reserve" in f.message
-    assert "smaller reserve" not in f.message
+    assert "larger reserve" in f.message and "smaller reserve" not in f.message
+    assert "multimodal runtime reservation" not in f.message
+
+
+def test_the_state_pools_padding_slot_is_not_charged_to_the_kv_budget():
+    """MambaPool allocates max_mamba_cache_size + 1 slots (slot 0 pads) and logs their size; the budget was charged
+    for max_mamba_cache_size slots only. corpus sglang_c008 (Qwen3.5-27B, 40 slots, 5.88 GiB logged): the KV
+    budget is 12.26 - 5.88 x 40/41 = 6.52 GiB, not 6.38, so the prediction is above 425,000 tokens."""
+    (a,) = run(CORPUS / "sglang_c008.log")
+    assert a.formula.predicted_tokens.low >= 425_000
+    assert a.ranks[0].item("state_pool").gib == pytest.approx(5.88)  # the ledger books what was allocated
 
 
 def test_a_cuda_oom_after_the_pool_is_not_enough_memory_with_its_arithmetic():

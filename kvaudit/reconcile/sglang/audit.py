@@ -86,7 +86,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         ctx.notes.append(cell_note)
 
     # the state pool of a hybrid linear-attention model comes out of the same budget (0.5.2+, reference §2.6)
-    states = [s for s in (state_gib(components(rf)) for rf in facts.values()) if s is not None]
+    # (what the budget was charged for: without the state pool's padding slot, pool.budget_share)
+    spec = ctx.spec_algo is not None
+    states = [s for s in (state_gib(components(rf), budget=not spec) for rf in facts.values()) if s is not None]
     state: Interval | None = None
     if states:
         g, parts = max(states)

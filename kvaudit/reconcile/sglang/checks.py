@@ -155,8 +155,17 @@ def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
                 f"T = {mfs:g} - {short:.2f} / {T:.2f}) leaves that much more for it, less cuda-graph batch sizes "
                 "(--cuda-graph-max-bs) need less")
     elif not after_pool:
-        hint = "; a lower --mem-fraction-static does not help here: the weights do not fit (more GPUs, or a smaller "\
-               "or quantized checkpoint)"
+        quant = ctx.args.get("quantization")
+        if isinstance(quant, str) and quant not in ("", "None", "none"):
+            # the checkpoint is already quantized: "use a quantized one" would send on-call the wrong way; a layer
+            # the build creates unquantized (e.g. MoE experts through quantization/unquant.py) takes full size
+            hint = (f"; a lower --mem-fraction-static does not help here: the weights did not fit (more GPUs or a "
+                    f"smaller checkpoint); the checkpoint is already quantized ({quant}): if it should fit, check "
+                    "that this build applies that quantization to every layer (one created unquantized takes its "
+                    "full-precision size)")
+        else:
+            hint = ("; a lower --mem-fraction-static does not help here: the weights do not fit (more GPUs, or a "
+                    "smaller or quantized checkpoint)")
     return F.not_enough_memory(f"CUDA out of memory {stage}: {said}{hint}", oom.line, numbers)
 
 

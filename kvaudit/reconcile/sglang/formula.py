@@ -162,10 +162,11 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
         causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
                       "(max((1 - mfs) x T, a pre-capture activation reserve))")
-    if logged < lo and _multimodal(ctx) and not _reserve_logged(ctx):
-        # 2026 releases take SGLANG_VLM_CACHE_SIZE_MB (100 MiB by default) out of a multimodal model's budget
-        # (kv_cache_configurator.py mm_runtime_reservation_gb) and log "Reserving X GB of the KV budget"; an
-        # excerpt without that line, or an older build, leaves it open. Offered only when it can hold the gap.
+    if logged < lo and _multimodal(ctx) and not _reserve_logged(ctx) and ctx.era.overlaps((0, 5, 18), None):
+        # 0.5.18+ takes SGLANG_VLM_CACHE_SIZE_MB (100 MiB by default) out of a multimodal model's budget
+        # (kv_cache_configurator.py mm_runtime_reservation_gb) and logs "Reserving X GB of the KV budget"; an
+        # excerpt without that line leaves it open. Older releases have no such reservation, so it is not
+        # offered for them. Offered only when it can hold the gap.
         gap_gib = (lo - logged) * pred.cell.mid / GIB
         if gap_gib <= 0.5:
             causes.append(f"a multimodal runtime reservation taken from the KV budget of about {gap_gib:.2f} GiB "

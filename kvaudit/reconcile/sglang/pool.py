@@ -103,11 +103,25 @@ def kv_parts(comps: tuple[PoolComponent, ...]) -> int:
 TAKEN_BEFORE_KV = ("state_pool", "budget_reserve")
 
 
-def state_gib(comps: tuple[PoolComponent, ...]) -> tuple[float, int] | None:
-    """What the budget paid before the KV pool (GiB, rounded figures in it): the state pool and any logged
-    reservation, or None when the rank logged neither."""
+def budget_share(c: PoolComponent) -> float:
+    """GiB of a component the KV budget was charged for. The state pool allocates ``max_mamba_cache_size + 1``
+    slots (slot 0 is the padding slot that padded tokens write to; ``MambaPool.__init__``, conv and temporal
+    tensors of ``(layers, size + 1, ...)``, 0.5.2+) and the line prints those tensors' sizes, while
+    ``handle_max_mamba_cache`` took ``max_mamba_cache_size x mamba_cache_per_req`` from the budget: the padding
+    slot comes out of the reserve, not the budget."""
+    if c.key == "state_pool" and c.tokens:
+        return c.gib * c.tokens / (c.tokens + 1)
+    return c.gib
+
+
+def state_gib(comps: tuple[PoolComponent, ...], *, budget: bool = False) -> tuple[float, int] | None:
+    """What was taken before the KV pool (GiB, rounded figures in it): the state pool and any logged
+    reservation, or None when the rank logged neither. ``budget``: the part the KV budget was charged for
+    (the state pool without its padding slot, ``budget_share``); otherwise what was allocated."""
     st = [c for c in comps if c.key in TAKEN_BEFORE_KV]
-    return (sum(c.gib for c in st), sum(c.parts for c in st)) if st else None
+    if not st:
+        return None
+    return sum(budget_share(c) if budget else c.gib for c in st), sum(c.parts for c in st)
 
 
 def is_swa(comps: tuple[PoolComponent, ...]) -> bool:
