@@ -327,10 +327,13 @@ def graph_estimate_high(rank: str, est: float, actual: float, cell: int | None, 
                "tokens_lost": tokens, "estimate_source": source}, (rank,))
 
 
-def vllm_low_headroom(head: float, util: float, total: float, graphs: float, threshold: float) -> Finding:
+def vllm_low_headroom(head: float, util: float, total: float, graphs: float | None, threshold: float) -> Finding:
+    # graphs None: the log states no capture size; say so rather than print a 0 the log never said
+    less = (f", less {graphs:.2f} GiB of CUDA graphs" if graphs is not None
+            else "; the log gives no CUDA graph size, which would come out of it too")
     return _f("LOW_HEADROOM",
-              f"only {head:.2f} GiB lies outside the budget ((1 - {util:g}) x {total:.2f} GiB, less {graphs:.2f} GiB "
-              f"of CUDA graphs; below {threshold:g} GiB): allocations after startup (sampler, NCCL growth) may OOM",
+              f"only {head:.2f} GiB lies outside the budget ((1 - {util:g}) x {total:.2f} GiB{less}; below "
+              f"{threshold:g} GiB): allocations after startup (sampler, NCCL growth) may OOM",
               {"headroom_gib": round(head, 3), "threshold_gib": threshold})
 
 

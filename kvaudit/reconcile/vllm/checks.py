@@ -166,8 +166,9 @@ def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None
 def headroom_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, th: Thresholds) -> list[Finding]:
     if T is None or ctx.util is None:
         return []
-    beyond = max((it.gib or 0.0 for l in ledgers for it in l.items if it.key == "graphs_target_decode"), default=0.0)
-    head = T * (1 - ctx.util) - beyond
+    graphs = [it.gib for l in ledgers for it in l.items if it.key == "graphs_target_decode" and it.gib is not None]
+    beyond = max(graphs) if graphs else None  # None: the log gives no capture size (not "0 GiB of graphs")
+    head = T * (1 - ctx.util) - (beyond or 0.0)
     if head < th.low_headroom_gib:
         return [F.vllm_low_headroom(head, ctx.util, T, beyond, th.low_headroom_gib)]
     return []
