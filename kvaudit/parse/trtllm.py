@@ -71,6 +71,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"freeGpuMemoryFraction",
     b"freeMemFraction",
     b"Executor creation failed",
+    b"must be large enough",  # 0.5-0.7's "maxTokensInPagedKvCache must be large enough ..." (no anchor above)
     b"out of memory",
     b"Failed to create instance",
     b"No free blocks",

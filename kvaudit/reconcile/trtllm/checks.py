@@ -68,11 +68,23 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th)
         out.append(F.not_enough_memory(executor.message.rstrip(".") + detail, executor.line,
                                        {"component": component, "free_gib": free, "total_gib": total}))
         quoted.add(executor.line)
+    oom = next((f for f in failures if f.kind == "oom"), None)
+    if oom is not None and not quoted:
+        # a CUDA allocation that failed (cudaMallocAsync in BufferManager::gpu, torch's OutOfMemoryError) is a memory
+        # failure whatever raised it; where it happened decides what could have made room
+        if logged is not None:
+            where = ("after the KV pool was sized: what the pool left outside it (1 - the free-memory fraction) did "
+                     "not hold the allocation; a lower kv_cache_free_gpu_mem_fraction leaves more")
+        else:
+            where = ("before any KV pool line: the engine, its runtime buffers (they grow with max_batch_size and "
+                     "max_num_tokens) or activations did not fit")
+        out.append(F.not_enough_memory(f"{oom.message.rstrip('.')}: CUDA out of memory {where}", oom.line,
+                                       dict(oom.numbers)))
+        quoted.add(oom.line)
     fatal = [f for f in failures if f.kind not in ("no_blocks", "oom_component")]
     if fatal:
         last = fatal[-1]
-        detail = (f"the error quoted in NOT_ENOUGH_MEMORY (line {last.line})" if last.line in quoted
-                  else last.message)
+        detail = "the error quoted in NOT_ENOUGH_MEMORY" if last.line in quoted else last.message
         if logged is not None:
             detail += " (after the KV pool was sized)"
         out.append(F.startup_failed(last.line, detail))
