@@ -539,6 +539,14 @@ class VLLMParser:
             banner = next((e for e in p.events if isinstance(e, Banner)), None)
             # a new start: a banner once memory lines were seen, or a second weight load on the same rank
             restart = banner is not None and seen_memory
+            # or, in an excerpt with no banner between two runs, a "KV cache is needed" error whose available
+            # memory is not the KV memory this rank already logged: one startup checks the budget it computed
+            # (check_enough_kv_cache_memory is handed the same available_memory), so a different one is another run
+            restart = restart or any(
+                isinstance(f, Failure) and f.kind == "kv_needed" and "available_gib" in f.numbers and any(
+                    isinstance(r, Reading) and r.key == "kv_gib" and r.rank == f.rank
+                    and abs(r.value - f.numbers["available_gib"]) > 0.015 for r in events)
+                for f in p.events)
             if restart:
                 flush()
                 events, clues, config, seen_memory = [], [], {}, False

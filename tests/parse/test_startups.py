@@ -12,7 +12,7 @@ from kvaudit.model_config import load_config
 from kvaudit.parse import sglang as S
 from kvaudit.parse.lines import Line
 from kvaudit.reconcile.interface import AuditOptions
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, ROOT, SAMPLES
 
 
 def parse(text: str):
@@ -127,3 +127,14 @@ def test_truncated_lines_do_not_crash_and_lose_only_their_numbers():
     log = parse(text)
     (a,) = audit(log, AuditOptions())
     assert a.engine == "sglang"
+
+
+def test_a_kv_needed_error_with_another_available_figure_is_another_vllm_run():
+    """corpus vllm_c009: two runs pasted without a banner between them. One startup checks the budget it
+    computed (check_enough_kv_cache_memory gets the same available memory), so the error's 5.59 GiB after a logged
+    10.55 GiB is a second run; the same figure would be the same run."""
+    text = (ROOT / "fixtures" / "corpus" / "vllm_c009.log").read_text(encoding="utf-8")
+    log = parse(text)
+    assert [s.first_line for s in log.startups] == [1, 4]
+    same = text.replace("memory (5.59 GiB)", "memory (10.55 GiB)")
+    assert len(parse(same).startups) == 1

@@ -80,7 +80,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     if fatal:
         last = fatal[-1]
         if last.line in quoted:
-            detail = f"the error quoted in NOT_ENOUGH_MEMORY (line {last.line})"
+            detail = "the error quoted in NOT_ENOUGH_MEMORY"
         else:
             detail = last.message
         after = None
