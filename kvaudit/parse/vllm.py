@@ -55,9 +55,10 @@ ANCHORS: tuple[bytes, ...] = (
     b"failed to start",
     b"mamba page",
     b"Auto-fit",
+    b"weights took",  # also the MiB form, which carries no "GiB"
 )
 
-MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Loading model weights took", "Model loading took",
+MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
                             "GPU KV cache size", "Available KV cache memory", "# GPU blocks", "# CUDA blocks",
                             "# cuda blocks", "vLLM instance can use", "VllmWorker")
 
@@ -122,7 +123,11 @@ class Concurrency(Event):
 
 _ART_BANNER = re.compile(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
 _TAG = re.compile(r"\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)")
-_BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine \(v(?P<ver>[\w.+-]+)\) with config: (?P<cfg>.*)$")
+#: "Initializing an LLM engine (v0.4.0) with config: ..." (0.4+); before 0.4 the same line had no version
+#: ("Initializing an LLM engine with config: model=..., tensor_parallel_size=1, ...", engine/llm_engine.py 0.1-0.3)
+_BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
+                     r"(?P<cfg>.*)$")
+_MB_WEIGHTS = re.compile(r"Loading model weights took " + NUM + r" MB\b")
 _API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
 _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 _WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + NUM + GI
@@ -247,12 +252,19 @@ def parse_line(line: Line) -> _Parsed:
             if m.group(group) is not None:
                 ev.append(Reading(n, t, r, "target", key, float(m.group(group))))
 
-    m = _BANNER.search(t) if "LLM engine (v" in t else None
+    m = _BANNER.search(t) if "LLM engine " in t else None
     if m:
         ver = m.group("ver")
+        if ver is None:  # the pre-0.4 banner: V0, and a version no later than 0.3
+            ev.append(Banner(n, t, None, m.group("kind") or "V0", _config(m.group("cfg"))))
+            return _Parsed(ev, [_clue((0, 1, 0), (0, 3, 99), "banner without a version")])
         ev.append(Banner(n, t, ver, m.group("kind") or ("V0" if ver.startswith(("0.4", "0.5", "0.6")) else None),
                          _config(m.group("cfg"))))
         return _Parsed(ev, [_version_clue(ver)])
+    m = _MB_WEIGHTS.search(t) if " MB" in t else None
+    if m:  # the weights line in MiB (the wording as PR #3120 first printed it, before GB): GiB here
+        ev.append(Reading(n, t, rank_at(m), "target", "weights_gib", float(m.group(1)) / 1024))
+        return _Parsed(ev, [])  # no release printed it: it narrows no version
     m = _API.search(t) if "API server version" in t else None
     if m:
         return _Parsed([Banner(n, t, m.group("ver"), None, {})], [_version_clue(m.group("ver"))])
