@@ -21,6 +21,12 @@ CONFIGS = FIXTURES / "configs"
 KIMI_LOG = FIXTURES / "journal_logs" / "kimi-k25-sglang-0.5.9-tp8-eagle3.log"
 KIMI_CONFIG = CONFIGS / "kimi-k2.5.json"
 
+# the suite never reads the developer's own ~/.config/kvaudit/kvaudit.toml (kvaudit.fleet.settings): every test,
+# in-process or a subprocess, sees an empty user config directory
+import tempfile as _tempfile  # noqa: E402
+
+os.environ["XDG_CONFIG_HOME"] = _tempfile.mkdtemp(prefix="kvaudit-test-xdg-")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files from current output")

@@ -144,9 +144,39 @@ def select(hosts: list[FleetHost], limit: str) -> list[FleetHost]:
 _RANGE = re.compile(r"\[([0-9]+|[a-zA-Z]):([0-9]+|[a-zA-Z])(?::([0-9]+))?\]")
 
 
+#: the most hosts one inventory line's ranges may name: counted before anything is expanded, so a 28-byte line
+#: like ``h[0:999][0:999][0:99]`` (10^8 names) is refused at once instead of filling memory (issue 21)
+MAX_RANGE_HOSTS = 10_000
+
+
+def _range_count(pattern: str) -> int:
+    n = 1
+    for m in _RANGE.finditer(pattern):
+        beg, end, stride = m.group(1), m.group(2), max(1, int(m.group(3) or 1))
+        if beg.isdigit() and end.isdigit():
+            size = (int(end) - int(beg)) // stride + 1 if int(end) >= int(beg) else 0
+        elif beg.isalpha() and end.isalpha():
+            size = (ord(end) - ord(beg)) // stride + 1 if ord(end) >= ord(beg) else 0
+        else:
+            size = 1  # an error expand() reports with its own words
+        n *= max(size, 1)
+        if n > MAX_RANGE_HOSTS:
+            break
+    return n
+
+
 def expand(pattern: str) -> list[str]:
     """Ansible's host ranges: ``gpu-[01:04]`` (zero padded as written), ``[a:c]``, ``[1:9:2]``, several in one
-    name. A range Ansible would refuse (mixed kinds, unequal padded widths) is an error."""
+    name. A range Ansible would refuse (mixed kinds, unequal padded widths) is an error, and so is one that names
+    more than MAX_RANGE_HOSTS hosts."""
+    count = _range_count(pattern)
+    if count > MAX_RANGE_HOSTS:
+        raise InventoryError(f"host range {pattern[:80]!r} names more than {MAX_RANGE_HOSTS:,} hosts: refused "
+                             "before expanding it")
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> list[str]:
     m = _RANGE.search(pattern)
     if not m:
         return [pattern]
@@ -163,7 +193,7 @@ def expand(pattern: str) -> list[str]:
         raise InventoryError(f"host range {m.group(0)}: mixes letters and numbers")
     if not values:
         raise InventoryError(f"host range {m.group(0)}: empty")
-    return [h for v in values for h in expand(head + v + tail)]
+    return [h for v in values for h in _expand(head + v + tail)]
 
 
 def _ansible_exe() -> str | None:
@@ -173,19 +203,39 @@ def _ansible_exe() -> str | None:
     return str(beside) if beside.exists() else shutil.which("ansible-inventory")
 
 
+def _inventory_limits() -> None:
+    """In the ansible-inventory child: at most 2 GiB of address space and 60 s of CPU (an alias bomb or a huge
+    host range ends there, not in the user's memory)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
+
+
 def ansible_inventory(path: str) -> list[FleetHost] | None:
     """The inventory as Ansible resolves it (``ansible-inventory -i FILE --list``, only the ini and yaml
     plugins: no inventory script is ever run); None when Ansible is not installed."""
     exe = _ansible_exe()
     if exe is None:
         return None
-    env = {**os.environ, "ANSIBLE_INVENTORY_ENABLED": "ini,yaml", "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_INVENTORY_UNPARSED_FAILED": "1", "ANSIBLE_LOCAL_TEMP": os.environ.get("TMPDIR", "/tmp")}
-    try:
-        p = subprocess.run([exe, "-i", path, "--list"], capture_output=True, timeout=120, env=env,
-                           stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InventoryError(f"ansible-inventory -i {path}: {exc}") from None
+    import tempfile
+
+    # The working directory is not trusted (issue 21): its ansible.cfg could name vars or inventory plugins whose
+    # code would run inside kvaudit. ansible-inventory gets an empty config of ours (ANSIBLE_CONFIG wins over
+    # ./ansible.cfg), runs in an empty directory, and may use only the ini and yaml inventory plugins and the
+    # host_group_vars vars plugin (group_vars/host_vars files: data, not code). Its time and memory are capped.
+    with tempfile.TemporaryDirectory(prefix="kvaudit-ansible-") as tmp:
+        cfg = Path(tmp) / "ansible.cfg"
+        cfg.write_text("[defaults]\n", encoding="utf-8")
+        env = {**os.environ, "ANSIBLE_CONFIG": str(cfg), "ANSIBLE_INVENTORY_ENABLED": "ini,yaml",
+               "ANSIBLE_VARS_ENABLED": "host_group_vars", "ANSIBLE_VARS_PLUGINS": tmp,
+               "ANSIBLE_INVENTORY_PLUGINS": tmp, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "1",
+               "ANSIBLE_LOCAL_TEMP": tmp, "ANSIBLE_HOME": tmp}
+        try:
+            p = subprocess.run([exe, "-i", os.path.abspath(path), "--list"], capture_output=True, timeout=120,
+                               env=env, stdin=subprocess.DEVNULL, cwd=tmp, preexec_fn=_inventory_limits)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise InventoryError(f"ansible-inventory -i {path}: {exc}") from None
     if p.returncode != 0:
         why = p.stderr.decode("utf-8", "replace").strip().splitlines()
         raise InventoryError(f"ansible-inventory -i {path}: {why[-1] if why else f'rc {p.returncode}'}")

@@ -57,3 +57,25 @@ def test_variables_kvaudit_reads(tmp_path):
     bad.write_text("[gpus]\ngpu-1 kvaudit_unti=sglang.service\n")
     with pytest.raises(inv.InventoryError, match="unknown setting 'kvaudit_unti'"):
         inv.load(str(bad), use_ansible=False)
+
+
+def test_the_working_directory_ansible_cfg_loads_no_plugin(tmp_path, monkeypatch):
+    """issue 21 item 4: an ansible.cfg in the working directory (a cloned repository) naming a vars plugin must not
+    run that plugin's code inside kvaudit fleet: ansible-inventory gets an empty config of kvaudit's own and runs
+    outside the working directory."""
+    marker = tmp_path / "pwned"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "evil.py").write_text(
+        "from ansible.plugins.vars import BaseVarsPlugin\n"
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "class VarsModule(BaseVarsPlugin):\n"
+        "    REQUIRES_ENABLED = False\n"
+        "    def get_vars(self, loader, path, entities, cache=True):\n"
+        "        return {}\n")
+    (tmp_path / "ansible.cfg").write_text(f"[defaults]\nvars_plugins = {plugins}\nvars_plugins_enabled = evil,host_group_vars\n")
+    (tmp_path / "hosts.ini").write_text("[gpu]\nnode1 ansible_host=127.0.0.1\n")
+    monkeypatch.chdir(tmp_path)
+    hosts = inv.load("hosts.ini")
+    assert [h.name for h in hosts] == ["node1"]
+    assert not marker.exists()

@@ -119,3 +119,20 @@ def test_csv_cells_from_hosts_never_become_formulas(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert {r["host"] for r in rows} == {"'" + n for n in names}
     assert not any(v[:1] in ("=", "+", "@") for r in rows for v in r.values())
+
+
+def test_a_host_range_bomb_is_refused_before_it_is_expanded(tmp_path):
+    """issue 21: a 28-byte line naming 10^8 hosts is refused by count, in kvaudit's words, before anything is
+    expanded. Run under a 1.5 GiB address-space cap: expanding it would die of MemoryError there instead."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "bomb.ini"
+    p.write_text("[g]\nh[0:999][0:999][0:99]\n")
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))\n"
+            "from kvaudit.fleet import inventory as inv\n"
+            "try:\n    inv.load(%r)\nexcept inv.InventoryError as e:\n    print('refused:', e)\n" % str(p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "KVAUDIT_NO_ANSIBLE": "1"})
+    assert "refused:" in r.stdout and "names more than 10,000 hosts" in r.stdout, r.stderr[-500:]
+    assert len(inv.expand("gpu-[01:64]")) == 64
