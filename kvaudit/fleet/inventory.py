@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kvaudit.textsafe import printable
+
 
 class InventoryError(Exception):
     pass
@@ -118,6 +120,12 @@ def _checked(h: FleetHost, path: str) -> FleetHost:
         raise InventoryError(f"{path}: host {h.name}: unknown setting {bad[0]!r} (known: "
                              + ", ".join(f"kvaudit_{k}" for k in HOST_SETTINGS) + ")")
     notes = h.notes
+    shown = printable(h.name)
+    if shown != h.name:
+        # a bidi override shows "gpu-7" reversed, a zero-width space hides which host it is: reports name the host
+        # without them (the SSH target is left as written)
+        notes += ("control or invisible characters removed from the host's name",)
+        h = replace(h, name=shown or "?")
     if any(k.startswith("ansible_become") and str(v).lower() not in ("false", "no", "0", "")
            for k, v in h.vars.items()):
         notes += ("ansible_become ignored: kvaudit only reads, as the login user",)

@@ -136,3 +136,14 @@ def test_a_host_range_bomb_is_refused_before_it_is_expanded(tmp_path):
                        env={**__import__("os").environ, "KVAUDIT_NO_ANSIBLE": "1"})
     assert "refused:" in r.stdout and "names more than 10,000 hosts" in r.stdout, r.stderr[-500:]
     assert len(inv.expand("gpu-[01:64]")) == 64
+
+
+def test_a_host_name_with_a_bidi_override_is_reported_without_it(tmp_path, monkeypatch):
+    """issue 21: U+202E in an inventory name would show the name reversed in every report; the name loses it
+    (and says so), the SSH target is left as written."""
+    monkeypatch.setenv("KVAUDIT_NO_ANSIBLE", "1")
+    p = tmp_path / "hosts.txt"
+    p.write_text("gpu\u202e-7\nplain-1\n", encoding="utf-8")
+    a, b = inv.load(str(p))
+    assert a.name == "gpu-7" and "\u202e" in a.target and any("invisible" in n for n in a.notes)
+    assert b.name == "plain-1" and not b.notes
