@@ -152,8 +152,10 @@ def _write(text: str, output: Optional[Path]) -> None:
     if output is None:
         _env.stdout.write(text)
         return
+    from kvaudit.report.files import write_atomic
+
     try:
-        output.write_text(text, encoding="utf-8")
+        write_atomic(output, text)  # whole or not at all: a reader never sees it half written
     except OSError as exc:
         raise Fail(f"cannot write {output}: {exc.strerror or exc}") from None
 

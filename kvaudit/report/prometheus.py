@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -92,17 +91,18 @@ def _text(v: object) -> str:
 
 
 def write(directory: str, text: str, name: str) -> Path:
+    from kvaudit.report.files import write_atomic_with
+
     d = Path(directory)
     if not d.is_dir():  # node_exporter reads an existing directory: a typo must not create one nobody scrapes
         raise FileNotFoundError(2, "no such directory", directory)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+
+    def produce(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, d / name)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return d / name
+
+    # node_exporter's textfile collector reads *.prom: the temporary name (".name.XXXX.tmp") is never one
+    path = write_atomic_with(d / name, produce)
+    os.chmod(path, 0o644)
+    return path

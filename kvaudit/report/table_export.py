@@ -28,14 +28,17 @@ def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = Fal
     df["gpu"] = df["gpu"].astype("Int64")
     df["kv_tokens"] = df["kv_tokens"].astype("Int64")
     df["kv_bytes"] = df["kv_bytes"].astype("Int64")
+    from kvaudit.report.files import write_atomic_with
+
     try:
         if parquet:
             try:
-                df.to_parquet(path, index=False)
+                import pyarrow  # noqa: F401  (checked first: no temporary file for a format that cannot be written)
             except ImportError:
                 raise ExportError("Parquet needs pyarrow: pip install pyarrow") from None
+            write_atomic_with(path, lambda tmp: df.to_parquet(tmp, index=False))
         else:
-            df.to_csv(path, index=False)
+            write_atomic_with(path, lambda tmp: df.to_csv(tmp, index=False))
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
     return len(df)

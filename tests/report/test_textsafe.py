@@ -34,3 +34,23 @@ def test_a_failed_hosts_stderr_cannot_put_a_link_in_the_fleet_report():
     md = render_markdown(run)
     assert "\\[reset your password\\](http://evil.example)" in md and "\u202e" not in md
     assert "[reset your password](" not in md
+
+
+def test_report_files_are_replaced_whole(tmp_path):
+    """issue 21, item 7: -o, --csv and --html are written to a temporary file and renamed, as the textfile is: a
+    reader that opened the previous report still reads all of it, and the new one is complete. (A truncating
+    write would hand the open reader an empty or half-written file.)"""
+    import json
+
+    from tests.conftest import FIXTURES, SAMPLES, cli
+
+    CORPUS = FIXTURES / "corpus"
+
+    out = tmp_path / "report.json"
+    assert cli("explain", str(SAMPLES / "sglang_216.log"), "-f", "json", "-o", str(out)).code == 0
+    before = out.read_text()
+    with open(out, encoding="utf-8") as reader:
+        assert cli("explain", str(CORPUS / "sglang_c005.log"), "-f", "json", "-o", str(out)).code == 0
+        assert reader.read() == before  # the old file, whole
+    after = json.loads(out.read_text())
+    assert after != json.loads(before) and not list(tmp_path.glob(".report.json.*"))
