@@ -98,3 +98,28 @@ def test_settings_are_typed(tmp_path):
         cfg.write_text(text + "\n")
         r = _run(tmp_path, "check", KIMI_HOST, "--config", cfg)
         assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, (text, r.stderr)
+
+
+def test_a_malformed_history_row_is_skipped_and_said_and_the_reports_are_written(tmp_path):
+    """issue 21, item 3: one bad row in the history (findings not JSON, a number that is text, control characters)
+    no longer ends the run with exit 70 before its reports are written: the row is skipped, the report says so,
+    and `kvaudit history` lists the rest with the control characters gone."""
+    import sqlite3
+
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{KIMI_HOST}\n")
+    hist = tmp_path / "h.sqlite"
+    assert _run(tmp_path, "fleet", inv, "--history", hist, "--no-config").returncode == 0
+    db = sqlite3.connect(hist)
+    db.execute("UPDATE hosts SET findings = 'not json', tokens = 'many'")
+    db.execute("INSERT INTO hosts (run_id, host, status, findings) VALUES (1, 'evil\x1b[31m', 'ok', '[]')")
+    db.commit()
+    db.close()
+    html = tmp_path / "r.html"
+    r = _run(tmp_path, "fleet", inv, "--history", hist, "--html", html, "-f", "json", "--no-config")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    drift = json.loads(r.stdout)["drift"]
+    assert any(d["what"] == "history" and "1 malformed row(s) skipped" in d["message"] for d in drift), drift
+    assert html.exists()
+    listing = _run(tmp_path, "history", "--history", hist, "--no-config")
+    assert listing.returncode == 0 and "\x1b" not in listing.stdout and "evil[31m" in listing.stdout

@@ -34,7 +34,7 @@ class HistoryError(Exception):
 class Drift:
     host: str
     gpu: int | None
-    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart
+    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart | history
     before: Any
     after: Any
     message: str
@@ -80,12 +80,67 @@ def record(path: str, started_at: str, started_ts: float, duration_s: float, sum
         db.close()
 
 
-def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict]]:
+# A history file is input like any other (issue 21): a row another tool or a bad disk wrote may hold anything.
+# Each row is checked into the types kvaudit wrote; a row that cannot be is skipped, and the drift says how many.
+_TEXT = ("host", "status", "reason", "verdict", "startup_id", "rank")
+_INTS = ("tokens", "gpu", "run_id", "id", "hosts")
+_REALS = ("weights_gib", "free_min_gib", "unexplained_gib", "kv_gib", "free_now_gib", "free_at_end_gib",
+          "duration_s", "started_ts")
+
+
+def clean_row(row: dict) -> dict | None:
+    """The row with each column of the type kvaudit writes (text printable, numbers finite, findings a list of
+    codes), or None when a required one is not (a host row without a host name or status, findings not a list)."""
+    from kvaudit.textsafe import printable
+
+    out = dict(row)
+    for k, v in row.items():
+        if k in _TEXT:
+            if v is not None and not isinstance(v, str):
+                return None
+            out[k] = printable(v)[:300] if isinstance(v, str) else None
+        elif k in _INTS:
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                return None
+        elif k in _REALS:
+            if v is not None and (not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf"))):
+                return None
+        elif k in ("started_at", "last_run"):
+            out[k] = printable(v)[:64] if isinstance(v, str) else None
+    if "findings" in row:
+        try:
+            codes = json.loads(row["findings"]) if isinstance(row["findings"], str) else None
+        except ValueError:
+            codes = None
+        if not isinstance(codes, list) or not all(isinstance(c, str) for c in codes):
+            return None
+        out["findings"] = [printable(c)[:100] for c in codes]
+    if "host" in row and not out.get("host"):
+        return None
+    if "status" in row and not out.get("status"):
+        return None
+    return out
+
+
+def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict], int]:
+    """A run's host and GPU rows, checked (``clean_row``), and how many were skipped as malformed."""
     db.row_factory = sqlite3.Row
-    hosts = {r["host"]: dict(r) for r in db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,))}
-    gpus = {(r["host"], r["gpu"] if r["gpu"] is not None else r["rank"]): dict(r)
-            for r in db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,))}
-    return hosts, gpus
+    skipped = 0
+    hosts: dict[str, dict] = {}
+    for r in db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,)):
+        c = clean_row(dict(r))
+        if c is None:
+            skipped += 1
+        else:
+            hosts[c["host"]] = c
+    gpus: dict[tuple[str, Any], dict] = {}
+    for r in db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,)):
+        c = clean_row(dict(r))
+        if c is None:
+            skipped += 1
+        else:
+            gpus[(c["host"], c["gpu"] if c["gpu"] is not None else c["rank"])] = c
+    return hosts, gpus, skipped
 
 
 def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
@@ -95,11 +150,16 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         prev = db.execute("SELECT MAX(id) FROM runs WHERE id < ?", (run_id,)).fetchone()[0]
         if prev is None:
             return None, []
-        h0, g0 = _run_rows(db, prev)
-        h1, g1 = _run_rows(db, run_id)
+        h0, g0, bad0 = _run_rows(db, prev)
+        h1, g1, bad1 = _run_rows(db, run_id)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
     finally:
         db.close()
     out: list[Drift] = []
+    if bad0 + bad1:
+        out.append(Drift("(history)", None, "history", None, bad0 + bad1,
+                         f"history {path}: {bad0 + bad1} malformed row(s) skipped; the drift is over the rest"))
     for host, now in h1.items():
         before = h0.get(host)
         if before is None:
@@ -115,7 +175,7 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
             verb = "fell" if now["tokens"] < before["tokens"] else "rose"
             out.append(Drift(host, None, "tokens", before["tokens"], now["tokens"],
                              f"{host}: KV tokens {verb} from {before['tokens']:,} to {now['tokens']:,}"))
-        f0, f1 = set(json.loads(before["findings"])), set(json.loads(now["findings"]))
+        f0, f1 = set(before["findings"]), set(now["findings"])
         for code in sorted(f1 - f0):
             out.append(Drift(host, None, "finding_new", None, code, f"{host}: new finding {code}"))
         for code in sorted(f0 - f1):
@@ -148,7 +208,8 @@ def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
         db.close()
-    return [dict(r, findings=json.loads(r["findings"])) for r in reversed(rows)]
+    cleaned = [clean_row(dict(r)) for r in reversed(rows)]
+    return [c for c in cleaned if c is not None]  # a malformed row is skipped, not an internal error
 
 
 def overview(path: str) -> tuple[list[dict], list[dict]]:
@@ -156,12 +217,14 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     db = connect(path)
     try:
         db.row_factory = sqlite3.Row
-        runs = [dict(r) for r in db.execute("SELECT id, started_at, hosts, duration_s FROM runs ORDER BY id")]
+        runs = [c for c in (clean_row(dict(r)) for r in db.execute(
+            "SELECT id, started_at, hosts, duration_s FROM runs ORDER BY id")) if c is not None]
         hosts = [dict(r) for r in db.execute(
             "SELECT h.host, COUNT(*) AS runs, (SELECT h2.status FROM hosts h2 WHERE h2.host = h.host "
             "ORDER BY h2.run_id DESC LIMIT 1) AS status, (SELECT r.started_at FROM runs r JOIN hosts h3 "
             "ON h3.run_id = r.id WHERE h3.host = h.host ORDER BY r.id DESC LIMIT 1) AS last_run "
             "FROM hosts h GROUP BY h.host ORDER BY h.host")]
+        hosts = [c for c in (clean_row(h) for h in hosts) if c is not None]
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
