@@ -67,6 +67,12 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
 
     if is_pod_target(target):
         return _collect_pod(target, opts)
+    from kvaudit.collect.commands import setting_problem
+    from kvaudit.collect.interface import BadSetting
+
+    problem = setting_problem(opts.unit, opts.journal_directory)
+    if problem is not None:
+        raise BadSetting(problem)
     notes: list[str] = []
     copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout,
                            engine_names=process_names())

@@ -31,6 +31,7 @@ _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREA
            "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
            "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA,
            "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT,
+           "bad_setting": ExitStatus.BAD_INPUT,
            "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
            "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
            "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT,

@@ -109,6 +109,25 @@ def hostname() -> str:
     return "hostname"
 
 
+# --- what the user may hand the builders -------------------------------------------------------------------
+# A unit name or journal directory comes from the command line or an inventory: one the gate would refuse is
+# the user's input, said as such before anything runs (the gate's refusal stays a kvaudit bug).
+
+_UNIT_NAME = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]{1,255}")
+
+
+def setting_problem(unit: str | None, journal_directory: str | None) -> str | None:
+    """Why a --unit or --journal-directory cannot be passed to a host command, or None."""
+    if unit is not None and not _UNIT_NAME.fullmatch(unit):
+        return (f"--unit {unit!r}: a unit name is 1-255 characters without spaces, newlines or control characters "
+                "(as systemd names units)")
+    if journal_directory is not None and (not journal_directory.startswith("/") or "\n" in journal_directory
+                                          or any(ord(c) < 32 for c in journal_directory)):
+        return (f"--journal-directory {journal_directory!r}: an absolute path on the audited host (journalctl "
+                "--directory is read there, not relative to where kvaudit runs)")
+    return None
+
+
 # --- the gate ---------------------------------------------------------------------------------------------
 # Each program's arguments are checked against exactly what the builders above produce: every option is
 # spelled out in full (no abbreviation: ``journalctl --vac`` would reach ``--vacuum-*``), every value is of
@@ -215,11 +234,39 @@ _PROGRAMS = {
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
+def _stages(command: str) -> list[str] | None:
+    """The pipeline's stages: split at each `` | `` outside quotes (a model path may hold `` | ``; quoted by
+    ``shlex.join`` it is one argument, not a pipe). None when a quote is left open."""
+    stages, start, quote, i = [], 0, "", 0
+    while i < len(command):
+        c = command[i]
+        if quote:
+            if c == quote:
+                quote = ""
+            elif c == "\\" and quote == '"':
+                i += 1
+        elif c in ("'", '"'):
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif command.startswith(" | ", i):
+            stages.append(command[start:i])
+            start = i = i + 3
+            continue
+        i += 1
+    if quote:
+        return None
+    stages.append(command[start:])
+    return stages
+
+
 def is_allowed(command: str) -> bool:
     """True when every stage of the pipeline is a read-only program from the list, with exactly the options
     kvaudit's builders use, and quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``,
     redirection or glob can hide in it)."""
-    stages = command.split(" | ")
+    stages = _stages(command)
+    if stages is None:
+        return False
     for i, stage in enumerate(stages):
         if i == 0 and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
             stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr

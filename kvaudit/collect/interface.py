@@ -40,6 +40,10 @@ class CommandRefused(CollectError):
     reason = "refused_command"  # the read-only gate refused a command kvaudit built: a bug, never the host's doing
 
 
+class BadSetting(CollectError):
+    reason = "bad_setting"  # a --unit or --journal-directory no host command can take (the user's input, not a bug)
+
+
 class NoEngineFound(CollectError):
     reason = "no_engine"
 

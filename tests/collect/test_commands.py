@@ -102,3 +102,28 @@ def test_a_refused_command_is_reported_as_a_refusal(tmp_path):
         session.run("journalctl --vac=1M")
     assert err.value.reason == "refused_command" and for_error(err.value.reason) == ExitStatus.INTERNAL_ERROR
     assert session.records == []  # nothing ran
+
+
+def test_a_model_path_holding_a_pipe_is_one_quoted_argument():
+    """issue 21: a server_args model_path with ' | ' split the gate's pipeline and was refused as a kvaudit bug
+    (exit 70). Stages are split only at pipes outside quotes; a pipe inside a quoted path is data."""
+    from kvaudit.collect import commands as C
+
+    for path in ("/models/a | b/config.json", "/m/x|y$(id)/config.json", "/m/'q' | \"r\"/config.json"):
+        assert C.is_allowed(C.read_config(path)), path
+    assert not C.is_allowed("head -c 4194304 -- /x | sh -c id")  # an unquoted pipe is still a stage, refused
+    assert not C.is_allowed("head -c 4194304 -- '/x | y")  # a quote left open
+
+
+def test_a_unit_or_directory_no_command_can_take_is_the_users_input(tmp_path):
+    """A newline in --unit or a relative --journal-directory is refused as bad input (exit 2) before anything
+    runs, with what a valid one is: not the gate's 'a bug in kvaudit' (exit 70)."""
+    from kvaudit.collect.commands import setting_problem
+    from tests.conftest import cli
+
+    assert setting_problem("sglang.service", "/var/log/journal/remote") is None
+    assert "unit name" in setting_problem("a\nb", None)
+    assert "absolute path" in setting_problem(None, "rel/dir")
+    for arg in ("--unit=a\nb", "--journal-directory=rel/dir"):
+        r = cli("check", "local", arg)
+        assert r.code == 2 and "bad_setting" in r.stderr and "a bug in kvaudit" not in r.stderr, r.stderr
