@@ -408,11 +408,17 @@ def check(
         raise Fail(str(exc)) from None
     from kvaudit import ignores
 
-    h = ignores.apply(h, rules, target, h.collected.host if h.collected else None)
+    # a host is the name it was given, never what it reports (issue 21, item 5): a compromised host answering
+    # "gpu-02" must not take gpu-02's acknowledgements or overwrite gpu-02's textfile. Only this machine's own
+    # hostname ("check local", a node auditing itself) is trusted as its name.
+    from kvaudit.check import is_local
+
+    own = h.collected.host if (h.collected and h.collected.host and is_local(target)) else None
+    h = ignores.apply(h, rules, target, own)
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 
-        name = h.collected.host if (h.collected and h.collected.host) else target
+        name = own or target
         try:
             prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0, "check"),
                              prometheus.filename("check", name))
@@ -581,7 +587,7 @@ def fleet(
     from kvaudit import ignores
 
     run = _replace(run, results=tuple(
-        (f, ignores.apply(h, rules, f.name, f.target, h.collected.host if h.collected else None))
+        (f, ignores.apply(h, rules, f.name, f.target))  # the inventory's names, never what the host reports
         for f, h in run.results))
     if run.interrupted:
         _second_interrupt_exits()

@@ -168,3 +168,25 @@ def test_a_hostile_hostname_is_printed_as_text(trt_site):
         fake.unlink()
     assert r.code == ExitStatus.OK, r.stderr
     assert not any(c in r.stdout for c in ("\x1b", "\x07", "\x9b")) and "gpu" in r.stdout
+
+
+def test_a_host_is_the_name_it_was_given_not_the_one_it_reports(trt_site, tmp_path):
+    """issue 21, item 5: a host answering `hostname` with another host's name takes neither that host's
+    acknowledgements (--ignore CODE@gpu-02) nor its textfile (kvaudit-check-gpu-02.prom): it is 'trt-test', the
+    name it was checked by. A real sshd, the host's own `hostname` replaced."""
+    host, cfg = trt_site
+    fake = host.bin / "hostname"
+    fake.write_text("#!/bin/sh\necho gpu-02\n")
+    fake.chmod(0o755)
+    probe = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                        "-f", "json", timeout=60)
+    code = next(f["code"] for f in probe.json()["findings"])
+    try:
+        r = cli_process("check", "trt-test", "--ssh-config", cfg, "--journal-directory", str(host.journal),
+                        "-f", "json", "--ignore", f"{code}@gpu-02", "--textfile-dir", tmp_path, timeout=60)
+    finally:
+        fake.unlink()
+    assert r.code in (ExitStatus.OK, ExitStatus.WARNINGS), r.stderr
+    (f,) = [f for f in r.json()["findings"] if f["code"] == code]
+    assert f["ignored"] is False
+    assert [p.name for p in tmp_path.glob("*.prom")] == ["kvaudit-check-trt-test.prom"]
