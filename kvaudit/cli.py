@@ -410,10 +410,13 @@ def check(
 
     # a host is the name it was given, never what it reports (issue 21, item 5): a compromised host answering
     # "gpu-02" must not take gpu-02's acknowledgements or overwrite gpu-02's textfile. Only this machine's own
-    # hostname ("check local", a node auditing itself) is trusted as its name.
+    # hostname ("check local", a node auditing itself) and a capture's recorded host (a replay stands in for
+    # the host it recorded, by the operator's choice of directory) name the host.
     from kvaudit.check import is_local
+    from kvaudit.collect import capture as capture_mod
 
-    own = h.collected.host if (h.collected and h.collected.host and is_local(target)) else None
+    named_by_itself = is_local(target) or capture_mod.is_capture(target)
+    own = h.collected.host if (h.collected and h.collected.host and named_by_itself) else None
     h = ignores.apply(h, rules, target, own)
     if textfile_dir is not None:
         from kvaudit.report import prometheus
