@@ -330,10 +330,17 @@ def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, t
         raise InventoryError(str(exc)) from None
     if t.pod:
         return [FleetHost(str(t), str(t))]
+    from kvaudit.collect.kube import MAX_PODS
+
     try:
         pods = KubeReader(kubeconfig, timeout_s).pods(t.namespace, t.selector or "")
     except CollectError as exc:
         raise InventoryError(f"cannot list the pods of {t}: {exc}") from None
+    if len(pods) > MAX_PODS:
+        # the bound `check` applies to a selector holds in fleet too (issue 21): a selector matching 10,000 pods
+        # is refused, not audited pod by pod
+        raise InventoryError(f"-l {t.selector} selects {len(pods)} pods in {t.namespace} (at most {MAX_PODS} per "
+                             "selector): narrow it, or list the servers in an inventory")
     hosts: dict[str, FleetHost] = {}
     for pod in sorted(pods, key=lambda p: p.metadata.name):
         labels = pod.metadata.labels or {}

@@ -62,3 +62,15 @@ def test_selector_without_kubernetes_inventory_is_a_usage_error(tmp_path):
     inv.write_text("gpu-1\n")
     r = cli("fleet", inv, "-l", "app=x")
     assert r.code == 2 and "-l/--selector" in r.stderr
+
+
+def test_a_selector_matching_more_than_64_pods_is_refused_in_fleet_too(tmp_path):
+    """issue 21: the documented 64-pod bound per selector holds in fleet (it was applied in check only): 65 pods
+    behind one selector are refused before any is audited (the loopback API server sees the list and nothing
+    else)."""
+    pods = [FakePod("llm", f"p-{i:03d}", [SGLANG], {("sglang", False): ""}, {"app": "llm"}) for i in range(65)]
+    with api_server(pods) as (api, seen):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        r = cli("fleet", "k8s:llm", "-l", "app=llm", "--kubeconfig", cfg, "-f", "json")
+    assert r.code == 2 and "selects 65 pods" in r.stderr and "at most 64" in r.stderr, r.stderr
+    assert not any("/log" in s for s in seen)
