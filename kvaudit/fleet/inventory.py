@@ -422,6 +422,34 @@ def _flatten(groups, group_vars, children) -> list[FleetHost]:
     return out
 
 
+#: the most values a YAML inventory may expand to (its aliases followed)
+MAX_YAML_NODES = 200_000
+
+
+def _expanded_size(doc: object) -> int:
+    """How many values the document holds with every alias expanded, computed once per shared object (PyYAML
+    builds an alias as a reference to the same object), without recursion; at most just over the limit."""
+    size: dict[int, int] = {}
+    open_: set[int] = set()  # containers whose children are being counted: meeting one again is a cycle
+    stack: list[tuple[object, bool]] = [(doc, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = (list(node.keys()) + list(node.values()) if isinstance(node, dict)
+                else list(node) if isinstance(node, list) else [])
+        if not done and kids:
+            if id(node) in open_:
+                return MAX_YAML_NODES + 1  # a recursive alias (an object inside itself) has no finite size
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in size)
+            continue
+        open_.discard(id(node))
+        size[id(node)] = min(1 + sum(size.get(id(k), 1) for k in kids), MAX_YAML_NODES + 1)
+    return size.get(id(doc), 1)
+
+
 def _yaml(text: str, path: str) -> list[FleetHost]:
     try:
         import yaml
@@ -431,6 +459,13 @@ def _yaml(text: str, path: str) -> list[FleetHost]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path}: not valid YAML ({exc})") from None
+    except RecursionError:
+        raise InventoryError(f"{path}: YAML nested too deeply") from None
+    if _expanded_size(doc) > MAX_YAML_NODES:
+        # aliases make a small file a huge document ("billion laughs": 393 bytes, 387 million strings): counted
+        # over the shared structure in linear time, refused before anything walks or prints it (issue 21)
+        raise InventoryError(f"{path}: the YAML expands to more than {MAX_YAML_NODES:,} values through its aliases: "
+                             "refused")
     if not isinstance(doc, dict):
         raise InventoryError(f"{path}: a YAML inventory is a mapping of groups")
     groups: dict[str, list[tuple[str, dict[str, str]]]] = {}

@@ -147,3 +147,28 @@ def test_a_host_name_with_a_bidi_override_is_reported_without_it(tmp_path, monke
     a, b = inv.load(str(p))
     assert a.name == "gpu-7" and "\u202e" in a.target and any("invisible" in n for n in a.notes)
     assert b.name == "plain-1" and not b.notes
+
+
+@pytest.mark.parametrize("text", [
+    # "billion laughs": 9 levels of 9 aliases, 387 million strings from ~400 bytes
+    "all:\n  vars:\n    a: &a [x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"    {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+    + "  hosts:\n    gpu-1:\n",
+    "all: &x\n  children:\n    g: *x\n",  # an alias to its own enclosing mapping
+])
+def test_a_yaml_alias_bomb_is_refused_before_it_is_walked(tmp_path, text):
+    """issue 21: aliases are counted over the shared structure in linear time and a document that expands past
+    200,000 values (or into itself) is refused in kvaudit's words; the same check under a 1.5 GiB cap and a
+    timeout in a child process, so without it the test ends instead of eating the machine."""
+    import os
+    import subprocess
+    import sys
+
+    p = tmp_path / "bomb.yml"
+    p.write_text(text)
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))\n"
+            "from kvaudit.fleet import inventory as inv\n"
+            "try:\n    inv.load(%r)\nexcept inv.InventoryError as e:\n    print('refused:', e)\n" % str(p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "KVAUDIT_NO_ANSIBLE": "1"})
+    assert "refused:" in r.stdout and "200,000 values" in r.stdout, (r.stdout, r.stderr[-300:])
