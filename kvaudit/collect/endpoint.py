@@ -8,6 +8,7 @@ reads them in ``reconcile/<engine>/endpoint.py``; this module only fetches them 
 
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 import urllib.error
@@ -124,3 +125,12 @@ def _get(opener, url: str, timeout: float) -> tuple[int, bytes, str]:
         raise HostTimeout(f"{url}: no answer within {timeout:.0f} s") from None
     except (OSError, ValueError) as exc:  # a reset connection, a malformed status line
         raise Unreachable(f"{url}: {printable(str(exc))}") from None
+    except http.client.HTTPException as exc:
+        # http.client's own: a status line that is not HTTP, a header line over 64 KiB, more than 100 headers, a
+        # bad chunk, a body cut short. The server's fault, said in kvaudit's words, never an internal error
+        what = {"BadStatusLine": "the answer is not HTTP (bad status line)",
+                "LineTooLong": "a header or status line longer than HTTP clients accept",
+                "IncompleteRead": "the body was cut short or its chunked encoding is broken",
+                "HTTPException": "a malformed HTTP answer"}.get(type(exc).__name__,
+                                                                 f"a malformed HTTP answer ({type(exc).__name__})")
+        raise Unreachable(f"{url}: {what}") from None

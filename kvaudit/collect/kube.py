@@ -171,7 +171,7 @@ def _api_error(exc: Any, what: str, verb: str, resource: str, ns: str) -> Collec
         import json
 
         message = json.loads(exc.body or "{}").get("message", "")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # a body nested past the parser's depth is no message
         pass
     message = printable(message or str(exc.reason or ""))[:300]
     if exc.status == 404:
@@ -378,7 +378,7 @@ def _exit_code(status: bytes | str, err: bytearray) -> int | None:
 
     try:
         doc = json.loads(status or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # a Status nested past the parser's depth: no exit status from it
         doc = None
     if not isinstance(doc, dict):
         return None

@@ -189,3 +189,53 @@ def test_a_huge_document_is_bounded(demo):
     with serve({"/server_info": (200, big, "application/json")}) as (url, _):
         r = cli("check", url)
     assert r.code == ExitStatus.PARTIAL_DATA and "not_inference_server" in r.stderr
+
+
+def _raw_server(answer: bytes):
+    """A loopback server that answers every connection with ``answer`` and closes: what a broken or hostile
+    HTTP server sends (no HTTP library on the server side to tidy it)."""
+    import contextlib
+    import threading
+
+    @contextlib.contextmanager
+    def run():
+        srv = socket.create_server(("127.0.0.1", 0))
+        stop = threading.Event()
+
+        def loop():
+            srv.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    continue
+                with conn:
+                    try:
+                        conn.recv(65536)
+                        conn.sendall(answer)
+                    except OSError:
+                        pass
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+        finally:
+            stop.set()
+            t.join(5)
+            srv.close()
+
+    return run()
+
+
+@pytest.mark.parametrize("answer,said", [
+    (b"SPDY/9 nonsense\r\n\r\n", "not HTTP"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n{}", "longer than HTTP clients accept"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n", "chunked encoding is broken"),
+])
+def test_a_malformed_http_answer_is_the_servers_failure_not_ours(answer, said):
+    """issue 21, item 3: http.client's own exceptions (bad status line, a 100 KB header, a bad chunk) were
+    exit 70, 'a bug in kvaudit'; they are the server's failure, unreachable (exit 4), in kvaudit's words."""
+    with _raw_server(answer) as url:
+        r = cli("check", url, "--timeout", "20")
+    assert r.code == ExitStatus.UNREACHABLE and said in r.stderr and "internal error" not in r.stderr, r.stderr
