@@ -38,11 +38,34 @@ def first(found: list[Sample], name: str) -> Sample | None:
     return next((s for s in found if s.name == name), None)
 
 
+#: the longest integer an engine's document holds (a token count, bytes): a 4,000-digit number is no reading
+#: and would overflow every float it meets (issue 21)
+MAX_INT_DIGITS = 30
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"a {len(text)}-digit number")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError("a number beyond floating point")
+    return v
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
 def json_document(body: str | None) -> Any:
-    """The parsed JSON document, or None (absent, malformed, or nested past the parser's depth)."""
+    """The parsed JSON document, or None (absent, malformed, nested past the parser's depth, or holding a number
+    no engine reports: more than MAX_INT_DIGITS digits, NaN, Infinity, or a float that overflows)."""
     if not body:
         return None
     try:
-        return json.loads(body)
+        return json.loads(body, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return None

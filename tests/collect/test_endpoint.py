@@ -239,3 +239,14 @@ def test_a_malformed_http_answer_is_the_servers_failure_not_ours(answer, said):
     with _raw_server(answer) as url:
         r = cli("check", url, "--timeout", "20")
     assert r.code == ExitStatus.UNREACHABLE and said in r.stderr and "internal error" not in r.stderr, r.stderr
+
+
+def test_a_4000_digit_number_in_a_document_is_no_reading():
+    """issue 21: a /server_info whose token capacity has 4,000 digits parsed (Python's int limit is 4,300) and then
+    overflowed a float: exit 70. A number no engine reports makes the document unusable, said, not a crash."""
+    big = int("9" * 4000)
+    info = sglang_server_info({"model_path": "/m", "tp_size": 1, "dp_size": 1, "mem_fraction_static": 0.88,
+                               "page_size": 1}, [{"weight": 72.3, "kvcache": 10.42, "token_capacity": big}], "0.5.9")
+    with serve({"/server_info": json_doc(info)}) as (url, _):
+        r = cli("check", url, "--timeout", "20")
+    assert r.code == ExitStatus.PARTIAL_DATA and "internal error" not in r.stderr, r.stderr
