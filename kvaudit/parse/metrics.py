@@ -38,34 +38,22 @@ def first(found: list[Sample], name: str) -> Sample | None:
     return next((s for s in found if s.name == name), None)
 
 
-#: the longest integer an engine's document holds (a token count, bytes): a 4,000-digit number is no reading
-#: and would overflow every float it meets (issue 21)
+#: the longest integer an engine's document holds (a token count, bytes): a 4,000-digit number is no reading and
+#: would overflow every float it meets (issue 21). Such a number reads as null: that field is missing, the rest
+#: of the document stands.
 MAX_INT_DIGITS = 30
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"a {len(text)}-digit number")
-    return int(text)
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if v != v or v in (float("inf"), float("-inf")):
-        raise ValueError("a number beyond floating point")
-    return v
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
+def _bounded_int(text: str) -> int | None:
+    return None if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
 
 
 def json_document(body: str | None) -> Any:
-    """The parsed JSON document, or None (absent, malformed, nested past the parser's depth, or holding a number
-    no engine reports: more than MAX_INT_DIGITS digits, NaN, Infinity, or a float that overflows)."""
+    """The parsed JSON document, or None (absent, malformed, or nested past the parser's depth). An integer of
+    more than MAX_INT_DIGITS digits reads as null (NaN and Infinity are left to the readers, which check them)."""
     if not body:
         return None
     try:
-        return json.loads(body, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+        return json.loads(body, parse_int=_bounded_int)
     except (ValueError, RecursionError):
         return None
