@@ -121,7 +121,7 @@ def setting_problem(unit: str | None, journal_directory: str | None) -> str | No
     if unit is not None and not _UNIT_NAME.fullmatch(unit):
         return (f"--unit {unit!r}: a unit name is 1-255 characters without spaces, newlines or control characters "
                 "(as systemd names units)")
-    if journal_directory is not None and (not journal_directory.startswith("/") or "\n" in journal_directory
+    if journal_directory is not None and (not journal_directory.startswith("/")
                                           or any(ord(c) < 32 for c in journal_directory)):
         return (f"--journal-directory {journal_directory!r}: an absolute path on the audited host (journalctl "
                 "--directory is read there, not relative to where kvaudit runs)")
@@ -233,7 +233,6 @@ _PROGRAMS = {
 }
 
 
-@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
 def _stages(command: str) -> list[str] | None:
     """The pipeline's stages: split at each `` | `` outside quotes (a model path may hold `` | ``; quoted by
     ``shlex.join`` it is one argument, not a pipe). None when a quote is left open."""
@@ -260,6 +259,7 @@ def _stages(command: str) -> list[str] | None:
     return stages
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
 def is_allowed(command: str) -> bool:
     """True when every stage of the pipeline is a read-only program from the list, with exactly the options
     kvaudit's builders use, and quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``,

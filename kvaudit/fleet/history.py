@@ -122,25 +122,19 @@ def clean_row(row: dict) -> dict | None:
     return out
 
 
+def _cleaned(rows) -> tuple[list[dict], int]:
+    """The rows that ``clean_row`` accepts, cleaned, and how many it skipped."""
+    kept = [c for c in (clean_row(dict(r)) for r in rows) if c is not None]
+    return kept, len(rows) - len(kept)
+
+
 def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict], int]:
     """A run's host and GPU rows, checked (``clean_row``), and how many were skipped as malformed."""
     db.row_factory = sqlite3.Row
-    skipped = 0
-    hosts: dict[str, dict] = {}
-    for r in db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,)):
-        c = clean_row(dict(r))
-        if c is None:
-            skipped += 1
-        else:
-            hosts[c["host"]] = c
-    gpus: dict[tuple[str, Any], dict] = {}
-    for r in db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,)):
-        c = clean_row(dict(r))
-        if c is None:
-            skipped += 1
-        else:
-            gpus[(c["host"], c["gpu"] if c["gpu"] is not None else c["rank"])] = c
-    return hosts, gpus, skipped
+    hosts, bad_hosts = _cleaned(db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,)).fetchall())
+    gpus, bad_gpus = _cleaned(db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,)).fetchall())
+    return ({h["host"]: h for h in hosts},
+            {(g["host"], g["gpu"] if g["gpu"] is not None else g["rank"]): g for g in gpus}, bad_hosts + bad_gpus)
 
 
 def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
@@ -208,8 +202,7 @@ def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
         db.close()
-    cleaned = [clean_row(dict(r)) for r in reversed(rows)]
-    return [c for c in cleaned if c is not None]  # a malformed row is skipped, not an internal error
+    return _cleaned(list(reversed(rows)))[0]  # a malformed row is skipped, not an internal error
 
 
 def overview(path: str) -> tuple[list[dict], list[dict]]:
@@ -217,14 +210,12 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     db = connect(path)
     try:
         db.row_factory = sqlite3.Row
-        runs = [c for c in (clean_row(dict(r)) for r in db.execute(
-            "SELECT id, started_at, hosts, duration_s FROM runs ORDER BY id")) if c is not None]
-        hosts = [dict(r) for r in db.execute(
+        runs = _cleaned(db.execute("SELECT id, started_at, hosts, duration_s FROM runs ORDER BY id").fetchall())[0]
+        hosts = _cleaned(db.execute(
             "SELECT h.host, COUNT(*) AS runs, (SELECT h2.status FROM hosts h2 WHERE h2.host = h.host "
             "ORDER BY h2.run_id DESC LIMIT 1) AS status, (SELECT r.started_at FROM runs r JOIN hosts h3 "
             "ON h3.run_id = r.id WHERE h3.host = h.host ORDER BY r.id DESC LIMIT 1) AS last_run "
-            "FROM hosts h GROUP BY h.host ORDER BY h.host")]
-        hosts = [c for c in (clean_row(h) for h in hosts) if c is not None]
+            "FROM hosts h GROUP BY h.host ORDER BY h.host").fetchall())[0]
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:

@@ -90,7 +90,7 @@ def _check_type(p: Path, key: str, v: Any) -> None:
     types, say = _TYPES.get(key, ((str,), "a string"))
     # bool is an int to Python: a boolean is never a count or a number of seconds
     ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
-    if ok and key in ("timeout", "run_timeout", "connect_timeout", "parallel") and not v > 0:
+    if ok and key in _POSITIVE and not v > 0:
         ok = False
     if ok and key == "thresholds":
         ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
@@ -98,7 +98,6 @@ def _check_type(p: Path, key: str, v: Any) -> None:
         ok = all(isinstance(x, str) for x in v)
     if not ok:
         raise SettingsError(f"{p}: {key} must be {say}{' above 0' if key in _POSITIVE else ''}, not {v!r}")
-
 
 
 def load(path: str | None, no_config: bool = False, announce=None) -> tuple[FleetSettings, str | None]:

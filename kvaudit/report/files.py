@@ -24,8 +24,9 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_atomic_with(path: str | os.PathLike[str], produce: Callable[[str], None]) -> Path:
-    """``produce(tmp_path)`` writes the content to a temporary path beside ``path``; it then replaces ``path``."""
+def write_atomic_with(path: str | os.PathLike[str], produce: Callable[[str], None], mode: int | None = None) -> Path:
+    """``produce(tmp_path)`` writes the content to a temporary path beside ``path``; it then replaces ``path``.
+    ``mode``: the file's permissions (default: the old file's, else what ``open`` gives under the umask)."""
     target = Path(path)
     if target.exists() and not target.is_file():  # a device or FIFO: write to it, never rename over it
         produce(str(target))
@@ -38,7 +39,7 @@ def write_atomic_with(path: str | os.PathLike[str], produce: Callable[[str], Non
         produce(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.chmod(tmp, _mode_for(target))
+        os.chmod(tmp, _mode_for(target) if mode is None else mode)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
@@ -47,10 +48,10 @@ def write_atomic_with(path: str | os.PathLike[str], produce: Callable[[str], Non
     return target
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+def write_atomic(path: str | os.PathLike[str], text: str, mode: int | None = None) -> Path:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all."""
     def produce(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
 
-    return write_atomic_with(path, produce)
+    return write_atomic_with(path, produce, mode)

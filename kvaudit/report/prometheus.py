@@ -11,7 +11,6 @@ comparison (``kvaudit_host_status{status="failed"} == 1``).
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -91,18 +90,10 @@ def _text(v: object) -> str:
 
 
 def write(directory: str, text: str, name: str) -> Path:
-    from kvaudit.report.files import write_atomic_with
+    from kvaudit.report.files import write_atomic
 
     d = Path(directory)
     if not d.is_dir():  # node_exporter reads an existing directory: a typo must not create one nobody scrapes
         raise FileNotFoundError(2, "no such directory", directory)
-
-    def produce(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-
-    # node_exporter's textfile collector reads *.prom: the temporary name (".name.XXXX.tmp") is never one
-    path = write_atomic_with(d / name, produce)
-    os.chmod(path, 0o644)
-    return path
+    # node_exporter's textfile collector reads *.prom (world-readable): the temporary name is never one
+    return write_atomic(d / name, text, mode=0o644)
