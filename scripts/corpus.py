@@ -3,6 +3,7 @@
 
     python scripts/corpus.py            # engine, version, status, verdict, findings, exit, per log (make corpus)
     python scripts/corpus.py --index    # rewrite fixtures/corpus/INDEX.md from corpus.json (a test keeps them equal)
+    python scripts/corpus.py --add NEW.json   # merge {name: entry} into corpus.json (refuses a name already there)
 
 Every log's provenance and the truth established for it live in fixtures/corpus/corpus.json; the test
 tests/test_corpus.py holds each log to that truth. README.md ("Adding a log to the corpus") says how to add one.
@@ -40,7 +41,27 @@ def index_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+def add(path: str) -> int:
+    doc = json.loads((CORPUS / "corpus.json").read_text(encoding="utf-8"))
+    new = json.loads(Path(path).read_text(encoding="utf-8"))
+    taken = sorted(set(new) & set(doc["logs"]))
+    if taken:
+        print(f"already in the corpus: {', '.join(taken)}", file=sys.stderr)
+        return 1
+    missing = [n for n in new if not (CORPUS / f"{n}.log").is_file()]
+    if missing:
+        print(f"no log file for: {', '.join(missing)} (put it in {CORPUS} first)", file=sys.stderr)
+        return 1
+    doc["logs"].update(new)
+    (CORPUS / "corpus.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (CORPUS / "INDEX.md").write_text(index_text(), encoding="utf-8")
+    print(f"added {', '.join(new)}; INDEX.md rewritten")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--add" in argv:
+        return add(argv[argv.index("--add") + 1])
     if "--index" in argv:
         (CORPUS / "INDEX.md").write_text(index_text(), encoding="utf-8")
         print(f"wrote {CORPUS / 'INDEX.md'}")

@@ -27,7 +27,8 @@ Format strings (shared reference §2.3 and its 2026 update; docs/trtllm-log-gram
   max_tokens_in_paged_kv_cache) are set (to %f and %ld, respectively).", "Loaded engine size: %d MiB",
   "[MemUsageChange] Allocated %.2f MiB for execution context memory.", "Allocated %s GPU memory for runtime
   buffers." / "for decoder." (KB/MB/GB in base 1024), pre-0.9 "Allocate %zu bytes for k/v cache." and "Using
-  %d total tokens in paged KV cache, and %d blocks per sequence", and the oldest (~0.5-0.8) "Using %d tokens in
+  %d total tokens in paged KV cache, and %d blocks per sequence", 2024's "Max tokens in paged KV cache: %d.
+  Allocating %zu bytes.", and the oldest (~0.5-0.8) "Using %d tokens in
   paged KV cache.";
 * failures: "Executor creation failed", CUDA out of memory, "maxTokensInPagedKvCache (N) must be large enough
   to process at least 1 sequence to completion (i.e. must be larger than beam_width (B) * tokensPerBlock (T) *
@@ -178,6 +179,11 @@ _MAX_BYTES_CAP = re.compile(r"max_gpu_total_bytes=" + NUM + r" ?GiB is provided(
                             r"memory is) " + NUM + r" GiB")
 _BOTH = re.compile(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction \(aka kv_cache_free_gpu_mem_fraction\)) and "
                    r"(?:max_tokens|maxTokens \(aka max_tokens_in_paged_kv_cache\)) are set \(to " + NUM + r" and (\d+)")
+# "with free memory A of total memory B": A and B are bytes / 2**32 (4 GiB units) in the 1.x builds that print no
+# unit (resource_manager.py calculate_max_num_blocks), GiB where "GiB" follows them (later builds)
+_BOTH_FREE = re.compile(r"with free memory " + NUM + r"(GiB)? of total memory " + NUM + r"(GiB)?")
+# trtGptModelInflightBatching.cpp (encoder-decoder models): a self and a cross KV cache split the free memory
+_ENC_DEC = re.compile(r"This is an Encoder-Decoder model, set " + NUM + r" cross KV cache fraction")
 _MULTIMODAL = re.compile(r"Reserving " + NUM + r" GiB for the multimodal encoder cache")
 _QUOTA = re.compile(r"KV cache manager v2 device quota set to " + NUM + r" ?GiB")
 _TOKENS_PER_BLOCK = re.compile(r"Number of tokens per block: (\d+)")
@@ -190,6 +196,11 @@ _ENGINE_SIZE = re.compile(r"Loaded engine size: (\d+) MiB")
 _CONTEXT = re.compile(r"Allocated " + NUM + r" MiB for execution context memory")
 _BUFFERS = re.compile(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
 _OLD_ALLOC = re.compile(r"Allocate (\d+) bytes for k/v cache")
+# the 2024 batch manager (0.8-0.12 builds, shipped closed-source then; the shape is from dated logs: a Gemma 7B
+# Triton startup, tensorrtllm_backend#456): the pool in tokens and its exact size in bytes
+# Triton's tensorrtllm_backend says which default it uses when the setting is absent
+_FRACTION_DEFAULT = re.compile(r"kv_cache_free_gpu_mem_fraction is not specified, will use default value of " + NUM)
+_MAX_TOKENS_BYTES = re.compile(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+) bytes")
 _OLD_TOKENS = re.compile(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
 _SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
 _WINDOW = re.compile(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
@@ -348,6 +359,15 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _BOTH.search(t) if "are set (to" in t else None
     if m:
         ev.append(Cap(n, t, rank, "target", "both_set", int(m.group(2)), None, None, float(m.group(1))))
+        f = _BOTH_FREE.search(t)
+        if f:
+            unit = 1.0 if f.group(2) else 4.0
+            read("both_free_gib", str(round(float(f.group(1)) * unit, 4)))
+            read("both_total_gib", str(round(float(f.group(3)) * (1.0 if f.group(4) else 4.0), 4)))
+        return ev, []
+    m = _ENC_DEC.search(t) if "Encoder-Decoder model" in t else None
+    if m:
+        read("cross_fraction", m.group(1))
         return ev, []
     m = _MULTIMODAL.search(t) if "multimodal encoder cache" in t else None
     if m:
@@ -410,6 +430,14 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("buffers_gib" if m.group(3) == "runtime buffers" else "decoder_gib",
              float(m.group(1)) * _BINARY[m.group(2)])
         return ev, []
+    m = _FRACTION_DEFAULT.search(t) if "is not specified, will use default value of" in t else None
+    if m:
+        read("fraction", m.group(1))
+        return ev, []
+    m = _MAX_TOKENS_BYTES.search(t) if "Max tokens in paged KV cache" in t else None
+    if m:
+        ev.append(KVAllocation(n, t, rank, "target", int(m.group(2)) / 2**30, int(m.group(1))))
+        return ev, [_clue((0, 8, 0), (0, 12, 99), "'Max tokens in paged KV cache: N. Allocating B bytes.' (2024 builds)")]
     m = _OLD_ALLOC.search(t) if "for k/v cache" in t else None
     if m:
         read("old_kv_bytes", m.group(1))

@@ -169,6 +169,9 @@ _HYBRID_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens to ens
 _MAMBA_PAD = re.compile(r"Padding mamba page size by " + NUM + r"%")
 _ESTIMATED_LEN = re.compile(r"the estimated maximum model length is (\d+)")
 _KV_IN_USE = re.compile(r"Current kv cache memory in use is " + NUM + " GiB")
+# the two budgets the suggestion line offers, in bytes (gpu_worker.py compile_or_warm_up_model, 0.10.2+)
+_SUGGESTED = re.compile(r"`--kv-cache-memory=(\d{1,16})`(?: \([\d.]+ GiB\))? to fit into requested memory, or "
+                        r"`--kv-cache-memory=(\d{1,16})`")
 _KV_BYTES = re.compile(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
@@ -369,17 +372,21 @@ def parse_line(line: Line) -> _Parsed:
         a = _ACTUAL.search(t)
         if a:
             read(a, (("weights_gib", 1), ("activation_printed_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
-            clues.append(_clue((0, 10, 2), (0, 28, 99), "'Actual usage is ... for weight' (0.10.2-0.28)"))
+            clues.append(_clue((0, 10, 2), (0, 27, 0), "'Actual usage is ... for weight' (0.10.2-0.27.0)"))
         a = _ACTUAL_PLUGIN.search(t)
         if a:  # hardware plugins (vllm-ascend): no CUDA-graph term
             read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
         a = _ACTUAL_CONSUMED.search(t)
         if a:
             read(a, (("consumed_gib", 1), ("activation_printed_gib", 2), ("graph_gib", 3)))
-            clues.append(_clue((0, 29, 0), None, "'Actual usage is ... for consumed memory' (0.29+)"))
+            # seen in a real 0.27.1 startup (corpus vllm_c012); the 0.26 tag still prints "for weight"
+            clues.append(_clue((0, 27, 0), None, "'Actual usage is ... for consumed memory' (0.27+)"))
         k = _KV_IN_USE.search(t)
         if k:
             read(k, (("kv_gib", 1),))
+        k = _SUGGESTED.search(t)
+        if k:
+            read(k, (("suggest_fit_bytes", 1), ("suggest_full_bytes", 2)))
         return _Parsed(ev, clues or [_clue((0, 9, 1), None, "'Free memory on device' line")])
     m = _ACTUAL_PLUGIN.search(t) if "Actual usage: " in t else None
     if m:  # hardware plugins (vllm-ascend): no CUDA-graph term; no version of vLLM itself follows from it

@@ -36,6 +36,8 @@ CODES: dict[str, Severity] = {
     "NON_TORCH_HIGH": WARNING,
     "GRAPH_ESTIMATE_HIGH": WARNING,
     "CONCURRENCY_MISMATCH": INFO,
+    "KV_MEMORY_SUGGESTED": INFO,
+    "SMALL_KV_BUDGET": WARNING,
     # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
@@ -327,6 +329,33 @@ def graph_estimate_high(rank: str, est: float, actual: float, cell: int | None, 
                "tokens_lost": tokens, "estimate_source": source}, (rank,))
 
 
+def kv_memory_suggested(rank: str, fit_bytes: int, full_bytes: int, requested: float, terms: list[tuple[str, float]],
+                        recomputed: float, agrees: bool, estimate: float | None, ranks: int) -> Finding:
+    """vLLM's own two ``--kv-cache-memory`` values (the suggestion line), recomputed from the same line:
+    ``requested - (consumed or weights + non-torch, + printed peak + captured graphs) - 150 MiB``
+    (gpu_worker.py ``redundancy_buffer_memory``). The printed peak holds the CUDA-graph estimate where one was
+    applied, so the suggestion counts graphs twice (vllm#57936); ``corrected_bytes`` adds the estimate back."""
+    fit, full = fit_bytes / GIB, full_bytes / GIB
+    parts = " + ".join(f"{name} {v:.2f}" for name, v in terms)
+    check = (f"{requested:.2f} - ({parts}) - 0.15 GiB vLLM keeps spare = {recomputed:.2f} GiB"
+             + (", as printed" if agrees else f", not the {fit:.2f} GiB printed: the line's parts do not add up"))
+    which = f" (the smallest of {ranks} workers: the value applies to every worker)" if ranks > 1 else ""
+    corrected = None
+    twice = ""
+    if estimate is not None and estimate > 0:
+        corrected = int(fit_bytes + estimate * GIB)
+        twice = (f" The printed peak already holds the {estimate:.2f} GiB CUDA-graph estimate and the captured graphs "
+                 f"are subtracted again, so graphs are counted twice: about {corrected / GIB:.2f} GiB "
+                 f"(--kv-cache-memory={corrected}) stays within the same budget (vllm#57936).")
+    return _f("KV_MEMORY_SUGGESTED",
+              f"{rank}: vLLM suggests --kv-cache-memory={fit_bytes} ({fit:.2f} GiB) to stay within the requested "
+              f"{requested:.2f} GiB, or --kv-cache-memory={full_bytes} ({full:.2f} GiB) to fill the card with the "
+              f"least free memory{which}; either fixes the KV cache and skips profiling. {check}.{twice}",
+              {"rank": rank, "fit_bytes": fit_bytes, "full_bytes": full_bytes, "requested_gib": requested,
+               "recomputed_fit_gib": round(recomputed, 3), "agrees": agrees, "graph_estimate_gib": estimate,
+               "corrected_fit_bytes": corrected}, (rank,))
+
+
 def vllm_low_headroom(head: float, util: float, total: float, graphs: float | None, threshold: float) -> Finding:
     # graphs None: the log states no capture size; say so rather than print a 0 the log never said
     less = (f", less {graphs:.2f} GiB of CUDA graphs" if graphs is not None
@@ -365,6 +394,23 @@ def pool_below_budget(pool_gib: float, budget_gib: float, fraction: float, avail
               f"max_tokens_in_paged_kv_cache, or a draft model's share){amounts}",
               {"probable": True, "pool_gib": pool_gib, "budget_gib": round(budget_gib, 3),
                "effective_fraction": round(eff, 4) if eff is not None else None})
+
+
+def small_kv_budget(rank: str, available: float, total: float | None, tokens: int | None, threshold: float,
+                    line: int | None, pool_text: str | None = None) -> Finding:
+    """Almost nothing was free when the KV cache was sized: the cause is what came before it, and no fraction
+    can leave the usual headroom, so LOW_HEADROOM's advice (lower the fraction) is not given beside it."""
+    before = f" ({total - available:.2f} GiB of the {total:.2f} GiB card was taken before it: the engine, its " \
+             "activations and runtime buffers, other processes)" if total else ""
+    pool = f"; {pool_text}" if pool_text else (f"; the pool holds {tokens:,} tokens" if tokens else "")
+    at = f" (line {line})" if line else ""
+    return _f("SMALL_KV_BUDGET",
+              f"{rank}: only {available:.2f} GiB was free when the KV cache was sized{at}{before}{pool}. Lowering "
+              f"free_gpu_memory_fraction cannot leave {threshold:g} GiB of headroom out of that; what fits more is "
+              "less memory taken before the cache (a smaller max_batch_size, max_num_tokens or max_seq_len at build "
+              "time, or no other process on the GPU)",
+              {"rank": rank, "available_gib": available, "total_gib": total, "tokens": tokens,
+               "threshold_gib": threshold}, (rank,))
 
 
 def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: float) -> Finding:

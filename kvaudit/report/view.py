@@ -31,7 +31,7 @@ def _sum(r: RankLedger, pred) -> float | None:
 def _group(key: str) -> str:
     if key in ("weights", "torch_peak", "weights_external"):
         return "weights"
-    if key in ("kv_cache", "kv_cache_swa") or key.startswith("pool_"):
+    if key in ("kv_cache", "kv_cache_swa", "kv_cache_self") or key.startswith("pool_"):
         return "kv"
     if key == "state_pool":
         return "state"

@@ -3,6 +3,7 @@ the ledger and the findings, assembled into an :class:`Audit`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from kvaudit.parse.interface import Startup
@@ -20,11 +21,12 @@ from kvaudit.reconcile.interface import (
     startup_identity,
 )
 from kvaudit.reconcile.trtllm.budget import Budget, Prediction, kv_budget, predict, round_up
-from kvaudit.reconcile.trtllm.cell import Cell, bytes_per_token
+from kvaudit.reconcile.trtllm.cell import ELEMENT_NAMES, Cell, bytes_per_token
 from kvaudit.reconcile.trtllm.checks import rank_and_failure_findings
 from kvaudit.reconcile.trtllm.context import Context, build_context
 from kvaudit.reconcile.trtllm.facts import Pool, logged_pool
 from kvaudit.reconcile.trtllm.ledger import rank_ledger
+from kvaudit.units import GIB, LOG_HALF_ULP
 
 ENGINE = "trtllm"
 
@@ -34,10 +36,15 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     findings: list[Finding] = []
     pool = logged_pool(ctx.facts)
     cell = bytes_per_token(ctx, pool, findings)
+    if cell.implied_elt is not None:
+        ctx = dataclasses.replace(ctx, kv_dtype=f"{ELEMENT_NAMES[cell.implied_elt]} (from the pool line)",
+                                  kv_elt=cell.implied_elt, kv_assumed=False)
     budget = kv_budget(ctx, pool, findings)
     pred = predict(ctx, budget, cell, pool)
     findings += budget.capped
-    if (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
+    if pool.self_pool is not None:
+        pred = Prediction(None, Verdict.UNKNOWN, _encoder_decoder(ctx, budget, pool))
+    elif (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
             and budget.smallest is not None and budget.smallest.cpp and pool.gib < 0.8 * budget.lo):
         # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
         findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
@@ -53,14 +60,19 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     elif pred.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
         findings.append(F.tokens_mismatch(formula, pred.verdict))
 
-    ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx.fraction, pool.finals.get(r), ctx.multimodal_gib)
+    ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx.fraction, pool.finals.get(r), ctx.multimodal_gib,
+                                (ctx.facts[r].encoder_decoder_pair() or (None, None))[0])
                     for i, r in enumerate(sorted(ctx.facts)))
+    pair_text = (f"the self-attention cache holds {pool.self_pool.tokens:,} tokens and the cross-attention cache "
+                 f"{pool.tokens:,}") if pool.self_pool is not None and pool.tokens else None
     findings += rank_and_failure_findings(startup, ctx.facts, budget.frees, ctx.fraction, cell.bytes, pool.tokens,
-                                          opts.thresholds)
+                                          opts.thresholds, pair_text)
     if pool.tokens is None and not any(f.severity == Severity.ERROR for f in findings):
         findings.append(F.incomplete_log(startup.last_line, "KV pool line ('Allocated ... for max tokens in paged "
-                                                            "KV cache (N)')"))
-    _notes(ctx, budget, pool)
+                                                            "KV cache (N)') after the profiling pass"
+                                         if pool.temporary else "KV pool line ('Allocated ... for max tokens in "
+                                                                "paged KV cache (N)')"))
+    _notes(ctx, budget, pool, cell)
 
     geom = ctx.geom
     cpp = budget.smallest.cpp if budget.smallest else ctx.first("peak_gib") is None
@@ -129,7 +141,7 @@ def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) 
     )
 
 
-def _notes(ctx: Context, b: Budget, pool: Pool) -> None:
+def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell | None = None) -> None:
     notes, block, logged = ctx.notes, ctx.block, pool.tokens
     if len(ctx.windows) > 1:
         notes.append("variable sliding-window attention: the pool is split per window size ("
@@ -142,9 +154,19 @@ def _notes(ctx: Context, b: Budget, pool: Pool) -> None:
     writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
                  and (peak_line is None or c.line > peak_line)]
     est = ctx.first("estimated_tokens")
+    free, total = ctx.first("both_free_gib"), ctx.first("both_total_gib")
+    both = next((c for c in ctx.caps if c.kind == "both_set"), None)
+    if both is not None and free is not None and total is not None:
+        notes.append(f"line {both.line}: both the fraction and max_tokens were set; {free:.2f} GiB of {total:.2f} GiB "
+                     f"was free there, so the fraction allowed {both.fraction or ctx.fraction:g} x {free:.2f} = "
+                     f"{(both.fraction or ctx.fraction) * free:.2f} GiB against max_tokens {both.tokens:,}; the "
+                     "smaller of the two sized the cache")
     if writeback and logged and block:
         n = writeback[-1].tokens or 0
-        notes.append(f"the estimate wrote max_tokens={n:,} back (line {writeback[-1].line}); the C++ pool rounds "
+        who = ("the estimate wrote max_tokens={n:,} back" if peak_line is not None else
+               "max_tokens={n:,} was set (written back by the profiling estimate, or by the user: the log has no "
+               "profiling peak line to tell)").format(n=n)
+        notes.append(f"{who} (line {writeback[-1].line}); the C++ pool rounds "
                      f"it up to whole blocks: ceil({n:,} / {block}) x {block} = {round_up(n, block):,}"
                      + (" = the pool" if round_up(n, block) == logged else f", but the pool has {logged:,}"))
     elif est is not None:
@@ -158,8 +180,45 @@ def _notes(ctx: Context, b: Budget, pool: Pool) -> None:
                      f"(line {w.line})")
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
-        notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each (the tokens per "
-                     "block and the model config would give the token count)")
+        fits = _block_sizes(b, int(blocks), cell.bytes if cell and cell.source == "config" else None)
+        if len(fits) == 1:
+            # calculateMaxNumBlocks: blocks = ceil(floor(KV / bytes per token) / tokens per block)
+            assumed = " the assumed" if ctx.fraction_assumed else ""
+            notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each: with{assumed} "
+                         f"fraction {ctx.fraction:g} and {cell.bytes:,} B/token that is {fits[0]} tokens per block "  # type: ignore[union-attr]
+                         f"({int(blocks) * fits[0]:,} tokens), the only power of two that fits; the log states "
+                         "neither the block size nor the token count, so the pool is not checked")
+        else:
+            notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each (the tokens "
+                         "per block and the model config would give the token count)")
+
+
+def _encoder_decoder(ctx: Context, b: Budget, pool: Pool) -> str:
+    """Why an encoder-decoder pool is not checked, with the arithmetic the log does allow."""
+    own, cross = pool.self_pool, pool.smallest
+    assert own is not None and cross is not None
+    said = ctx.first("cross_fraction")
+    text = (f"an encoder-decoder model: two KV caches, self-attention ({own.tokens:,} tokens, {own.gib:.2f} GiB, line "
+            f"{own.line}) and cross-attention ({cross.tokens:,} tokens, {cross.gib:.2f} GiB, line {cross.line}), "
+            "split by crossKvCacheFraction")
+    if said is not None:
+        return text + f" ({said:g}); the bytes per token of each cache are not in the log"
+    avail = ctx.first("cpp_available_gib")
+    if avail and cross.gib and avail > LOG_HALF_ULP and cross.gib > LOG_HALF_ULP:
+        lo = (cross.gib - LOG_HALF_ULP) / (avail + LOG_HALF_ULP) / ctx.fraction
+        hi = (cross.gib + LOG_HALF_ULP) / (avail - LOG_HALF_ULP) / ctx.fraction
+        text += (f", which the log does not state; the cross cache is {cross.gib / avail:.2f} of the {avail:.2f} GiB "
+                 f"available at the last sizing line, i.e. fraction {ctx.fraction:g} x a crossKvCacheFraction "
+                 f"between {lo:.2f} and {min(hi, 1.0):.2f} (both numbers are rounded to 0.01 GiB)")
+    return text
+
+
+def _block_sizes(b: Budget, blocks: int, cell: int | None) -> list[int]:
+    """The powers of two that give ``blocks`` from the budget interval at ``cell`` bytes per token."""
+    if cell is None or b.lo is None or b.hi is None:
+        return []
+    return [t for t in (4, 8, 16, 32, 64, 128, 256, 512)
+            if math.ceil(math.floor(b.lo * GIB / cell) / t) <= blocks <= math.ceil(math.floor(b.hi * GIB / cell) / t)]
 
 
 def _model_name(path: str | None) -> str | None:

@@ -144,7 +144,7 @@ def predict(ctx: Context, b: Budget, cell: Cell, pool: Pool) -> Prediction:
     """Tokens = ceil(floor(budget / bytes per token) / block) x block over the budget interval; or why the
     log does not allow the check."""
     logged = pool.tokens
-    unknown = _why_not(ctx, b, cell, logged)
+    unknown = _why_not(ctx, b, cell, logged, pool)
     if unknown:
         return Prediction(None, Verdict.UNKNOWN, unknown)
     assert b.lo is not None and b.hi is not None and cell.bytes and ctx.block and logged is not None
@@ -164,9 +164,9 @@ def predict(ctx: Context, b: Budget, cell: Cell, pool: Pool) -> Prediction:
                       f"({interval.low:,}..{interval.high:,}); the count implies {implied:.2f} GiB", eff)
 
 
-def _why_not(ctx: Context, b: Budget, cell: Cell, logged: int | None) -> str:
+def _why_not(ctx: Context, b: Budget, cell: Cell, logged: int | None, pool: Pool) -> str:
     if logged is None:
-        return "cannot check: the log has no 'Allocated ... for max tokens in paged KV cache (N)' line"
+        return "cannot check: " + pool.missing()
     if len(ctx.windows) > 1:
         return ("variable sliding-window attention: BlockManager::calculateWindowSizeToShare splits the budget by "
                 "each window's layers and bytes per token, which the log does not give; the per-window counts are "

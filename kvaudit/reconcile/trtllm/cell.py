@@ -11,7 +11,10 @@ from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding
 from kvaudit.reconcile.trtllm.context import Context
 from kvaudit.reconcile.trtllm.facts import Pool
-from kvaudit.units import GIB
+from kvaudit.units import GIB, LOG_HALF_ULP
+
+# element sizes a KV cache is stored in (fp8/int8, fp4, bf16/fp16, fp32), tried when the dtype was assumed
+ELEMENT_NAMES = {1.0: "fp8 or int8", 0.5: "fp4", 2.0: "16-bit", 4.0: "fp32"}
 
 
 def cell_size(geom: ModelGeometry, tp: int, elt: float) -> tuple[int, str]:
@@ -31,6 +34,7 @@ class Cell:
     source: str | None  # config | log (kv size per token) | kv_line
     description: str | None
     from_pool_line: float | None  # pool GiB / pool tokens, for reference
+    implied_elt: float | None = None  # the KV element size the pool line implies, when the dtype was assumed
 
 
 def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
@@ -48,8 +52,27 @@ def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
             ctx.notes.append(f"the engine adds a fixed cost of {int(fixed):,} bytes to the per-token size (2026 "
                              "builds); it is not in the token arithmetic here")
     from_line = None
+    implied = None
     if pool.gib and pool.tokens:
         from_line = pool.gib * GIB / pool.tokens
         if cell is None:
             cell, source = int(round(from_line)), "kv_line"
-    return Cell(cell, source, desc, from_line)
+        elif source == "config" and ctx.kv_assumed and ctx.geom is not None:
+            # the pool line states GiB and tokens: a KV dtype that was only assumed gives way to the one they imply
+            lo, hi = (pool.gib - LOG_HALF_ULP) * GIB / pool.tokens, (pool.gib + LOG_HALF_ULP) * GIB / pool.tokens
+            if lo <= cell <= hi:
+                implied = ctx.kv_elt  # the pool line agrees with the assumed element size: it is no longer a guess
+                ctx.notes.append(f"the KV dtype was not stated; the pool line ({pool.gib:.2f} GiB for "
+                                 f"{pool.tokens:,} tokens, {from_line:,.0f} B/token) agrees with "
+                                 f"{ctx.kv_elt:g}-byte elements")
+            else:
+                for elt in ELEMENT_NAMES:  # noqa: B007 (the loop variable is used after a break)
+                    c, d = cell_size(ctx.geom, ctx.tp, elt)
+                    if lo <= c <= hi:
+                        cell, desc, implied = c, d, elt
+                        ctx.notes.append(
+                            f"the KV dtype was not stated: the pool line ({pool.gib:.2f} GiB for {pool.tokens:,} "
+                            f"tokens, {from_line:,.0f} B/token) implies {elt:g}-byte elements ({ELEMENT_NAMES[elt]} KV "
+                            f"cache), not the model dtype's {ctx.kv_elt:g} B")
+                        break
+    return Cell(cell, source, desc, from_line, implied)

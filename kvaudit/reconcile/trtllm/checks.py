@@ -9,7 +9,7 @@ from kvaudit.reconcile.interface import Finding
 from kvaudit.units import GIB
 
 
-def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th) -> list[Finding]:
+def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th, pool_text=None) -> list[Finding]:
     out: list[Finding] = []
     avail = {rr.rank.display: rr.r["available_gib"] for rr in ranks.values() if "available_gib" in rr.r}
     if not avail:
@@ -19,10 +19,17 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th)
         hi = max(avail.items(), key=lambda x: x[1])
         if hi[1] - lo[1] > th.rank_imbalance_gib:
             out.append(F.rank_imbalance("available KV cache memory", lo, hi, hi[1] - lo[1], cell))
+    tiny = {r: v for r, v in avail.items() if v < th.low_headroom_gib}
+    if tiny:
+        rank, a = min(tiny.items(), key=lambda x: x[1])
+        rr = next(f for f in ranks.values() if f.rank.display == rank)
+        key = "available_gib" if "available_gib" in rr.r else "cpp_available_gib"
+        out.append(F.small_kv_budget(rank, a, rr.r.get("total_gib") or rr.r.get("cpp_total_gib"), logged,
+                                     th.low_headroom_gib, rr.lines.get(key), pool_text))
     for b in frees.values():
         free = b.mid
         head = (1 - fraction) * free
-        if head < th.low_headroom_gib and logged is not None:
+        if head < th.low_headroom_gib and logged is not None and not tiny:
             out.append(F.trtllm_low_headroom(head, fraction, free, th.low_headroom_gib))
             break
     failures = startup.of(Failure)

@@ -24,8 +24,41 @@ class RankFacts:
         peak_line = self.lines.get("peak_gib")
         if peak_line is not None:
             after = [a for a in self.allocations if a.line > peak_line]
-            return after[-1] if after else None
+            if after:
+                return after[-1]
+            # an excerpt whose lines were pasted out of order (NVIDIA/TensorRT-LLM PR 15734: the pool line first):
+            # a pool before the peak line is the final one when it has the budget's size, not the temporary one's
+            kv, tmp = self.r.get("available_gib"), self.r.get("tmp_kv_gib")
+            before = [a for a in self.allocations if a.gib and kv is not None and abs(a.gib - kv) <= 0.02
+                      and (tmp is None or abs(a.gib - tmp) > 0.02)]
+            return before[-1] if before else None
+        if len(self.allocations) == 1 and self.estimation_sized(self.allocations[0]):
+            return None
         return self.allocations[-1]
+
+    def encoder_decoder_pair(self) -> tuple[KVAllocation, KVAllocation] | None:
+        """(self, cross) when this rank sized two KV caches for an encoder-decoder model: the C++ runtime creates
+        the self-attention manager, then the cross-attention one (trtGptModelInflightBatching.cpp: free memory x
+        (1 - crossKvCacheFraction), then x crossKvCacheFraction). Told by the runtime's own line, or, in older
+        builds that do not print it, by a second pool sized from its own 'Memory usage when calculating' line."""
+        if len(self.allocations) < 2 or "peak_gib" in self.r:  # the PyTorch backend's temporary + final pair
+            return None
+        first, last = self.allocations[-2], self.allocations[-1]
+        sized_between = first.line < self.lines.get("cpp_available_gib", -1) < last.line
+        if "cross_fraction" in self.r or sized_between:
+            return first, last
+        return None
+
+    def estimation_sized(self, a: KVAllocation) -> bool:
+        """The PyTorch backend first builds a temporary KV cache for its profiling pass, sized for the dummy
+        requests (``KvCacheCreator._get_token_num_for_estimation``: max_num_tokens of prompt plus a few generated
+        and draft tokens per request, in whole blocks), and only after the peak line the real one. An excerpt with
+        no peak line whose one pool is that size shows the temporary cache (NVIDIA/TensorRT-LLM#8961: 8,256 tokens
+        for max_num_tokens 8,192 in blocks of 32), not the pool the server runs with."""
+        n, block = self.r.get("max_num_tokens"), self.r.get("tokens_per_block")
+        if n is None or block is None or a.tokens is None:
+            return False
+        return n <= a.tokens <= n + 4 * block
 
 
 def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
@@ -52,6 +85,17 @@ class Pool:
     finals: dict[Rank, KVAllocation]
     smallest: KVAllocation | None
     gib: float | None  # its size (the pre-0.9 byte count when that is all the log has)
+    temporary: KVAllocation | None = None  # the profiling pass's cache, when it is the only pool line
+    self_pool: KVAllocation | None = None  # encoder-decoder: the self-attention cache (``smallest`` is the cross one)
+
+    def missing(self) -> str:
+        """Why there is no pool to check, in the log's own terms."""
+        t = self.temporary
+        if t is not None:
+            return (f"the only pool line (line {t.line}, {t.tokens:,} tokens) is the size of the PyTorch backend's "
+                    "temporary profiling cache (max_num_tokens of dummy prompt plus generated tokens, in whole "
+                    "blocks), and no profiling peak line follows it: the pool the server runs with is not in the log")
+        return "the log has no 'Allocated ... for max tokens in paged KV cache (N)' line"
 
     @property
     def tokens(self) -> int | None:
@@ -65,4 +109,11 @@ def logged_pool(facts: dict[Rank, RankFacts]) -> Pool:
     old_bytes = first(facts, "old_kv_bytes")
     if gib is None and old_bytes is not None:
         gib = old_bytes / GIB
-    return Pool(finals, smallest, gib)
+    pair = next((p for rr in facts.values() if (p := rr.encoder_decoder_pair()) is not None), None)
+    if pair is not None:
+        return Pool(finals, pair[1], pair[1].gib or None, None, pair[0])
+    temporary = None
+    if not finals:
+        temporary = next((rr.allocations[0] for rr in facts.values()
+                          if len(rr.allocations) == 1 and rr.estimation_sized(rr.allocations[0])), None)
+    return Pool(finals, smallest, gib, temporary)

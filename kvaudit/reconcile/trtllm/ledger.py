@@ -14,7 +14,10 @@ from kvaudit.reconcile.trtllm.facts import RankFacts
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 
-def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | None, mm: float) -> RankLedger:
+def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | None, mm: float,
+                self_pool: KVAllocation | None = None) -> RankLedger:
+    """``self_pool``: an encoder-decoder model's self-attention cache, allocated before the cross-attention one
+    (``final``) was sized, so it is inside that sizing's "used" memory."""
     r = rr.r
     items: list[LedgerItem] = []
 
@@ -39,6 +42,9 @@ def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | No
         elif weights is not None and r.get("activation_gib") is not None:
             add("outside_torch", "outside torch (peak - torch peak)", r["peak_gib"] - weights - r["activation_gib"],
                 "derived", line_key="peak_gib")
+        elif weights is None and r.get("activation_gib") is None:  # only the peak line: its parts are not itemised
+            add("profiling_peak", "used at the profiling peak, less the temporary KV (weights, activations, outside "
+                "torch; not itemised)", r["peak_gib"] - r.get("tmp_kv_gib", 0.0), "derived", line_key="peak_gib")
         add("multimodal_encoder", "multimodal encoder cache (reserved)", mm or None, line_key="multimodal_gib")
         add("kv_cache", "KV cache", kv)
         if T is not None:
@@ -56,11 +62,14 @@ def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | No
         add("runtime_buffers", "runtime buffers", r.get("buffers_gib"), line_key="buffers_gib")
         add("decoder", "decoder", r.get("decoder_gib"), line_key="decoder_gib")
         A = r.get("cpp_available_gib")
+        own = self_pool.gib if self_pool is not None and self_pool.gib else None
         if T is not None and A is not None:
-            logged_before = sum(it.gib for it in items if it.gib is not None)
+            logged_before = sum(it.gib for it in items if it.gib is not None) + (own or 0.0)
             add("before_kv_other", "other memory before KV sizing (CUDA context, TensorRT workspace, other processes; "
                 "not itemised)", (T - A) - logged_before, "derived", line_key="cpp_available_gib")
-        add("kv_cache", "KV cache", kv)
+        if own is not None:
+            add("kv_cache_self", "self-attention KV cache (encoder-decoder: sized first)", own)
+        add("kv_cache", "cross-attention KV cache" if own is not None else "KV cache", kv)
         if A is not None:
             add("headroom", "headroom (available less the KV cache: (1 - fraction) x available when no cap applies)",
                 A - (kv if kv is not None else fraction * A), "derived" if kv is not None else "model",
@@ -70,6 +79,8 @@ def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | No
         unexplained = round(T - sum(it.gib for it in items if it.gib is not None), 3)
         tol = round(LOG_HALF_ULP * (len(items) + 1), 3)
     weights_gib = next((it.gib for it in items if it.key == "weights"), None)
+    if kv is not None and self_pool is not None and self_pool.gib:
+        kv = kv + self_pool.gib  # the GPU holds both caches
     return RankLedger(rank=i, label=rr.rank.display, pre_load_free_gib=T, weights_gib=weights_gib, kv_gib=kv,
                       free_after_weights_gib=None, free_after_pool_gib=None, free_at_end_gib=None,
                       free_at_end_source=None, end_is_final=False, items=tuple(items), unexplained_gib=unexplained,

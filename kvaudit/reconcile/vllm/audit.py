@@ -22,6 +22,7 @@ from kvaudit.reconcile.vllm.checks import (
     concurrency_findings,
     failure_findings,
     graph_findings,
+    suggestion_findings,
     headroom_findings,
     rank_findings,
 )
@@ -75,6 +76,12 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     K = min(kvs.values()) if kvs else None
     totals = [rr.r["total_gib"] for rr in facts.values() if "total_gib" in rr.r]
     T = min(totals) if totals else None
+    # each worker's budget is its own (its card's total, its own usage); the pool follows the smallest budget,
+    # so the formula shows the total of the worker that set it, not another card's (LMCache#503: 95.22 / 95.00)
+    setter = next((rr for rr in facts.values() if "kv_gib" in rr.r and K is not None and rr.r["kv_gib"] == K
+                   and "total_gib" in rr.r), None)
+    if setter is not None:
+        T = setter.r["total_gib"]
     T_note = None
     if T is None:
         est, u_note, equiv = first(facts, "graph_estimate_gib"), first(facts, "util"), first(facts, "equiv_util")
@@ -167,6 +174,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     findings += rank_findings(ctx, ledgers, T, cell, th)
     findings += failure_findings(ctx, K, T, cell, logged, min(fixed) if fixed else None)
     findings += graph_findings(ctx, applied, T or T_note, cell)
+    findings += suggestion_findings(ctx, applied, T or T_note)
     findings += headroom_findings(ctx, ledgers, T, th)
     findings += concurrency_findings(ctx, logged, ctx.hybrid is not None or pool is not None)
     if not tokens_ev and not blocks_ev and not any(f.severity == Severity.ERROR for f in findings):
@@ -203,7 +211,8 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         hicache_host_gb=None,
         notes=tuple(notes + ([f"bytes per token: {cell_desc}"] if cell_desc else [])),
         engine_display="vLLM",
-        formula_text=("KV = total x util - (weights + activation peak + non-torch);  "
+        # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
+        formula_text=(f"KV = {formula.rule.split(': ', 1)[-1]};  "
                       "tokens = floor(KV / (bytes per token x block)) x block"),
         formula_rows=(
             FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),

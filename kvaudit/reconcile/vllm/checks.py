@@ -9,7 +9,7 @@ from kvaudit.reconcile.interface import Finding, RankLedger, Thresholds
 from kvaudit.reconcile.vllm.context import Context
 from kvaudit.reconcile.vllm.facts import graph_estimate
 from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
-from kvaudit.units import GIB
+from kvaudit.units import GIB, LOG_HALF_ULP
 
 #: failures that mean there was no room for the KV cache (each quoted once, in NOT_ENOUGH_MEMORY)
 MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory")
@@ -37,6 +37,35 @@ def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int |
         if est is not None and act is not None and est.gib > 1.5 * act + 0.25:
             return [F.graph_estimate_high(rr.rank.display, est.gib, act, cell, ctx.block_size, est.source)]
     return []
+
+
+SPARE_GIB = 150 / 1024  # gpu_worker.py redundancy_buffer_memory = 150 * (1 << 20), kept out of both suggestions
+
+
+def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> list[Finding]:
+    """The suggestion line's two ``--kv-cache-memory`` values (0.10.2+), for the worker whose value is smallest,
+    recomputed from that line's own parts (0.27+ "consumed", before it weights + non-torch)."""
+    peers = list(ctx.facts.values())
+    rows = [rr for rr in peers if "suggest_fit_bytes" in rr.r and "suggest_full_bytes" in rr.r
+            and "requested_gib" in rr.r and "activation_printed_gib" in rr.r and "graph_gib" in rr.r]
+    if not rows:
+        return []
+    rr = min(rows, key=lambda f: f.r["suggest_fit_bytes"])
+    r = rr.r
+    if "consumed_gib" in r:
+        terms = [("consumed", r["consumed_gib"])]
+    elif "weights_gib" in r and "non_torch_gib" in r:
+        terms = [("weights", r["weights_gib"]), ("non-torch", r["non_torch_gib"])]
+    else:
+        return []
+    terms += [("peak activation as printed", r["activation_printed_gib"]), ("CUDA graphs captured", r["graph_gib"])]
+    recomputed = r["requested_gib"] - sum(v for _, v in terms) - SPARE_GIB
+    fit = r["suggest_fit_bytes"] / GIB
+    agrees = abs(recomputed - fit) <= LOG_HALF_ULP * (len(terms) + 2)
+    est = graph_estimate(rr, r.get("total_gib") or total, peers) if applied else None
+    full = min(int(f.r["suggest_full_bytes"]) for f in rows)  # the card with the least free memory
+    return [F.kv_memory_suggested(rr.rank.display, int(r["suggest_fit_bytes"]), full,
+                                  r["requested_gib"], terms, recomputed, agrees, est.gib if est else None, len(rows))]
 
 
 def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int | None,

@@ -6,7 +6,8 @@ The budget (per worker; the engine then takes the **minimum block count over wor
     V0 0.6.5-0.10 (``worker/worker.py::determine_num_available_blocks``), V1 0.9.1-0.28
     (``v1/worker/gpu_worker.py::determine_available_memory``):
         available_kv = total x util - (weights + activation peak + non-torch) [- CUDA graph estimate]
-    V1 0.29+ (``total_consumed``):
+    V1 0.27+ (``total_consumed``; released wheels checked from 0.29, and a real 0.27.1 startup prints its
+    "consumed memory" line, corpus vllm_c012):
         available_kv = ceil(total x util) - (consumed + transient peak) - CUDA graph estimate
     V0 0.6.4 and the comma-separated 0.6.4.post1-0.6.5 record:
         available_kv = total x util - (torch peak + non-torch)          (counts other processes)
@@ -120,7 +121,7 @@ def rule_text(ctx: Context, budgets: list[Budget], applied: bool) -> str:
             ctx.era.hi is not None and ctx.era.hi <= (0, 6, 5) and ctx.era.lo >= (0, 6, 4)):
         return "0.6.4: total x util - (torch peak + non-torch)"
     if ctx.era.lo >= (0, 29, 0) or any(b.terms and b.terms[0][0].startswith("consumed") for b in budgets):
-        return "0.29+: total x util - (consumed + transient peak) - CUDA graph estimate"
+        return "0.27+: total x util - (consumed + transient peak) - CUDA graph estimate"
     base = "total x util - (weights + activation peak + non-torch)"
     return base + (" - CUDA graph estimate (0.18+)" if applied else "")
 
