@@ -88,9 +88,16 @@ def _one_account_per_gib(findings: list[Finding]) -> list[Finding]:
         final = f.fields.get("free_at_end_is_final") and isinstance(end, (int, float))
         if overlap:
             idle = overlap[0].fields.get("idle_gib")
+            late = overlap[0].fields.get("freed_after_sizing_gib")
             amount = f"{idle:.2f} GiB" if isinstance(idle, (int, float)) else "the memory"
-            msg += (f". The {amount} still free at the end of startup is not what it was held for: reserve you "
-                    "configured that nothing used (UNUSED_MEMORY)")
+            if isinstance(late, (int, float)) and isinstance(idle, (int, float)) and late > 0:
+                # one account per GiB: the part given back after sizing is not reserve (UNUSED_MEMORY says which)
+                msg += (f". Of the {amount} still free at the end of startup, {min(late, idle):.2f} GiB was given "
+                        f"back during CUDA-graph capture and {max(0.0, idle - late):.2f} GiB is reserve you "
+                        "configured that nothing used (UNUSED_MEMORY)")
+            else:
+                msg += (f". The {amount} still free at the end of startup is not what it was held for: reserve you "
+                        "configured that nothing used (UNUSED_MEMORY)")
         else:
             if final:
                 msg += f"; {end:.2f} GiB was still free for activations at the end of startup"

@@ -134,16 +134,29 @@ def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float,
 
 
 def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens: int | None,
-                  final: bool, hicache_ratio: float | None = None) -> Finding:
+                  final: bool, hicache_ratio: float | None = None, freed_late: float = 0.0) -> Finding:
     """``hicache_ratio``: the hierarchical cache's host pool is that many times the device pool, so raising the
-    fraction grows host RAM too: said with the advice."""
+    fraction grows host RAM too: said with the advice. ``freed_late``: the part of ``idle`` that was given back
+    only after the pool was sized (loader buffers collected during CUDA-graph capture); a larger fraction cannot
+    reach it, so the advice and ``extra_tokens`` count only the rest."""
+    reachable = max(0.0, idle - max(0.0, freed_late))
     more = f" (room for about {extra_tokens:,} more tokens)" if extra_tokens else ""
     pool = f"a pool of {f.logged_tokens:,} tokens" if f.logged_tokens else "the KV pool"
     when = "at the end of startup" if final else "after the KV pool was allocated"
+    late = ""
+    if freed_late > 0.005:
+        # said first: it is what decides the remedy, and the headline keeps only the start of the message
+        more = (f", {min(freed_late, idle):.2f} GiB of it given back only during CUDA-graph capture (the "
+                "weight loader's buffers, still referenced when the pool was sized, collected later): no fraction "
+                "reaches that part, freeing it before the KV budget is measured does (gc before sizing, "
+                "sgl-project/sglang#36583)")
+        late = (f"; a larger fraction can reach the other {reachable:.2f} GiB (about {extra_tokens:,} more tokens)"
+                if extra_tokens else "")
     suggest = ""
-    if f.mem_fraction_static is not None and f.mem_fraction_static_source != "inferred" and t:
-        keep = 2.0  # GiB left for activation peaks after raising the fraction
-        target = min(0.98, f.mem_fraction_static + max(0.0, idle - keep) / t)
+    keep = 2.0  # GiB left for activation peaks after raising the fraction
+    if (f.mem_fraction_static is not None and f.mem_fraction_static_source != "inferred" and t
+            and reachable > keep):
+        target = min(0.98, f.mem_fraction_static + max(0.0, reachable - keep) / t)
         suggest = f"; --mem-fraction-static {target:.2f} would use it and keep ~{keep:.0f} GiB free"
         if hicache_ratio and l.kv_gib:
             grown = l.kv_gib + (target - f.mem_fraction_static) * t
@@ -154,8 +167,9 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
         suggest = f"; --max-total-tokens {f.max_total_tokens_cap:,} caps the pool"
     # the advice is the verdict layer's to give or withhold (kvaudit.verdict: not on unified memory)
     return _f("UNUSED_MEMORY",
-              f"{idle:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle {when} beside {pool}{more}",
+              f"{idle:.2f} GiB of {l.label}'s {t:.2f} GiB sat idle {when} beside {pool}{more}{late}",
               {"idle_gib": idle, "pre_load_free_gib": t, "extra_tokens": extra_tokens, "at_end": final,
+               "freed_after_sizing_gib": round(freed_late, 3) if freed_late > 0.005 else None,
                "advice": suggest[2:] if suggest else None}, (l.label,))
 
 

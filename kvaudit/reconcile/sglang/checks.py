@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import replace
 
 from kvaudit.parse.sglang import Failure
@@ -77,9 +79,14 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
         t = l.pre_load_free_gib
         idle = l.free_at_end_gib if l.end_is_final else None
         if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
-            extra = int(idle * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
+            # memory given back *after* the pool was sized (the loader's buffers collected during CUDA-graph
+            # capture: "mem usage=-5.29 GB") was not free when the budget was measured; a larger fraction cannot
+            # reach it, only freeing it before the measurement can (gc before sizing: sgl-project/sglang#36583)
+            late = -sum(it.gib for it in l.items if it.key.startswith("freed_") and it.gib is not None)
+            reachable = max(0.0, idle - late)
+            extra = int(reachable * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
             hicache = as_float(ctx.args.get("hicache_ratio")) if ctx.args.get("enable_hierarchical_cache") else None
-            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final, hicache))
+            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final, hicache, late))
             break
     low = [l for l in ledgers if l.end_is_final and l.free_at_end_gib is not None
            and l.free_at_end_gib < th.low_headroom_gib]
@@ -207,5 +214,24 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
         if stage is not None:
             detail = stage.message.split("Traceback", 1)[0].rstrip(" :") + ": " + telling.message
         after = ctx.summary.line if ctx.summary is not None and ctx.summary.line < first.line else None
-        out.append(F.startup_failed(telling.line, detail, after_summary_line=after))
+        out.append(F.startup_failed(telling.line, detail + _unquantized_layer(ctx, telling.message),
+                                    after_summary_line=after))
     return out
+
+
+# tensor names only a quantized checkpoint has (AWQ/GPTQ qweight/qzeros/scales/g_idx, FP8 weight_scale)
+_QUANT_TENSOR = re.compile(r"KeyError: '([\w.]+(?:qweight|qzeros|g_idx|weight_scale(?:_inv)?|_scales?))'")
+
+
+def _unquantized_layer(ctx: Context, message: str) -> str:
+    """A KeyError on a quantized tensor's name while loading a quantized checkpoint: the model built no such
+    parameter because the layer was created unquantized (models/*.py load_weights looks the checkpoint's name up
+    in params_dict). The same build fault as an MoE created through quantization/unquant.py running out of memory
+    (corpus sglang_c009); not a memory problem, and no fraction helps."""
+    m = _QUANT_TENSOR.search(message)
+    quant = ctx.args.get("quantization")
+    if m is None or not isinstance(quant, str) or quant in ("", "None", "none"):
+        return ""
+    return (f"; the {quant} checkpoint has the quantized tensor '{m.group(1)}' but the model built no parameter for "
+            "it: that layer was created without the checkpoint's quantization (this build does not apply it there), "
+            "a build or model-support problem, not memory")
