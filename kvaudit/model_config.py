@@ -25,10 +25,9 @@ DTYPE_BYTES = {
     "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "auto": 2,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1,
     "float8_e4m3fnuz": 1, "uint8": 1, "int8": 1,
-    # SGLang's FP4 KV (--kv-cache-dtype fp4_e2m1, torch.float4_e2m1fn_x2): two values per byte plus one uint8
-    # scale per 16 elements (mem_cache/memory_pool.py MHATokenToKVPoolFP4 k_scale_buffer (m, n*k // 16), and
-    # model_runner_kv_cache_mixin.py get_cell_size_per_token: cell // 2 + n*k*layers*2 // 16, 0.5.1x+)
-    "fp4_e2m1": 0.5 + 1 / 16, "float4_e2m1fn_x2": 0.5 + 1 / 16, "fp4": 0.5,
+    # SGLang's FP4 KV (fp4_e2m1 / torch.float4_e2m1fn_x2): 0.5 B per value here; its one uint8 scale per 16
+    # elements is added by reconcile/sglang/cell.py (get_cell_size_per_token: cell // 2 + n*k*layers*2 // 16)
+    "fp4_e2m1": 0.5, "float4_e2m1fn_x2": 0.5, "fp4": 0.5,
     # NVFP4 (vLLM 0.2x --kv-cache-dtype nvfp4): 4-bit values and one fp8 (e4m3) scale per 16 of them
     "nvfp4": 0.5 + 1 / 16,
 }

@@ -398,6 +398,8 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         read("allotted_primary_gib", int(m.group(1)) / 2**30)
         read("allotted_secondary_gib", int(m.group(2)) / 2**30)
+        if "for Cross KvCacheManager" in t:  # the encoder-decoder model's second cache (trtGptModelInflightBatching)
+            read("cross_manager", 1)
         return ev, []
     m = _SPEC.search(t) if "has_speculative_draft_tokens" in t else None
     if m:

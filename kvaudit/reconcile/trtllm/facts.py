@@ -45,7 +45,7 @@ class RankFacts:
             return None
         first, last = self.allocations[-2], self.allocations[-1]
         sized_between = first.line < self.lines.get("cpp_available_gib", -1) < last.line
-        if "cross_fraction" in self.r or sized_between:
+        if "cross_fraction" in self.r or "cross_manager" in self.r or sized_between:
             return first, last
         return None
 
