@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -75,13 +76,83 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx comes back as an HTTPError: recorded, not followed
 
 
+class _Watchdog:
+    """Closes the connections of one request when the host's deadline passes. A socket timeout bounds one
+    read; a server that drips its headers or body a byte at a time, or sends ``100 Continue`` without end,
+    passes every read within it and would hold the request forever: this bounds the whole request."""
+
+    def __init__(self, seconds: float):
+        self.fired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, seconds), self._fire)
+        self._timer.daemon = True
+
+    def watch(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            if sock is None:
+                return
+            self._socks.append(sock)
+            if self.fired:
+                self._close(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._socks:
+                self._close(sock)
+
+    @staticmethod
+    def _close(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked recv in the reading thread
+        except OSError:
+            pass
+
+    def __enter__(self) -> "_Watchdog":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+
+def _watched(base: type, dog: _Watchdog) -> type:
+    class Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self) -> None:
+            super().connect()
+            dog.watch(self.sock)
+
+    return Connection
+
+
+class _HTTP(urllib.request.HTTPHandler):
+    def __init__(self, dog: _Watchdog):
+        super().__init__()
+        self.dog = dog
+
+    def http_open(self, req):  # noqa: D102 - urllib's hook
+        return self.do_open(_watched(http.client.HTTPConnection, self.dog), req)
+
+
+class _HTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, dog: _Watchdog):
+        super().__init__()
+        self.dog = dog
+
+    def https_open(self, req):  # noqa: D102 - urllib's hook
+        kwargs = {"context": self._context}
+        if hasattr(self, "_check_hostname"):  # Python 3.11 passes it; 3.12 dropped the argument
+            kwargs["check_hostname"] = self._check_hostname
+        return self.do_open(_watched(http.client.HTTPSConnection, self.dog), req, **kwargs)
+
+
 def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float = 30.0) -> EndpointCapture:
     """GET each document once, in order: each is a tuple of the paths it has been served at, newest name first
     (a 404 is an answer, not a failure; an older name is asked only when the newer one is not served).
     Raises :class:`Unreachable` when the server does not answer at all (refused, DNS, TLS),
     :class:`HostTimeout` past the deadline, :class:`NotAnEndpoint` when it answers none of the paths."""
     url = base_url(target)
-    opener = urllib.request.build_opener(_NoRedirect())
     deadline = time.monotonic() + deadline_s
     docs: list[Document] = []
     records: list[CommandRecord] = []
@@ -92,7 +163,17 @@ def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float
         if left <= 0:
             raise HostTimeout(f"{url}: no answer within the {deadline_s:g} s deadline (while reading {path})")
         start = time.monotonic()
-        status, body, ctype = _get(opener, url + path, min(left, 15.0))
+        with _Watchdog(left) as dog:
+            opener = urllib.request.build_opener(_NoRedirect(), _HTTP(dog), _HTTPS(dog))
+            try:
+                status, body, ctype = _get(opener, url + path, min(left, 15.0))
+            except CollectError:
+                if dog.fired:
+                    raise HostTimeout(f"{url}: no whole answer within the {deadline_s:g} s deadline (while reading "
+                                      f"{path}: the server sent too slowly, or without end)") from None
+                raise
+        if dog.fired:
+            raise HostTimeout(f"{url}: no whole answer within the {deadline_s:g} s deadline (while reading {path})")
         records.append(CommandRecord(f"GET {url}{path}", status, len(body), time.monotonic() - start,
                                      len(body) > MAX_DOCUMENT_BYTES))
         docs.append(Document(path, status, body[:MAX_DOCUMENT_BYTES].decode("utf-8", "replace"), ctype))

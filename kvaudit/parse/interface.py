@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
@@ -80,13 +81,19 @@ def oom_numbers(text: str) -> dict[str, float]:
     return out
 
 
+#: ``fleet`` parses hosts' logs in threads. CPython 3.11's AST constructor keeps its recursion depth in shared
+#: state ("SystemError: AST constructor recursion depth mismatch" when two threads parse at once, fixed in
+#: 3.12; Debian 12 ships 3.11), and ``warnings.catch_warnings`` swaps process-wide filters: both under one lock
+_LITERAL_LOCK = threading.Lock()
+
+
 def literal(text: str) -> Any:
     """``ast.literal_eval`` of a value a log printed, with the compiler's warnings silenced (a hostile or cut
     log holds ``'\\R'``-style escapes: Python 3.12 would print a SyntaxWarning on kvaudit's stderr)."""
     import ast
     import warnings
 
-    with warnings.catch_warnings():
+    with _LITERAL_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ast.literal_eval(text)
 

@@ -250,3 +250,65 @@ def test_a_4000_digit_number_in_a_document_is_no_reading():
     with serve({"/server_info": json_doc(info)}) as (url, _):
         r = cli("check", url, "--timeout", "20")
     assert r.code == ExitStatus.PARTIAL_DATA and "internal error" not in r.stderr, r.stderr
+
+
+def _endless_server(first: bytes, step: bytes, every: float):
+    """A loopback server that sends ``first`` and then ``step`` every ``every`` seconds until the client goes:
+    a drip of headers or body, or ``100 Continue`` without end. Each read the client makes gets a byte well
+    within any socket timeout, so only a deadline over the whole request ends it."""
+    import contextlib
+    import threading
+
+    @contextlib.contextmanager
+    def run():
+        srv = socket.create_server(("127.0.0.1", 0))
+        stop = threading.Event()
+
+        def handle(conn):
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(first)
+                    while not stop.wait(every):
+                        conn.sendall(step)
+                except OSError:
+                    pass  # the client closed: what the deadline should do
+
+        def loop():
+            srv.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+        finally:
+            stop.set()
+            t.join(5)
+            srv.close()
+
+    return run()
+
+
+@pytest.mark.parametrize("first,step", [
+    (b"HTTP/1.1 200 OK\r\nX-Drip: ", b"a"),                                               # headers, a byte at a time
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"x\": \"", b"y"),        # the body, likewise
+    (b"", b"HTTP/1.1 100 Continue\r\n\r\n"),                                              # 100 Continue, forever
+])
+def test_a_server_that_never_finishes_its_answer_is_ended_by_the_deadline(first, step):
+    """issue 21, item 1: a drip of headers or body, or endless 100 Continue, kept `check --timeout 20` running past
+    150 s (each read came within the socket timeout). The host's deadline now bounds the whole request: the check
+    ends a few seconds after it, as a timeout (exit 4), in kvaudit's words."""
+    import time
+
+    with _endless_server(first, step, 0.2) as url:
+        start = time.monotonic()
+        r = cli("check", url, "--timeout", "4")
+        took = time.monotonic() - start
+    assert r.code == ExitStatus.UNREACHABLE and "deadline" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert took < 4 + 25, took  # the deadline plus a margin for a loaded machine's interpreter start
