@@ -212,11 +212,20 @@ def explain(
     return int(for_audits(audits))
 
 
+#: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
+FRACTION_FLAG = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization",
+                 "trtllm": "--free-gpu-memory-fraction"}
+
+
 @app.command()
 def whatif(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
     mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", min=0.01, max=1.0,
-            help="The fraction to try."),
+            help="SGLang: the fraction to try."),
+    gpu_memory_utilization: Optional[float] = _opt(ASSUME, None, "--gpu-memory-utilization", min=0.01, max=1.0,
+            help="vLLM: the utilization to try."),
+    free_gpu_memory_fraction: Optional[float] = _opt(ASSUME, None, "--free-gpu-memory-fraction", min=0.01, max=0.99,
+            help="TensorRT-LLM: the kv_cache_config fraction to try."),
     kv_cache_dtype: Optional[str] = _opt(ASSUME, None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
     tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", min=1, help="A different TP size (approximate)."),
     context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1, help="A different context length."),
@@ -241,9 +250,15 @@ def whatif(
 
     if fmt not in ("text", "json"):
         raise Fail(f"--format {fmt!r}: whatif prints text or json")
-    if (mem_fraction_static is None and kv_cache_dtype is None and tp_size is None and context_length is None
-            and max_tokens is None):
-        raise Fail("whatif needs at least one of --mem-fraction-static, --kv-cache-dtype, --tp-size, --context-length, "
+    fractions = {flag: v for flag, v in (("--mem-fraction-static", mem_fraction_static),
+                                         ("--gpu-memory-utilization", gpu_memory_utilization),
+                                         ("--free-gpu-memory-fraction", free_gpu_memory_fraction)) if v is not None}
+    if len(fractions) > 1:
+        raise Fail(f"{' and '.join(fractions)}: give the one fraction of the log's engine")
+    fraction = next(iter(fractions.values()), None)
+    if all(v is None for v in (fraction, kv_cache_dtype, tp_size, context_length, max_tokens)):
+        raise Fail("whatif needs at least one of --mem-fraction-static (SGLang), --gpu-memory-utilization (vLLM), "
+                   "--free-gpu-memory-fraction (TensorRT-LLM), --kv-cache-dtype, --tp-size, --context-length, "
                    "--max-tokens")
     if kv_cache_dtype is not None and kv_cache_dtype.replace("torch.", "").lower() not in DTYPE_BYTES:
         raise Fail(f"--kv-cache-dtype {kv_cache_dtype!r}: known types are "
@@ -254,16 +269,23 @@ def whatif(
                    "geometry)")
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
                         mem_fraction_static=log_mem_fraction_static)
-    new = replace(base, mem_fraction_static=mem_fraction_static or log_mem_fraction_static,
+    new = replace(base, mem_fraction_static=fraction or log_mem_fraction_static,
                   kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, context_length=context_length,
                   max_tokens=max_tokens)
     log = _open_log(file)
     if max_tokens is not None and log.engine.name != "trtllm":
         raise Fail(f"--max-tokens is TensorRT-LLM's kv_cache_config.max_tokens; this is a {log.engine.display} log")
+    own = FRACTION_FLAG.get(log.engine.name)
+    for flag in fractions:
+        if own is not None and flag != own:
+            # the engine's own words: a fraction of another engine means something else (of what, and when)
+            raise Fail(f"{flag} is not {log.engine.display}'s setting; this is a {log.engine.display} log: use {own}")
     try:
         audit, w = what_if(log, base, new, startup)
     except InputError as exc:
         raise Fail(str(exc)) from None
+    term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
+    w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     if fmt == "json":
         from kvaudit.report.json import render_whatif
         _env.stdout.write(render_whatif(audit, w))

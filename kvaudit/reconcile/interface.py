@@ -246,6 +246,9 @@ class WhatIf:
     headroom_gib_after: float | None  # what would be left for activations
     risk: str  # ok | low | oom | unknown
     explanation: tuple[str, ...]
+    #: the engine's absolute setting that gives exactly this answer whatever the free memory is next time
+    #: (``--max-total-tokens N``, ``--kv-cache-memory-bytes B``, ``max_tokens``/``max_gpu_total_bytes``)
+    pin: str | None = None
 
 
 def startup_identity(startup: Any, source: str, startups_total: int) -> dict[str, Any]:

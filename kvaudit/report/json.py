@@ -130,6 +130,7 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         "headroom_gib_after": w.headroom_gib_after,
         "risk": w.risk,
         "explanation": list(w.explanation),
+        "pin": w.pin,
     }
 
 

@@ -266,13 +266,18 @@ def test_every_sample_reads(name):
 
 
 def test_whatif_fraction_dtype_and_max_tokens():
-    d = cli("whatif", SAMPLES / "trtllm_001.log", "--mem-fraction-static", "0.95", "-f", "json").json()["whatif"]
+    d = cli("whatif", SAMPLES / "trtllm_001.log", "--free-gpu-memory-fraction", "0.95", "-f", "json").json()["whatif"]
     expected = math.ceil(math.floor(6.61 * 0.95 * GIB / 73728) / 32) * 32
     assert d["tokens_after"]["low"] == expected
     d = cli("whatif", SAMPLES / "trtllm_001.log", "--max-tokens", "50000", "-f", "json").json()["whatif"]
     assert d["tokens_after"]["low"] == 50016 and d["changes"] == {"max_tokens": 50000}  # 1,563 blocks of 32
     r = cli("whatif", SAMPLES / "vllm_016.log", "--max-tokens", "50000")
     assert r.code == 2
+    # TensorRT-LLM's own words; the pin is the token count the C++ pool would allocate
+    d = cli("whatif", SAMPLES / "trtllm_001.log", "--free-gpu-memory-fraction", "0.95", "-f", "json").json()["whatif"]
+    assert d["changes"] == {"free_gpu_memory_fraction": 0.95} and f"max_tokens={expected}" in d["pin"]
+    r = cli("whatif", SAMPLES / "trtllm_001.log", "--gpu-memory-utilization", "0.95")
+    assert r.code == 2 and "use --free-gpu-memory-fraction" in r.stderr
 
 
 def test_variable_sliding_window_pool_is_reported_per_window():

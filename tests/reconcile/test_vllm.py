@@ -90,10 +90,16 @@ def test_a_log_mixing_two_engines_is_refused():
 
 
 def test_whatif_utilisation_on_vllm():
-    d = cli("whatif", SAMPLES / "vllm_016.log", "--mem-fraction-static", "0.95", "-f", "json").json()["whatif"]
+    d = cli("whatif", SAMPLES / "vllm_016.log", "--gpu-memory-utilization", "0.95", "-f", "json").json()["whatif"]
     gain = 0.05 * 79.19 * 2**30 / (524291 * 16)
     assert (d["tokens_after"]["low"] - d["tokens_before"]) / 16 == pytest.approx(gain, rel=0.01)
     assert d["reserve_gib_after"] == pytest.approx(0.05 * 79.19, abs=0.01)
+    # issue 20, rule 6: vLLM's own words, and the absolute setting that pins the answer (the pool's bytes)
+    assert d["changes"] == {"gpu_memory_utilization": 0.95}
+    bytes_ = int(d["pin"].split()[-1])
+    assert d["pin"].startswith("--kv-cache-memory-bytes ") and bytes_ // (524291 * 16) * 16 >= d["tokens_after"]["low"] - 16
+    r = cli("whatif", SAMPLES / "vllm_016.log", "--mem-fraction-static", "0.95")
+    assert r.code == 2 and "use --gpu-memory-utilization" in r.stderr
 
 
 def test_kv_cache_memory_bytes_fixes_the_size():

@@ -88,8 +88,11 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
             f"at this startup {what} took {needs_before:.2f} GiB of the {r0:.2f} GiB reserve"
             + (f" ({', '.join(absent)})" if absent else "")
             + f" and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
+    # --max-total-tokens fixes the pool whatever the free memory measures next time (the fraction still sets the
+    # reserve); the count is this what-if's lower bound, which every reading within rounding allows
+    pin = f"--max-total-tokens {tokens_after.low}" if tokens_after and tokens_after.low > 0 else None
     return WhatIf(changes, tokens_before, tokens_after, kv_before, kv_after, r0, r1, needs_before, needs_after,
-                  headroom_before, headroom_after, risk, tuple(explanation + list(after.notes)))
+                  headroom_before, headroom_after, risk, tuple(explanation + list(after.notes)), pin)
 
 
 def _scaled_request_table(startup: Startup, opts: AuditOptions, tokens: int | None) -> float | None:

@@ -42,5 +42,9 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     risk = "oom" if r1 < 0 else ("low" if r1 < opts.thresholds.low_headroom_gib else "ok")
     explanation.append(f"KV = {free:.2f} GiB free after profiling x {f_new:g} = {free * f_new:.2f} GiB; the rest "
                        f"({r1:.2f} GiB) stays free")
+    # KvCacheConfig(max_tokens=N) caps the pool at N whatever the profiling measures (the fraction still applies
+    # when it allows fewer); max_gpu_total_bytes does the same in bytes (Jul 2025+)
+    pin = (f"kv_cache_config max_tokens={tokens} (or max_gpu_total_bytes={int(tokens * cell)})"
+           if tokens > 0 else None)
     return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(kv1, 2), round(r0, 2),
-                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation))
+                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation), pin)

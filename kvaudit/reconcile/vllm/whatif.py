@@ -37,6 +37,9 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     risk = "oom" if (h1 < 0 or kv1 <= 0) else ("low" if h1 < opts.thresholds.low_headroom_gib else "ok")
     explanation.append(f"the budget moves by ({u1} - {u0}) x {T:.2f} GiB = {(u1 - u0) * T:+.2f} GiB; CUDA graphs "
                        f"captured beyond any estimate ({graphs:.2f} GiB) live in the (1 - util) headroom")
+    # --kv-cache-memory-bytes (0.10.2+) fixes the KV cache per worker and skips the profiling budget: the same
+    # pool next time, whatever the profile measures (config/cache.py kv_cache_memory_bytes)
+    pin = f"--kv-cache-memory-bytes {int(tokens * cell)}" if tokens > 0 else None
     return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(max(kv1, 0), 2),
                   round(r0, 2), round(r1, 2), round(graphs, 3), round(graphs, 3), round(h0, 2), round(h1, 2), risk,
-                  tuple(explanation))
+                  tuple(explanation), pin)
