@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.lines import InputError, Line, ScanStats, scan_fast
+from kvaudit.parse.lines import FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, scan_fast
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
@@ -39,11 +39,12 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(list(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS, stats)), stats)
+            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS, stats),
+                                             stats), stats)
         except NoStartupError:
             stream.seek(start)
     stats = ScanStats()
-    return parse_lines(list(scan_fast(stream, all_anchors(), stats)), stats)
+    return parse_lines(bounded_lines(scan_fast(stream, all_anchors(), stats), stats), stats)
 
 
 def _engine_from_head(stream: BinaryIO) -> Engine | None:
@@ -76,6 +77,8 @@ def request_markers() -> tuple[str, ...]:
 
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     stats = stats or ScanStats()
+    if len(lines) > 2 * FLOOD_KEEP:  # lines that did not come through read_log's scan (check, kube): the same bound
+        lines = bounded_lines(lines, stats)
     markers = request_markers()
     sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)
             and not any(m in ln.text for m in markers)]
@@ -107,6 +110,8 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
         if stats.absurd_lines:
             what += f", {stats.absurd_lines} line(s) with an absurd number skipped"
+        if stats.flooded_lines:
+            what += f", {stats.flooded_lines:,} memory line(s) in the middle of a flood skipped"
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
     return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines))
@@ -141,10 +146,15 @@ def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
 
 def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading)."""
-    if not log.stats.absurd_lines:
-        return a
-    return replace(a, notes=a.notes + (f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine "
-                                       "prints (25+ digits, or a 3-digit exponent)",))
+    notes = []
+    if log.stats.absurd_lines:
+        notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "
+                     "a 3-digit exponent)")
+    if log.stats.flooded_lines:
+        notes.append(f"{log.stats.flooded_lines:,} memory line(s) skipped: the input holds more than "
+                     f"{2 * FLOOD_KEEP:,}, so only the first and the last {FLOOD_KEEP:,} were read (a startup logs a "
+                     "few hundred; a flood of them is not a server starting)")
+    return replace(a, notes=a.notes + tuple(notes)) if notes else a
 
 
 def what_if(log: ParsedLog, opts: AuditOptions, new_opts: AuditOptions,

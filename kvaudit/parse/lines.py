@@ -24,7 +24,8 @@ import stat
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from collections import deque
+from typing import BinaryIO, Iterable, Iterator
 
 from kvaudit.textsafe import printable
 
@@ -56,6 +57,7 @@ class ScanStats:
     lines_kept: int = 0
     overlong_lines: int = 0
     absurd_lines: int = 0  # lines dropped for a number no engine prints (parse_lines)
+    flooded_lines: int = 0  # selected lines skipped between the first and the last FLOOD_KEEP (bounded_lines)
     saw_nul: bool = False
     first_bytes: bytes = field(default=b"", repr=False)
 
@@ -66,6 +68,27 @@ _JSON_MESSAGE_KEYS = ("MESSAGE", "log")
 #: selected whatever the engines' anchors: ``journalctl -o json`` writes a message holding control bytes (an
 #: ANSI-coloured line) as an array of byte values, none of the engines' words visible until it is decoded
 TRANSPORT_ANCHORS: tuple[bytes, ...] = (b'"MESSAGE":[',)
+
+
+#: selected lines kept per input: the first and the last this many. A startup selects tens to a few hundred lines
+#: (a TP8 server's ranks included); a host or file that streams anchor lines without end ("KV Cache is allocated"
+#: 300,000 times) would make the parse cost grow with it. The middle of such a flood is counted and skipped
+FLOOD_KEEP = 10_000
+
+
+def bounded_lines(lines: Iterable[Line], stats: ScanStats) -> list[Line]:
+    """The first and last :data:`FLOOD_KEEP` of ``lines``, holding no more than that many at once."""
+    head: list[Line] = []
+    tail: deque[Line] = deque(maxlen=FLOOD_KEEP)
+    beyond = 0
+    for ln in lines:
+        if len(head) < FLOOD_KEEP:
+            head.append(ln)
+        else:
+            tail.append(ln)
+            beyond += 1
+    stats.flooded_lines += max(0, beyond - FLOOD_KEEP)
+    return head + list(tail)
 
 
 def unwrap_json(raw: str) -> str:

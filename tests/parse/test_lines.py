@@ -127,3 +127,25 @@ def test_a_huge_single_line_is_skipped_in_bounded_memory(tmp_path):
         fh.write(b"x" * (200 << 20) + b" max_total_num_tokens=1, " + b"y" * (200 << 20) + b"\n")
     rc, err = cli_limited("explain", p, "-f", "json", address_space=700 << 20)
     assert rc in (0, 1), err
+
+
+def test_a_flood_of_anchor_lines_keeps_the_first_and_last_and_says_how_many_it_skipped(tmp_path):
+    """issue 21, item 2: a host or file streaming "KV Cache is allocated" without end made the parse cost grow
+    with it (300,000 lines: about two minutes and a third of a GiB here; an SSH host's took 882 s and 868 MB).
+    The first and last FLOOD_KEEP selected lines are read, the rest counted and said."""
+    import time
+
+    from kvaudit.parse.lines import FLOOD_KEEP
+    from tests.conftest import FIXTURES, cli
+
+    line = "[2026-05-25 18:04:05 TP0] KV Cache is allocated. #tokens: 238809, K size: 2.73 GB, V size: 2.73 GB\n"
+    head = (FIXTURES / "corpus" / "sglang_c006.log").read_text(encoding="utf-8")
+    flood = tmp_path / "flood.log"
+    flood.write_text(head + line * 300_000, encoding="utf-8")
+    start = time.monotonic()
+    r = cli("explain", flood, "-f", "json")
+    took = time.monotonic() - start
+    assert r.code in (0, 1, 3) and "Traceback" not in r.stderr, r.stderr
+    notes = " ".join(r.json()["notes"])
+    assert "memory line(s) skipped" in notes and f"the last {FLOOD_KEEP:,}" in notes, notes
+    assert took < 60, took  # was about 120 s on the development machine; bounded now (a margin for a loaded one)
