@@ -312,3 +312,21 @@ def test_a_server_that_never_finishes_its_answer_is_ended_by_the_deadline(first,
         took = time.monotonic() - start
     assert r.code == ExitStatus.UNREACHABLE and "deadline" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert took < 4 + 25, took  # the deadline plus a margin for a loaded machine's interpreter start
+
+
+def test_a_metrics_page_with_hundreds_of_thousands_of_labels_is_read_in_bounded_time():
+    """issue 21, item 2: /metrics with 200,000-690,000 labels kept the check parsing past 500 s (prometheus_client's
+    parser is quadratic in one line's labels; the page was parsed whole). Only the families an engine reads are
+    parsed, and a line with more than MAX_LABELS labels is no reading: the real cache_config_info still is."""
+    import time
+
+    flood = ",".join(f'l{i}="v"' for i in range(300_000))
+    page = (f"vllm:cache_config_info{{{flood}}} 1.0\n" + "".join(f'vllm:noise{{i="{i}"}} 1\n' for i in range(100_000))
+            + vllm_metrics({**LLAMA_LABELS, "kv_cache_size_tokens": "434576"}))
+    with serve({"/metrics": metrics_doc(page), "/version": json_doc({"version": "0.31.0"})}) as (url, _):
+        start = time.monotonic()
+        r = cli("check", url, "-c", CONFIGS / "llama31-8b.json", "-f", "json", "--timeout", "30")
+        took = time.monotonic() - start
+    assert r.code == ExitStatus.PARTIAL_DATA and "internal error" not in r.stderr, r.stderr  # no GPU readings
+    assert r.json()["formula"]["logged_tokens"] == 434576
+    assert took < 30 + 15, took  # was past 500 s; now the deadline plus a margin bounds it, parsing takes < 1 s

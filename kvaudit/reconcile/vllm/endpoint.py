@@ -30,7 +30,7 @@ PATHS = (("/version",), ("/metrics",))
 
 
 def cache_configs(documents: Mapping[str, str]) -> list[Sample]:
-    return [s for s in samples(documents.get("/metrics")) if s.name == INFO_METRIC]
+    return [s for s in samples(documents.get("/metrics"), (INFO_METRIC,)) if s.name == INFO_METRIC]
 
 
 def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -> Audit | None:
