@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import re
+import time
 import struct
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ class FakePod:
     #: what a command run in the container (pods/exec) gives: argv -> (exit code, stdout, stderr); None: the
     #: container has no such program (Kubernetes' "executable file not found" failure)
     execute: Callable[[list[str]], tuple[int, bytes, bytes] | None] | None = None
+    #: seconds between the bytes of this pod's log: a log stream that drips without end (no Content-Length,
+    #: the text then "." forever), each byte well within any read timeout
+    drip: float | None = None
 
     def obj(self) -> dict:
         return {
@@ -118,6 +122,18 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             if q.get("timestamps") != "true":
                 text = re.sub(r"(?m)^\S+Z ", "", text)
             data = text.encode()
+            if pod.drip is not None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                try:
+                    self.wfile.write(data[:200])
+                    while True:
+                        time.sleep(pod.drip)
+                        self.wfile.write(b".")
+                        self.wfile.flush()
+                except OSError:
+                    return  # the client closed: what its deadline should do
             if "limitBytes" in q:
                 data = data[: int(q["limitBytes"])]
             self.send_response(200)

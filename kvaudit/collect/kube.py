@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import re
+import socket
+import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -128,13 +130,45 @@ class KubeReader:
         resp = self.call("get", "pods/log", ns, f"/{name} container={container}" + (" previous" if previous else ""),
                          self.api().read_namespaced_pod_log, name, ns, container=container, timestamps=True,
                          limit_bytes=LOG_LIMIT_BYTES, previous=previous, _preload_content=False)
+        # the read timeout bounds one read; a log that drips a byte at a time passes every one of them. The host's
+        # deadline bounds the whole read: a watchdog ends it (urllib3's shutdown() interrupts a blocked read)
+        fired = threading.Event()
+
+        def expire() -> None:
+            fired.set()
+            _interrupt(resp)
+
+        dog = threading.Timer(self.timeout_s, expire)
+        dog.daemon = True
+        dog.start()
         try:
             data = resp.read(LOG_LIMIT_BYTES + 1)[:LOG_LIMIT_BYTES]
+        except Exception:  # noqa: BLE001 - the read the watchdog interrupted, in whatever way urllib3 says it
+            if not fired.is_set():
+                raise
+            data = b""
         finally:
+            dog.cancel()
             resp.release_conn()
+        if fired.is_set():
+            raise HostTimeout(f"the Kubernetes API did not send the whole log of {ns}/{name} within the "
+                              f"{self.timeout_s:g} s deadline (it streamed too slowly, or without end)")
         last = self.records[-1]
         self.records[-1] = replace(last, bytes_received=len(data), truncated=len(data) >= LOG_LIMIT_BYTES)
         return data
+
+
+def _interrupt(resp: Any) -> None:
+    """End a blocked read of a streamed response from another thread."""
+    try:
+        if hasattr(resp, "shutdown"):  # urllib3 2.3+
+            resp.shutdown()
+            return
+        sock = getattr(getattr(resp, "_connection", None), "sock", None)
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _core_api(kubeconfig: str | None) -> Any:

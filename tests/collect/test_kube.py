@@ -174,3 +174,18 @@ def test_a_pod_is_captured_and_replayed(tmp_path, demo):
 def test_an_endpoint_is_not_captured(tmp_path):
     r = cli("capture", "http://127.0.0.1:9", "-o", tmp_path / "cap")
     assert r.code == ExitStatus.BAD_INPUT and "--format json" in r.stderr and not (tmp_path / "cap").exists()
+
+
+def test_a_pod_log_that_drips_without_end_is_ended_by_the_deadline(tmp_path):
+    """issue 21, item 1: a pod's log streamed a byte at a time kept `check --timeout 30` running 300-600 s (each
+    read came within the read timeout). The host's deadline now bounds the whole read: a timeout (exit 4)."""
+    import time
+
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, drip=0.2)
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "cfg", url)
+        start = time.monotonic()
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "--timeout", "4")
+        took = time.monotonic() - start
+    assert r.code == ExitStatus.UNREACHABLE and "deadline" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert took < 4 + 25, took  # the deadline plus a margin for a loaded machine
