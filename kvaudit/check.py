@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvaudit.collect import capture as capture_mod
-from kvaudit.collect.interface import CollectError, Collected, JournalDenied, NoEngineFound
+from kvaudit.collect.interface import CollectError, Collected, HostTimeout, JournalDenied, NoEngineFound
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
 from kvaudit.platforms import detect
@@ -165,6 +165,9 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
                 config, config_source = session.config(model_path if isinstance(model_path, str) else None)
         except kube.ExecForbidden as exc:
             partial.append(str(exc))
+            break
+        except HostTimeout as exc:  # the log is read and audited; the readings ran out of the host's deadline
+            partial.append(f"no GPU readings: {exc}")
             break
         finally:
             records += session.records

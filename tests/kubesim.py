@@ -38,6 +38,8 @@ class FakePod:
     #: seconds between the bytes of this pod's log: a log stream that drips without end (no Content-Length,
     #: the text then "." forever), each byte well within any read timeout
     drip: float | None = None
+    #: pods/exec accepts the websocket and never sends a frame (a hung container runtime)
+    exec_hangs: bool = False
 
     def obj(self) -> dict:
         return {
@@ -159,6 +161,13 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                              b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: "
                              + proto.encode() + b"\r\n\r\n")
+            if pod.exec_hangs:
+                try:
+                    while self.rfile.read(1):  # until the client gives up and closes
+                        pass
+                except OSError:
+                    pass
+                return
             result = pod.execute(argv) if pod.execute else None
             if result is None:
                 status = _status(500, "InternalError", f'exec: "{argv[0] if argv else ""}": executable file not '

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import re
 import socket
+import time
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -87,6 +88,16 @@ class KubeReader:
     timeout_s: float = 30.0
     records: list[CommandRecord] = field(default_factory=list)
     _api: Any = None
+    #: when the host's deadline started: every request, log stream and exec of this target shares it
+    started: float = field(default_factory=time.monotonic)
+
+    def remaining(self, what: str) -> float:
+        """Seconds left of the host's deadline; past it, :class:`HostTimeout` naming what was next."""
+        left = self.timeout_s - (time.monotonic() - self.started)
+        if left <= 0:
+            raise HostTimeout(f"the Kubernetes API target took longer than its {self.timeout_s:g} s deadline "
+                              f"(before: {what})")
+        return left
 
     def api(self) -> Any:
         if self._api is None:
@@ -102,9 +113,10 @@ class KubeReader:
         from urllib3.exceptions import HTTPError as Urllib3Error
 
         what = f"{verb} {resource} {ns}{detail}"
+        left = self.remaining(what)
         start = time.monotonic()
         try:
-            out = fn(*args, _request_timeout=(min(10.0, self.timeout_s), self.timeout_s), **kw)
+            out = fn(*args, _request_timeout=(min(10.0, left), left), **kw)
         except ApiException as exc:
             self.records.append(CommandRecord(what, exc.status, 0, time.monotonic() - start))
             raise _api_error(exc, what, verb, resource, ns) from None
@@ -138,7 +150,7 @@ class KubeReader:
             fired.set()
             _interrupt(resp)
 
-        dog = threading.Timer(self.timeout_s, expire)
+        dog = threading.Timer(self.remaining(f"reading the log of {ns}/{name}"), expire)
         dog.daemon = True
         dog.start()
         try:
@@ -369,6 +381,9 @@ class PodExecRunner:
         argv = shlex.split(command)
         start = time.monotonic()
         what = f"create pods/exec {self.namespace}/{self.pod} container={self.container}: {argv[0]}"
+        # each command has its own timeout, and all of them share the host's deadline (several commands at 30 s
+        # each took 129 s under --timeout 30)
+        timeout = min(timeout, self.reader.remaining(what))
         try:
             ws = stream(self.reader.api().connect_get_namespaced_pod_exec, self.pod, self.namespace,
                         container=self.container, command=argv, stdin=False, stdout=True, stderr=True, tty=False,

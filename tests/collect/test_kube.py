@@ -189,3 +189,21 @@ def test_a_pod_log_that_drips_without_end_is_ended_by_the_deadline(tmp_path):
         took = time.monotonic() - start
     assert r.code == ExitStatus.UNREACHABLE and "deadline" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert took < 4 + 25, took  # the deadline plus a margin for a loaded machine
+
+
+def test_a_pod_exec_that_never_answers_is_bounded_by_the_host_deadline(tmp_path):
+    """issue 21, item 1: each command in the container had its own timeout, none the host's: a pods/exec that
+    accepts the websocket and never sends a frame took 129 s under --timeout 30. All of them now share the host's
+    deadline; the log, already read, is audited, and the readings are said missing (partial, exit 6)."""
+    import time
+
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, exec_hangs=True)
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "cfg", url)
+        start = time.monotonic()
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-c", KIMI_CONFIG, "--timeout", "8", "-f", "json")
+        took = time.monotonic() - start
+    assert r.code == ExitStatus.PARTIAL_DATA and "Traceback" not in r.stderr, r.stderr
+    d = r.json()
+    assert d["formula"]["logged_tokens"] and not d["gpus"]
+    assert took < 8 + 25, took  # the deadline plus a margin for a loaded machine
