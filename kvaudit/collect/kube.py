@@ -345,10 +345,12 @@ def no_startup(target: PodTarget, log: PodLog) -> NoEngineFound:
 
 
 def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> list[tuple[int, str]]:
-    from kvaudit.parse.lines import InputError, scan
+    """The selected lines of one pod's log, bounded as a file's are (the first and last FLOOD_KEEP: a log of
+    short anchor lines must not become millions of objects per pod)."""
+    from kvaudit.parse.lines import InputError, ScanStats, bounded_lines, scan
 
     try:
-        return [(ln.number, ln.text) for ln in scan(io.BytesIO(data), anchors)]
+        return [(ln.number, ln.text) for ln in bounded_lines(scan(io.BytesIO(data), anchors), ScanStats())]
     except InputError:
         return []
 
