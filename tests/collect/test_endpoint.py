@@ -191,9 +191,9 @@ def test_a_huge_document_is_bounded(demo):
     assert r.code == ExitStatus.PARTIAL_DATA and "not_inference_server" in r.stderr
 
 
-def _raw_server(answer: bytes):
-    """A loopback server that answers every connection with ``answer`` and closes: what a broken or hostile
-    HTTP server sends (no HTTP library on the server side to tidy it)."""
+def _serving(handle):
+    """A loopback TCP server that hands every connection to ``handle(conn, stop)`` in a thread of its own (no
+    HTTP library on the server side to tidy what it sends); yields the base URL."""
     import contextlib
     import threading
 
@@ -202,6 +202,13 @@ def _raw_server(answer: bytes):
         srv = socket.create_server(("127.0.0.1", 0))
         stop = threading.Event()
 
+        def serve_one(conn):
+            with conn:
+                try:
+                    handle(conn, stop)
+                except OSError:
+                    pass  # the client closed
+
         def loop():
             srv.settimeout(0.2)
             while not stop.is_set():
@@ -209,12 +216,7 @@ def _raw_server(answer: bytes):
                     conn, _ = srv.accept()
                 except OSError:
                     continue
-                with conn:
-                    try:
-                        conn.recv(65536)
-                        conn.sendall(answer)
-                    except OSError:
-                        pass
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
 
         t = threading.Thread(target=loop, daemon=True)
         t.start()
@@ -226,6 +228,15 @@ def _raw_server(answer: bytes):
             srv.close()
 
     return run()
+
+
+def _raw_server(answer: bytes):
+    """Answers every connection with ``answer`` and closes: what a broken or hostile HTTP server sends."""
+    def handle(conn, stop):
+        conn.recv(65536)
+        conn.sendall(answer)
+
+    return _serving(handle)
 
 
 @pytest.mark.parametrize("answer,said", [
@@ -253,46 +264,16 @@ def test_a_4000_digit_number_in_a_document_is_no_reading():
 
 
 def _endless_server(first: bytes, step: bytes, every: float):
-    """A loopback server that sends ``first`` and then ``step`` every ``every`` seconds until the client goes:
-    a drip of headers or body, or ``100 Continue`` without end. Each read the client makes gets a byte well
-    within any socket timeout, so only a deadline over the whole request ends it."""
-    import contextlib
-    import threading
+    """Sends ``first`` and then ``step`` every ``every`` seconds until the client goes: a drip of headers or body,
+    or ``100 Continue`` without end. Each read the client makes gets a byte well within any socket timeout, so
+    only a deadline over the whole request ends it."""
+    def handle(conn, stop):
+        conn.recv(65536)
+        conn.sendall(first)
+        while not stop.wait(every):
+            conn.sendall(step)
 
-    @contextlib.contextmanager
-    def run():
-        srv = socket.create_server(("127.0.0.1", 0))
-        stop = threading.Event()
-
-        def handle(conn):
-            with conn:
-                try:
-                    conn.recv(65536)
-                    conn.sendall(first)
-                    while not stop.wait(every):
-                        conn.sendall(step)
-                except OSError:
-                    pass  # the client closed: what the deadline should do
-
-        def loop():
-            srv.settimeout(0.2)
-            while not stop.is_set():
-                try:
-                    conn, _ = srv.accept()
-                except OSError:
-                    continue
-                threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-        t = threading.Thread(target=loop, daemon=True)
-        t.start()
-        try:
-            yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-        finally:
-            stop.set()
-            t.join(5)
-            srv.close()
-
-    return run()
+    return _serving(handle)
 
 
 @pytest.mark.parametrize("first,step", [

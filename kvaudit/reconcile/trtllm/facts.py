@@ -44,7 +44,9 @@ class RankFacts:
         if len(self.allocations) < 2 or "peak_gib" in self.r:  # the PyTorch backend's temporary + final pair
             return None
         first, last = self.allocations[-2], self.allocations[-1]
-        sized_between = first.line < self.lines.get("cpp_available_gib", -1) < last.line
+        # ranks that print without a rank tag log identical pools, one after the other: not a pair of caches
+        sized_between = (first.line < self.lines.get("cpp_available_gib", -1) < last.line
+                         and first.tokens != last.tokens)
         if "cross_fraction" in self.r or "cross_manager" in self.r or sized_between:
             return first, last
         return None
