@@ -104,7 +104,8 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     if not found:
         if foreign:
             raise NoStartupError(
-                f"this looks like a {foreign[0]} log; kvaudit reads {engine_names()} logs in this version")
+                f"this looks like {'an' if foreign[0][0] in 'AEILMNORSX' else 'a'} {foreign[0]} log; kvaudit reads "
+                f"{engine_names()} logs in this version")
         what = f"{stats.bytes_read:,} bytes read"
         if stats.overlong_lines:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
