@@ -32,8 +32,8 @@ def _wanted(text: str, names: tuple[str, ...]) -> str:
             if len(parts) >= 3 and parts[2] in names:
                 keep.append(line)
             continue
-        name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
-        if name in names and line.count("=") <= MAX_LABELS:
+        head = line.split("{", 1)[0].split(None, 1)
+        if head and head[0] in names and line.count("=") <= MAX_LABELS:
             keep.append(line)
     return "\n".join(keep) + "\n" if keep else ""
 
