@@ -37,6 +37,7 @@ CODES: dict[str, Severity] = {
     "GRAPH_ESTIMATE_HIGH": WARNING,
     "CONCURRENCY_MISMATCH": INFO,
     "KV_MEMORY_SUGGESTED": INFO,
+    "GRAPH_ESTIMATE_LOW": WARNING,
     "SMALL_KV_BUDGET": WARNING,
     # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
@@ -368,6 +369,26 @@ def kv_memory_suggested(rank: str, fit_bytes: int, full_bytes: int, requested: f
               {"rank": rank, "fit_bytes": fit_bytes, "full_bytes": full_bytes, "requested_gib": requested,
                "recomputed_fit_gib": round(recomputed, 3), "agrees": agrees, "graph_estimate_gib": estimate,
                "corrected_fit_bytes": corrected}, (rank,))
+
+
+def graph_estimate_low(rank: str, est: float, actual: float, headroom: float | None, threshold: float) -> Finding:
+    """The capture took more than the estimate the budget reserved: the rest is paid from the (1 - util)
+    headroom, after the KV pool is allocated. A warning when what is left of the headroom is under the
+    threshold (an OOM at capture or under load: vllm#57475), information otherwise."""
+    over = actual - est
+    left = headroom - over if headroom is not None else None
+    risky = left is None or left < threshold
+    where = (f"; that comes out of the {headroom:.2f} GiB (1 - util) headroom after the KV pool was allocated, "
+             f"leaving {left:.2f} GiB" if headroom is not None else "; that comes out of the (1 - util) headroom")
+    advice = (": at this utilization a capture or a load peak can run out of memory (vllm#57475); a lower "
+              "--gpu-memory-utilization leaves the room" if risky else "")
+    return _f("GRAPH_ESTIMATE_LOW",
+              f"{rank}: the CUDA graphs took {actual:.2f} GiB, {over:.2f} GiB more than the {est:.2f} GiB estimate "
+              f"taken out of the KV budget (it is measured with a minimal KV cache){where}{advice}",
+              {"rank": rank, "estimate_gib": est, "actual_gib": actual, "over_gib": round(over, 3),
+               "headroom_gib": round(headroom, 3) if headroom is not None else None,
+               "headroom_left_gib": round(left, 3) if left is not None else None},
+              (rank,), None if risky else INFO)
 
 
 def vllm_low_headroom(head: float, util: float, total: float, graphs: float | None, threshold: float) -> Finding:

@@ -28,7 +28,11 @@ def budget_findings(budgets: list[Budget]) -> list[Finding]:
     return [F.budget_reconciles(shown.sentence(), ranks, shown.note)]
 
 
-def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int | None) -> list[Finding]:
+def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int | None,
+                   low_headroom_gib: float = 1.0) -> list[Finding]:
+    """The CUDA-graph estimate against what the capture took, both ways: reserved and never used
+    (GRAPH_ESTIMATE_HIGH), or too little, so the rest of the capture comes out of the (1 - util) headroom after
+    the KV pool is allocated (GRAPH_ESTIMATE_LOW: the estimate is measured with a minimal KV cache, vllm#57475)."""
     if not applied:
         return []
     peers = list(ctx.facts.values())
@@ -36,6 +40,10 @@ def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int |
         est, act = graph_estimate(rr, rr.r.get("total_gib") or total, peers), rr.r.get("graph_gib")
         if est is not None and act is not None and est.gib > 1.5 * act + 0.25:
             return [F.graph_estimate_high(rr.rank.display, est.gib, act, cell, ctx.block_size, est.source)]
+        if est is not None and act is not None and act > est.gib + 2 * LOG_HALF_ULP * 2:
+            t, util = rr.r.get("total_gib") or total, rr.r.get("util") or ctx.util
+            headroom = (1 - util) * t if t and util else None
+            return [F.graph_estimate_low(rr.rank.display, est.gib, act, headroom, low_headroom_gib)]
     return []
 
 
