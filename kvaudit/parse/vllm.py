@@ -122,7 +122,11 @@ class Concurrency(Event):
 
 
 _ART_BANNER = re.compile(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
-_TAG = re.compile(r"\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)")
+#: the pid key of a process tag; a log passed through a host-name redactor can lose letters of it ("pi" of
+#: "pid" taken for a host name: ``(Worker_TP0 <HOST>d=111)``, noonghunna/club-3090#1339), and the tag still names
+#: the rank
+_PID_KEY = r"(?:pid|<[^<>()\s]+>d|p<[^<>()\s]+>)"
+_TAG = re.compile(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)\)")
 #: "Initializing an LLM engine (v0.4.0) with config: ..." (0.4+); before 0.4 the same line had no version
 #: ("Initializing an LLM engine with config: model=..., tensor_parallel_size=1, ...", engine/llm_engine.py 0.1-0.3)
 _BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
@@ -225,9 +229,14 @@ def rank_of(text: str) -> Rank:
     return _rank(text, len(text))
 
 
+def has_process_tag(text: str) -> bool:
+    """Whether the line carries a vLLM process tag (``(Worker_TP0 pid=111)``, a redacted pid included)."""
+    return _TAG.search(text) is not None
+
+
 def dp_of(text: str) -> int | None:
     """The data-parallel index of an ``EngineCore_DPn``/``EngineCore_n`` tag (each DP engine has its own pool)."""
-    m = re.search(r"\(EngineCore_(?:DP)?(\d+) pid=\d+\)", text)
+    m = re.search(r"\(EngineCore_(?:DP)?(\d+) " + _PID_KEY + r"=\d+\)", text)
     return int(m.group(1)) if m else None
 
 
@@ -477,7 +486,7 @@ def parse_line(line: Line) -> _Parsed:
 
 #: the exception a Python traceback ends with, as vLLM's processes print it (after the process tag and level)
 _EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
-_LINE_PREFIX = re.compile(r"^(?:\([^()]*?pid=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
+_LINE_PREFIX = re.compile(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
 #: exceptions that only wrap the cause printed above them: the quote prefers the cause
 _WRAPPERS = ("See root cause above", "validation error for", "Error raised in subprocess", "non-zero exit status",

@@ -347,3 +347,13 @@ def test_a_graph_estimate_below_the_capture_is_a_headroom_risk():
     assert g.fields["over_gib"] == pytest.approx(0.10, abs=1e-6) and g.severity.name == "WARNING"
     assert "--gpu-memory-utilization" in g.message and "GRAPH_ESTIMATE_HIGH" not in found
     assert "GRAPH_ESTIMATE_LOW" not in codes(run(CLASSES / "graph-estimate-high-0.33.log", LLAMA3))
+
+
+def test_a_redacted_pid_still_names_the_rank():
+    """A host-name redactor took the "pi" of "pid" for a host (noonghunna/club-3090#1339 posts such lines:
+    ``(Worker_TP0 <HOST>d=111)``). The tags still name TP0 and TP1: two ranks with their own budgets, not one
+    rank whose later line overwrites the earlier."""
+    a = run(CLASSES / "redacted-pid-0.29.log", LLAMA3)
+    assert [r.label for r in a.ranks] == ["TP0", "TP1"]
+    assert [r.kv_gib for r in a.ranks] == [11.05, 11.02]
+    assert a.model.attention_tp_size == 2

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry, element_bytes
 from kvaudit.parse.interface import Rank, RankEvent, Startup
-from kvaudit.parse.vllm import Banner, HybridLayout, rank_of
+from kvaudit.parse.vllm import Banner, HybridLayout, has_process_tag, rank_of
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.vllm.facts import RankFacts, gather_facts
@@ -122,11 +122,11 @@ def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions)
     pids = [r for r in ranks if r.label.startswith("pid ")]
     if pids:
         # V0: the rank-0 driver's lines carry no tag at all
-        driver = any("pid=" not in e.text for e in startup.events if isinstance(e, RankEvent))
+        driver = any(not has_process_tag(e.text) for e in startup.events if isinstance(e, RankEvent))
         n = len(pids) + (1 if driver else 0)
         return n, True, False, (f"{len(pids)} worker process(es)" + (" + the driver" if driver else "")
                                 + " seen; their pids do not name ranks")
-    if any("pid=" in e.text for e in startup.events):
+    if any(has_process_tag(e.text) for e in startup.events):
         return 1, False, False, "one process (no worker tags)"
     return 1, False, True, "assumed (the log names no TP size and carries no process tags)"
 
