@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from kvaudit.collect.interface import CollectError, CommandRecord, HostTimeout, Unreachable
+from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
 
 #: what one endpoint may return: a /metrics page of a big server is ~100 KiB, /server_info a few KiB
@@ -76,29 +77,26 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx comes back as an HTTPError: recorded, not followed
 
 
-class _Watchdog:
-    """Closes the connections of one request when the host's deadline passes. A socket timeout bounds one
-    read; a server that drips its headers or body a byte at a time, or sends ``100 Continue`` without end,
-    passes every read within it and would hold the request forever: this bounds the whole request."""
+class _Sockets:
+    """The sockets of one request, shut down together when its :class:`Watchdog` fires (a server that drips its
+    headers or body, or sends ``100 Continue`` without end, passes every socket read timeout)."""
 
-    def __init__(self, seconds: float):
-        self.fired = False
+    def __init__(self) -> None:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, seconds), self._fire)
-        self._timer.daemon = True
+        self._closed = False
 
     def watch(self, sock: socket.socket | None) -> None:
         with self._lock:
             if sock is None:
                 return
             self._socks.append(sock)
-            if self.fired:
+            if self._closed:
                 self._close(sock)
 
-    def _fire(self) -> None:
+    def close_all(self) -> None:
         with self._lock:
-            self.fired = True
+            self._closed = True
             for sock in self._socks:
                 self._close(sock)
 
@@ -109,42 +107,35 @@ class _Watchdog:
         except OSError:
             pass
 
-    def __enter__(self) -> "_Watchdog":
-        self._timer.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._timer.cancel()
-
-
-def _watched(base: type, dog: _Watchdog) -> type:
+def _watched(base: type, socks: _Sockets) -> type:
     class Connection(base):  # type: ignore[misc, valid-type]
         def connect(self) -> None:
             super().connect()
-            dog.watch(self.sock)
+            socks.watch(self.sock)
 
     return Connection
 
 
 class _HTTP(urllib.request.HTTPHandler):
-    def __init__(self, dog: _Watchdog):
+    def __init__(self, socks: _Sockets):
         super().__init__()
-        self.dog = dog
+        self.socks = socks
 
     def http_open(self, req):  # noqa: D102 - urllib's hook
-        return self.do_open(_watched(http.client.HTTPConnection, self.dog), req)
+        return self.do_open(_watched(http.client.HTTPConnection, self.socks), req)
 
 
 class _HTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, dog: _Watchdog):
+    def __init__(self, socks: _Sockets):
         super().__init__()
-        self.dog = dog
+        self.socks = socks
 
     def https_open(self, req):  # noqa: D102 - urllib's hook
         kwargs = {"context": self._context}
         if hasattr(self, "_check_hostname"):  # Python 3.11 passes it; 3.12 dropped the argument
             kwargs["check_hostname"] = self._check_hostname
-        return self.do_open(_watched(http.client.HTTPSConnection, self.dog), req, **kwargs)
+        return self.do_open(_watched(http.client.HTTPSConnection, self.socks), req, **kwargs)
 
 
 def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float = 30.0) -> EndpointCapture:
@@ -163,8 +154,9 @@ def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float
         if left <= 0:
             raise HostTimeout(f"{url}: no answer within the {deadline_s:g} s deadline (while reading {path})")
         start = time.monotonic()
-        with _Watchdog(left) as dog:
-            opener = urllib.request.build_opener(_NoRedirect(), _HTTP(dog), _HTTPS(dog))
+        socks = _Sockets()
+        with Watchdog(left, socks.close_all) as dog:
+            opener = urllib.request.build_opener(_NoRedirect(), _HTTP(socks), _HTTPS(socks))
             try:
                 status, body, ctype = _get(opener, url + path, min(left, 15.0))
             except CollectError:

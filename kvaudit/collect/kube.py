@@ -19,13 +19,13 @@ import io
 import re
 import socket
 import time
-import threading
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kvaudit.collect.interface import (AuthFailed, CollectError, Collected, CommandRecord, HostTimeout,
                                        NoEngineFound, Unreachable)
+from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
 
 #: the head of each container's log that is read (the startup is at the head; the API bounds it server-side)
@@ -144,25 +144,18 @@ class KubeReader:
                          limit_bytes=LOG_LIMIT_BYTES, previous=previous, _preload_content=False)
         # the read timeout bounds one read; a log that drips a byte at a time passes every one of them. The host's
         # deadline bounds the whole read: a watchdog ends it (urllib3's shutdown() interrupts a blocked read)
-        fired = threading.Event()
-
-        def expire() -> None:
-            fired.set()
-            _interrupt(resp)
-
-        dog = threading.Timer(self.remaining(f"reading the log of {ns}/{name}"), expire)
-        dog.daemon = True
-        dog.start()
+        dog = Watchdog(self.remaining(f"reading the log of {ns}/{name}"), lambda: _interrupt(resp))
         try:
-            data = resp.read(LOG_LIMIT_BYTES + 1)[:LOG_LIMIT_BYTES]
-        except Exception:  # noqa: BLE001 - the read the watchdog interrupted, in whatever way urllib3 says it
-            if not fired.is_set():
-                raise
-            data = b""
+            with dog:
+                try:
+                    data = resp.read(LOG_LIMIT_BYTES + 1)[:LOG_LIMIT_BYTES]
+                except Exception:  # noqa: BLE001 - the read the watchdog interrupted, in whatever way urllib3 says
+                    if not dog.fired:
+                        raise
+                    data = b""
         finally:
-            dog.cancel()
             resp.release_conn()
-        if fired.is_set():
+        if dog.fired:
             raise HostTimeout(f"the Kubernetes API did not send the whole log of {ns}/{name} within the "
                               f"{self.timeout_s:g} s deadline (it streamed too slowly, or without end)")
         last = self.records[-1]

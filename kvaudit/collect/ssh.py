@@ -36,6 +36,7 @@ from kvaudit.collect.interface import (
     HostTimeout,
     Unreachable,
 )
+from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -475,26 +476,16 @@ class SSHRunner:
         # paramiko waits for the answer to the exec request without a timeout (Channel._wait_for_event): a server
         # that opens the session and never answers would hold the host past its deadline. A watchdog closes the
         # transport at the deadline, which ends that wait (the channel is closed under it)
-        fired = threading.Event()
-
-        def expire() -> None:
-            fired.set()
-            transport.close()
-
-        dog = threading.Timer(max(0.05, self._remaining()), expire)
-        dog.daemon = True
-        dog.start()
-        try:
-            chan = transport.open_session(timeout=min(10.0, limit))
-            chan.exec_command(bounded(command, limit))
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            if fired.is_set():
-                self.close()
-                raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline (the "
-                                  f"server did not answer the request to run: {command[:80]})") from None
-            raise ConnectionDropped(f"{self.target}: could not start a command ({exc})") from None
-        finally:
-            dog.cancel()
+        with Watchdog(max(0.05, self._remaining()), transport.close) as dog:
+            try:
+                chan = transport.open_session(timeout=min(10.0, limit))
+                chan.exec_command(bounded(command, limit))
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if dog.fired:
+                    self.close()
+                    raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
+                                      f"(the server did not answer the request to run: {command[:80]})") from None
+                raise ConnectionDropped(f"{self.target}: could not start a command ({exc})") from None
         out, err = bytearray(), bytearray()
         truncated = False
         while True:

@@ -196,10 +196,10 @@ _ENGINE_SIZE = re.compile(r"Loaded engine size: (\d+) MiB")
 _CONTEXT = re.compile(r"Allocated " + NUM + r" MiB for execution context memory")
 _BUFFERS = re.compile(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
 _OLD_ALLOC = re.compile(r"Allocate (\d+) bytes for k/v cache")
-# the 2024 batch manager (0.8-0.12 builds, shipped closed-source then; the shape is from dated logs: a Gemma 7B
-# Triton startup, tensorrtllm_backend#456): the pool in tokens and its exact size in bytes
 # Triton's tensorrtllm_backend says which default it uses when the setting is absent
 _FRACTION_DEFAULT = re.compile(r"kv_cache_free_gpu_mem_fraction is not specified, will use default value of " + NUM)
+# the 2024 batch manager (0.8-0.12 builds, shipped closed-source then; the shape is from dated logs: a Gemma 7B
+# Triton startup, tensorrtllm_backend#456): the pool in tokens and its exact size in bytes
 _MAX_TOKENS_BYTES = re.compile(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+) bytes")
 _OLD_TOKENS = re.compile(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
 _SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
@@ -361,9 +361,8 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         ev.append(Cap(n, t, rank, "target", "both_set", int(m.group(2)), None, None, float(m.group(1))))
         f = _BOTH_FREE.search(t)
         if f:
-            unit = 1.0 if f.group(2) else 4.0
-            read("both_free_gib", str(round(float(f.group(1)) * unit, 4)))
-            read("both_total_gib", str(round(float(f.group(3)) * (1.0 if f.group(4) else 4.0), 4)))
+            read("both_free_gib", round(float(f.group(1)) * (1.0 if f.group(2) else 4.0), 4))
+            read("both_total_gib", round(float(f.group(3)) * (1.0 if f.group(4) else 4.0), 4))
         return ev, []
     m = _ENC_DEC.search(t) if "Encoder-Decoder model" in t else None
     if m:

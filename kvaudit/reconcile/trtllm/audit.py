@@ -141,7 +141,7 @@ def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) 
     )
 
 
-def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell | None = None) -> None:
+def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     notes, block, logged = ctx.notes, ctx.block, pool.tokens
     if len(ctx.windows) > 1:
         notes.append("variable sliding-window attention: the pool is split per window size ("
@@ -180,12 +180,12 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell | None = None) -> Non
                      f"(line {w.line})")
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
-        fits = _block_sizes(b, int(blocks), cell.bytes if cell and cell.source == "config" else None)
+        fits = _block_sizes(b, int(blocks), cell.bytes if cell.source == "config" else None)
         if len(fits) == 1:
             # calculateMaxNumBlocks: blocks = ceil(floor(KV / bytes per token) / tokens per block)
             assumed = " the assumed" if ctx.fraction_assumed else ""
             notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each: with{assumed} "
-                         f"fraction {ctx.fraction:g} and {cell.bytes:,} B/token that is {fits[0]} tokens per block "  # type: ignore[union-attr]
+                         f"fraction {ctx.fraction:g} and {cell.bytes:,} B/token that is {fits[0]} tokens per block "
                          f"({int(blocks) * fits[0]:,} tokens), the only power of two that fits; the log states "
                          "neither the block size nor the token count, so the pool is not checked")
         else:

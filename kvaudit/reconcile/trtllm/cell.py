@@ -66,7 +66,7 @@ def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
                                  f"{pool.tokens:,} tokens, {from_line:,.0f} B/token) agrees with "
                                  f"{ctx.kv_elt:g}-byte elements")
             else:
-                for elt in ELEMENT_NAMES:  # noqa: B007 (the loop variable is used after a break)
+                for elt in ELEMENT_NAMES:
                     c, d = cell_size(ctx.geom, ctx.tp, elt)
                     if lo <= c <= hi:
                         cell, desc, implied = c, d, elt

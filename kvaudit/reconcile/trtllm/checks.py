@@ -11,9 +11,10 @@ from kvaudit.units import GIB
 
 def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th, pool_text=None) -> list[Finding]:
     out: list[Finding] = []
-    avail = {rr.rank.display: rr.r["available_gib"] for rr in ranks.values() if "available_gib" in rr.r}
-    if not avail:
-        avail = {rr.rank.display: rr.r["cpp_available_gib"] for rr in ranks.values() if "cpp_available_gib" in rr.r}
+    # the Python executor's "available" line where any rank has it, else the C++ runtime's
+    key = "available_gib" if any("available_gib" in rr.r for rr in ranks.values()) else "cpp_available_gib"
+    stated = {rr.rank.display: rr for rr in ranks.values() if key in rr.r}
+    avail = {r: rr.r[key] for r, rr in stated.items()}
     if len(avail) >= 2:
         lo = min(avail.items(), key=lambda x: x[1])
         hi = max(avail.items(), key=lambda x: x[1])
@@ -22,8 +23,7 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th,
     tiny = {r: v for r, v in avail.items() if v < th.low_headroom_gib}
     if tiny:
         rank, a = min(tiny.items(), key=lambda x: x[1])
-        rr = next(f for f in ranks.values() if f.rank.display == rank)
-        key = "available_gib" if "available_gib" in rr.r else "cpp_available_gib"
+        rr = stated[rank]
         out.append(F.small_kv_budget(rank, a, rr.r.get("total_gib") or rr.r.get("cpp_total_gib"), logged,
                                      th.low_headroom_gib, rr.lines.get(key), pool_text))
     for b in frees.values():
