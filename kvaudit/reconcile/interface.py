@@ -249,6 +249,8 @@ class WhatIf:
     #: the engine's absolute setting that gives exactly this answer whatever the free memory is next time
     #: (``--max-total-tokens N``, ``--kv-cache-memory-bytes B``, ``max_tokens``/``max_gpu_total_bytes``)
     pin: str | None = None
+    #: what the engine keeps out of the KV cache, in its terms (the whatif table's row for it)
+    reserve_label: str = "static reserve"
 
 
 def startup_identity(startup: Any, source: str, startups_total: int) -> dict[str, Any]:

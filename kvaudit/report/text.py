@@ -133,12 +133,10 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
         return "-" if v is None else f"{v:.2f}"
 
     after = f"{w.tokens_after.low:,}..{w.tokens_after.high:,}" if w.tokens_after else "-"
-    reserve = {"vllm": "headroom (1 - utilization) x total (GiB)",
-               "trtllm": "left free: (1 - fraction) x free (GiB)"}.get(a.engine, "static reserve (GiB)")
     rows_ = [
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
         ("KV cache per GPU (GiB)", g(w.kv_gib_before), g(w.kv_gib_after)),
-        (reserve, g(w.reserve_gib_before), g(w.reserve_gib_after)),
+        (f"{w.reserve_label} (GiB)", g(w.reserve_gib_before), g(w.reserve_gib_after)),
         ("graphs, draft, tables from the reserve (GiB)", g(w.reserve_needs_gib_before), g(w.reserve_needs_gib_after)),
         ("left for activations (GiB)", g(w.headroom_gib_before), g(w.headroom_gib_after)),
     ]

@@ -11,6 +11,10 @@ from kvaudit.reconcile.trtllm.context import DEFAULT_FRACTION, element_bytes
 from kvaudit.units import GIB
 
 
+#: the whatif row for what this engine keeps out of the KV cache
+RESERVE_LABEL = "left free: (1 - fraction) x free"
+
+
 def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
     """Another free_gpu_memory_fraction scales the KV budget with what was free after profiling; another KV
     dtype rescales bytes per token; a max_tokens caps the pool."""
@@ -21,7 +25,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     if free is None or not f0.bytes_per_token or not f0.page_size:
         return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None, None,
                       "unknown", ("the log lacks the profiling peak (or the C++ available memory), bytes per token "
-                                  "or the tokens per block",))
+                                  "or the tokens per block",), reserve_label=RESERVE_LABEL)
     f_old = f0.mem_fraction_static or DEFAULT_FRACTION
     f_new = new_opts.mem_fraction_static or f_old
     cell = f0.bytes_per_token
@@ -47,4 +51,5 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     pin = (f"kv_cache_config max_tokens={tokens} (or max_gpu_total_bytes={int(tokens * cell)})"
            if tokens > 0 else None)
     return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(kv1, 2), round(r0, 2),
-                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation), pin)
+                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation), pin,
+                  reserve_label=RESERVE_LABEL)

@@ -11,6 +11,10 @@ from kvaudit.model_config import element_bytes
 from kvaudit.units import GIB
 
 
+#: the whatif row for what this engine keeps out of the KV cache
+RESERVE_LABEL = "headroom (1 - utilization) x total"
+
+
 def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
     f0 = base.formula
     changes = {k: getattr(new_opts, k) for k in ("mem_fraction_static", "kv_cache_dtype", "tp_size", "context_length")
@@ -18,7 +22,8 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     explanation: list[str] = []
     if f0.pre_load_free_gib is None or f0.mem_fraction_static is None or f0.rest_gib is None or not f0.bytes_per_token:
         return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None, None,
-                      "unknown", ("the log lacks total memory, the utilisation or the available KV memory",))
+                      "unknown", ("the log lacks total memory, the utilisation or the available KV memory",),
+                      reserve_label=RESERVE_LABEL)
     T, u0 = f0.pre_load_free_gib, f0.mem_fraction_static
     u1 = new_opts.mem_fraction_static or u0
     cell = f0.bytes_per_token
@@ -42,4 +47,4 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     pin = f"--kv-cache-memory-bytes {int(tokens * cell)}" if tokens > 0 else None
     return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(max(kv1, 0), 2),
                   round(r0, 2), round(r1, 2), round(graphs, 3), round(graphs, 3), round(h0, 2), round(h1, 2), risk,
-                  tuple(explanation), pin)
+                  tuple(explanation), pin, reserve_label=RESERVE_LABEL)
