@@ -214,7 +214,7 @@ def explain(
 
 #: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
 FRACTION_FLAG = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization",
-                 "trtllm": "--free-gpu-memory-fraction"}
+                 "trtllm": "--free-gpu-memory-fraction", "lmdeploy": "--cache-max-entry-count"}
 
 
 @app.command()
@@ -226,6 +226,10 @@ def whatif(
             help="vLLM: the utilization to try."),
     free_gpu_memory_fraction: Optional[float] = _opt(ASSUME, None, "--free-gpu-memory-fraction", min=0.01, max=0.99,
             help="TensorRT-LLM: the kv_cache_config fraction to try."),
+    cache_max_entry_count: Optional[float] = _opt(ASSUME, None, "--cache-max-entry-count", min=0.01, max=0.99,
+            help="LMDeploy: the cache_max_entry_count (a fraction of the free memory) to try."),
+    quant_policy: Optional[int] = _opt(ASSUME, None, "--quant-policy", help="LMDeploy: 0, 8 (int8 KV) or 4 (int4 KV)."),
+    session_len: Optional[int] = _opt(ASSUME, None, "--session-len", min=1, help="LMDeploy: the session length."),
     kv_cache_dtype: Optional[str] = _opt(ASSUME, None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
     tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", min=1, help="A different TP size (approximate)."),
     context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1, help="A different context length."),
@@ -252,14 +256,20 @@ def whatif(
         raise Fail(f"--format {fmt!r}: whatif prints text or json")
     fractions = {flag: v for flag, v in (("--mem-fraction-static", mem_fraction_static),
                                          ("--gpu-memory-utilization", gpu_memory_utilization),
-                                         ("--free-gpu-memory-fraction", free_gpu_memory_fraction)) if v is not None}
+                                         ("--free-gpu-memory-fraction", free_gpu_memory_fraction),
+                                         ("--cache-max-entry-count", cache_max_entry_count)) if v is not None}
     if len(fractions) > 1:
         raise Fail(f"{' and '.join(fractions)}: give the one fraction of the log's engine")
     fraction = next(iter(fractions.values()), None)
-    if all(v is None for v in (fraction, kv_cache_dtype, tp_size, context_length, max_tokens)):
+    if quant_policy is not None and quant_policy not in (0, 4, 8):
+        raise Fail(f"--quant-policy {quant_policy}: LMDeploy's KV quantisation is 0 (none), 8 (int8) or 4 (int4)")
+    lmdeploy_only = [flag for flag, v in (("--quant-policy", quant_policy), ("--session-len", session_len))
+                     if v is not None]
+    if all(v is None for v in (fraction, kv_cache_dtype, tp_size, context_length, max_tokens, quant_policy,
+                               session_len)):
         raise Fail("whatif needs at least one of --mem-fraction-static (SGLang), --gpu-memory-utilization (vLLM), "
-                   "--free-gpu-memory-fraction (TensorRT-LLM), --kv-cache-dtype, --tp-size, --context-length, "
-                   "--max-tokens")
+                   "--free-gpu-memory-fraction (TensorRT-LLM), --cache-max-entry-count (LMDeploy), --kv-cache-dtype, "
+                   "--quant-policy, --tp-size, --context-length, --session-len, --max-tokens")
     if kv_cache_dtype is not None and kv_cache_dtype.replace("torch.", "").lower() not in DTYPE_BYTES:
         raise Fail(f"--kv-cache-dtype {kv_cache_dtype!r}: known types are "
                    + ", ".join(sorted(k for k in DTYPE_BYTES if "_" in k or k in ("bf16", "fp8", "auto"))))
@@ -270,9 +280,12 @@ def whatif(
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
                         mem_fraction_static=log_mem_fraction_static)
     new = replace(base, mem_fraction_static=fraction or log_mem_fraction_static,
-                  kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, context_length=context_length,
-                  max_tokens=max_tokens)
+                  kv_cache_dtype=kv_cache_dtype or ({8: "int8", 4: "int4", 0: "auto"}.get(quant_policy)
+                                                    if quant_policy is not None else None),
+                  tp_size=tp_size, context_length=context_length or session_len, max_tokens=max_tokens)
     log = _open_log(file)
+    if lmdeploy_only and log.engine.name != "lmdeploy":
+        raise Fail(f"{' and '.join(lmdeploy_only)}: LMDeploy's settings; this is a {log.engine.display} log")
     if max_tokens is not None and log.engine.name != "trtllm":
         raise Fail(f"--max-tokens is TensorRT-LLM's kv_cache_config.max_tokens; this is a {log.engine.display} log")
     own = FRACTION_FLAG.get(log.engine.name)

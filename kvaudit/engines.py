@@ -10,14 +10,17 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
+from kvaudit.parse.lmdeploy import LMDeployParser
 from kvaudit.parse.sglang import SGLangParser
 from kvaudit.parse.trtllm import TRTLLMParser
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
+from kvaudit.reconcile import lmdeploy as lmdeploy_formula
 from kvaudit.reconcile import sglang as sglang_formula
 from kvaudit.reconcile import trtllm as trtllm_formula
 from kvaudit.reconcile import vllm as vllm_formula
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
+from kvaudit.reconcile.lmdeploy import endpoint as lmdeploy_endpoint
 from kvaudit.reconcile.sglang import endpoint as sglang_endpoint
 from kvaudit.reconcile.trtllm import endpoint as trtllm_endpoint
 from kvaudit.reconcile.vllm import endpoint as vllm_endpoint
@@ -61,12 +64,13 @@ ENGINES: tuple[Engine, ...] = (
     Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), trtllm_formula.reconcile, trtllm_formula.whatif,
            ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), trtllm_endpoint.audit_endpoint,
            trtllm_endpoint.PATHS),
+    Engine("lmdeploy", "LMDeploy", LMDeployParser(), lmdeploy_formula.reconcile, lmdeploy_formula.whatif,
+           ("lmdeploy",), lmdeploy_endpoint.audit_endpoint, lmdeploy_endpoint.PATHS),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
 RECOGNISED_ONLY: dict[str, tuple[str, ...]] = {
     "TGI": ("text_generation_launcher", "text_generation_router"),
-    "LMDeploy": ("lmdeploy",),
 }
 
 

@@ -69,6 +69,11 @@ class VersionRange:
         return f"{format_version(self.lo)}..{format_version(self.hi)}"
 
 
+def clue(lo: Version, hi: Version | None, why: str) -> VersionRange:
+    """The range one line's shape admits, with the line's description as its evidence."""
+    return VersionRange(lo, hi, (why,))
+
+
 def narrow(ranges: list[VersionRange], start: VersionRange) -> VersionRange:
     """Intersect the ranges in order; a clue that contradicts the ones before it is skipped, not fatal
     (logs are hand-edited, builds from main mix eras)."""

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 JOURNAL_REMOTE = next((p for p in ("/usr/lib/systemd/systemd-journal-remote", "/lib/systemd/systemd-journal-remote")
@@ -244,3 +246,21 @@ def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int 
         if fixed:
             break
     raise RuntimeError(f"sshd did not start: {(workdir / 'sshd.log').read_text()[-500:]}")
+
+
+@contextlib.contextmanager
+def ssh_site(root: Path, alias: str, log: bytes, gpus_csv: str, apps_csv: str,
+             unit: str) -> Iterator[tuple[SimHost, Path]]:
+    """One simulated host behind a real sshd on 127.0.0.1, reachable as ``alias`` through the ssh_config this
+    yields (its own client key and known_hosts): the site an engine's ``check`` test audits."""
+    host = make_host(root / "host", log, gpus_csv, apps_csv, None, unit=unit)
+    key = root / "client_key"
+    sshd = start_sshd(root / "sshd", keygen(key), [host.bin])
+    cfg = root / "ssh_config"
+    cfg.write_text(f"Host {alias}\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {key}\n"
+                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 20\n")
+    (root / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_pub}\n")
+    try:
+        yield host, cfg
+    finally:
+        sshd.stop()

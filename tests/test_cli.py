@@ -33,8 +33,8 @@ def test_exit_codes_follow_the_worst_finding():
 @pytest.mark.parametrize("content,message", [
     (b"", "empty"),
     (b"\x00\x01\x02binary" * 100, "binary"),
-    (b"just some text\nwith no engine lines\n", "no SGLang, vLLM or TensorRT-LLM startup"),
-    (b"x" * (50 << 20), "no SGLang, vLLM or TensorRT-LLM startup"),  # one 50 MB line
+    (b"just some text\nwith no engine lines\n", "no SGLang, vLLM, TensorRT-LLM or LMDeploy startup"),
+    (b"x" * (50 << 20), "no SGLang, vLLM, TensorRT-LLM or LMDeploy startup"),  # one 50 MB line
     (b"2024-06-01T10:00:00Z INFO text_generation_launcher: Starting shard rank=0\n", "TGI"),
 ])
 def test_bad_input_gets_one_line_and_exit_2(tmp_path, content, message):

@@ -72,8 +72,7 @@ def test_corpus_log_reads_to_its_truth(name):
         assert got is not None and abs(got - want) <= 0.005, (key, got, want)
 
 
-ALL_LOGS = sorted(CORPUS.glob("*.log")) + sorted(p for p in SAMPLES.glob("*.log")
-                                                  if not p.name.startswith("lmdeploy_"))
+ALL_LOGS = sorted(CORPUS.glob("*.log")) + sorted(SAMPLES.glob("*.log"))
 
 
 @pytest.mark.parametrize("path", ALL_LOGS, ids=[p.name for p in ALL_LOGS])

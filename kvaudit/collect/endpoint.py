@@ -172,7 +172,8 @@ def fetch(target: str, documents: tuple[tuple[str, ...], ...], deadline_s: float
     if not any(d.status == 200 for d in docs):
         seen = ", ".join(f"{d.path} {d.status}" for d in docs)
         raise NotAnEndpoint(f"{url}: answers HTTP but serves none of the engines' documents ({seen}); "
-                            "give the server's own port (SGLang --port, vLLM --port, trtllm-serve --port)")
+                            "give the server's own port (SGLang --port, vLLM --port, trtllm-serve --port, "
+                            "LMDeploy --server-port)")
     return EndpointCapture(url, tuple(docs), tuple(records),
                            datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

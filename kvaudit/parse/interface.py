@@ -40,6 +40,15 @@ class Rank:
 SINGLE_RANK = Rank((0, 0, 0), "")
 
 
+def numbered_rank(match: "re.Match[str] | None") -> Rank:
+    """``rank N`` from the first group a rank-tag pattern matched (engines that number ranks with one integer:
+    TensorRT-LLM's ``[RANK N]``, TurboMind's ``[TM][INFO][N]``); the single rank when nothing matched."""
+    if match is None:
+        return SINGLE_RANK
+    n = int(next(g for g in match.groups() if g is not None))
+    return Rank((0, n, 0), f"rank {n}")
+
+
 @dataclass(frozen=True)
 class Event:
     """A parsed log line. ``line`` is its 1-based number in the input, ``text`` the cleaned line."""

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from kvaudit.parse.interface import oom_numbers, SINGLE_RANK, literal, Event, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
+from kvaudit.versions import clue as _clue
 
 ENGINE = "sglang"
 
@@ -323,10 +324,6 @@ def _f(m: re.Match[str] | None, group: int = 1) -> float | None:
     if m is None or m.group(group) is None:
         return None
     return float(m.group(group))
-
-
-def _clue(lo: tuple[int, ...], hi: tuple[int, ...] | None, why: str) -> VersionRange:
-    return VersionRange(lo, hi, (why,))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -47,9 +47,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import Event, Failure, Rank, RankEvent, Startup, numbered_rank, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, parse_version, resolve
+from kvaudit.versions import clue as _clue
 
 ENGINE = "trtllm"
 
@@ -230,15 +231,7 @@ _BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
 
 
 def rank_of(text: str) -> Rank:
-    m = _RANK.search(text)
-    if not m:
-        return SINGLE_RANK
-    n = int(next(g for g in m.groups() if g is not None))
-    return Rank((0, n, 0), f"rank {n}")
-
-
-def _clue(lo, hi, why) -> VersionRange:
-    return VersionRange(lo, hi, (why,))
+    return numbered_rank(_RANK.search(text))
 
 
 def _message(text: str, start: int) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Iterable
 from kvaudit.parse.interface import SINGLE_RANK, literal, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, resolve
+from kvaudit.versions import clue as _clue
 
 ENGINE = "vllm"
 
@@ -239,9 +240,6 @@ def dp_of(text: str) -> int | None:
     m = re.search(r"\(EngineCore_(?:DP)?(\d+) " + _PID_KEY + r"=\d+\)", text)
     return int(m.group(1)) if m else None
 
-
-def _clue(lo, hi, why) -> VersionRange:
-    return VersionRange(lo, hi, (why,))
 
 
 @dataclass

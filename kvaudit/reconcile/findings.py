@@ -39,6 +39,8 @@ CODES: dict[str, Severity] = {
     "KV_MEMORY_SUGGESTED": INFO,
     "GRAPH_ESTIMATE_LOW": WARNING,
     "SMALL_KV_BUDGET": WARNING,
+    # LMDeploy (reconcile/lmdeploy/)
+    "SESSION_EXCEEDS_POOL": WARNING,
     # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
@@ -446,6 +448,24 @@ def small_kv_budget(rank: str, available: float, total: float | None, tokens: in
               "time, or no other process on the GPU)",
               {"rank": rank, "available_gib": available, "total_gib": total, "tokens": tokens,
                "threshold_gib": threshold}, (rank,))
+
+
+def session_exceeds_pool(asked: int | None, holds: int, blocks: int | None, block: int, line: int | None,
+                         stated: bool) -> Finding:
+    """LMDeploy: the session length is more than the KV pool holds, so one request cannot reach its context
+    (TurboMind cuts ``session_len`` to the pool: ``LlamaBatch`` "No enough blocks for `session_len`")."""
+    pool = f"{blocks:,} blocks x {block} tokens = {blocks * block:,} tokens" if blocks else f"{holds:,} tokens"
+    if stated:
+        what = (f"session_len {asked:,} is more than the KV pool holds ({pool}): the engine cut it to {holds:,}"
+                if asked else f"the engine cut session_len to {holds:,}, all the KV pool holds ({pool})")
+        where = f" (line {line})" if line else ""
+    else:
+        what, where = f"session_len {asked:,} is more than the KV pool holds ({pool})", ""
+    return _f("SESSION_EXCEEDS_POOL",
+              f"{what}{where}; a single request cannot reach its context. Raise cache_max_entry_count, use a "
+              "quantised KV cache (--quant-policy 8 or 4), or ask for a shorter --session-len",
+              {"session_len": asked, "pool_tokens": holds if stated else (blocks * block if blocks else holds),
+               "truncated_to": holds if stated else None, "line": line})
 
 
 def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: float) -> Finding:

@@ -21,17 +21,9 @@ APPS = "51234, GPU-h100-0000, /usr/bin/python3, 74400\n"
 
 @pytest.fixture(scope="module")
 def trt_site(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trt")
-    host = hostsim.make_host(root / "host", TRT_LOG.read_bytes(), H100, APPS, None, unit="trtllm-serve.service")
-    key = root / "client_key"
-    pub = hostsim.keygen(key)
-    sshd = hostsim.start_sshd(root / "sshd", pub, [host.bin])
-    cfg = root / "ssh_config"
-    cfg.write_text(f"Host trt-test\n  HostName 127.0.0.1\n  Port {sshd.port}\n  IdentityFile {key}\n"
-                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n  ConnectTimeout 20\n")
-    (root / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_pub}\n")
-    yield host, cfg
-    sshd.stop()
+    with hostsim.ssh_site(tmp_path_factory.mktemp("trt"), "trt-test", TRT_LOG.read_bytes(), H100, APPS,
+                          "trtllm-serve.service") as site:
+        yield site
 
 
 def test_trtllm_host_over_ssh(trt_site):

@@ -311,3 +311,28 @@ def test_a_metrics_page_with_hundreds_of_thousands_of_labels_is_read_in_bounded_
     assert r.code == ExitStatus.PARTIAL_DATA and "internal error" not in r.stderr, r.stderr  # no GPU readings
     assert r.json()["formula"]["logged_tokens"] == 434576
     assert took < 30 + 15, took  # was past 500 s; now the deadline plus a margin bounds it, parsing takes < 1 s
+
+
+LMDEPLOY_METRICS = (
+    "# HELP lmdeploy:backend_config_info information of backend_config\n"
+    "# TYPE lmdeploy:backend_config_info gauge\n"
+    'lmdeploy:backend_config_info{cache_block_seq_len="64",cache_max_entry_count="0.8",quant_policy="0",'
+    'session_len="32768",tp="2"} 1.0\n'
+    "# HELP lmdeploy:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.\n"
+    "# TYPE lmdeploy:gpu_cache_usage_perc gauge\n"
+    'lmdeploy:gpu_cache_usage_perc{engine="0",model_name="qwen"} 0.125\n'
+)
+
+
+def test_an_lmdeploy_endpoint_reads_its_settings_and_says_the_pool_is_not_exported():
+    """lmdeploy serve api_server --enable-metrics (lmdeploy/metrics/loggers.py): the backend config as an info metric
+    and the KV usage; no block count, so the pool is unchecked, and the report says why."""
+    with serve({"/metrics": metrics_doc(LMDEPLOY_METRICS)}) as (url, seen):
+        r = cli("check", url, "-f", "json")
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr
+    d = r.json()
+    assert d["engine"] == "lmdeploy" and d["from_endpoint"] is True and d["status"] == "partial"
+    f = d["formula"]
+    assert f["mem_fraction_static"] == 0.8 and f["verdict"] == "unknown" and f["logged_tokens"] is None
+    assert "not the pool's size" in f["verdict_reason"]
+    assert any("12.5 %" in n for n in d["notes"])

@@ -72,8 +72,8 @@ from pathlib import Path  # noqa: E402
 
 from tests.conftest import KIMI_LOG, SAMPLES  # noqa: E402
 
-#: every engine kvaudit reads (LMDeploy's logs are recognised and refused: no anchors select their lines yet)
-ALL_INPUTS = [KIMI_LOG, *sorted(p for p in SAMPLES.glob("*.log") if not p.name.startswith("lmdeploy_"))]
+#: every engine kvaudit reads
+ALL_INPUTS = [KIMI_LOG, *sorted(SAMPLES.glob("*.log"))]
 
 
 def _both(data: bytes, anchors, tmp_path: Path):

@@ -1,0 +1,352 @@
+"""LMDeploy startup-log grammar: the TurboMind engine (C++, ``src/turbomind``) and the PyTorch engine
+(``lmdeploy/pytorch``), as ``lmdeploy serve api_server``, the pipeline API and its Docker images print them.
+
+Format strings, per release (InternLM/lmdeploy tags v0.1.0..v0.16.0; docs/lmdeploy-log-grammar.md has the table):
+
+* TurboMind ``BlockManager.cc`` (MiB printed as "MB"): "[BlockManager] block_size = %lu MB" (``>> 20``: truncated,
+  <=0.7), "[BlockManager] block_size = %.3f MB" (0.8-0.12), "block_size = {:.3f} MB" with the file tag
+  "[BlockManager.cc:NN]" in the prefix instead of the "[BlockManager]" tag (0.13-0.14); "max_block_count = N" and
+  "chunk_size = N" after it in the same shapes. 0.15+ has no block manager: ``turbomind.cc`` prints "Object cache
+  budget: X MB from free Y MB and ratio R" (bytes, not tokens).
+* ``SequenceManager.cc`` (0.13+, models with linear-attention layers): "[SeqMgr] Adjusting block_count: free_before
+  A MB, linear B MB, target C MB", "[SeqMgr] Adjusted block_count to N", and the error "[SeqMgr] Linear-state
+  memory (A MB) >= cache budget (B MB)".
+* ``LlamaBatch.cc``: "No enough blocks for `session_len` (A), `session_len` truncated to B." (0.2.6-0.11),
+  ``engine.cc`` "`session_len` truncated to N due to limited KV cache memory" (0.12-0.14).
+* ``LlamaTritonModel.cc`` (<=0.2): "[LlamaTritonModel] `cache_block_seq_len` is not set, default to N."
+* Python (``serve/async_engine.py``): "input backend=B, backend_config=TurbomindEngineConfig(...)" /
+  "updated backend_config=PytorchEngineConfig(...)" (dataclass reprs: tp, session_len, cache_max_entry_count,
+  cache_block_seq_len, block_size, quant_policy, num_gpu_blocks); the TurboMind model config the engine logs
+  ("model_config:" INI in 0.2-0.5, "turbomind model config:" JSON in 0.6+), one "key = value" or ``"key": value``
+  per line.
+* PyTorch engine (``pytorch/engine/executor/base.py``, ``cache_engine.py``): "Building CacheEngine with config:"
+  followed on the next line by the ``CacheConfig(...)`` repr (``num_gpu_blocks=N``, ``block_size=B``); DEBUG
+  "minimal free gpu memory: N mb" (older "device<i> free gpu memory: N mb"), "estimated max runtime memory: N mb"
+  (``>> 20``: MiB, truncated), "Initialize cache engine with N gpu blocks and M cpu blocks."; WARNING "No enough
+  memory. Update max_prefill_token_num=N".
+* Failures: "No enough gpu memory for kv cache." / "... for runtime." / "... for state cache", TurboMind's
+  "[TM][ERROR] CUDA runtime error: out of memory", torch's CUDA OOM, the linear-state error above.
+
+Prefixes: the Python logger ``2025-01-01 10:00:00,123 - lmdeploy - INFO - file.py:N - `` (0.6.2+; before, no file),
+TurboMind's ``[TM][INFO] `` (``[TM][INFO][MMDD.HH:MM:SS.us][file.cc:N] `` and ``WARN`` in 0.13+), Ray's
+``(RayWorkerWrapper pid=N) ``, journald's and docker's: every pattern is searched anywhere in the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from kvaudit.parse.interface import (Event, Failure, Rank, RankEvent, Startup, numbered_rank,
+                                     oom_numbers, quote, unquoted)
+from kvaudit.parse.lines import Line
+from kvaudit.versions import VersionRange, parse_version, resolve
+from kvaudit.versions import clue as _clue
+
+ENGINE = "lmdeploy"
+
+ANCHORS: tuple[bytes, ...] = (
+    b"block_size = ",
+    b"max_block_count = ",
+    b"Object cache budget",
+    b"[SeqMgr]",
+    b"session_len",
+    b"EngineConfig(",
+    b"CacheConfig(",
+    b"cache engine with",
+    b"free gpu memory",
+    b"max runtime memory",
+    b"max_prefill_token_num=",
+    b"No enough",
+    b"cache_block_seq_len",
+    b"cache_max_entry_count",
+    b"kv_head_num",
+    b"num_layer",
+    b"size_per_head",
+    b"tensor_para_size",
+    b"attn_tp_size",
+    b"quant_policy",
+    b"model_arch",
+    b"out of memory",
+    b"OutOfMemoryError",
+    b"LMDeploy: ",
+    b"lmdeploy serve",
+)
+
+MARKERS: tuple[str, ...] = ("[BlockManager]", "BlockManager.cc:", "[TM][", "- lmdeploy -", "TurbomindEngineConfig(",
+                            "PytorchEngineConfig(", "Object cache budget", "Building CacheEngine")
+
+NUM = r"(\d+(?:\.\d+)?)"
+
+
+@dataclass(frozen=True)
+class EngineConfig(Event):
+    """A ``TurbomindEngineConfig(...)`` / ``PytorchEngineConfig(...)`` repr: ``backend`` turbomind | pytorch,
+    ``updated`` for the "updated backend_config=" line (the engine's defaults filled in), the settings it names."""
+
+    backend: str = ""
+    updated: bool = False
+    settings: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading(RankEvent):
+    """One number a line states. Keys: block_mib (TurboMind block, MiB as printed), block_mib_truncated (1 when the
+    line prints an integer: ``>> 20``), max_block_count, chunk_size, object_budget_mib, object_free_mib,
+    object_ratio, free_before_mib, linear_mib, target_mib, adjusted_blocks, session_len_asked, session_len_cut,
+    block_seq_len_default, num_gpu_blocks, num_cpu_blocks, pt_block_size, free_mib, runtime_mib, prefill_tokens,
+    and the model config's layers, kv_heads, head_dim, tp, session_len, ratio, block_seq_len, quant_policy."""
+
+    key: str = ""
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelArch(Event):
+    """The architecture the TurboMind model config names (``model_arch = X`` / ``"model_arch": "X",``)."""
+
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Release(Event):
+    """The release a line names (``lmdeploy check_env``'s "LMDeploy: 0.10.2+...")."""
+
+    version: str = ""
+
+
+_RANK = re.compile(r"\[TM\]\[[A-Z]+\]\[(\d+)\]|rank\[(\d+)\]")
+_BLOCK = re.compile(r"(\[BlockManager\] |BlockManager\.cc:\d+\] )block_size = " + NUM + " MB")
+_COUNT = re.compile(r"(?:\[BlockManager\] |BlockManager\.cc:\d+\] )(max_block_count|chunk_size) = (\d+)")
+_OBJECT = re.compile(r"Object cache budget: " + NUM + r" MB from free " + NUM + r" MB and ratio " + NUM)
+_ADJUSTING = re.compile(r"\[SeqMgr\] Adjusting block_count: free_before " + NUM + r" MB, linear " + NUM
+                        + r" MB, target " + NUM + " MB")
+_ADJUSTED = re.compile(r"\[SeqMgr\] Adjusted block_count to (\d+)")
+_LINEAR_FAIL = re.compile(r"\[SeqMgr\] Linear-state memory \(" + NUM + r" MB\) >= cache budget \(" + NUM + r" MB\)")
+_TRUNCATED = re.compile(r"No enough blocks for `session_len` \((\d+)\), `session_len` truncated to (\d+)")
+_TRUNCATED_12 = re.compile(r"`session_len` truncated to (\d+) due to limited KV cache memory")
+_SEQ_DEFAULT = re.compile(r"`cache_block_seq_len` is not set, default to (\d+)")
+_CONFIG = re.compile(r"(Turbomind|Pytorch)EngineConfig\((.*)")
+_SETTING = re.compile(r"\b(tp|session_len|cache_max_entry_count|cache_block_seq_len|block_size|quant_policy|"
+                      r"num_gpu_blocks|max_batch_size|max_prefill_token_num)=(None|\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
+_CACHE_CONFIG = re.compile(r"CacheConfig\((.*)")
+_CACHE_FIELD = re.compile(r"\b(block_size|num_gpu_blocks|num_cpu_blocks|cache_max_entry_count|quant_policy|"
+                          r"max_prefill_token_num|max_batches)=(\d+(?:\.\d+)?)")
+_INIT_CACHE = re.compile(r"Initialize cache engine with (\d+) gpu blocks and (\d+) cpu blocks")
+_FREE = re.compile(r"(?:minimal free gpu memory|device<\d+> free gpu memory): (\d+) mb")
+_RUNTIME = re.compile(r"estimated max runtime memory: (\d+) mb")
+_PREFILL = re.compile(r"No enough memory\. Update max_prefill_token_num=(\d+)")
+#: the TurboMind model config the engine logs, one key per line (INI "key = value", JSON ``"key": value,``)
+_MODEL_KEY = re.compile(r"(?:^|[\s:\]{,])\"?(num_layer|kv_head_num|size_per_head|head_dim|tensor_para_size|attn_tp_size|"
+                        r"session_len|cache_max_entry_count|cache_block_seq_len|quant_policy)\"?\s*[=:]\s*"
+                        r"(\d+(?:\.\d+)?)\s*,?\s*$")
+_MODEL_ARCH = re.compile(r"(?:^|[\s:\]{,])\"?model_arch\"?\s*[=:]\s*\"?([A-Za-z][\w.]{0,80})\"?\s*,?\s*$")
+_MODEL_KEYS = {"num_layer": "layers", "kv_head_num": "kv_heads", "size_per_head": "head_dim", "head_dim": "head_dim",
+               "tensor_para_size": "tp", "attn_tp_size": "tp", "session_len": "session_len",
+               "cache_max_entry_count": "ratio", "cache_block_seq_len": "block_seq_len",
+               "quant_policy": "quant_policy"}
+_RELEASE = re.compile(r"LMDeploy: (\d+\.\d+\.\d+)")
+#: lines of plain numbers: (a cheap needle, the pattern, the reading key of each group)
+_SIMPLE = (
+    ("cache engine with", _INIT_CACHE, ("num_gpu_blocks", "num_cpu_blocks")),
+    ("free gpu memory", _FREE, ("free_mib",)),
+    ("max runtime memory", _RUNTIME, ("runtime_mib",)),
+    ("max_prefill_token_num=", _PREFILL, ("prefill_tokens",)),
+)
+#: the Python logger's prefix: with "file.py:N - " since 0.6.2 (lmdeploy/utils.py get_logger), without before
+_PY_PREFIX = re.compile(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR) - (\w+\.py:\d+ - )?")
+_NEW_PREFIX = re.compile(r"\[TM\]\[(?:INFO|WARN|ERROR|DEBUG)\]\[\d{4}\.")
+#: Failure kinds this grammar emits: no_kv_memory | no_runtime_memory | no_state_memory | linear_state | oom
+_FAILURES = (
+    ("No enough gpu memory for kv cache", "no_kv_memory"),
+    ("No enough gpu memory for runtime", "no_runtime_memory"),
+    ("No enough gpu memory for state cache", "no_state_memory"),
+    ("CUDA runtime error: out of memory", "oom"),
+    ("CUDA out of memory", "oom"),
+    ("OutOfMemoryError", "oom"),
+)
+#: a failure line that is LMDeploy's only when its startup has LMDeploy lines of its own (another engine's OOM)
+GENERIC_FAILURES = ("oom",)
+
+
+def rank_of(text: str) -> Rank:
+    return numbered_rank(_RANK.search(text))
+
+
+def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
+    t, n = line.text, line.number
+    rank = rank_of(t)
+    ev: list[Event] = []
+    clues: list[VersionRange] = []
+
+    def read(key: str, value: float | str) -> None:
+        ev.append(Reading(n, t, rank, "target", key, float(value)))
+
+    m = _PY_PREFIX.search(t) if "- lmdeploy -" in t else None
+    if m:
+        clues.append(_clue((0, 6, 2), None, "the logger's 'file.py:N' field (0.6.2+)") if m.group(1) else
+                     _clue((0, 1, 0), (0, 6, 1), "the logger's prefix without 'file.py:N' (<=0.6.1)"))
+    if "EngineConfig(" in t:
+        clues.append(_clue((0, 2, 0), None, "a TurbomindEngineConfig/PytorchEngineConfig repr (0.2+)"))
+    if _NEW_PREFIX.search(t):
+        clues.append(_clue((0, 13, 0), None, "the '[TM][LEVEL][MMDD.' TurboMind prefix (0.13+)"))
+    m = _BLOCK.search(t) if "block_size = " in t else None
+    if m:
+        read("block_mib", m.group(2))
+        if "." not in m.group(2):
+            read("block_mib_truncated", 1)
+            clues.append(_clue((0, 1, 0), (0, 7, 99), "'block_size = N MB' in whole MiB (<=0.7)"))
+        elif m.group(1).startswith("[BlockManager]"):
+            clues.append(_clue((0, 8, 0), (0, 12, 99), "'[BlockManager] block_size = X.XXX MB' (0.8-0.12)"))
+        else:
+            clues.append(_clue((0, 13, 0), (0, 14, 99), "'block_size = X.XXX MB' under BlockManager.cc (0.13-0.14)"))
+        return ev, clues
+    m = _COUNT.search(t) if "_" in t else None
+    if m:
+        read(m.group(1), m.group(2))
+        return ev, clues
+    m = _OBJECT.search(t) if "Object cache budget" in t else None
+    if m:
+        read("object_budget_mib", m.group(1))
+        read("object_free_mib", m.group(2))
+        read("object_ratio", m.group(3))
+        return ev, clues + [_clue((0, 15, 0), None, "'Object cache budget' (0.15+)")]
+    if "[SeqMgr]" in t:
+        m = _ADJUSTING.search(t)
+        if m:
+            for key, value in zip(("free_before_mib", "linear_mib", "target_mib"), m.groups()):
+                read(key, value)
+            return ev, clues + [_clue((0, 13, 0), (0, 14, 99), "'[SeqMgr] Adjusting block_count' (0.13-0.14)")]
+        m = _ADJUSTED.search(t)
+        if m:
+            read("adjusted_blocks", m.group(1))
+            return ev, clues
+        m = _LINEAR_FAIL.search(t)
+        if m:
+            ev.append(Failure(n, t, rank, "target", "linear_state", quote(t[m.start():]),
+                              {"linear_mib": float(m.group(1)), "budget_mib": float(m.group(2))}))
+            return ev, clues
+    m = _TRUNCATED.search(t) if "session_len" in t else None
+    if m:
+        read("session_len_asked", m.group(1))
+        read("session_len_cut", m.group(2))
+        return ev, clues + [_clue((0, 2, 6), (0, 11, 99), "'No enough blocks for `session_len`' (0.2.6-0.11)")]
+    m = _TRUNCATED_12.search(t) if "session_len" in t else None
+    if m:
+        read("session_len_cut", m.group(1))
+        return ev, clues + [_clue((0, 12, 0), (0, 14, 99), "'`session_len` truncated to N due to limited KV cache "
+                                                            "memory' (0.12-0.14)")]
+    m = _SEQ_DEFAULT.search(t) if "cache_block_seq_len" in t else None
+    if m:
+        read("block_seq_len_default", m.group(1))
+        return ev, clues + [_clue((0, 1, 0), (0, 2, 99), "'`cache_block_seq_len` is not set, default to' (<=0.2)")]
+    m = _CONFIG.search(t) if "EngineConfig(" in t else None
+    if m:
+        settings = tuple((k, float(v)) for k, v in _SETTING.findall(m.group(2)) if v != "None")
+        ev.append(EngineConfig(n, t, m.group(1).lower(), "updated backend_config" in t, settings))
+        return ev, clues
+    m = _CACHE_CONFIG.search(t) if "CacheConfig(" in t else None
+    # the PyTorch engine's repr once the count is set (max_batches= from 0.6, window_size= before); vLLM's
+    # CacheConfig repr has gpu_memory_utilization= and no window_size=
+    if (m and re.search(r"\bnum_gpu_blocks=\d", m.group(1)) and "gpu_memory_utilization=" not in m.group(1)
+            and ("max_batches=" in m.group(1) or "window_size=" in m.group(1))):
+        for key, value in _CACHE_FIELD.findall(m.group(1)):
+            read({"block_size": "pt_block_size", "cache_max_entry_count": "pt_ratio",
+                  "quant_policy": "pt_quant_policy", "max_prefill_token_num": "prefill_tokens"}.get(key, key), value)
+        return ev, clues
+    for needle, rx, keys in _SIMPLE:
+        m = rx.search(t) if needle in t else None
+        if m:
+            for key, value in zip(keys, m.groups()):
+                read(key, value)
+            return ev, clues
+    m = _RELEASE.search(t) if "LMDeploy: " in t else None
+    if m:
+        v = parse_version(m.group(1))
+        ev.append(Release(n, t, m.group(1)))
+        return ev, clues + [_clue(v, v, f"LMDeploy {m.group(1)} (check_env)")]
+    for needle, kind in _FAILURES:
+        at = t.find(needle)
+        if at >= 0:
+            ev.append(Failure(n, t, rank, "target", kind, quote(t[max(t.rfind("] ", 0, at) + 2, 0):] if kind == "oom"
+                                                               else t[at:]), oom_numbers(t)))
+            return ev, clues
+    m = _MODEL_KEY.search(t)
+    if m:
+        read(_MODEL_KEYS[m.group(1)], m.group(2))
+        return ev, clues
+    m = _MODEL_ARCH.search(t) if "model_arch" in t else None
+    if m:
+        ev.append(ModelArch(n, t, m.group(1)))
+        return ev, clues
+    return ev, clues
+
+
+#: events that are LMDeploy's own words (a startup needs one: a model-config key or an OOM alone is not)
+def _own(e: Event) -> bool:
+    if isinstance(e, EngineConfig):
+        return True
+    if isinstance(e, Failure):
+        return e.kind not in GENERIC_FAILURES or "[TM]" in e.text or "lmdeploy" in e.text
+    if isinstance(e, Reading):
+        return e.key not in _MODEL_KEYS.values()
+    return False
+
+
+class LMDeployParser:
+    name = ENGINE
+    anchors = ANCHORS
+    markers = MARKERS
+    request_markers: tuple[str, ...] = ("prompt=", "prompt_token_ids=")
+
+    def parse(self, lines: Iterable[Line]) -> list[Startup]:
+        startups: list[Startup] = []
+        events: list[Event] = []
+        clues: list[VersionRange] = []
+        first = last = 0
+        pool_seen = False
+        blocks_seen = 0
+
+        def flush() -> None:
+            # a TurboMind model-config dump (three keys or more) is LMDeploy's too: a WARNING-level log has nothing else
+            dump = sum(1 for e in events if isinstance(e, Reading) and e.key in _MODEL_KEYS.values()) >= 3
+            if any(_own(e) for e in events) or dump:
+                era = resolve(clues, VersionRange((0, 1, 0), None))
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, None))
+
+        def tp_of() -> int | None:
+            said = [v for e in events for k, v in (e.settings if isinstance(e, EngineConfig) else ()) if k == "tp"]
+            said += [e.value for e in events if isinstance(e, Reading) and e.key == "tp"]
+            return int(said[-1]) if said else None
+
+        for line in lines:
+            ev, cl = parse_line(line)
+            # a JSON model-config line is a quoted key and a number, the whole line: masking the key would hide it
+            if not (len(ev) == 1 and (isinstance(ev[0], ModelArch) or isinstance(ev[0], Reading)
+                                      and ev[0].key in _MODEL_KEYS.values())):
+                ev = unquoted(line, ev, lambda masked: parse_line(masked)[0])
+            if not ev:
+                continue
+            # the next start: a new engine config after a pool, or another pool once every rank has logged its
+            # own (TurboMind <=0.12 prints the block manager once per rank, untagged: the TP size tells them apart)
+            block = any(isinstance(e, Reading) and e.key == "block_mib" for e in ev)
+            tp = tp_of()
+            new_start = pool_seen and (
+                any(isinstance(e, EngineConfig) and not e.updated for e in ev)
+                or any(isinstance(e, Reading) and e.key == "object_budget_mib" for e in ev)
+                or (block and tp is not None and blocks_seen >= tp))
+            if new_start:
+                flush()
+                events, clues, pool_seen, blocks_seen = [], [], False, 0
+            if not events:
+                first = line.number
+            last = line.number
+            events.extend(ev)
+            clues.extend(cl)
+            blocks_seen += block
+            if any(isinstance(e, Reading) and e.key in ("max_block_count", "object_budget_mib", "num_gpu_blocks")
+                   for e in ev):
+                pool_seen = True
+        flush()
+        return startups

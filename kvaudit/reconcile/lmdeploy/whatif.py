@@ -1,0 +1,85 @@
+"""LMDeploy what-if: another cache_max_entry_count, quant_policy, session_len or TP size on the same free memory.
+
+The free memory after the weights is what the ratio applies to; the log states it only in some eras (TurboMind's
+0.13-0.14 SeqMgr line and 0.15+ object cache line, the PyTorch engine's DEBUG line). Elsewhere the pool bounds it:
+``blocks x block bytes / ratio`` (to one block): the what-if says it rests on that.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvaudit.parse.interface import Startup
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
+from kvaudit.reconcile.lmdeploy.settings import _policy_of
+from kvaudit.units import GIB
+
+RESERVE_LABEL = "left free: (1 - cache_max_entry_count) x free"
+
+
+def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
+    f0 = base.formula
+    changes = {k: getattr(new_opts, k) for k in ("mem_fraction_static", "kv_cache_dtype", "context_length", "tp_size")
+               if getattr(new_opts, k, None) is not None and getattr(new_opts, k) != getattr(opts, k, None)}
+    ratio0 = f0.mem_fraction_static or 0.8
+    ratio1 = new_opts.mem_fraction_static or ratio0
+    per_token = f0.bytes_per_token or f0.kv_bytes_per_token_logged
+    block = f0.page_size or 64
+    kv0 = base.ranks[0].kv_gib if base.ranks else None
+    free = f0.post_load_free_gib
+    explanation: list[str] = []
+    if free is None and kv0 is not None and ratio0 < 1:
+        free = kv0 / ratio0
+        assumed = (" (the ratio is assumed: the log does not state it; --log-mem-fraction-static gives the one the "
+                   "server ran with)"
+                   if (f0.mem_fraction_static_source or "").startswith("default") else "")
+        explanation.append(f"free after the weights not in the log: {kv0:.2f} GiB / {ratio0:g} = {free:.2f} GiB "
+                           f"implied by the pool (to one block){assumed}")
+    if free is None or not per_token or ratio1 >= 1:
+        why = ("cache_max_entry_count >= 1 is a block count: the pool is that many blocks" if ratio1 >= 1 else
+               "the log gives neither the free memory nor a pool to imply it, or the bytes per token")
+        return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
+                      (why,), reserve_label=RESERVE_LABEL)
+    cell = float(per_token)
+    qp = _policy_of(new_opts.kv_cache_dtype)
+    if qp is not None and not (base.model.kv_dtype_bytes and base.model.head_dim):
+        return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
+                      ("another quant_policy needs the head size: pass --model-config (config.json)",),
+                      reserve_label=RESERVE_LABEL)
+    if qp is not None:
+        d = base.model.head_dim
+        old = _per_elem(base.model.kv_dtype_bytes, d)
+        new = _per_elem({0: 2.0, 8: 1.0, 4: 0.5}[qp], d)
+        cell = cell * new / old
+        explanation.append(f"quant_policy {qp}: {per_token:,.0f} -> {cell:,.0f} B/token (data and scales per head)")
+    if new_opts.tp_size and base.model.attention_tp_size and new_opts.tp_size != base.model.attention_tp_size:
+        cell = cell * base.model.attention_tp_size / new_opts.tp_size
+        explanation.append(f"TP {base.model.attention_tp_size} -> {new_opts.tp_size}: bytes per token per GPU scale "
+                           "with the KV heads each rank holds; the free memory is assumed unchanged (approximate: "
+                           "the weights per GPU change too)")
+    budget = free * ratio1
+    blocks = math.floor(budget * GIB / (cell * block))
+    tokens = blocks * block
+    left = free - budget
+    explanation.append(f"KV = {free:.2f} GiB free x {ratio1:g} = {budget:.2f} GiB -> {blocks:,} blocks of {block} "
+                       f"tokens; {left:.2f} GiB stays free for activations")
+    said = next((r.source for r in base.formula_rows if r.quantity == "tokens per block"), "")
+    if said.startswith("default"):
+        explanation.append(f"the tokens per block are not in the log: {block} (the default) is assumed, so the token "
+                           "count is as good as that assumption; the block count is not")
+    session = new_opts.context_length
+    if session and session > tokens:
+        explanation.append(f"session_len {session:,} is more than the {tokens:,} tokens the pool would hold: "
+                           "one request could not reach it")
+    risk = "low" if left < opts.thresholds.low_headroom_gib else "ok"
+    # cache_max_entry_count >= 1 is an absolute block count in TurboMind <=0.14 (0.15+ takes fractions only; the
+    # PyTorch engine's num_gpu_blocks does the same)
+    pin = f"--cache-max-entry-count {blocks} (TurboMind <=0.14; PyTorch engine: num_gpu_blocks={blocks})"
+    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), kv0, round(budget, 2),
+                  round(free * (1 - ratio0), 2), round(left, 2), None, None, round(free * (1 - ratio0), 2),
+                  round(left, 2), risk, tuple(explanation), pin if blocks > 0 else None, reserve_label=RESERVE_LABEL)
+
+
+def _per_elem(elt: float, head_dim: int) -> float:
+    """Bytes per head and token: the data, plus a 16-bit scale and zero when quantised."""
+    return head_dim * elt + (4 if elt < 2 else 0)
