@@ -35,7 +35,7 @@ _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREA
            "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
            "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
            "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT,
-           "interrupted": ExitStatus.UNREACHABLE}
+           "interrupted": ExitStatus.UNREACHABLE, "bad_answer": ExitStatus.UNREACHABLE}
 
 
 def for_error(reason: str) -> ExitStatus:

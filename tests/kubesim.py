@@ -40,8 +40,22 @@ class FakePod:
     drip: float | None = None
     #: pods/exec accepts the websocket and never sends a frame (a hung container runtime)
     exec_hangs: bool = False
+    #: a hostile pods/exec: "frame" announces a 2 GiB stdout frame (and sends its first MiB), "stdout" floods
+    #: stdout with frames without end, "fragments" sends continuation frames of one message without end
+    exec_flood: str | None = None
+    #: fields that replace the pod object's (a malformed answer: {"spec": {"containers": None}}, a bad name)
+    malformed: dict | None = None
 
     def obj(self) -> dict:
+        doc = self._obj()
+        for key, value in (self.malformed or {}).items():
+            if isinstance(value, dict) and isinstance(doc.get(key), dict):
+                doc[key] = {**doc[key], **value}
+            else:
+                doc[key] = value
+        return doc
+
+    def _obj(self) -> dict:
         return {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels,
@@ -161,6 +175,8 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                              b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: "
                              + proto.encode() + b"\r\n\r\n")
+            if pod.exec_flood:
+                return self._flood(pod.exec_flood)
             if pod.exec_hangs:
                 try:
                     while self.rfile.read(1):  # until the client gives up and closes
@@ -184,6 +200,27 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             self.wfile.write(b"\x88\x02\x03\xe8")  # close, 1000
             self.wfile.flush()
             self.close_connection = True
+
+        def _flood(self, kind: str) -> None:
+            """Until the client closes: what a compromised API server or kubelet can send on an exec stream."""
+            try:
+                if kind == "frame":
+                    self.wfile.write(b"\x82\x7f" + struct.pack(">Q", 2 << 30) + b"\x01")
+                    for _ in range(16):
+                        self.wfile.write(b"0" * (64 << 10))
+                    self.wfile.flush()
+                    while self.rfile.read(1):
+                        pass
+                elif kind == "stdout":
+                    line = b"\x01" + b"0, GPU-0, H100, 00:19.0, 81559, 469, 74990, 6100, 580.95\n" * 500
+                    while True:
+                        self._frame(line)
+                elif kind == "fragments":
+                    self.wfile.write(b"\x02\x7e" + struct.pack(">H", 32 << 10) + b"\x01" + b"0" * ((32 << 10) - 1))
+                    while True:  # continuation frames (opcode 0), never the last (FIN clear)
+                        self.wfile.write(b"\x00\x7e" + struct.pack(">H", 32 << 10) + b"0" * (32 << 10))
+            except OSError:
+                return  # the client closed: what its bounds should make it do
 
         def _frame(self, payload: bytes) -> None:
             n = len(payload)

@@ -50,6 +50,15 @@ class Forbidden(CollectError):
     reason = "forbidden"  # RBAC: the verb and resource that are missing are named (exit 5)
 
 
+class BadAnswer(CollectError):
+    reason = "bad_answer"  # the API server answered with something no API server serves (exit 4)
+
+
+#: a pod or container name as Kubernetes admits it (an RFC 1123 label or subdomain): anything else in an answer
+#: is not a pod the API server could hold, and never reaches a report
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 @dataclass(frozen=True)
 class PodTarget:
     namespace: str
@@ -117,6 +126,12 @@ class KubeReader:
         start = time.monotonic()
         try:
             out = fn(*args, _request_timeout=(min(10.0, left), left), **kw)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            # the client's models refuse what no API server sends (a required field null, a field of another
+            # type, a document nested past the parser's depth): the server's fault, said in kvaudit's words
+            self.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
+            raise BadAnswer(f"the Kubernetes API's answer to '{what}' is not a valid Kubernetes object "
+                            f"({type(exc).__name__}: {printable(str(exc))[:200]})") from None
         except ApiException as exc:
             self.records.append(CommandRecord(what, exc.status, 0, time.monotonic() - start))
             raise _api_error(exc, what, verb, resource, ns) from None
@@ -131,12 +146,16 @@ class KubeReader:
         return out
 
     def pod(self, ns: str, name: str) -> Any:
-        return self.call("get", "pods", ns, f"/{name}", self.api().read_namespaced_pod, name, ns)
+        return _valid_pod(self.call("get", "pods", ns, f"/{name}", self.api().read_namespaced_pod, name, ns),
+                          f"get pods {ns}/{name}")
 
     def pods(self, ns: str, selector: str) -> list[Any]:
         found = self.call("list", "pods", ns, f" -l {selector}", self.api().list_namespaced_pod, ns,
                           label_selector=selector)
-        return list(found.items or [])
+        items = getattr(found, "items", None) or []
+        if not isinstance(items, list):
+            raise BadAnswer(f"the Kubernetes API's pod list for '-l {selector}' in {ns} is not a list")
+        return [_valid_pod(p, f"list pods {ns} -l {selector}") for p in items]
 
     def log(self, ns: str, name: str, container: str, previous: bool) -> bytes:
         resp = self.call("get", "pods/log", ns, f"/{name} container={container}" + (" previous" if previous else ""),
@@ -202,6 +221,22 @@ def _core_api(kubeconfig: str | None) -> Any:
         raise KubeError(f"no usable kubeconfig ({where}): {printable(str(exc)).splitlines()[0][:300]}") from None
     cfg.retries = 1  # one retry for a blip; a down API server is said within the deadline, not after three
     return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def _valid_pod(pod: Any, what: str) -> Any:
+    """The pod as the API server answered it, if it is one kvaudit can read: a name and containers with names, all
+    as Kubernetes admits them (the client leaves optional fields null; a hostile server may fill them with
+    anything)."""
+    meta, spec = getattr(pod, "metadata", None), getattr(pod, "spec", None)
+    name = getattr(meta, "name", None)
+    containers = getattr(spec, "containers", None)
+    ok = (isinstance(name, str) and _NAME.fullmatch(name) is not None and isinstance(containers, list)
+          and bool(containers) and all(isinstance(getattr(c, "name", None), str) and _NAME.fullmatch(c.name)
+                                       for c in containers))
+    if not ok:
+        raise BadAnswer(f"the Kubernetes API's answer to '{what}' is not a pod kvaudit can read (a pod needs a "
+                        "name and named containers, as Kubernetes admits them)")
+    return pod
 
 
 def _api_error(exc: Any, what: str, verb: str, resource: str, ns: str) -> CollectError:
@@ -391,19 +426,47 @@ class PodExecRunner:
                                     f"'{self.namespace}' (kvaudit reads nvidia-smi in the container when it does)"
                                     ) from None
             raise ExecForbidden(f"no GPU readings: pods/exec failed: {text[:200]}") from None
-        out, err = bytearray(), bytearray()
-        truncated = False
+        out, err, status = bytearray(), bytearray(), bytearray()
+        truncated = closed = False
+        # the client's update() reads every frame already available before it returns, whole, and keeps two copies:
+        # a server that floods stdout or announces a 2 GiB frame held the run in there (776 MB at 600 s, 6 GB).
+        # The frames are read here one at a time, each bounded before its payload is read, and the whole exchange
+        # by the command's share of the host deadline (a watchdog closes the socket)
+        sock = ws.sock
+        cap = max(max_bytes, 64 << 10) + (64 << 10)
+        _bound_frames(sock, cap)
+        dog = Watchdog(max(0.0, timeout - (time.monotonic() - start)), lambda: _shut(sock))
         try:
-            while ws.is_open() and time.monotonic() - start < timeout:
-                ws.update(timeout=min(1.0, max(0.0, timeout - (time.monotonic() - start))))
-                out += ws.read_channel(1)
-                chunk = ws.read_channel(2)
-                err += chunk[:max(0, (16 << 10) - len(err))]
-                if len(out) > max_bytes:
-                    truncated = True
-                    del out[max_bytes:]
-                    break
-            rc = None if ws.is_open() else _exit_code(ws.read_channel(3), err)
+            with dog:
+                while not closed:
+                    try:
+                        opcode, frame = sock.recv_data_frame(True)
+                    except _OversizedFrame as exc:
+                        raise ExecForbidden(f"no GPU readings: pods/exec sent a frame of {exc.size:,} bytes, over "
+                                            f"kvaudit's bound of {cap:,} (nvidia-smi prints kilobytes)") from None
+                    except Exception:  # noqa: BLE001 - the read the watchdog interrupted, or a connection that ended
+                        if dog.fired:
+                            break
+                        closed = True
+                        break
+                    if opcode == 0x8:  # close
+                        closed = True
+                        break
+                    data = bytes(frame.data or b"")
+                    if not data:
+                        continue
+                    channel, payload = data[0], data[1:]
+                    if channel == 1:
+                        out += payload
+                        if len(out) > max_bytes:
+                            truncated = True
+                            del out[max_bytes:]
+                            break
+                    elif channel == 2:
+                        err += payload[:max(0, (16 << 10) - len(err))]
+                    elif channel == 3:
+                        status += payload[:max(0, (64 << 10) - len(status))]
+            rc = _exit_code(bytes(status), err) if status or (closed and not dog.fired) else None
         finally:
             ws.close()
         return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
@@ -412,6 +475,41 @@ class PodExecRunner:
         return [self.run(c, timeout, max_bytes) for c in commands]
 
     def close(self) -> None:
+        pass
+
+
+class _OversizedFrame(Exception):
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
+
+
+def _bound_frames(sock: Any, cap: int) -> None:
+    """Refuse a websocket frame, or a message of continuation frames, longer than ``cap`` bytes before its payload
+    is read (websocket-client reads a frame whole, of the length its header announces)."""
+    frames, fragments = sock.frame_buffer, sock.cont_frame
+    read_length, add = frames.recv_length, fragments.add
+
+    def recv_length() -> None:
+        read_length()
+        if frames.length is not None and frames.length > cap:
+            raise _OversizedFrame(frames.length)
+
+    def add_fragment(frame: Any) -> None:
+        held = len(fragments.cont_data[1]) if fragments.cont_data else 0
+        if held + len(frame.data) > cap:
+            raise _OversizedFrame(held + len(frame.data))
+        add(frame)
+
+    frames.recv_length = recv_length
+    fragments.add = add_fragment
+
+
+def _shut(sock: Any) -> None:
+    """End a blocked read on the exec websocket (the watchdog's deadline)."""
+    try:
+        sock.sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, AttributeError):
         pass
 
 

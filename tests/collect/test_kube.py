@@ -3,6 +3,8 @@ loopback (tests/kubesim.py) answering with real-shaped objects (issue 12, items 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvaudit.status import ExitStatus
@@ -207,3 +209,49 @@ def test_a_pod_exec_that_never_answers_is_bounded_by_the_host_deadline(tmp_path)
     d = r.json()
     assert d["formula"]["logged_tokens"] and not d["gpus"]
     assert took < 8 + 25, took  # the deadline plus a margin for a loaded machine
+
+
+@pytest.mark.parametrize("kind", ["frame", "stdout", "fragments"])
+def test_a_hostile_pod_exec_stream_is_bounded(tmp_path, kind):
+    """issue 21, item 2: the client read a websocket frame whole at the length its header announced (2 GiB: 6 GB
+    of memory), and its update() kept reading while frames kept coming (a stdout flood: 776 MB at 600 s). Frames
+    are now bounded before their payload is read, messages of continuation frames too, and the output of a
+    command at its byte bound: the log is audited, the readings are said missing or cut, memory stays small."""
+    import subprocess
+    import sys
+
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, exec_flood=kind)
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "cfg", url)
+        # a child of its own, so that its peak memory is its own (RUSAGE_CHILDREN of a fresh interpreter)
+        probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                 "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                 "sys.stdout.write(r.stdout)")
+        r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvaudit", "check", "k8s:llm/kimi-0",
+                            "--kubeconfig", str(cfg), "-c", str(KIMI_CONFIG), "--timeout", "20", "-f", "json"],
+                           capture_output=True, text=True, timeout=120)
+    code, peak_kib, out = r.stdout.split("\n", 2)
+    assert int(code) == ExitStatus.PARTIAL_DATA, r.stdout + r.stderr
+    d = json.loads(out)
+    assert d["formula"]["logged_tokens"]  # the log, read before the exec, is audited
+    assert int(peak_kib) < 400 * 1024, peak_kib  # a bound on behaviour: far below the 2 GiB the frame announced
+    if kind == "frame":
+        assert any("over kvaudit's bound" in p for p in d["host"]["partial"]), d["host"]["partial"]
+
+
+@pytest.mark.parametrize("malformed,said", [
+    ({"spec": {"containers": None}}, "not a valid Kubernetes object"),  # the client's models refuse it
+    ({"metadata": {"name": "kimi-0\x1b]8;;http://x\x07"}}, "not a pod kvaudit can read"),  # no pod is named so
+    ({"spec": {"containers": [{"name": 7, "image": "x"}]}}, "not a valid Kubernetes object"),
+])
+def test_a_malformed_api_answer_is_the_servers_failure_in_kvaudits_words(tmp_path, malformed, said):
+    """issue 21, item 3: the kubernetes client's validation errors (a required field null, a field of another type)
+    were exit 70 'a bug in kvaudit'; a name no pod can have reached the report. Now exit 4, one sentence."""
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, malformed=malformed)
+    for target, extra in (("k8s:llm/kimi-0", ()), ("k8s:llm", ("-l", "app=kimi"))):
+        pod.labels = {"app": "kimi"}
+        with api_server([pod]) as (url, _):
+            cfg = kubeconfig(tmp_path / "cfg", url)
+            r = cli("check", target, *extra, "--kubeconfig", cfg, "-c", KIMI_CONFIG, "--timeout", "20")
+        assert r.code == ExitStatus.UNREACHABLE, (target, r.code, r.stderr, r.stdout)
+        assert said in r.stdout + r.stderr and "Traceback" not in r.stderr and "\x1b" not in r.stdout + r.stderr
