@@ -123,15 +123,15 @@ def _collect_pod(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog,
     reader = kube.KubeReader(opts.kubeconfig, opts.deadline_s)
     anchors = all_anchors()
 
-    def has_startup(data: bytes) -> bool:
+    def has_startup(lines: list[tuple[int, str]]) -> bool:
         try:
-            parse_lines(_cleaned(kube.lines_of(data, anchors)))
+            parse_lines(_cleaned(lines))
             return True
         except NoStartupError:
             return False
 
-    log = kube.read_logs(reader, t, process_names(), has_startup)
-    lines = kube.lines_of(log.data, anchors)
+    log = kube.read_logs(reader, t, process_names(), anchors, has_startup)
+    lines = list(log.lines)
     try:
         parsed = parse_lines(_cleaned(lines))
     except NoStartupError:

@@ -289,19 +289,21 @@ def endpoint_hint(pod: Any, container: str) -> str:
     return f"http://{ip}:{port}" if ip and port else "http://POD_IP:PORT"
 
 
-def merge(logs: list[bytes]) -> bytes:
-    """Several pods' logs as one, in time order (each line carries its ``timestamps=true`` prefix; a line
-    without one keeps its place after the line before it). Stable: equal times keep their pod order."""
+def merge(logs: list[list[tuple[int, str]]]) -> list[tuple[int, str]]:
+    """Several pods' selected lines as one sequence in time order (each line carries its ``timestamps=true``
+    prefix; a line without one keeps its place after the line before it), numbered in that order. Stable: equal
+    times keep their pod order. Only the selected lines are merged (a group of 64 MiB logs of short lines was
+    every line of every pod in memory at once: 8 GB for eight pods)."""
     keyed = []
-    for i, data in enumerate(logs):
+    for i, lines in enumerate(logs):
         last = b""
-        for n, line in enumerate(data.splitlines()):
-            m = _STAMP.match(line)
+        for n, (_, text) in enumerate(lines):
+            m = _STAMP.match(text.encode("utf-8", "replace"))
             if m:
                 last = _utc_key(m.group(1))
-            keyed.append((last, i, n, line))
+            keyed.append((last, i, n, text))
     keyed.sort(key=lambda k: (k[0], k[1], k[2]))
-    return b"\n".join(k[3] for k in keyed) + b"\n"
+    return [(number, k[3]) for number, k in enumerate(keyed, 1)]
 
 
 def _utc_key(stamp: bytes) -> bytes:
@@ -313,17 +315,21 @@ def _utc_key(stamp: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class PodLog:
-    data: bytes
+    """The selected lines of the pod's (or the group's, merged) log, and how many bytes were read for them."""
+
+    lines: tuple[tuple[int, str], ...]
+    bytes_read: int
     source: str
     notes: tuple[str, ...]
     pods: tuple[Any, ...]
     container: str
 
 
-def read_logs(reader: KubeReader, target: PodTarget, engine_names: tuple[str, ...],
-              has_startup: Callable[[bytes], bool]) -> PodLog:
-    """The pod's (or the group's) log, from the latest instances; a container whose latest instance has no
-    startup is read from its previous instance when it has one."""
+def read_logs(reader: KubeReader, target: PodTarget, engine_names: tuple[str, ...], anchors: tuple[bytes, ...],
+              has_startup: Callable[[list[tuple[int, str]]], bool]) -> PodLog:
+    """The pod's (or the group's) selected log lines, from the latest instances; a container whose latest instance
+    has no startup is read from its previous instance when it has one. Each pod's log is reduced to its selected
+    lines as soon as it is read."""
     if target.pod:
         pods = [reader.pod(target.namespace, target.pod)]
     else:
@@ -336,25 +342,36 @@ def read_logs(reader: KubeReader, target: PodTarget, engine_names: tuple[str, ..
     pods.sort(key=lambda p: p.metadata.name)
     container = _container(pods[0], target.container, engine_names)
     notes: list[str] = []
-    logs: list[bytes] = []
+    logs: list[list[tuple[int, str]]] = []
+    read = 0
     for pod in pods:
         c = container if container in [x.name for x in pod.spec.containers] else _container(pod, None, engine_names)
         data = reader.log(target.namespace, pod.metadata.name, c, previous=False)
+        read += len(data)
+        lines, flooded = lines_of(data, anchors)
+        del data
         restarts = _restarts(pod, c)
-        if not has_startup(data) and restarts > 0:
+        if not has_startup(lines) and restarts > 0:
             prev = reader.log(target.namespace, pod.metadata.name, c, previous=True)
-            if has_startup(prev):
+            read += len(prev)
+            prev_lines, prev_flooded = lines_of(prev, anchors)
+            del prev
+            if has_startup(prev_lines):
                 notes.append(f"pod {pod.metadata.name}: container {c} restarted ({restarts}x) and its latest "
                              "instance holds no startup: read the previous instance's log (previous=true); the "
                              "running server may differ from it")
-                data = prev
-        logs.append(data)
+                lines, flooded = prev_lines, prev_flooded
+        if flooded:
+            notes.append(f"pod {pod.metadata.name}: {flooded:,} memory lines in the middle of a flood of them were "
+                         "skipped (the first and last 10,000 are read)")
+        logs.append(lines)
     names = ", ".join(p.metadata.name for p in pods)
     source = (f"k8s pod {target.namespace}/{pods[0].metadata.name} container={container}" if target.pod else
               f"k8s pods {target.namespace} -l {target.selector} ({names}) container={container}")
     if any("previous instance" in n for n in notes):
         source += " (previous instance)"
-    return PodLog(logs[0] if len(logs) == 1 else merge(logs), source, tuple(notes), tuple(pods), container)
+    merged = logs[0] if len(logs) == 1 else merge(logs)
+    return PodLog(tuple(merged), read, source, tuple(notes), tuple(pods), container)
 
 
 def collected(target: str, log: PodLog, lines: list[tuple[int, str]], records: list[CommandRecord],
@@ -367,20 +384,22 @@ def collected(target: str, log: PodLog, lines: list[tuple[int, str]], records: l
 def no_startup(target: PodTarget, log: PodLog) -> NoEngineFound:
     hint = endpoint_hint(log.pods[0], log.container)
     return NoEngineFound(
-        f"{target}: no engine startup in the container's log ({len(log.data):,} bytes read): the kubelet rotates "
+        f"{target}: no engine startup in the container's log ({log.bytes_read:,} bytes read): the kubelet rotates "
         f"container logs and the API returns only the newest file, so on a busy server the startup is gone "
         f"within hours; audit the live server from its own endpoints instead: kvaudit check {hint}")
 
 
-def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> list[tuple[int, str]]:
+def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> tuple[list[tuple[int, str]], int]:
     """The selected lines of one pod's log, bounded as a file's are (the first and last FLOOD_KEEP: a log of
-    short anchor lines must not become millions of objects per pod)."""
-    from kvaudit.parse.lines import InputError, ScanStats, bounded_lines, scan
+    short anchor lines must not become millions of objects per pod), and how many were skipped between them."""
+    from kvaudit.parse.lines import InputError, ScanStats, bounded_lines, scan_fast
 
+    stats = ScanStats()
     try:
-        return [(ln.number, ln.text) for ln in bounded_lines(scan(io.BytesIO(data), anchors), ScanStats())]
+        lines = [(ln.number, ln.text) for ln in bounded_lines(scan_fast(io.BytesIO(data), anchors, stats), stats)]
     except InputError:
-        return []
+        return [], 0
+    return lines, stats.flooded_lines
 
 
 # ------------------------------------------------------------------------------------------------------------

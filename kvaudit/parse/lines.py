@@ -134,12 +134,16 @@ def with_transport(anchors: tuple[bytes, ...]) -> tuple[bytes, ...]:
 
 
 def scan(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:
-    """Yield the cleaned lines of ``stream`` that contain at least one anchor.
+    """Yield the cleaned lines of ``stream`` that contain at least one anchor (of a flood, the first and last
+    :data:`FLOOD_KEEP`).
 
     Raises :class:`InputError` for input that is empty or binary.
     """
-    anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
+    yield from _kept(_scan_raw(stream, with_transport(anchors), stats), stats)
+
+
+def _scan_raw(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats) -> Iterator[tuple[int, bytes]]:
     carry = b""
     line_base = 1  # line number of the first line in the current buffer
     skipping = False  # inside an overlong line, dropping bytes until its newline
@@ -190,7 +194,8 @@ def scan(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None =
         yield from _select(carry + b"\n", line_base, anchors, stats)
 
 
-def _select(body: bytes, line_base: int, anchors: tuple[bytes, ...], stats: ScanStats) -> Iterator[Line]:
+def _select(body: bytes, line_base: int, anchors: tuple[bytes, ...], stats: ScanStats) -> Iterator[tuple[int, bytes]]:
+    """The selected lines of ``body`` as (line number, raw bytes), in order (an overlong one counted, not kept)."""
     starts: set[int] = set()
     for anchor in anchors:
         pos = body.find(anchor)
@@ -212,9 +217,32 @@ def _select(body: bytes, line_base: int, anchors: tuple[bytes, ...], stats: Scan
         if len(raw) > MAX_LINE_BYTES:
             stats.overlong_lines += 1
             continue
-        for text in clean(raw.decode("utf-8", "replace")):
-            stats.lines_kept += 1
-            yield Line(number, text)
+        yield number, raw
+
+
+def _kept(pairs: Iterable[tuple[int, bytes]], stats: ScanStats) -> Iterator[Line]:
+    """The cleaned lines of the first and last :data:`FLOOD_KEEP` selected raw lines; the middle of a flood is only
+    counted. Only what is kept is decoded and cleaned: a log of a million short anchor lines costs what finding
+    them costs, not what parsing them would."""
+    head = 0
+    tail: deque[tuple[int, bytes]] = deque(maxlen=FLOOD_KEEP)
+    beyond = 0
+    for number, raw in pairs:
+        if head < FLOOD_KEEP:
+            head += 1
+            yield from _cleaned(number, raw, stats)
+        else:
+            tail.append((number, raw))
+            beyond += 1
+    stats.flooded_lines += max(0, beyond - FLOOD_KEEP)
+    for number, raw in tail:
+        yield from _cleaned(number, raw, stats)
+
+
+def _cleaned(number: int, raw: bytes, stats: ScanStats) -> Iterator[Line]:
+    for text in clean(raw.decode("utf-8", "replace")):
+        stats.lines_kept += 1
+        yield Line(number, text)
 
 
 def _grep() -> str | None:
@@ -259,13 +287,15 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         feeder.start()
     assert proc.stdout is not None
     last = 0
-    try:
+
+    def selected() -> Iterator[tuple[int, bytes]]:
+        nonlocal last
         for number, body in _grep_output(proc.stdout, stats):
-            last = number
-            stats.lines_read = number
-            for text in clean(body.decode("utf-8", "replace")):
-                stats.lines_kept += 1
-                yield Line(number, text)
+            last = stats.lines_read = number
+            yield number, body
+
+    try:
+        yield from _kept(selected(), stats)
     finally:
         proc.stdout.close()
         err = proc.stderr.read(4096) if proc.stderr else b""

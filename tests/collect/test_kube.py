@@ -255,3 +255,32 @@ def test_a_malformed_api_answer_is_the_servers_failure_in_kvaudits_words(tmp_pat
             r = cli("check", target, *extra, "--kubeconfig", cfg, "-c", KIMI_CONFIG, "--timeout", "20")
         assert r.code == ExitStatus.UNREACHABLE, (target, r.code, r.stderr, r.stdout)
         assert said in r.stdout + r.stderr and "Traceback" not in r.stderr and "\x1b" not in r.stdout + r.stderr
+
+
+def test_a_group_of_pods_flooding_short_anchor_lines_stays_bounded(tmp_path):
+    """issue 21, item 2: an 8-pod group of 64 MiB logs of short anchor lines took 8 GB (every line of every pod
+    split and merged) and tens of seconds of scanning. Each pod's log is now reduced to its first and last 10,000
+    selected lines as it is read, only those are decoded and merged, and the skipped middle is said. Scaled down
+    here (4 pods x 16 MiB): the bound is on behaviour (peak memory of the audit), not on speed."""
+    import subprocess
+    import sys
+
+    flood = "".join(f"2026-11-29T10:00:{i % 60:02d}.000000000Z KV Cache is allocated. #tokens: 1\n"
+                    for i in range(2000))
+    body = flood * max(1, (16 << 20) // len(flood))
+    pods = [FakePod("llm", f"kimi-{i}", [SGLANG], {("sglang", False): pod_log(JOURNAL) + body},
+                    labels={"app": "kimi"}) for i in range(4)]
+    with api_server(pods) as (url, _):
+        cfg = kubeconfig(tmp_path / "cfg", url)
+        probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                 "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                 "sys.stdout.write(r.stdout)")
+        r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvaudit", "check", "k8s:llm",
+                            "-l", "app=kimi", "--kubeconfig", str(cfg), "-c", str(KIMI_CONFIG), "--timeout", "120",
+                            "-f", "json"], capture_output=True, text=True, timeout=300)
+    code, peak_kib, out = r.stdout.split("\n", 2)
+    assert int(code) == ExitStatus.PARTIAL_DATA, r.stdout + r.stderr
+    d = json.loads(out)
+    assert d["formula"]["logged_tokens"]  # the startup at the head of each log is read
+    assert int(peak_kib) < 250 * 1024, peak_kib
+    assert any("were skipped" in n for n in d["host"]["notes"]), d["host"]["notes"]
