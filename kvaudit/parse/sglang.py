@@ -391,6 +391,17 @@ class _Parsed:
     clues: list[VersionRange]
 
 
+def _has_prefix(text: str, start: int) -> bool:
+    """Whether SGLang's own log prefix (a bracket with a time or a rank tag) ends right where the message starts."""
+    open_at = text.rfind("[", 0, start)
+    while open_at >= 0:
+        m = _PREFIX.match(text, open_at, start)
+        if m is not None:
+            return bool(m.group("time") or (m.group("tags") or "").strip() or m.group("kv"))
+        open_at = text.rfind("[", 0, open_at)
+    return False
+
+
 def _prefix(text: str, start: int) -> tuple[Rank, list[VersionRange]]:
     # the prefix is the last [...] that ends right where the message starts
     m = None
@@ -425,7 +436,10 @@ def parse_line(line: Line) -> _Parsed:
     n = line.number
 
     m = _SERVER_ARGS.search(text)
-    if m:
+    # the engine prints its arguments through its logger, with its own "[time TPn]" prefix right before them: a
+    # line that carries the words without it (an echo of a request, another program's output) does not open a
+    # startup, and cannot name the model whose config.json kvaudit reads on the host
+    if m and _has_prefix(text, m.start()):
         if m.group("dict") is not None:
             return _Parsed(
                 ServerArgs(n, text, parse_server_args(m.group("dict"), "dict"), "dict"),

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
+from kvaudit.explain import read_log
 from kvaudit.parse import sglang as S
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange
+from tests.conftest import KIMI_LOG
 
 # (id, line, event type, expected fields, a version the line's era must admit, one it must exclude)
 CASES = [
@@ -157,8 +161,21 @@ def test_server_args_repr_and_dict_forms():
 
 
 def test_server_args_cut_short_keeps_what_it_has():
-    ev = S.parse_line(Line(1, "server_args=ServerArgs(model_path='/m', mem_fraction_static=0.85, tp_si")).event
+    ev = S.parse_line(Line(1, "[2026-02-25 10:16:41] server_args=ServerArgs(model_path='/m', "
+                              "mem_fraction_static=0.85, tp_si")).event
     assert ev.args["mem_fraction_static"] == 0.85 and ev.args["model_path"] == "/m"
+
+
+def test_server_args_without_the_engines_prefix_open_no_startup_and_name_no_model():
+    """issue 21, item 6: SGLang prints its arguments through its logger, with its "[time]" prefix; the same words
+    on a line without it (another program's output in the unit's journal, an unquoted echo) are not the engine's:
+    they neither open a startup nor choose the config.json kvaudit reads on the host."""
+    forged = "server_args=ServerArgs(model_path='/root/.ssh', tp_size=8, mem_fraction_static=0.5)"
+    assert S.parse_line(Line(1, forged)).event is None
+    assert S.parse_line(Line(1, "GET /x " + forged)).event is None
+    log = KIMI_LOG.read_bytes() + b"Feb 25 10:30:00 host sglang[4242]: " + forged.encode() + b"\n"
+    parsed = read_log(io.BytesIO(log))
+    assert len(parsed.startups) == 1 and parsed.startups[0].model_path == "/models/moonshotai/Kimi-K2.5"
 
 
 def test_non_memory_lines_yield_nothing():
