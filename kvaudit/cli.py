@@ -11,6 +11,7 @@ from typing import IO, BinaryIO, Optional
 import typer
 
 from kvaudit import __version__
+from kvaudit.errors import KvauditError
 from kvaudit.status import ExitStatus
 from kvaudit.textsafe import printable
 
@@ -54,12 +55,11 @@ def _opt(panel: str, *args, **kw):
     return typer.Option(*args, rich_help_panel=panel, **kw)
 
 
-class Fail(Exception):
-    """A clean, one-line failure with its exit status."""
+class Fail(KvauditError):
+    """A clean, one-line failure of the command line itself, with its exit status."""
 
     def __init__(self, message: str, status: ExitStatus = ExitStatus.BAD_INPUT):
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, int(status))
 
 
 def _version(value: bool) -> None:
@@ -127,12 +127,9 @@ def _open_log(file: str):
 def _geometry(path: Optional[Path]):
     if path is None:
         return None
-    from kvaudit.model_config import ConfigError, load_config
+    from kvaudit.model_config import load_config
 
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise Fail(str(exc)) from None
+    return load_config(path)
 
 
 def _check_format(fmt: str, command: str = "") -> str:
@@ -183,7 +180,6 @@ def explain(
 ) -> int:
     """Read a startup log and account for every GiB per GPU."""
     from kvaudit.explain import audit
-    from kvaudit.parse.lines import InputError
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report import renderer
     from kvaudit.status import for_audits
@@ -201,10 +197,7 @@ def explain(
     )
     log = _open_log(file)
     rules = _ignore_rules(ignore, baseline)
-    try:
-        audits = audit(log, opts, startup, all_startups)
-    except InputError as exc:  # a --startup the input does not hold
-        raise Fail(str(exc)) from None
+    audits = audit(log, opts, startup, all_startups)
     from kvaudit import ignores
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
@@ -249,7 +242,6 @@ def whatif(
 
     from kvaudit.explain import what_if
     from kvaudit.model_config import DTYPE_BYTES
-    from kvaudit.parse.lines import InputError
     from kvaudit.reconcile.interface import AuditOptions
 
     if fmt not in ("text", "json"):
@@ -293,10 +285,7 @@ def whatif(
         if own is not None and flag != own:
             # the engine's own words: a fraction of another engine means something else (of what, and when)
             raise Fail(f"{flag} is not {log.engine.display}'s setting; this is a {log.engine.display} log: use {own}")
-    try:
-        audit, w = what_if(log, base, new, startup)
-    except InputError as exc:
-        raise Fail(str(exc)) from None
+    audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     if fmt == "json":
@@ -401,7 +390,6 @@ def check(
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
-    from kvaudit.parse.lines import InputError
     from kvaudit.report import host as host_report
     from kvaudit.status import for_host
 
@@ -419,12 +407,9 @@ def check(
                           baseline or (Path(st.baseline) if st.baseline else None))
     from kvaudit.fleet import preflight
 
-    try:
-        preflight.check(output=str(output) if output else None,
-                        textfile_dir=str(textfile_dir) if textfile_dir else None,
-                        ssh_config=str(ssh_config) if ssh_config else None)
-    except preflight.PreflightError as exc:
-        raise Fail(str(exc)) from None
+    preflight.check(output=str(output) if output else None,
+                    textfile_dir=str(textfile_dir) if textfile_dir else None,
+                    ssh_config=str(ssh_config) if ssh_config else None)
     if endpoint is not None:
         _check_target(endpoint, endpoint_only=True)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
@@ -433,14 +418,11 @@ def check(
     import time as _time
 
     t0 = _time.time()
-    try:
-        h = run_check(target, opts)
-        if endpoint is not None:
-            from kvaudit.check import cross_check
+    h = run_check(target, opts)
+    if endpoint is not None:
+        from kvaudit.check import cross_check
 
-            h = cross_check(h, endpoint, opts)
-    except InputError as exc:
-        raise Fail(str(exc)) from None
+        h = cross_check(h, endpoint, opts)
     from kvaudit import ignores
 
     # a host is the name it was given, never what it reports (issue 21, item 5): a compromised host answering
@@ -575,10 +557,7 @@ def fleet(
     from kvaudit.status import for_fleet
 
     fmt = _check_format(fmt, "fleet")
-    try:
-        file_settings, _ = settings.load(str(config) if config else None, no_config, _announce)
-    except settings.SettingsError as exc:
-        raise Fail(str(exc)) from None
+    file_settings, _ = settings.load(str(config) if config else None, no_config, _announce)
     st = settings.merge(file_settings, parallel=parallel, timeout=timeout, run_timeout=run_timeout,
                         connect_timeout=connect_timeout, unit=unit, source=source,
                         journal_directory=journal_directory, ssh_config=str(ssh_config) if ssh_config else None,
@@ -589,25 +568,19 @@ def fleet(
                           baseline or (Path(st.baseline) if st.baseline else None))
     from kvaudit.fleet import preflight
 
-    try:
-        preflight.check(output=str(output) if output else None, html=st.html, csv=st.csv, parquet=parquet,
-                        history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
-    except preflight.PreflightError as exc:
-        raise Fail(str(exc)) from None
-    try:
-        if inventory and inventory.startswith("k8s:"):
-            fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
-                                              st.timeout)
-        elif selector is not None:
-            raise Fail("-l/--selector goes with a k8s:NAMESPACE inventory")
-        elif inventory:
-            fleet_hosts = inv.load(inventory, hosts)
-        elif st.ssh_config and hosts:
-            fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
-        else:
-            raise Fail("name an inventory, or --ssh-config FILE with --hosts PATTERN")
-    except inv.InventoryError as exc:
-        raise Fail(str(exc)) from None
+    preflight.check(output=str(output) if output else None, html=st.html, csv=st.csv, parquet=parquet,
+                    history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
+    if inventory and inventory.startswith("k8s:"):
+        fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
+                                          st.timeout)
+    elif selector is not None:
+        raise Fail("-l/--selector goes with a k8s:NAMESPACE inventory")
+    elif inventory:
+        fleet_hosts = inv.load(inventory, hosts)
+    elif st.ssh_config and hosts:
+        fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
+    else:
+        raise Fail("name an inventory, or --ssh-config FILE with --hosts PATTERN")
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
@@ -635,7 +608,7 @@ def fleet(
     def attempt(what: str, fn) -> None:  # noqa: ANN001
         try:
             fn()
-        except (OSError, Fail) as exc:
+        except (OSError, KvauditError) as exc:
             failed_writes.append(f"{what}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
         except Exception as exc:  # an export library's own error (pandas, pyarrow, sqlite)
             failed_writes.append(f"{what}: {type(exc).__name__}: {exc}")
@@ -647,13 +620,10 @@ def fleet(
 
         def record() -> None:
             nonlocal drift, prev
-            try:
-                run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
-                                     [host_summary(n, h) for n, h in results],
-                                     [r for n, h in results for r in gpu_rows(n, h)])
-                prev, drift = hist.drift(st.history, run_id)
-            except hist.HistoryError as exc:
-                raise Fail(str(exc)) from None
+            run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
+                                 [host_summary(n, h) for n, h in results],
+                                 [r for n, h in results for r in gpu_rows(n, h)])
+            prev, drift = hist.drift(st.history, run_id)
 
         attempt(f"--history {st.history}", record)
     if st.textfile_dir and not run.interrupted:
@@ -683,10 +653,7 @@ def fleet(
         from kvaudit.report import table_export
 
         def export() -> None:
-            try:
-                table_export.write(results, st.csv, parquet)
-            except table_export.ExportError as exc:
-                raise Fail(str(exc)) from None
+            table_export.write(results, st.csv, parquet)
 
         attempt(f"--csv {st.csv}", export)
     from kvaudit.report import fleet as fleet_report
@@ -722,10 +689,7 @@ def _settings(config: Optional[Path], no_config: bool):
     """kvaudit.toml for check, capture and history (fleet reads it itself, with its own keys)."""
     from kvaudit.fleet import settings
 
-    try:
-        st, _ = settings.load(str(config) if config else None, no_config, _announce)
-    except settings.SettingsError as exc:
-        raise Fail(str(exc)) from None
+    st, _ = settings.load(str(config) if config else None, no_config, _announce)
     return st
 
 
@@ -740,10 +704,7 @@ def _host_settings(config: Optional[Path], no_config: bool, **flags):
 def _ignore_rules(ignore: list[str], baseline: Optional[Path]):
     from kvaudit import ignores
 
-    try:
-        return ignores.parse(list(ignore), str(baseline) if baseline else None)
-    except ignores.IgnoreError as exc:
-        raise Fail(str(exc)) from None
+    return ignores.parse(list(ignore), str(baseline) if baseline else None)
 
 
 def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | None) -> str:
@@ -800,10 +761,7 @@ def history_cmd(
     if not history.exists():
         raise Fail(f"history file {history} does not exist")
     if host is None:
-        try:
-            hosts, runs = hist.overview(str(history))
-        except hist.HistoryError as exc:
-            raise Fail(str(exc)) from None
+        hosts, runs = hist.overview(str(history))
         if fmt == "json":
             _env.stdout.write(_json.dumps({"runs": runs, "hosts": hosts}, indent=2) + "\n")
             return 0
@@ -817,10 +775,7 @@ def history_cmd(
                                            [(h["host"], str(h["runs"]), h["status"], h["last_run"]) for h in hosts]))
                           + "\n")
         return 0
-    try:
-        rows = hist.host_history(str(history), host, limit)
-    except hist.HistoryError as exc:
-        raise Fail(str(exc)) from None
+    rows = hist.host_history(str(history), host, limit)
     if not rows:
         raise Fail(f"{host}: not in {history}")
     if fmt == "json":
@@ -847,7 +802,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
-    except Fail as exc:
+    except KvauditError as exc:  # every module's explained failure, with the exit status it means
         _env.stderr.write(f"kvaudit: error: {printable(str(exc))}\n")
         return int(exc.status)
     except typer.Exit as exc:

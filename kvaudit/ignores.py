@@ -8,12 +8,13 @@ Baseline file: one rule per line, ``CODE`` or ``CODE@HOST`` (``HOST`` a glob on 
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import fnmatch
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 
-class IgnoreError(Exception):
+class IgnoreError(KvauditError):
     pass
 
 

@@ -7,6 +7,7 @@ Llama 4, ...); ``llm_config`` and ``language_config`` are read the same way.
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import json
 import math
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ def element_bytes(name: object) -> float | None:
     return DTYPE_BYTES.get(key)
 
 
-class ConfigError(Exception):
+class ConfigError(KvauditError):
     """The model config cannot be read or does not describe an attention model."""
 
 

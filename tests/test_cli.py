@@ -212,3 +212,25 @@ def test_help_explains_every_option_in_panels(command):
 def test_fleet_format_html_points_at_the_html_option():
     r = cli("fleet", "inventory.txt", "-f", "html")
     assert r.code == 2 and "use --html FILE" in r.stderr
+
+
+def test_every_explained_failure_is_one_kind_that_carries_its_exit_status():
+    """issue 20: one error base class (kvaudit.errors.KvauditError) carries the exit status; the CLI prints any
+    of them in one line and exits with it, and no call site translates one into another."""
+    import inspect
+
+    from kvaudit import cli as cli_module
+    from kvaudit.errors import KvauditError
+    from kvaudit.fleet import history, inventory, preflight, settings
+    from kvaudit import ignores, model_config
+    from kvaudit.parse import lines
+    from kvaudit.report import table_export
+
+    for module in (history, inventory, preflight, settings, ignores, model_config, lines, table_export, cli_module):
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and obj.__module__ == module.__name__ and issubclass(obj, Exception):
+                assert issubclass(obj, KvauditError), f"{module.__name__}.{name}"
+    assert "raise Fail(str(exc))" not in inspect.getsource(cli_module).replace(
+        "except ValueError as exc:\n        raise Fail(str(exc))", "").replace(
+        "except ValueError as exc:\n            raise Fail(str(exc))", "")
+    assert cli_module.Fail("x", ExitStatus.AUTH_REFUSED).status == ExitStatus.AUTH_REFUSED

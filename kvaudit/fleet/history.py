@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ FREE_DRIFT_GIB = 0.5
 WEIGHTS_DRIFT_GIB = 0.05
 
 
-class HistoryError(Exception):
+class HistoryError(KvauditError):
     pass
 
 

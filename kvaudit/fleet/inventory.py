@@ -13,6 +13,7 @@ groups, ``!excluded``, ``&required``)."""
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import fnmatch
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from kvaudit.textsafe import printable
 
 
-class InventoryError(Exception):
+class InventoryError(KvauditError):
     pass
 
 

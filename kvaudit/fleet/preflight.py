@@ -4,12 +4,13 @@ written. One :class:`PreflightError` names every problem found."""
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import importlib.util
 import os
 from pathlib import Path
 
 
-class PreflightError(Exception):
+class PreflightError(KvauditError):
     pass
 
 

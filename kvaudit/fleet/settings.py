@@ -14,6 +14,7 @@ to it (``check`` has no use for ``parallel``); an unknown key is an error wherev
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -26,7 +27,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class SettingsError(Exception):
+class SettingsError(KvauditError):
     pass
 
 

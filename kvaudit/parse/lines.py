@@ -16,6 +16,7 @@ message anywhere in the line, outside quoted values (``parse.interface.unquoted`
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 import json
 import os
 import re
@@ -38,7 +39,7 @@ BINARY_PROBE_BYTES = 64 << 10
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
 
-class InputError(Exception):
+class InputError(KvauditError):
     """The input cannot be read as a log at all (empty, binary, unreadable)."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvaudit.errors import KvauditError
 from typing import Iterable
 
 from kvaudit.check import HostAudit
@@ -9,7 +10,7 @@ from kvaudit.report.rows import GPU_FIELDS, gpu_rows, status, why
 from kvaudit.textsafe import csv_cell
 
 
-class ExportError(Exception):
+class ExportError(KvauditError):
     pass
 
 
