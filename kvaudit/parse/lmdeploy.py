@@ -136,7 +136,7 @@ _CACHE_FIELD = re.compile(r"\b(block_size|num_gpu_blocks|num_cpu_blocks|cache_ma
 _INIT_CACHE = re.compile(r"Initialize cache engine with (\d+) gpu blocks and (\d+) cpu blocks")
 _FREE = re.compile(r"(?:minimal free gpu memory|device<\d+> free gpu memory): (\d+) mb")
 _RUNTIME = re.compile(r"estimated max runtime memory: (\d+) mb")
-_PREFILL = re.compile(r"No enough memory\. Update max_prefill_token_num=(\d+)")
+_PREFILL = re.compile(r"No enough memory\. [Uu]pdate max_prefill_token_num=(\d+)")
 #: the TurboMind model config the engine logs, one key per line (INI "key = value", JSON ``"key": value,``)
 _MODEL_KEY = re.compile(r"(?:^|[\s:\]{,])\"?(num_layer|kv_head_num|size_per_head|head_dim|tensor_para_size|attn_tp_size|"
                         r"session_len|cache_max_entry_count|cache_block_seq_len|quant_policy)\"?\s*[=:]\s*"
@@ -253,7 +253,13 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
             and ("max_batches=" in m.group(1) or "window_size=" in m.group(1))):
         for key, value in _CACHE_FIELD.findall(m.group(1)):
             read({"block_size": "pt_block_size", "cache_max_entry_count": "pt_ratio",
-                  "quant_policy": "pt_quant_policy", "max_prefill_token_num": "prefill_tokens"}.get(key, key), value)
+                  "quant_policy": "pt_quant_policy", "max_prefill_token_num": "pt_prefill_tokens"}.get(key, key), value)
+        # CacheConfig gained max_batches in 0.6.0; cache_engine.py logged "build CacheEngine with config:" until the
+        # executor's "Building CacheEngine with config:" (0.7.3)
+        clues.append(_clue((0, 6, 0), None, "CacheConfig(max_batches=...) (0.6+)") if "max_batches=" in m.group(1)
+                     else _clue((0, 2, 4), (0, 5, 99), "CacheConfig without max_batches (<=0.5)"))
+        if "build CacheEngine with config:" in t:
+            clues.append(_clue((0, 2, 4), (0, 7, 2), "'build CacheEngine with config:' (<=0.7.2)"))
         return ev, clues
     for needle, rx, keys in _SIMPLE:
         m = rx.search(t) if needle in t else None

@@ -194,3 +194,20 @@ def test_other_engines_reprs_and_keys_are_not_lmdeploy_lines():
     assert parse_line(Line(1, vllm))[0] == []
     lines = [Line(1, "session_len = 4096"), Line(2, "the request's session_len exceeded"), Line(3, "num_layer = 32")]
     assert LMDeployParser().parse(lines) == []
+
+
+def test_the_host_blocks_confirm_the_block_size_and_the_prefill_note_is_the_engines():
+    """CacheConfig's num_cpu_blocks is int(4 GiB / block bytes) at the engine's default host memory: for Qwen2.5-7B
+    (28 layers, 4 KV heads of 128, 16-bit) a block is 3,670,016 B and 4 GiB holds 1,170 of them. Its
+    max_prefill_token_num is the setting, not the engine lowering it (that is the WARNING line)."""
+    log = ("2024-09-05 08:38:32,712 - lmdeploy - INFO - build CacheEngine with config:CacheConfig(max_batches=128, "
+           "block_size=64, num_cpu_blocks={cpu}, num_gpu_blocks=1000, window_size=-1, cache_max_entry_count=0.8, "
+           "max_prefill_token_num=4096, enable_prefix_caching=False)\n")
+    a, codes, _ = run(log.format(cpu=1170), model_geometry=load_config(QWEN7))
+    assert a.engine_version == "0.6.0..0.6.1"
+    assert any("3,670,016 B agrees" in n for n in a.notes) and not any("lowered" in n for n in a.notes)
+    a, codes, _ = run(log.format(cpu=2340), model_geometry=load_config(QWEN7))
+    assert any("does not" in n for n in a.notes) and "GEOMETRY_MISMATCH" not in codes  # an assumption: said only
+    a, _, _ = run("2024-09-05 08:38:30,000 - lmdeploy - WARNING - device<0> No enough memory. update "
+                  "max_prefill_token_num=2048\n" + log.format(cpu=1170), model_geometry=load_config(QWEN7))
+    assert any("lowered max_prefill_token_num to 2,048" in n for n in a.notes)

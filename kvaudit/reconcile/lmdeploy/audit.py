@@ -227,7 +227,9 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
         lo, hi = kv_lo / r, (blocks + 1) * cell.hi / GIB / r
         free = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}..{hi:.2f}"
         per = f"{cell.bytes:,} B" if cell.bytes else f"{s.get('block_mib'):g} MiB"
-        implied = (f"; {blocks:,} blocks x {per} = {_kv_gib(cell, blocks):.2f} GiB implies {free} GiB free at a "
+        what = ("free after the weights, less the runtime estimate," if s.backend == "pytorch"
+                else "free after the weights")
+        implied = (f"; {blocks:,} blocks x {per} = {_kv_gib(cell, blocks):.2f} GiB implies {free} GiB {what} at a "
                    f"ratio of {r:g}" + (" (assumed: the log does not state the ratio)" if s.ratio_assumed else ""))
     return None, Verdict.UNKNOWN, unsaid + missing + implied, None, ()
 
@@ -343,6 +345,22 @@ def _ledgers(s: Settings, kv_gib: float | None) -> tuple[RankLedger, ...]:
     return tuple(out)
 
 
+#: the host memory the PyTorch engine gives its CPU blocks unless num_cpu_blocks is set (model_agent.py /
+#: executor: ``host_mem_size = 4 << 30``; ``num_cpu_blocks = int(host_mem / block bytes)``)
+HOST_CACHE_BYTES = 4 << 30
+
+
+def _host_blocks(cpu: int, cell: Cell) -> str:
+    """What the CPU block count says of the block size, at the engine's default host memory (an assumption: a
+    user-set num_cpu_blocks breaks it, so it is said, never made a finding)."""
+    lo, hi = HOST_CACHE_BYTES / (cpu + 1), HOST_CACHE_BYTES / cpu
+    text = f"; at the engine's default 4 GiB of host memory for them a block is {lo:,.0f}..{hi:,.0f} B"
+    if cell.bytes:
+        text += " and the config's " + (f"{cell.bytes:,} B agrees" if lo < cell.bytes <= hi else
+                                        f"{cell.bytes:,} B does not (num_cpu_blocks set by hand, or another layout)")
+    return text
+
+
 def _kv_dtype(s: Settings) -> str | None:
     name = {0: "16-bit", 4: "int4", 8: "int8"}.get(s.quant_policy)
     said = "assumed" if s.quant_source.startswith("default") else s.quant_source.split(" (")[0]
@@ -401,6 +419,7 @@ def _notes(s: Settings, cell: Cell, blocks: int | None, kv_gib: float | None) ->
     if s.get("prefill_tokens") is not None and s.lines.get("prefill_tokens"):
         notes.append(f"the engine lowered max_prefill_token_num to {int(s.get('prefill_tokens')):,} to leave room "
                      f"for its runtime estimate (line {s.lines['prefill_tokens']})")
-    if s.get("num_cpu_blocks"):
-        notes.append(f"{int(s.get('num_cpu_blocks')):,} host (CPU) blocks besides the GPU pool")
+    cpu = s.get("num_cpu_blocks")
+    if cpu:
+        notes.append(f"{int(cpu):,} host (CPU) blocks besides the GPU pool" + _host_blocks(int(cpu), cell))
     return notes
