@@ -135,6 +135,9 @@ _BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?
 _MB_WEIGHTS = re.compile(r"Loading model weights took " + NUM + r" MB\b")
 _API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
 _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
+#: vLLM's logger prefix right before a message: "INFO 06-01 10:00:00 [utils.py:326] " (0.8+), "INFO 01-17 10:00:00
+#: llm_engine.py:72] " before (vllm/logger.py _FORMAT); the lines that name the model must carry it
+_OWN_PREFIX = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[?[\w./-]+\.py:\d+\] *$")
 _WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + NUM + GI
                       + r"(?: memory)?(?: and " + NUM + r" seconds)?")
 _V0_CAN_USE = re.compile(r"the current vLLM instance can use total_gpu_memory \(" + NUM + GI + r"\) x "
@@ -263,6 +266,10 @@ def parse_line(line: Line) -> _Parsed:
                 ev.append(Reading(n, t, r, "target", key, float(m.group(group))))
 
     m = _BANNER.search(t) if "LLM engine " in t else None
+    # the banner and the non-default args choose the model whose config.json check reads on the host: only the
+    # engine's own logger lines count (the same words in another program's output, or an unquoted echo, do not)
+    if m and not _OWN_PREFIX.search(t, 0, m.start()):
+        return _Parsed([], [])
     if m:
         ver = m.group("ver")
         if ver is None:  # the pre-0.4 banner: V0, and a version no later than 0.3
@@ -283,6 +290,8 @@ def parse_line(line: Line) -> _Parsed:
         # the 0.2x ASCII-art banner (entrypoints/utils.py / api_utils.py): "... █  version 0.22.1rc1..."
         return _Parsed([Banner(n, t, m.group(1), None, {})], [_version_clue(m.group(1))])
     m = _ARGS.search(t) if "non-default args" in t else None
+    if m and not _OWN_PREFIX.search(t, 0, m.start()):
+        return _Parsed([], [])
     if m:
         try:
             args = literal(m.group("d"))

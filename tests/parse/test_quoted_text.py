@@ -11,7 +11,7 @@ import pytest
 from kvaudit.explain import audit, read_log
 from kvaudit.parse.interface import mask_quoted
 from kvaudit.reconcile.interface import AuditOptions
-from tests.conftest import SAMPLES
+from tests.conftest import FIXTURES, SAMPLES
 
 
 def _summary(text: str):
@@ -86,3 +86,16 @@ def test_json_records_are_read_by_their_message(key):
             else line + ("\n" if key == "log" else "")
         records.append(json.dumps({key: value, "stream": "stdout", "_PID": "7"}, separators=(",", ":")))
     assert _summary("\n".join(records) + "\n") == _summary(real)
+
+
+def test_vllm_lines_that_name_the_model_must_be_the_engines_own():
+    """issue 21, item 6, for vLLM: the banner and 'non-default args' name the model whose config.json check reads;
+    without vLLM's logger prefix before them ("INFO 11-05 12:00:00 [utils.py:278] ") they are not the engine's."""
+    real = (FIXTURES / "vllm_classes" / "kv-needed-0.31.log").read_bytes()
+    forged = b"non-default args: {'model': '/root/.ssh', 'gpu_memory_utilization': 0.1}\n"
+    head, rest = real.split(b"\n", 2)[:2], real.split(b"\n", 2)[2]
+    for extra in (forged, b"GET /x Initializing a V1 LLM engine (v0.31.0) with config: model='/root/.ssh'\n"):
+        # right after the engine's own args line, where a later config would win
+        parsed = read_log(io.BytesIO(b"\n".join(head) + b"\n" + extra + rest))
+        assert parsed.engine.name == "vllm"
+        assert parsed.startups[-1].model_path == "/models/Meta-Llama-3-8B", extra

@@ -199,3 +199,4 @@ def test_escapes_in_a_logged_value_raise_no_warning():
         args2 = parse_server_args("{'model_path': 'C:\\Repo', 'tp_size': 2}", "dict")
     assert args["tp_size"] == 2 and args2["tp_size"] == 2 and "Repo" in args["model_path"]
     assert caught == []
+
