@@ -211,3 +211,15 @@ def test_the_host_blocks_confirm_the_block_size_and_the_prefill_note_is_the_engi
     a, _, _ = run("2024-09-05 08:38:30,000 - lmdeploy - WARNING - device<0> No enough memory. update "
                   "max_prefill_token_num=2048\n" + log.format(cpu=1170), model_geometry=load_config(QWEN7))
     assert any("lowered max_prefill_token_num to 2,048" in n for n in a.notes)
+
+
+def test_whatif_names_lmdeploys_settings_in_its_own_words(tmp_path):
+    """--quant-policy and --session-len are LMDeploy's words, and the what-if says them so (not kv_cache_dtype):
+    Qwen2.5-7B's 16-bit block of 3.500 MiB becomes (128 + 4) / 256 of it at int8."""
+    p = tmp_path / "lm.log"
+    p.write_text("cache_block_seq_len = 64\n[TM][INFO] [BlockManager] block_size = 3.500 MB\n"
+                 "[TM][INFO] [BlockManager] max_block_count = 1000\n")
+    doc = json.loads(cli("whatif", p, "-c", QWEN7, "--quant-policy", "8", "--session-len", "200000", "-f",
+                         "json").stdout)
+    assert doc["whatif"]["changes"] == {"quant_policy": 8, "session_len": 200000}
+    assert doc["whatif"]["tokens_after"]["low"] > 64_000 * 1.9  # about twice the 64,000 tokens
