@@ -287,12 +287,7 @@ def whatif(
             raise Fail(f"{flag} is not {log.engine.display}'s setting; this is a {log.engine.display} log: use {own}")
     audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
-    words = {"mem_fraction_static": term}
-    if log.engine.name == "lmdeploy":  # its own settings' names and values
-        words.update(kv_cache_dtype="quant_policy", context_length="session_len")
-    policy = {"int8": 8, "int4": 4, "auto": 0}
-    w = replace(w, changes={words.get(k, k): (policy.get(v, v) if words.get(k) == "quant_policy" else v)
-                            for k, v in w.changes.items()})
+    w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     if fmt == "json":
         from kvaudit.report.json import render_whatif
         _env.stdout.write(render_whatif(audit, w))

@@ -313,6 +313,7 @@ class LMDeployParser:
         first = last = 0
         pool_seen = False
         blocks_seen = 0
+        tp: int | None = None  # the latest TP size the start's lines state
 
         def flush() -> None:
             # a TurboMind model-config dump (three keys or more) is LMDeploy's too: a WARNING-level log has nothing else
@@ -320,11 +321,6 @@ class LMDeployParser:
             if any(_own(e) for e in events) or dump:
                 era = resolve(clues, VersionRange((0, 1, 0), None))
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, None))
-
-        def tp_of() -> int | None:
-            said = [v for e in events for k, v in (e.settings if isinstance(e, EngineConfig) else ()) if k == "tp"]
-            said += [e.value for e in events if isinstance(e, Reading) and e.key == "tp"]
-            return int(said[-1]) if said else None
 
         for line in lines:
             ev, cl = parse_line(line)
@@ -337,20 +333,23 @@ class LMDeployParser:
             # the next start: a new engine config after a pool, or another pool once every rank has logged its
             # own (TurboMind <=0.12 prints the block manager once per rank, untagged: the TP size tells them apart)
             block = any(isinstance(e, Reading) and e.key == "block_mib" for e in ev)
-            tp = tp_of()
             new_start = pool_seen and (
                 any(isinstance(e, EngineConfig) and not e.updated for e in ev)
                 or any(isinstance(e, Reading) and e.key == "object_budget_mib" for e in ev)
                 or (block and tp is not None and blocks_seen >= tp))
             if new_start:
                 flush()
-                events, clues, pool_seen, blocks_seen = [], [], False, 0
+                events, clues, pool_seen, blocks_seen, tp = [], [], False, 0, None
             if not events:
                 first = line.number
             last = line.number
             events.extend(ev)
             clues.extend(cl)
             blocks_seen += block
+            for e in ev:
+                said = dict(e.settings).get("tp") if isinstance(e, EngineConfig) else (
+                    e.value if isinstance(e, Reading) and e.key == "tp" else None)
+                tp = int(said) if said is not None else tp
             if any(isinstance(e, Reading) and e.key in ("max_block_count", "object_budget_mib", "num_gpu_blocks")
                    for e in ev):
                 pool_seen = True

@@ -53,7 +53,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     formula = Formula(
         mem_fraction_static=s.ratio, mem_fraction_static_source=s.ratio_source,
         pre_load_free_gib=None, pre_load_free_source=None,
-        post_load_free_gib=_free_gib(s), reserve_gib=_reserve(s), rest_gib=_budget_gib(s, kv_gib),
+        post_load_free_gib=_free_gib(s), reserve_gib=_reserve(s), rest_gib=_budget_gib(s),
         bytes_per_token=(cell.bytes // s.block) if cell.bytes else None,
         bytes_per_token_source=cell.source if cell.bytes else None,
         predicted_tokens=pred, logged_tokens=tokens, verdict=verdict, verdict_reason=reason, rule=rule,
@@ -74,15 +74,10 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                                          "max_block_count = N' or 'Object cache budget', the PyTorch engine's "
                                          f"CacheConfig(... num_gpu_blocks=N)); {LOG_LEVEL_HINT}"))
     notes = _notes(s, cell, blocks, kv_gib)
-    g = s.geometry
     return Audit(
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
-        model=ModelSummary(g[4].architecture if g and g[4] is not None else next(
-                               (e.name for e in reversed(startup.of(ModelArch))), None), "mha" if g else "unknown",
-                           g[0] if g else None, g[1] if g else None, (g[1] // s.tp) if g and g[1] % s.tp == 0 else None,
-                           g[2] if g else None, _kv_dtype(s), _kv_bytes(s), s.tp, g[3] if g else None,
-                           attention_tp_size_source=s.tp_source),
+        model=_model(s, startup),
         formula=formula,
         ranks=_ledgers(s, kv_gib),
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
@@ -97,16 +92,27 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     )
 
 
-def _block(s: Settings) -> Block | None:
-    if s.geometry is None:
+def _model(s: Settings, startup: Startup) -> ModelSummary:
+    g = s.geometry
+    named = next((e.name for e in reversed(startup.of(ModelArch))), None)  # the engine's own model_arch line
+    if g is None:
+        return ModelSummary(named, "unknown", None, None, None, None, _kv_dtype(s), _kv_bytes(s), s.tp, None,
+                            attention_tp_size_source=s.tp_source)
+    return ModelSummary(g.config.architecture if g.config is not None else named, "mha", g.layers, g.kv_heads,
+                        g.kv_heads // s.tp if g.kv_heads % s.tp == 0 else None, g.head_dim, _kv_dtype(s),
+                        _kv_bytes(s), s.tp, g.source, attention_tp_size_source=s.tp_source)
+
+
+def _block(s: Settings, quant_policy: int | None = None) -> Block | None:
+    """Bytes per block for the model at ``quant_policy`` (the settings' own unless another is tried)."""
+    g = s.geometry
+    if g is None or not g.layers or not g.kv_heads or not g.head_dim:
         return None
-    layers, heads, head_dim = s.geometry[:3]
-    if not layers or not heads or not head_dim:
-        return None
+    qp = s.quant_policy if quant_policy is None else quant_policy
     if s.backend == "pytorch":
         # the PyTorch engine keeps an unquantised cache in the model's dtype: 16-bit for every served model
-        return pytorch_block(layers, heads, head_dim, s.tp, s.block, s.quant_policy)
-    return turbomind_block(layers, heads, head_dim, s.tp, s.block, s.quant_policy, s.startup.era)
+        return pytorch_block(g.layers, g.kv_heads, g.head_dim, s.tp, s.block, qp)
+    return turbomind_block(g.layers, g.kv_heads, g.head_dim, s.tp, s.block, qp, s.startup.era)
 
 
 def _cell(s: Settings, findings: list[Finding]) -> Cell:
@@ -118,24 +124,23 @@ def _cell(s: Settings, findings: list[Finding]) -> Cell:
                   else ((mib - BLOCK_HALF_ULP_MIB) * MIB, (mib + BLOCK_HALF_ULP_MIB) * MIB))
         if block is not None and block.bytes is not None:
             if _fits(block.bytes, mib, lo, hi, truncated):
-                return Cell(block.bytes, lo, hi, s.geometry[3], block.description
+                return Cell(block.bytes, lo, hi, s.geometry.source, block.description
                             + f"; the block line's {mib:g} MB agrees")
             if s.quant_source.startswith("default"):
                 # rule 3: an assumed quant_policy cannot make a mismatch; the block line says which one it was
                 for qp in (8, 4):
-                    s.quant_policy, s.quant_source = qp, "log (implied by the block size)"
-                    other = _block(s)
+                    other = _block(s, qp)
                     if other is not None and other.bytes is not None and _fits(other.bytes, mib, lo, hi, truncated):
+                        s.quant_policy, s.quant_source = qp, "log (implied by the block size)"
                         s.notes.append(f"the block line's {mib:g} MB is quant_policy {qp} for this model (the log "
                                        "does not state the policy)")
-                        return Cell(other.bytes, lo, hi, s.geometry[3], other.description
+                        return Cell(other.bytes, lo, hi, s.geometry.source, other.description
                                     + f"; the block line's {mib:g} MB agrees")
-                s.quant_policy, s.quant_source = 0, "default 0 (quant_policy: a 16-bit KV cache)"
             findings.append(F.geometry_mismatch(block.bytes // s.block, mib * MIB / s.block,
-                                                f"{s.geometry[3]}; {block.description}"))
+                                                f"{s.geometry.source}; {block.description}"))
         return Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens")
     if block is not None and block.bytes is not None:
-        return Cell(block.bytes, block.bytes, block.bytes, s.geometry[3], block.description)
+        return Cell(block.bytes, block.bytes, block.bytes, s.geometry.source, block.description)
     return Cell(None, None, None, None, block.description if block is not None else "")
 
 
@@ -168,7 +173,7 @@ def _free_gib(s: Settings) -> float | None:
     return None
 
 
-def _budget_gib(s: Settings, kv_gib: float | None) -> float | None:
+def _budget_gib(s: Settings) -> float | None:
     if s.get("object_budget_mib") is not None:
         return round(s.get("object_budget_mib") / 1024, 4)
     if s.get("target_mib") is not None:
@@ -180,7 +185,7 @@ def _budget_gib(s: Settings, kv_gib: float | None) -> float | None:
 
 
 def _reserve(s: Settings) -> float | None:
-    free, budget = _free_gib(s), _budget_gib(s, None)
+    free, budget = _free_gib(s), _budget_gib(s)
     return round(free - budget, 4) if free is not None and budget is not None else None
 
 

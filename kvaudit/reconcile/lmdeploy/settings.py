@@ -4,7 +4,7 @@ is said as one and never stands in for a value the log states)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lmdeploy import EngineConfig, Reading
@@ -14,6 +14,16 @@ from kvaudit.reconcile.interface import AuditOptions
 DEFAULT_RATIO = 0.8
 #: ``cache_block_seq_len`` (TurboMind) and ``block_size`` (PyTorch engine): 64 in every config since v0.2
 DEFAULT_BLOCK = 64
+
+
+class Geometry(NamedTuple):
+    """What sizes a block: from config.json (``config`` holds its ModelGeometry) or the engine's model-config dump."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    source: str
+    config: Any = None
 
 
 @dataclass
@@ -31,7 +41,7 @@ class Settings:
     tp: int
     tp_source: str
     session_len: int | None
-    geometry: Any  # (layers, kv_heads, head_dim, source) or None
+    geometry: Geometry | None
     notes: list[str] = field(default_factory=list)
 
     def get(self, key: str) -> float | None:
@@ -88,7 +98,7 @@ def build_settings(startup: Startup, opts: AuditOptions) -> Settings:
     qp, quant_source = pick((cfg.get("quant_policy"), "log (backend_config)"),
                             (readings.get("pt_quant_policy"), "log (CacheConfig)"),
                             (readings.get("quant_policy"), "log (the TurboMind model config)"),
-                            (_policy_of(opts.kv_cache_dtype), "cli (--kv-cache-dtype)"),
+                            (policy_of(opts.kv_cache_dtype), "cli (--kv-cache-dtype)"),
                             (0, "default 0 (quant_policy: a 16-bit KV cache)"))
     ranks = {e.rank for e in startup.of(Reading) if e.rank.label}
     tp, tp_source = pick((cfg.get("tp"), "log (backend_config)"), (readings.get("tp"), "log (the TurboMind model "
@@ -100,10 +110,10 @@ def build_settings(startup: Startup, opts: AuditOptions) -> Settings:
     geom = None
     if opts.model_geometry is not None:
         g = opts.model_geometry
-        geom = (g.num_layers, g.num_kv_heads, g.head_dim, f"config ({g.source})", g)
+        geom = Geometry(g.num_layers, g.num_kv_heads, g.head_dim, f"config ({g.source})", g)
     elif all(k in readings for k in ("layers", "kv_heads", "head_dim")):
-        geom = (int(readings["layers"]), int(readings["kv_heads"]), int(readings["head_dim"]),
-                "log (the TurboMind model config)", None)
+        geom = Geometry(int(readings["layers"]), int(readings["kv_heads"]), int(readings["head_dim"]),
+                        "log (the TurboMind model config)")
     return Settings(startup, backend, readings, lines, float(ratio), ratio_source, int(block), block_source,
                     int(qp), quant_source, int(tp), tp_source, int(session) if session else None, geom, notes)
 
@@ -117,7 +127,7 @@ def _default_ratio(startup: Startup) -> tuple[float, str]:
     return DEFAULT_RATIO, "default 0.8 (cache_max_entry_count, 0.2.2+)"
 
 
-def _policy_of(dtype: str | None) -> int | None:
+def policy_of(dtype: str | None) -> int | None:
     """--kv-cache-dtype in LMDeploy's terms: int8 -> quant_policy 8, int4 -> 4, a 16-bit type -> 0."""
     if not dtype:
         return None

@@ -11,7 +11,7 @@ import math
 
 from kvaudit.parse.interface import Startup
 from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
-from kvaudit.reconcile.lmdeploy.settings import _policy_of
+from kvaudit.reconcile.lmdeploy.settings import policy_of
 from kvaudit.units import GIB
 
 RESERVE_LABEL = "left free: (1 - cache_max_entry_count) x free"
@@ -19,8 +19,11 @@ RESERVE_LABEL = "left free: (1 - cache_max_entry_count) x free"
 
 def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOptions) -> WhatIf:
     f0 = base.formula
-    changes = {k: getattr(new_opts, k) for k in ("mem_fraction_static", "kv_cache_dtype", "context_length", "tp_size")
-               if getattr(new_opts, k, None) is not None and getattr(new_opts, k) != getattr(opts, k, None)}
+    # the changes in LMDeploy's own words: its settings' names, quant_policy as the number it takes
+    words = {"mem_fraction_static": "cache_max_entry_count", "kv_cache_dtype": "quant_policy",
+             "context_length": "session_len", "tp_size": "tp_size"}
+    changes = {words[k]: (policy_of(v) if k == "kv_cache_dtype" else v) for k, v in
+               ((k, getattr(new_opts, k, None)) for k in words) if v is not None and v != getattr(opts, k, None)}
     ratio0 = f0.mem_fraction_static or 0.8
     ratio1 = new_opts.mem_fraction_static or ratio0
     per_token = f0.bytes_per_token or f0.kv_bytes_per_token_logged
@@ -41,7 +44,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
                       (why,), reserve_label=RESERVE_LABEL)
     cell = float(per_token)
-    qp = _policy_of(new_opts.kv_cache_dtype)
+    qp = policy_of(new_opts.kv_cache_dtype)
     if qp is not None and not (base.model.kv_dtype_bytes and base.model.head_dim):
         return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
                       ("another quant_policy needs the head size: pass --model-config (config.json)",),
