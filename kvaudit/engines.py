@@ -42,7 +42,21 @@ class Engine:
 
     def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
         """The engine's audit of one startup, its findings settled by the shared verdict rules."""
-        return settle(on_platform(self.reconcile(startup, opts, startups_total), opts))
+        return settle(unprefixed_note(on_platform(self.reconcile(startup, opts, startups_total), opts), startup,
+                                      self.display))
+
+
+def unprefixed_note(a: Audit, startup: Startup, display: str) -> Audit:
+    """Say which lines were not read for lacking the engine's log prefix (kvaudit.parse.interface.anchored)."""
+    skipped = startup.unprefixed
+    if not skipped:
+        return a
+    shown = ", ".join(str(n) for n in skipped[:5]) + (f" and {len(skipped) - 5:,} more" if len(skipped) > 5 else "")
+    note = (f"{len(skipped):,} line{'s' if len(skipped) != 1 else ''} with {display}'s words but without its log "
+            f"prefix {'were' if len(skipped) != 1 else 'was'} not read (line{'s' if len(skipped) != 1 else ''} "
+            f"{shown}): the log's other lines carry the prefix, so these are another program's output or text "
+            "echoed into the log, not the engine's logger")
+    return replace(a, notes=a.notes + (note,))
 
 
 def on_platform(a: Audit, opts: AuditOptions) -> Audit:

@@ -181,6 +181,70 @@ E = TypeVar("E", bound=Event)
 
 
 @dataclass(frozen=True)
+class OwnPrefix:
+    """What an engine's logger writes before every message (a time and rank tag, a level and ``file.py:N``), and
+    which of its lines it prints without one, so that those are read in a prefixed log all the same: ``bare``
+    the lines close to one of its prefixed lines (a dump's continuation lines, a benchmark's table, a
+    wrapper's checkpoint path), ``anywhere`` those that may stand anywhere (a traceback's exception, the
+    kernel's ``Killed``: Python and the shell print them, not the engine's logger)."""
+
+    pattern: re.Pattern[str]
+    bare: Callable[[Event], bool]
+    anywhere: Callable[[Event], bool]
+    #: how far into a line the prefix may end (after a journal or container runtime's own prefix)
+    within: int = 200
+
+
+#: a bare continuation line is the engine's only this close to one of its prefixed lines
+BARE_REACH = 64
+
+
+def anchored(parsed: Sequence[tuple[Line, Sequence[Event]]], prefix: OwnPrefix
+             ) -> tuple[list[list[Event]], list[int]]:
+    """Each line's events as the engine's own, and the numbers of the lines that were not read.
+
+    A log whose engine lines carry the engine's log prefix is the engine's logger speaking: a line there with
+    the engine's words but without the prefix (another program's output in the same unit, an echo, a forged
+    line) is not a memory line. A log where no line carries it (an excerpt pasted without prefixes) is read as
+    it is: nothing tells its lines apart. Lines the engine itself prints bare are kept when one of its
+    prefixed lines is close by (a dump's header line is often not among the lines selected)."""
+    has = [prefix.pattern.search(line.text, 0, prefix.within) is not None for line, _ in parsed]
+    if not any(h and any(not (prefix.bare(e) or prefix.anywhere(e)) for e in evs) for h, (_, evs) in zip(has, parsed)):
+        return [list(evs) for _, evs in parsed], []
+    from bisect import bisect_left
+
+    marks = [line.number for h, (line, _) in zip(has, parsed) if h]
+    out: list[list[Event]] = []
+    dropped: list[int] = []
+    for h, (line, evs) in zip(has, parsed):
+        if h:
+            out.append(list(evs))
+            continue
+        i = bisect_left(marks, line.number)
+        near = any(0 <= j < len(marks) and abs(marks[j] - line.number) <= BARE_REACH for j in (i - 1, i))
+        kept = [e for e in evs if prefix.anywhere(e) or (near and prefix.bare(e))]
+        if len(kept) < len(evs):
+            dropped.append(line.number)
+        out.append(kept)
+    return out, dropped
+
+
+def with_unprefixed(startups: list[Startup], dropped: Sequence[int]) -> list[Startup]:
+    """Each startup with the lines :func:`anchored` did not read inside its span (or after it, before the next)."""
+    if not dropped or not startups:
+        return startups
+    from dataclasses import replace
+
+    out = []
+    for i, s in enumerate(startups):
+        end = startups[i + 1].first_line if i + 1 < len(startups) else None
+        begin = s.first_line if i else 0
+        mine = tuple(n for n in dropped if n >= begin and (end is None or n < end))
+        out.append(replace(s, unprefixed=mine) if mine else s)
+    return out
+
+
+@dataclass(frozen=True)
 class Startup:
     """One start of the server, from its first line to the next start (or the end of input)."""
 
@@ -192,6 +256,8 @@ class Startup:
     events: tuple[Event, ...]
     era: VersionRange
     model_path: str | None = None  # where the model (and its config.json) lives, as the engine's args say
+    #: lines with the engine's words that were not read because they lack its log prefix (:func:`anchored`)
+    unprefixed: tuple[int, ...] = ()
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
         return tuple(e for e in self.events if isinstance(e, kind))

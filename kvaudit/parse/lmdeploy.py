@@ -38,8 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from kvaudit.parse.interface import (Event, Failure, Rank, RankEvent, Startup, numbered_rank,
-                                     oom_numbers, quote, unquoted)
+from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank,
+                                     oom_numbers, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
@@ -168,6 +168,22 @@ _FAILURES = (
 )
 #: a failure line that is LMDeploy's only when its startup has LMDeploy lines of its own (another engine's OOM)
 GENERIC_FAILURES = ("oom",)
+
+
+def _dump_line(ev: list[Event]) -> bool:
+    """A line of TurboMind's model-config dump (``key = value`` or ``"key": value,``): one reading of the model."""
+    return len(ev) == 1 and (isinstance(ev[0], ModelArch)
+                             or isinstance(ev[0], Reading) and ev[0].key in _MODEL_KEYS.values())
+
+
+#: LMDeploy's loggers: Python's ``2024-08-05 05:40:52,191 - lmdeploy - INFO - [file.py:N - ]`` (utils.py
+#: get_logger), TurboMind's C++ ``[TM][INFO] `` (``[TM][INFO][1205 ...]`` 0.13+, src/turbomind/utils/logger.h)
+_OWN = re.compile(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - |\[TM\]\[(?:DEBUG|INFO|WARN|WARNING|ERROR)\]")
+#: what it prints without one: a traceback's exception (anywhere), the model-config dump's lines (one logger
+#: call, ``model_config:`` and the INI or JSON text on the lines after it) and the PyTorch engine's
+#: ``CacheConfig(...)`` repr on the line after "Building CacheEngine with config:" (engine/cache_engine.py)
+OWN_PREFIX = OwnPrefix(_OWN, bare=lambda e: _dump_line([e]) or e.text.lstrip().startswith("CacheConfig("),
+                       anywhere=lambda e: isinstance(e, Failure))
 
 
 def rank_of(text: str) -> Rank:
@@ -322,14 +338,18 @@ class LMDeployParser:
                 era = resolve(clues, VersionRange((0, 1, 0), None))
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, None))
 
+        rows: list[tuple[Line, list[Event], list[VersionRange]]] = []
         for line in lines:
             ev, cl = parse_line(line)
             # a JSON model-config line is a quoted key and a number, the whole line: masking the key would hide it
-            if not (len(ev) == 1 and (isinstance(ev[0], ModelArch) or isinstance(ev[0], Reading)
-                                      and ev[0].key in _MODEL_KEYS.values())):
+            if not _dump_line(ev):
                 ev = unquoted(line, ev, lambda masked: parse_line(masked)[0])
+            if ev:
+                rows.append((line, ev, cl))
+        own, dropped = anchored([(line, ev) for line, ev, _ in rows], OWN_PREFIX)
+        for (line, _, cl), ev in zip(rows, own):
             if not ev:
-                continue
+                continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
             # the next start: a new engine config after a pool, or another pool once every rank has logged its
             # own (TurboMind <=0.12 prints the block manager once per rank, untagged: the TP size tells them apart)
             block = any(isinstance(e, Reading) and e.key == "block_mib" for e in ev)
@@ -354,4 +374,4 @@ class LMDeployParser:
                    for e in ev):
                 pool_seen = True
         flush()
-        return startups
+        return with_unprefixed(startups, dropped)

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import oom_numbers, SINGLE_RANK, literal, Event, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import (oom_numbers, SINGLE_RANK, literal, Event, OwnPrefix, Rank, RankEvent, Startup,
+                                     anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, narrow
 from kvaudit.versions import clue as _clue
@@ -389,6 +390,19 @@ def _split_top_level(body: str) -> list[str]:
 class _Parsed:
     event: Event | None
     clues: list[VersionRange]
+
+
+#: SGLang's logger prefix (``[2025-01-01 10:00:00 TP0] ``, ``[10:00:00] `` 0.3, ``[TP0] ``, ``[rank=0] ``;
+#: srt/utils.py configure_logger), somewhere at the head of a line (after a journal's or kubectl's own prefix)
+_OWN = re.compile(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-Z_]*\d+)*\s*\]"
+                  r"|\[(?:\s*[A-Z][A-Z_]*\d+)+\s*\]|\[(?:rank|gpu_id)=\d+\]")
+#: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), and
+#: bench_one_batch's ``print(f"max_total_num_tokens={...}")`` (after the scheduler's prefixed lines)
+OWN_PREFIX = OwnPrefix(
+    _OWN,
+    bare=lambda e: isinstance(e, SchedulerSummary) and re.fullmatch(r"max_total_num_tokens=\d+", e.text.strip()) is not None,
+    anywhere=lambda e: isinstance(e, Failure),
+)
 
 
 def _has_prefix(text: str, start: int) -> bool:
@@ -987,8 +1001,7 @@ class SGLangParser:
     request_markers: tuple[str, ...] = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=")
 
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
-        startups: list[Startup] = []
-        b: _Builder | None = None
+        rows: list[tuple[Line, _Parsed]] = []
         for line in lines:
             parsed = parse_line(line)
             ev = parsed.event
@@ -996,6 +1009,14 @@ class SGLangParser:
                 continue  # engine-looking text inside a quoted value (a prompt, a path): not the engine's line
             if ev is None and not parsed.clues:
                 continue
+            rows.append((line, parsed))
+        own, dropped = anchored([(line, [p.event] if p.event else []) for line, p in rows], OWN_PREFIX)
+        startups: list[Startup] = []
+        b: _Builder | None = None
+        for (line, parsed), kept in zip(rows, own):
+            if parsed.event is not None and not kept:
+                continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
+            ev = parsed.event
             if b is None:
                 b = _Builder(1, line.number)
             if ev is not None and _starts_new(b, ev):
@@ -1015,4 +1036,4 @@ class SGLangParser:
                 b.failed = True
         if b is not None and not b.empty:
             startups.append(b.build())
-        return [s for s in startups if not all(_generic(e) for e in s.events)]
+        return with_unprefixed([s for s in startups if not all(_generic(e) for e in s.events)], dropped)

@@ -47,7 +47,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from kvaudit.parse.interface import Event, Failure, Rank, RankEvent, Startup, numbered_rank, quote, unquoted
+from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank, quote,
+                                     unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
@@ -238,6 +239,21 @@ def _message(text: str, start: int) -> str:
     """The error from its start (after the log prefix) to the end of the line."""
     cut = max(text.rfind("] ", 0, start), text.rfind("[E] ", 0, start))
     return quote(text[cut + 2 if cut >= 0 else 0:])
+
+
+#: TensorRT-LLM's loggers: the C++ ``[TensorRT-LLM][INFO] `` (tensorrt_llm/common/logger.cpp), the Python
+#: ``[12/01/2025-10:00:00] [TRT-LLM] [I] `` (tensorrt_llm/logger.py), TensorRT's ``[TRT] [I] ``, and Triton's
+#: glog prefix (``I0306 16:40:07.708802 117 model_instance_state.cc:691] ``) for the backend's lines
+_OWN = re.compile(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
+#: what it prints without a prefix: a traceback's exception and the trtllm-serve wrapper's checkpoint path
+#: (anywhere: the path is used only when it is the only one), the executor's OOM table rows (one logger call
+#: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
+OWN_PREFIX = OwnPrefix(
+    _OWN,
+    bare=lambda e: isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
+                                               or _PERCENTAGE.search(e.text) is not None),
+    anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
+)
 
 
 def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
@@ -478,14 +494,22 @@ class TRTLLMParser:
                 isinstance(e, Failure) and e.kind in GENERIC_FAILURES and not any(m in e.text for m in TELLS))]
             if own or (any(isinstance(e, Banner) for e in events) and any(isinstance(e, Failure) for e in events)):
                 era = resolve(clues, VersionRange((0, 1, 0), None))
-                path = next((e.path for e in reversed(events) if isinstance(e, ModelPath)), None)
+                # a bare path line is anyone's to print: two different ones leave the checkpoint unknown, so
+                # that a line added to the log can hide the config but never choose it
+                paths = {e.path.rstrip("/") for e in events if isinstance(e, ModelPath)}
+                path = paths.pop() if len(paths) == 1 else None
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, {}, tuple(events), era, path))
 
+        rows: list[tuple[Line, list[Event], list[VersionRange]]] = []
         for line in lines:
             ev, cl = parse_line(line)
             ev = unquoted(line, ev, lambda masked: parse_line(masked)[0])
+            if ev:  # else nothing, or engine-looking text only inside a quoted value (a prompt, a path)
+                rows.append((line, ev, cl))
+        own, dropped = anchored([(line, ev) for line, ev, _ in rows], OWN_PREFIX)
+        for (line, _, cl), ev in zip(rows, own):
             if not ev:
-                continue  # nothing, or engine-looking text only inside a quoted value (a prompt, a path)
+                continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
             banner = next((e for e in ev if isinstance(e, Banner)), None)
             if banner is not None and banner.version and seen_memory:
                 flush()
@@ -498,4 +522,4 @@ class TRTLLMParser:
             if banner is None and not isinstance(ev[0], ModelPath):
                 seen_memory = True
         flush()
-        return startups
+        return with_unprefixed(startups, dropped)

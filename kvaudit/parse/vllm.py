@@ -28,7 +28,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from kvaudit.parse.interface import SINGLE_RANK, literal, Event, Failure, Rank, RankEvent, Startup, quote, unquoted
+from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPrefix, Rank, RankEvent, Startup,
+                                     anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
 from kvaudit.versions import VersionRange, resolve
 from kvaudit.versions import clue as _clue
@@ -138,6 +139,9 @@ _ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
 #: vLLM's logger prefix right before a message: "INFO 06-01 10:00:00 [utils.py:326] " (0.8+), "INFO 01-17 10:00:00
 #: llm_engine.py:72] " before (vllm/logger.py _FORMAT); the lines that name the model must carry it
 _OWN_PREFIX = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[?[\w./-]+\.py:\d+\] *$")
+#: the same prefix anywhere at the head of a line (after a journal's, kubectl's or Ray's ``(pid=N)`` prefix); a
+#: pasted excerpt often lost the time ("INFO [kv_cache_utils.py:1324] ...")
+_OWN = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +)?\[?[\w./-]+\.py:\d+\]")
 _WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + NUM + GI
                       + r"(?: memory)?(?: and " + NUM + r" seconds)?")
 _V0_CAN_USE = re.compile(r"the current vLLM instance can use total_gpu_memory \(" + NUM + GI + r"\) x "
@@ -249,6 +253,17 @@ def dp_of(text: str) -> int | None:
 class _Parsed:
     events: list[Event]
     clues: list[VersionRange]
+
+
+#: what vLLM prints without its prefix: a traceback's exception (anywhere), and the lines after the first of a
+#: multi-line profiling message (worker.py 0.6.x "Memory profiling takes ...\nthe current vLLM instance can use
+#: ...\nmodel weights take ...", and the table rows of 0.6.4-0.7): one logger call, its first line prefixed
+OWN_PREFIX = OwnPrefix(
+    _OWN,
+    bare=lambda e: isinstance(e, Reading) and any(rx.search(e.text) is not None
+                                                  for rx in (_V0_TABLE, _V0_CAN_USE, _V0_TAKE)),
+    anywhere=lambda e: isinstance(e, Failure),
+)
 
 
 def parse_line(line: Line) -> _Parsed:
@@ -566,11 +581,17 @@ class VLLMParser:
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
                                         path if isinstance(path, str) else None))
 
+        rows: list[tuple[Line, _Parsed]] = []
         for line in lines:
             p = parse_line(line)
             p.events = unquoted(line, p.events, lambda masked: parse_line(masked).events)
-            if not p.events:
-                continue  # nothing, or engine-looking text only inside a quoted value (a prompt, a path)
+            if p.events:  # else nothing, or engine-looking text only inside a quoted value (a prompt, a path)
+                rows.append((line, p))
+        own, dropped = anchored([(line, p.events) for line, p in rows], OWN_PREFIX)
+        for (line, p), kept in zip(rows, own):
+            if not kept:
+                continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
+            p.events = kept
             banner = next((e for e in p.events if isinstance(e, Banner)), None)
             # a new start: a banner once memory lines were seen, or a second weight load on the same rank
             restart = banner is not None and seen_memory
@@ -603,4 +624,4 @@ class VLLMParser:
             merged = {**config, **prev.server_args}
             path = merged.get("model")
             startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
-        return startups
+        return with_unprefixed(startups, dropped)
