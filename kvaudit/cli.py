@@ -78,6 +78,30 @@ def _root(
 FORMAT_HELP = "Output format: text, json or markdown."
 
 
+# Options several commands share, declared once: the same flag says the same thing in every command.
+FORMAT = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP)
+COLOR = _opt(OUT, "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR).")
+OUTPUT = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout.")
+THRESHOLD = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE.")
+IGNORE = _opt(OUT, [], "--ignore", help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted).")
+BASELINE = _opt(OUT, None, "--baseline", help="A file of acknowledged findings, one CODE[@HOST] per line.")
+CONFIG = _opt(WHERE, None, "--config",
+              help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced).")
+NO_CONFIG = _opt(WHERE, False, "--no-config", help="Read no kvaudit.toml.")
+SSH_CONFIG = _opt(WHERE, None, "--ssh-config", "-F", help="ssh_config file (default ~/.ssh/config).")
+ACCEPT_NEW_HOST_KEY = _opt(WHERE, False, "--accept-new-host-key",
+                           help="Trust and record an unknown host key (never a changed one).")
+JOURNAL_DIRECTORY = _opt(WHERE, None, "--journal-directory",
+                         help="Read the journal from this directory on the host (journalctl --directory).")
+TIMEOUT = _opt(TIME, None, "--timeout", min=1.0, help="Deadline for the whole host, seconds (120).")
+CONNECT_TIMEOUT = _opt(TIME, None, "--connect-timeout", min=0.1,
+                       help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10).")
+KUBECONFIG = _opt(WHERE, None, "--kubeconfig",
+                  help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster).")
+SOURCE = _opt(WHERE, None, "--source", help="docker:NAME or file:PATH instead of the journal.")
+STARTUP = _opt(ASSUME, None, "--startup", help="Which startup: 1 = first, -1 = latest (default).")
+
+
 def _color(mode: str) -> bool:
     if mode not in ("auto", "always", "never"):
         raise Fail(f"--color {mode!r}: choose one of auto, always, never")
@@ -132,19 +156,6 @@ def _geometry(path: Optional[Path]):
     return load_config(path)
 
 
-def _check_format(fmt: str, command: str = "") -> str:
-    from kvaudit.report import FORMATS
-
-    if fmt not in FORMATS:
-        if command == "fleet" and fmt in ("html", "csv", "parquet", "prometheus"):
-            flag = {"html": "--html FILE", "csv": "--csv FILE", "parquet": "--csv FILE --parquet",
-                    "prometheus": "--textfile-dir DIR"}[fmt]
-            raise Fail(f"--format {fmt}: the fleet writes {fmt} beside its report: use {flag} "
-                       f"(--format is one of {', '.join(FORMATS)})")
-        raise Fail(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    return fmt
-
-
 def _write(text: str, output: Optional[Path]) -> None:
     if output is None:
         _env.stdout.write(text)
@@ -166,25 +177,23 @@ def explain(
     tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", min=1, help="TP size, when the log does not say."),
     gpu_memory_gib: Optional[float] = _opt(ASSUME, None, "--gpu-memory-gib", min=0.1,
             help="The card's CUDA-visible total (GiB), to itemise what went before T."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP),
-    startup: Optional[int] = _opt(ASSUME, None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
+    fmt: str = FORMAT,
+    startup: Optional[int] = STARTUP,
     all_startups: bool = _opt(ASSUME, False, "--all-startups", help="Audit every startup in the input."),
-    threshold: list[str] = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    threshold: list[str] = THRESHOLD,
     ignore: list[str] = _opt(OUT, [], "--ignore",
                              help="Acknowledge a finding: CODE (shown, marked, not counted)."),
-    baseline: Optional[Path] = _opt(OUT, None, "--baseline",
-                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
-    color: str = _opt(OUT, "auto", "--color",
-            help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
-    output: Optional[Path] = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout."),
+    baseline: Optional[Path] = BASELINE,
+    color: str = COLOR,
+    output: Optional[Path] = OUTPUT,
 ) -> int:
     """Read a startup log and account for every GiB per GPU."""
     from kvaudit.explain import audit
     from kvaudit.reconcile.interface import AuditOptions
-    from kvaudit.report import renderer
+    from kvaudit.report.formats import choose
     from kvaudit.status import for_audits
 
-    fmt = _check_format(fmt)
+    chosen = choose(fmt)
     if startup is not None and all_startups:
         raise Fail("--startup and --all-startups exclude each other")
     opts = AuditOptions(
@@ -201,7 +210,7 @@ def explain(
     from kvaudit import ignores
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
-    _write(renderer(fmt)(audits, color=_color(color) and output is None), output)
+    _write(chosen.audits(audits, color=_color(color) and output is None), output)
     return int(for_audits(audits))
 
 
@@ -233,9 +242,8 @@ def whatif(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
         help="The fraction the logged startup used, when the log has no server_args."),
     fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
-    startup: Optional[int] = _opt(ASSUME, None, "--startup", help="Which startup: 1 = first, -1 = latest (default)."),
-    color: str = _opt(OUT, "auto", "--color",
-            help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
+    startup: Optional[int] = STARTUP,
+    color: str = COLOR,
 ) -> int:
     """Rerun the formula on the same log with other settings: tokens, reserve, and OOM risk."""
     from dataclasses import replace
@@ -244,8 +252,9 @@ def whatif(
     from kvaudit.model_config import DTYPE_BYTES
     from kvaudit.reconcile.interface import AuditOptions
 
-    if fmt not in ("text", "json"):
-        raise Fail(f"--format {fmt!r}: whatif prints text or json")
+    from kvaudit.report.formats import choose
+
+    chosen = choose(fmt, "whatif")
     fractions = {flag: v for flag, v in (("--mem-fraction-static", mem_fraction_static),
                                          ("--gpu-memory-utilization", gpu_memory_utilization),
                                          ("--free-gpu-memory-fraction", free_gpu_memory_fraction),
@@ -288,12 +297,7 @@ def whatif(
     audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
-    if fmt == "json":
-        from kvaudit.report.json import render_whatif
-        _env.stdout.write(render_whatif(audit, w))
-    else:
-        from kvaudit.report.text import render_whatif
-        _env.stdout.write(render_whatif(audit, w, color=_color(color)))
+    _env.stdout.write(chosen.whatif(audit, w, color=_color(color)))
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
@@ -350,50 +354,41 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
 @app.command()
 def check(
     target: str = typer.Argument("local", help=TARGET_HELP),
-    ssh_config: Optional[Path] = _opt(WHERE, None, "--ssh-config", "-F",
-            help="ssh_config file (default ~/.ssh/config)."),
-    accept_new_host_key: bool = _opt(WHERE, False, "--accept-new-host-key",
-            help="Trust and record an unknown host key (never a changed one)."),
+    ssh_config: Optional[Path] = SSH_CONFIG,
+    accept_new_host_key: bool = ACCEPT_NEW_HOST_KEY,
     unit: Optional[str] = _opt(WHERE, None, "--unit", help="The engine's systemd unit (default: found on the host)."),
-    source: Optional[str] = _opt(WHERE, None, "--source", help="docker:NAME or file:PATH instead of the journal."),
-    journal_directory: Optional[str] = _opt(WHERE, None, "--journal-directory",
-            help="Read the journal from this directory on the host (journalctl --directory)."),
+    source: Optional[str] = SOURCE,
+    journal_directory: Optional[str] = JOURNAL_DIRECTORY,
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c",
             help="A local config.json (default: read from model_path on the host)."),
     mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", min=0.01, max=1.0,
                                                  help="The fraction the server ran with, when the log has none."),
-    timeout: Optional[float] = _opt(TIME, None, "--timeout", min=1.0,
-                                    help="Deadline for the whole host, seconds (120)."),
-    connect_timeout: Optional[float] = _opt(TIME, None, "--connect-timeout", min=0.1, help="TCP/SSH connect timeout."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP),
-    startup: Optional[int] = _opt(ASSUME, None, "--startup", help="Which startup in the log (-1 = latest)."),
-    threshold: list[str] = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
-    color: str = _opt(OUT, "auto", "--color",
-            help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
-    output: Optional[Path] = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout."),
+    timeout: Optional[float] = TIMEOUT,
+    connect_timeout: Optional[float] = CONNECT_TIMEOUT,
+    fmt: str = FORMAT,
+    startup: Optional[int] = STARTUP,
+    threshold: list[str] = THRESHOLD,
+    color: str = COLOR,
+    output: Optional[Path] = OUTPUT,
     textfile_dir: Optional[Path] = _opt(OUT, None, "--textfile-dir",
             help="Also write a Prometheus node_exporter textfile (kvaudit-check-HOST.prom) here."),
     endpoint: Optional[str] = _opt(WHERE, None, "--endpoint",
             help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
-    kubeconfig: Optional[Path] = _opt(WHERE, None, "--kubeconfig",
-            help="k8s: targets: the kubeconfig (default KUBECONFIG, ~/.kube/config, in-cluster)."),
+    kubeconfig: Optional[Path] = KUBECONFIG,
     selector: Optional[str] = _opt(
         "Where to read", None, "--selector", "-l",
                 help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
-    ignore: list[str] = _opt(OUT, [], "--ignore",
-                             help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted)."),
-    baseline: Optional[Path] = _opt(OUT, None, "--baseline",
-                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
-    config: Optional[Path] = _opt(WHERE, None, "--config",
-                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
-    no_config: bool = _opt(WHERE, False, "--no-config", help="Read no kvaudit.toml."),
+    ignore: list[str] = IGNORE,
+    baseline: Optional[Path] = BASELINE,
+    config: Optional[Path] = CONFIG,
+    no_config: bool = NO_CONFIG,
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
-    from kvaudit.report import host as host_report
+    from kvaudit.report.formats import choose
     from kvaudit.status import for_host
 
-    fmt = _check_format(fmt)
+    chosen = choose(fmt)
     _check_target(target, selector=selector)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
@@ -446,13 +441,8 @@ def check(
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
-    if fmt == "json":
-        text = host_report.render_json([h])
-    elif fmt == "markdown":
-        text = host_report.render_markdown([h])
-    else:
-        text = host_report.render_text([h], color=_color(color) and output is None)
-    if h.error is None or fmt == "json" or h.collected is not None:  # what was read is shown, even without an audit
+    text = chosen.hosts([h], color=_color(color) and output is None)
+    if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
     return int(for_host(h))
 
@@ -461,23 +451,17 @@ def check(
 def capture(
     target: str = typer.Argument("local", help="user@host[:port], an ssh_config alias, 'local', or a pod (k8s:...)."),
     output: Path = _opt(OUT, ..., "--output", "-o", help="Directory to write the capture into."),
-    ssh_config: Optional[Path] = _opt(WHERE, None, "--ssh-config", "-F",
-            help="ssh_config file (default ~/.ssh/config)."),
-    accept_new_host_key: bool = _opt(WHERE, False, "--accept-new-host-key",
-            help="Trust and record an unknown host key."),
+    ssh_config: Optional[Path] = SSH_CONFIG,
+    accept_new_host_key: bool = ACCEPT_NEW_HOST_KEY,
     unit: Optional[str] = _opt(WHERE, None, "--unit", help="The engine's systemd unit."),
-    source: Optional[str] = _opt(WHERE, None, "--source", help="docker:NAME or file:PATH instead of the journal."),
-    journal_directory: Optional[str] = _opt(WHERE, None, "--journal-directory",
-            help="journalctl --directory on the host."),
-    timeout: Optional[float] = _opt(TIME, None, "--timeout", min=1.0,
-                                    help="Deadline for the whole host, seconds (120)."),
-    connect_timeout: Optional[float] = _opt(TIME, None, "--connect-timeout", min=0.1,
-        help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10)."),
-    kubeconfig: Optional[Path] = _opt(WHERE, None, "--kubeconfig", help="For k8s: targets."),
+    source: Optional[str] = SOURCE,
+    journal_directory: Optional[str] = JOURNAL_DIRECTORY,
+    timeout: Optional[float] = TIMEOUT,
+    connect_timeout: Optional[float] = CONNECT_TIMEOUT,
+    kubeconfig: Optional[Path] = KUBECONFIG,
     selector: Optional[str] = _opt(WHERE, None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
-    config: Optional[Path] = _opt(WHERE, None, "--config",
-                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
-    no_config: bool = _opt(WHERE, False, "--no-config", help="Read no kvaudit.toml."),
+    config: Optional[Path] = CONFIG,
+    no_config: bool = NO_CONFIG,
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
@@ -515,48 +499,40 @@ def fleet(
         None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
     hosts: Optional[str] = _opt(WHERE, None, "--hosts", "--limit",
                                          help="Ansible's --limit: a,b  gpu-*  GROUP  !excluded  &required."),
-    config: Optional[Path] = _opt(WHERE, None, "--config",
-                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
-    no_config: bool = _opt(WHERE, False, "--no-config", help="Read no kvaudit.toml."),
-    ssh_config: Optional[Path] = _opt(WHERE, None, "--ssh-config", "-F", help="ssh_config file."),
+    config: Optional[Path] = CONFIG,
+    no_config: bool = NO_CONFIG,
+    ssh_config: Optional[Path] = SSH_CONFIG,
     parallel: Optional[int] = _opt(TIME, None, "--parallel", "-j", min=1, max=1024, help="Hosts at a time (8)."),
-    timeout: Optional[float] = _opt(TIME, None, "--timeout", min=1.0, help="Deadline per host, seconds (120)."),
+    timeout: Optional[float] = TIMEOUT,
     run_timeout: Optional[float] = _opt(TIME, None, "--run-timeout", min=1.0, help="Deadline for the run (1800)."),
-    connect_timeout: Optional[float] = _opt(TIME, None, "--connect-timeout", min=0.1,
-        help="TCP/SSH connect timeout, seconds (ssh_config's ConnectTimeout, else 10)."),
+    connect_timeout: Optional[float] = CONNECT_TIMEOUT,
     unit: Optional[str] = _opt(WHERE, None, "--unit", help="The engine's unit on every host."),
     source: Optional[str] = _opt(WHERE, None, "--source", help="docker:NAME or file:PATH on every host."),
-    journal_directory: Optional[str] = _opt(WHERE, None, "--journal-directory",
-        help="Read each host's journal from this directory (journalctl --directory)."),
-    accept_new_host_key: bool = _opt(WHERE, False, "--accept-new-host-key",
-                                     help="Trust and record unknown host keys (never a changed one)."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP),
-    output: Optional[Path] = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout."),
+    journal_directory: Optional[str] = JOURNAL_DIRECTORY,
+    accept_new_host_key: bool = ACCEPT_NEW_HOST_KEY,
+    fmt: str = FORMAT,
+    output: Optional[Path] = OUTPUT,
     html: Optional[Path] = _opt(OUT, None, "--html", help="Also write a self-contained HTML report."),
     csv: Optional[Path] = _opt(OUT, None, "--csv", help="Also write one row per GPU as CSV."),
     parquet: bool = _opt(OUT, False, "--parquet", help="Write --csv's table as Parquet instead (needs pyarrow)."),
     textfile_dir: Optional[Path] = _opt(OUT, None, "--textfile-dir", help="Write a Prometheus textfile here."),
     history: Optional[Path] = _opt(OUT, None, "--history", help="SQLite file keeping every run (drift)."),
-    threshold: list[str] = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE."),
+    threshold: list[str] = THRESHOLD,
     quiet: bool = _opt(OUT, False, "--quiet", "-q", help="No progress bar."),
-    color: str = _opt(OUT, "auto", "--color",
-            help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR)."),
-    kubeconfig: Optional[Path] = _opt(WHERE, None, "--kubeconfig",
-            help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster)."),
+    color: str = COLOR,
+    kubeconfig: Optional[Path] = KUBECONFIG,
     selector: Optional[str] = _opt(
         "Where to read", None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server "
                                                         "per pod or LeaderWorkerSet group)."),
-    ignore: list[str] = _opt(OUT, [], "--ignore",
-                             help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted)."),
-    baseline: Optional[Path] = _opt(OUT, None, "--baseline",
-                                    help="A file of acknowledged findings, one CODE[@HOST] per line."),
+    ignore: list[str] = IGNORE,
+    baseline: Optional[Path] = BASELINE,
 ) -> int:
     """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
     from kvaudit.fleet import inventory as inv
-    from kvaudit.fleet import runner, settings
-    from kvaudit.status import for_fleet
+    from kvaudit.fleet import job, preflight, settings
+    from kvaudit.report.formats import choose
 
-    fmt = _check_format(fmt, "fleet")
+    chosen = choose(fmt, "fleet")
     file_settings, _ = settings.load(str(config) if config else None, no_config, _announce)
     st = settings.merge(file_settings, parallel=parallel, timeout=timeout, run_timeout=run_timeout,
                         connect_timeout=connect_timeout, unit=unit, source=source,
@@ -566,8 +542,6 @@ def fleet(
                         csv=str(csv) if csv else None)
     rules = _ignore_rules(list(st.ignore or ()) + list(ignore),
                           baseline or (Path(st.baseline) if st.baseline else None))
-    from kvaudit.fleet import preflight
-
     preflight.check(output=str(output) if output else None, html=st.html, csv=st.csv, parquet=parquet,
                     history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
     if inventory and inventory.startswith("k8s:"):
@@ -585,100 +559,22 @@ def fleet(
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
-    from contextlib import nullcontext
+    import shutil
 
-    from kvaudit.report.progress import FleetProgress
+    width = shutil.get_terminal_size((120, 24)).columns if (_env.stdout_isatty and output is None) else 120
+    outputs = job.Outputs(chosen, str(output) if output else None, st.html, st.csv, parquet, st.textfile_dir,
+                          st.history, color=_color(color), width=max(60, width))
+    provenance = {"kvaudit": __version__, "command": " ".join(["kvaudit", *map(str, sys.argv[1:])])
+                  if sys.argv and sys.argv[0].endswith("kvaudit") else "kvaudit fleet",
+                  "inventory": str(inventory or f"--ssh-config {st.ssh_config} --hosts {hosts}")}
+    request = job.FleetJob(tuple(fleet_hosts), opts, st.parallel, st.run_timeout, outputs, rules,
+                           _fleet_subject(inventory, st.ssh_config, hosts), provenance)
+    progress = None
+    if not quiet and _env.stderr_isatty:
+        from kvaudit.report.progress import FleetProgress
 
-    shown = FleetProgress(len(fleet_hosts), _env.stderr) if (not quiet and _env.stderr_isatty) else None
-    with shown or nullcontext():
-        run = runner.run(fleet_hosts, opts, st.parallel, st.run_timeout, shown.finished if shown else None,
-                         shown.started if shown else None)
-    from dataclasses import replace as _replace
-
-    from kvaudit import ignores
-
-    run = _replace(run, results=tuple(
-        (f, ignores.apply(h, rules, f.name, f.target))  # the inventory's names, never what the host reports
-        for f, h in run.results))
-    if run.interrupted:
-        _second_interrupt_exits()
-    results = [(f.name, h) for f, h in run.results]
-    failed_writes: list[str] = []  # reported at the end; they never discard the other outputs
-
-    def attempt(what: str, fn) -> None:  # noqa: ANN001
-        try:
-            fn()
-        except (OSError, KvauditError) as exc:
-            failed_writes.append(f"{what}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}")
-        except Exception as exc:  # an export library's own error (pandas, pyarrow, sqlite)
-            failed_writes.append(f"{what}: {type(exc).__name__}: {exc}")
-
-    drift, prev = None, None
-    if st.history and not run.interrupted:
-        from kvaudit.fleet import history as hist
-        from kvaudit.report.rows import gpu_rows, host_summary
-
-        def record() -> None:
-            nonlocal drift, prev
-            run_id = hist.record(st.history, run.started_at, run.started_ts, run.duration_s,
-                                 [host_summary(n, h) for n, h in results],
-                                 [r for n, h in results for r in gpu_rows(n, h)])
-            prev, drift = hist.drift(st.history, run_id)
-
-        attempt(f"--history {st.history}", record)
-    if st.textfile_dir and not run.interrupted:
-        from kvaudit.report import prometheus
-
-        subject = _fleet_subject(inventory, st.ssh_config, hosts)
-        attempt(f"--textfile-dir {st.textfile_dir}", lambda: prometheus.write(
-            st.textfile_dir, prometheus.render(results, run.started_ts, run.duration_s, f"fleet:{subject}"),
-            prometheus.filename("fleet", subject)))
-    if st.html:
-        from kvaudit.report import html as html_report
-
-        trends = {}
-        if st.history and not run.interrupted:
-            from kvaudit.fleet import history as history_db
-
-            try:
-                trends = {name: history_db.host_history(st.history, name, 30) for name, _ in results}
-            except history_db.HistoryError:
-                trends = {}
-        provenance = {"kvaudit": __version__, "command": " ".join(["kvaudit", *map(str, sys.argv[1:])])
-                      if sys.argv and sys.argv[0].endswith("kvaudit") else "kvaudit fleet",
-                      "inventory": str(inventory or f"--ssh-config {st.ssh_config} --hosts {hosts}"),
-                      "run": run.started_at}
-        attempt(f"--html {st.html}", lambda: _write(html_report.render(run, drift, provenance, trends), Path(st.html)))
-    if st.csv:
-        from kvaudit.report import table_export
-
-        def export() -> None:
-            table_export.write(results, st.csv, parquet)
-
-        attempt(f"--csv {st.csv}", export)
-    from kvaudit.report import fleet as fleet_report
-
-    first_run = bool(st.history) and not run.interrupted and prev is None and not failed_writes
-    if fmt == "json":
-        text = fleet_report.render_json(run, drift, prev, first_run=first_run)
-    elif fmt == "markdown":
-        text = fleet_report.render_markdown(run, drift, first_run=first_run)
-    else:
-        import shutil
-
-        width = shutil.get_terminal_size((120, 24)).columns if (_env.stdout_isatty and output is None) else 120
-        text = fleet_report.render_text(run, drift, color=_color(color) and output is None, first_run=first_run,
-                                        width=max(60, width))
-    attempt(f"-o {output}", lambda: _write(text, output))
-    for msg in failed_writes:
-        _env.stderr.write(f"kvaudit: error: could not write {printable(msg)}\n")
-    if run.interrupted:
-        done = sum(1 for _, h in results if h.error is None or h.error.reason != "interrupted")
-        _env.stderr.write(f"kvaudit: interrupted: {done} of {len(results)} hosts finished"
-                          + ("; history and the Prometheus textfile were not written (a partial run would read as "
-                             "failed hosts)" if (st.history or st.textfile_dir) else "") + "\n")
-        return 130
-    return int(for_fleet([h for _, h in results]))
+        progress = FleetProgress(len(fleet_hosts), _env.stderr)
+    return job.run(request, _env.stdout, _env.stderr, progress)
 
 
 def _announce(line: str) -> None:
@@ -717,26 +613,6 @@ def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | N
     return f"{Path(ssh_config or 'ssh_config').name}-{hosts or 'all'}"
 
 
-def _second_interrupt_exits() -> None:
-    """After the first Ctrl-C the report for the finished hosts is being written; a second one ends the
-    process at once, quietly (no traceback from whatever was running)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def stop(signum, frame):  # noqa: ANN001
-        try:
-            _env.stderr.write("kvaudit: interrupted again: stopping\n")
-            _env.stderr.flush()
-            sys.stdout.flush()
-        finally:
-            os._exit(130)
-
-    signal.signal(signal.SIGINT, stop)
-
-
 @app.command("history")
 def history_cmd(
     host: Optional[str] = typer.Argument(None, help="The host's name as the fleet report shows it (omit: list "
@@ -745,15 +621,16 @@ def history_cmd(
                                    help="The SQLite file fleet --history writes (default: kvaudit.toml's history)."),
     limit: int = _opt(OUT, 30, "--limit", min=1, help="How many runs back."),
     fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
-    config: Optional[Path] = _opt(WHERE, None, "--config",
-                                  help="kvaudit.toml with defaults (default: ./kvaudit.toml when present, announced)."),
-    no_config: bool = _opt(WHERE, False, "--no-config", help="Read no kvaudit.toml."),
+    config: Optional[Path] = CONFIG,
+    no_config: bool = NO_CONFIG,
 ) -> int:
     """A host's trend across fleet runs: status, tokens, free memory, findings."""
     import json as _json
 
     from kvaudit.fleet import history as hist
+    from kvaudit.report.formats import choose
 
+    fmt = choose(fmt, "history").name
     st = _settings(config, no_config)
     history = history or (Path(st.history) if st.history else None)
     if history is None:

@@ -3,6 +3,9 @@ verdict, the ledgers and the findings. Pure: no I/O."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Any
+
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightEnd
@@ -36,234 +39,341 @@ from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 ENGINE = "sglang"
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
+    """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
-    th = opts.thresholds
     findings: list[Finding] = []
-    facts = ctx.facts
-    ranks = sorted(facts)
-
-    # --- T and post (min over ranks) --------------------------------------------------------------------
-    pres = [rf.pre for rf in facts.values() if rf.pre is not None]
-    posts = [rf.post for rf in facts.values() if rf.post is not None]
-    T = min_interval(pres)
-    post = min_interval(posts)
-    pre_source = next((rf.pre_source for rf in facts.values() if rf.pre_source), None)
-    if T is not None and len(pres) < len(ranks):
-        ctx.notes.append(f"T is the minimum over the {len(pres)} of {len(ranks)} ranks whose lines are in the log")
-
-    # --- mem_fraction_static ---------------------------------------------------------------------------
-    mfs = as_float(ctx.args.get("mem_fraction_static"))
-    mfs_source = "server_args" if mfs is not None else None
-    if opts.mem_fraction_static is not None:
-        if mfs is not None and abs(mfs - opts.mem_fraction_static) > 1e-9:
-            ctx.notes.append(f"--mem-fraction-static {opts.mem_fraction_static} overrides server_args' {mfs}")
-        mfs, mfs_source = opts.mem_fraction_static, "cli"
-    adjust = startup.of(MfsAdjust)
-    if adjust and mfs_source != "cli":
-        mfs, mfs_source = adjust[-1].mem_fraction_static, "log (multimodal reduction)"
-    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and mfs_source != "cli":
-        ctx_len = context_length_of(ctx)
-        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), None):
-            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang uses {mfs} x 0.85")
-            mfs, mfs_source = round(mfs * 0.85, 6), f"{mfs_source} x 0.85 (aiter)"
-
-    # --- bytes per token -------------------------------------------------------------------------------
-    logged, approx = logged_token_count(ctx)
-    geom: ModelGeometry | None = opts.model_geometry
-    cell, cell_note = config_cell(ctx)
-    line_cell, line_cell_mid = kv_line_cell(ctx, None if approx else logged)
-    bpt_source = None
-    cell_iv: Interval | None = None
-    if cell is not None:
-        cell_iv, bpt_source = Interval.exact(cell.profile), "config"
-        if line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
-            implied = line_cell_mid or 0
-            findings.append(F.geometry_mismatch(cell.pool, implied, geom.source if geom else "config"))
-            cell_iv, bpt_source = line_cell, "kv_line (config disagrees)"
-    elif line_cell is not None:
-        cell_iv, bpt_source = line_cell, "kv_line"
-    if cell_note:
-        ctx.notes.append(cell_note)
-
-    # the state pool of a hybrid linear-attention model comes out of the same budget (0.5.2+, reference §2.6)
-    # (what the budget was charged for: without the state pool's padding slot, pool.budget_share)
-    spec = ctx.spec_algo is not None
-    states = [s for s in (state_gib(components(rf), budget=not spec) for rf in facts.values()) if s is not None]
-    state: Interval | None = None
-    if states:
-        g, parts = max(states)
-        state = Interval(g - parts * LOG_HALF_ULP, g + parts * LOG_HALF_ULP)
-
-    draft_layers, target_layers = None, None
-    if geom is not None:
-        target_layers = geom.num_layers
-        draft_layers = geom.num_nextn_predict_layers or 1
-
-    def budget_for(tokens: int) -> float:
-        """GiB the pool of ``tokens`` tokens (and the state pool) took out of the budget."""
-        assert cell_iv is not None
-        return tokens * cell_iv.mid / GIB + (state.mid if state is not None else 0.0)
-
-    # --- a capped pool: the fraction cannot be read from it ---------------------------------------------
-    cap = as_int(ctx.args.get("max_total_tokens"))
-    engine_rest = min((rf.kv_budget for rf in facts.values() if rf.kv_budget is not None), default=None)
-    probable_cap = None
-    if cap is None and logged and not approx and "max_total_tokens" not in ctx.args:
-        if engine_rest is not None and cell_iv is not None and budget_for(logged) < 0.9 * engine_rest:
-            probable_cap = (f"{logged:,} tokens take {budget_for(logged):.2f} GiB, well below the "
-                            f"{engine_rest:.2f} GiB the engine logged as available for the KV cache")
-        elif logged % 1000 == 0:
-            probable_cap = f"{logged:,} is a round number, not what a memory budget divides into"
-    capped = (cap is not None and cap == logged) or bool(startup.of(CapWarning)) or probable_cap is not None
-    if probable_cap:
-        findings.append(F.tokens_capped_probably(logged, probable_cap))
-
-    # --- mfs from the engine's own KV budget, else inferred, when nothing gives it ----------------------
-    if mfs is None and engine_rest is not None and T is not None and post is not None:
-        mfs = round(1 - (post.mid - engine_rest) / T.mid, 4)
-        mfs_source = "solved from the logged 'available memory for KV cache'"
-    if mfs is None and not capped and T is not None and post is not None and logged and cell_iv is not None:
-        inferred = 1 - (post.mid - budget_for(logged)) / T.mid
-        if 0 < inferred < 1:
-            mfs, mfs_source = round(inferred, 4), "inferred"
-            findings.append(F.mfs_inferred(mfs, state.mid if state is not None else None))
-
-    # --- T solved from the tokens when the log lacks it -------------------------------------------------
-    if T is None and mfs is not None and mfs < 1 and post is not None and logged and cell_iv is not None \
-            and not approx:
-        t_mid = (post.mid - budget_for(logged)) / (1 - mfs)
-        T = Interval(t_mid - 0.01, t_mid + 0.01)
-        pre_source = "solved from the logged tokens (no 'Load weight begin' line)"
-
-    reserve = T.scale(1 - mfs) if (T is not None and mfs is not None) else None
-    rest = (post - reserve) if (post is not None and reserve is not None) else None
-
-    # --- prediction and verdict -------------------------------------------------------------------------
-    prediction: Prediction | None = None
-    verdict, reason = Verdict.UNKNOWN, ""
-    eff_mfs = None
-    missing = [name for name, v in (("T (pre-load free memory)", T), ("free memory after weights", post),
-                                    ("mem_fraction_static", mfs), ("bytes per token", cell_iv)) if v is None]
-    if not missing:
-        assert T is not None and post is not None and mfs is not None and cell_iv is not None
-        rules = rules_for(ctx.era, ctx.spec_algo is not None)
-        stages = _stage_inputs(ctx, post, cell_iv, bpt_source)
-        preds = [predict_stages(ctx, r, T, stages, mfs, state, draft_layers, target_layers) for r in rules]
-    if probable_cap:
-        reason = (f"the pool looks capped ({probable_cap}); a capped pool does not follow from the formula, "
-                  "and the fraction is not inferred from it")
-        if not missing:
-            prediction = preds[0]
-            reason += f"; the formula allows up to {prediction.tokens.high:,}"
-    elif missing or logged is None:
-        wants = missing + ([] if logged is not None else ["the KV pool's token count"])
-        reason = "cannot check: the log lacks " + ", ".join(wants) + _how_to_check(wants, geom is not None)
-        if not missing:
-            prediction = preds[0]
-            p = prediction.tokens
-            reason = (f"the formula gives {p.low:,}..{p.high:,} tokens; the log does not say what the engine "
-                      "allocated (no KV line or scheduler summary)")
-    elif approx:
-        prediction = preds[0]
-        p = prediction.tokens
-        reason = (f"the log gives the token count only approximately ({logged:,}, abridged); the formula "
-                  f"gives {p.low:,}..{p.high:,}")
-    elif mfs_source == "inferred":
-        reason = ("mem_fraction_static was inferred from these same numbers, so the token count cannot be "
-                  "checked independently; pass --mem-fraction-static to check it")
-    elif pre_source and pre_source.startswith("solved"):
-        reason = "T was solved from the token count, so the token count cannot be checked independently"
-    else:
-        hit = next((p for p in preds if p.tokens.contains(logged)), None)
-        if hit is not None:
-            prediction, verdict = hit, Verdict.MATCH
-            reason = f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}"
-        else:
-            prediction = preds[0]
-            verdict, reason, eff_mfs = explain_mismatch(ctx, prediction, logged, T, post, mfs, cell_iv, cap, state)
-    if cap and logged is not None and logged == cap:
-        findings.append(F.tokens_capped(cap, prediction.tokens if prediction else None))
-
-    # --- a memory error: what fraction would have worked, and what the engine's own count implies ---------
-    shortfall: dict[str, float] = {}
-    if T is not None and post is not None and T.mid > 0:
-        shortfall["minimum_mem_fraction_static"] = round(1 - (post.mid - (state.mid if state else 0)) / T.mid, 4)
-    negative = [ev for ev in startup.of(CapWarning) if ev.profiled < 0]
-    if negative:
-        shortfall["profiled"] = negative[0].profiled
-        shortfall["line"] = negative[0].line
-        if T is not None and post is not None and cell_iv is not None:
-            eff_mfs = round(1 - (post.mid - budget_for(negative[0].profiled)) / T.mid, 4)
-            shortfall["effective_mem_fraction_static"] = eff_mfs
-            if prediction is not None:
-                shortfall["formula_tokens"] = prediction.tokens.low
-
-    formula = Formula(
-        mem_fraction_static=mfs,
-        mem_fraction_static_source=mfs_source,
-        pre_load_free_gib=rounded(T.mid) if T else None,
-        pre_load_free_source=pre_source,
-        post_load_free_gib=rounded(post.mid) if post else None,
-        reserve_gib=rounded(reserve.mid, 4) if reserve else None,
-        rest_gib=rounded(rest.mid, 4) if rest else None,
-        bytes_per_token=(cell.profile if (cell is not None and bpt_source == "config")
-                         else (round(cell_iv.mid) if cell_iv else None)),
-        bytes_per_token_source=bpt_source,
-        predicted_tokens=prediction.tokens if prediction else None,
-        logged_tokens=logged,
-        verdict=verdict,
-        verdict_reason=reason,
-        rule=prediction.rule.name if prediction else None,
-        effective_mem_fraction_static=eff_mfs,
-        page_size=ctx.page_size,
-        max_total_tokens_cap=cap,
-        speculative_headroom_tokens=prediction.headroom if prediction else None,
-        kv_bytes_per_token_logged=round(line_cell_mid, 1) if line_cell_mid else None,
-        logged_tokens_approximate=approx,
-        probable_cap=probable_cap,
-        state_pool_gib=round(state.mid, 3) if state is not None else None,
-        check_inputs=("mem_fraction_static", "pre_load_free_gib", "post_load_free_gib", "bytes_per_token")
-        + (("attention_tp_size",) if bpt_source == "config" else ()),
-    )
-    if verdict == Verdict.MATCH:
+    free = free_memory(ctx)
+    fraction = fraction_of(ctx, opts)
+    cells = bytes_per_token(ctx, opts, findings)
+    state = state_pool(ctx)
+    budget = PoolBudget(cells.iv, state)
+    cap = cap_of(ctx, cells, budget, findings)
+    free, fraction = solve_unknowns(ctx, free, fraction, cells, budget, cap, findings)
+    outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
+    if cap.cap and cells.logged is not None and cells.logged == cap.cap:
+        findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
+    shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
+    formula = formula_of(ctx, free, fraction, cells, state, cap, replace(outcome, eff_mfs=eff_mfs))
+    if formula.verdict == Verdict.MATCH:
         findings.append(F.tokens_match(formula))
-    elif verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
-        findings.append(F.tokens_mismatch(formula, verdict))
-
-    # --- ledger -----------------------------------------------------------------------------------------
-    ctx_len = context_length_of(ctx)
-    req_bytes, req_how = request_table(ctx, logged, ctx_len)
-    ledgers = tuple(
-        rank_ledger(i, facts[r], ctx, cell, logged, req_bytes, req_how, rank0=(i == 0))
-        for i, r in enumerate(ranks)
-    )
-    findings.extend(ledger_findings(ctx, ledgers, formula, reserve, th))
-    findings.extend(concurrency_findings(ctx, logged, ctx_len))
-    memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in startup.of(Failure))
-    findings.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None, formula))
+    elif formula.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
+        findings.append(F.tokens_mismatch(formula, formula.verdict))
+    ledgers = ledgers_of(ctx, cells)
+    findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells))
     hicache = startup.of(HiCacheHost)
-    hicache_gb = hicache[0].host_gb if hicache else None
-    if hicache_gb is not None:
-        findings.append(F.hicache_host(hicache_gb, logged, cell.pool if cell else None,
-                                       as_float(ctx.args.get("hicache_ratio"))))
     if ctx.summary is None and not any(f.severity == Severity.ERROR for f in findings):
         findings.append(F.incomplete_log(startup.last_line))
-
     return Audit(
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
-        model=_model_summary(ctx, geom),
+        model=_model_summary(ctx, opts.model_geometry),
         formula=formula,
         ranks=ledgers,
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
         speculative=ctx.spec_algo,
-        hicache_host_gb=hicache_gb,
+        hicache_host_gb=hicache[0].host_gb if hicache else None,
         notes=tuple(ctx.notes),
         engine_display="SGLang",
         formula_text="rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)",
         formula_rows=_formula_rows(formula),
         pre_load_label="free before loading",
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the steps
+
+
+@dataclass(frozen=True)
+class FreeMemory:
+    """T (free before the weights) and post (free after them), each the minimum over ranks."""
+
+    T: Interval | None
+    post: Interval | None
+    pre_source: str | None
+
+    def reserve(self, mfs: float | None) -> Interval | None:
+        """(1 - mfs) x T: what the fraction holds back of the free memory before the weights."""
+        return self.T.scale(1 - mfs) if (self.T is not None and mfs is not None) else None
+
+
+@dataclass(frozen=True)
+class Fraction:
+    value: float | None
+    source: str | None
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Bytes per token and where they come from; the token count the log states."""
+
+    cell: Any  # cell.Cell from config.json, or None
+    iv: Interval | None  # the bytes per token the formula uses
+    source: str | None
+    line_mid: float | None  # what the KV line implies
+    logged: int | None
+    approx: bool
+
+
+@dataclass(frozen=True)
+class PoolBudget:
+    """What a pool of N tokens (and the state pool) takes out of the budget."""
+
+    cell_iv: Interval | None
+    state: Interval | None
+
+    def gib(self, tokens: int) -> float:
+        assert self.cell_iv is not None
+        return tokens * self.cell_iv.mid / GIB + (self.state.mid if self.state is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class Cap:
+    cap: int | None  # --max-total-tokens
+    probable: str | None  # why the pool looks capped although no cap is stated
+    capped: bool
+    engine_rest: float | None  # the KV budget the engine logged
+
+
+@dataclass(frozen=True)
+class Outcome:
+    prediction: Prediction | None
+    verdict: Verdict
+    reason: str
+    eff_mfs: float | None
+    negative: tuple  # CapWarning lines with a negative profiled count
+
+
+def free_memory(ctx: Context) -> FreeMemory:
+    facts = ctx.facts
+    pres = [rf.pre for rf in facts.values() if rf.pre is not None]
+    T = min_interval(pres)
+    post = min_interval([rf.post for rf in facts.values() if rf.post is not None])
+    if T is not None and len(pres) < len(facts):
+        ctx.notes.append(f"T is the minimum over the {len(pres)} of {len(facts)} ranks whose lines are in the log")
+    return FreeMemory(T, post, next((rf.pre_source for rf in facts.values() if rf.pre_source), None))
+
+
+def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
+    """mem_fraction_static: server_args, the user's flag, the engine's own reductions (multimodal, aiter)."""
+    mfs = as_float(ctx.args.get("mem_fraction_static"))
+    source = "server_args" if mfs is not None else None
+    if opts.mem_fraction_static is not None:
+        if mfs is not None and abs(mfs - opts.mem_fraction_static) > 1e-9:
+            ctx.notes.append(f"--mem-fraction-static {opts.mem_fraction_static} overrides server_args' {mfs}")
+        mfs, source = opts.mem_fraction_static, "cli"
+    adjust = ctx.startup.of(MfsAdjust)
+    if adjust and source != "cli":
+        mfs, source = adjust[-1].mem_fraction_static, "log (multimodal reduction)"
+    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and source != "cli":
+        ctx_len = context_length_of(ctx)
+        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), None):
+            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang uses {mfs} x 0.85")
+            mfs, source = round(mfs * 0.85, 6), f"{source} x 0.85 (aiter)"
+    return Fraction(mfs, source)
+
+
+def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -> Cells:
+    """From config.json when there is one, checked against what the KV line implies; else the KV line's."""
+    logged, approx = logged_token_count(ctx)
+    geom: ModelGeometry | None = opts.model_geometry
+    cell, cell_note = config_cell(ctx)
+    line_cell, line_mid = kv_line_cell(ctx, None if approx else logged)
+    source = None
+    iv: Interval | None = None
+    if cell is not None:
+        iv, source = Interval.exact(cell.profile), "config"
+        if line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
+            findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
+            iv, source = line_cell, "kv_line (config disagrees)"
+    elif line_cell is not None:
+        iv, source = line_cell, "kv_line"
+    if cell_note:
+        ctx.notes.append(cell_note)
+    return Cells(cell, iv, source, line_mid, logged, approx)
+
+
+def state_pool(ctx: Context) -> Interval | None:
+    """A hybrid linear-attention model's state pool comes out of the same budget (0.5.2+, reference §2.6):
+    what the budget was charged for, without the state pool's padding slot (pool.budget_share)."""
+    spec = ctx.spec_algo is not None
+    states = [s for s in (state_gib(components(rf), budget=not spec) for rf in ctx.facts.values()) if s is not None]
+    if not states:
+        return None
+    g, parts = max(states)
+    return Interval(g - parts * LOG_HALF_ULP, g + parts * LOG_HALF_ULP)
+
+
+def cap_of(ctx: Context, cells: Cells, budget: PoolBudget, findings: list[Finding]) -> Cap:
+    """A capped pool (--max-total-tokens, the engine's cap warning, or one that looks capped): the fraction
+    cannot be read from it."""
+    logged = cells.logged
+    cap = as_int(ctx.args.get("max_total_tokens"))
+    engine_rest = min((rf.kv_budget for rf in ctx.facts.values() if rf.kv_budget is not None), default=None)
+    probable = None
+    if cap is None and logged and not cells.approx and "max_total_tokens" not in ctx.args:
+        if engine_rest is not None and cells.iv is not None and budget.gib(logged) < 0.9 * engine_rest:
+            probable = (f"{logged:,} tokens take {budget.gib(logged):.2f} GiB, well below the "
+                        f"{engine_rest:.2f} GiB the engine logged as available for the KV cache")
+        elif logged % 1000 == 0:
+            probable = f"{logged:,} is a round number, not what a memory budget divides into"
+    capped = (cap is not None and cap == logged) or bool(ctx.startup.of(CapWarning)) or probable is not None
+    if probable:
+        findings.append(F.tokens_capped_probably(logged, probable))
+    return Cap(cap, probable, capped, engine_rest)
+
+
+def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, budget: PoolBudget, cap: Cap,
+                   findings: list[Finding]) -> tuple[FreeMemory, Fraction]:
+    """The fraction from the engine's own KV budget, else inferred; T from the tokens when the log lacks it.
+    A value solved here is said so: the check that would use it cannot be made (verdict_of)."""
+    T, post, logged = free.T, free.post, cells.logged
+    if fraction.value is None and cap.engine_rest is not None and T is not None and post is not None:
+        fraction = Fraction(round(1 - (post.mid - cap.engine_rest) / T.mid, 4),
+                            "solved from the logged 'available memory for KV cache'")
+    if fraction.value is None and not cap.capped and T is not None and post is not None and logged \
+            and cells.iv is not None:
+        inferred = 1 - (post.mid - budget.gib(logged)) / T.mid
+        if 0 < inferred < 1:
+            fraction = Fraction(round(inferred, 4), "inferred")
+            findings.append(F.mfs_inferred(fraction.value, budget.state.mid if budget.state is not None else None))
+    mfs = fraction.value
+    if T is None and mfs is not None and mfs < 1 and post is not None and logged and cells.iv is not None \
+            and not cells.approx:
+        t_mid = (post.mid - budget.gib(logged)) / (1 - mfs)
+        free = FreeMemory(Interval(t_mid - 0.01, t_mid + 0.01), post,
+                          "solved from the logged tokens (no 'Load weight begin' line)")
+    return free, fraction
+
+
+def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fraction, cells: Cells,
+               state: Interval | None, cap: Cap) -> Outcome:
+    """The formula's prediction under each rule of the release, and whether the logged count is one of them."""
+    T, post, mfs, cell_iv, logged = free.T, free.post, fraction.value, cells.iv, cells.logged
+    negative = tuple(ev for ev in ctx.startup.of(CapWarning) if ev.profiled < 0)
+    missing = [name for name, v in (("T (pre-load free memory)", T), ("free memory after weights", post),
+                                    ("mem_fraction_static", mfs), ("bytes per token", cell_iv)) if v is None]
+    preds: list[Prediction] = []
+    if not missing:
+        assert T is not None and post is not None and mfs is not None and cell_iv is not None
+        geom = opts.model_geometry
+        draft_layers = (geom.num_nextn_predict_layers or 1) if geom is not None else None
+        stages = _stage_inputs(ctx, post, cell_iv, cells.source)
+        preds = [predict_stages(ctx, r, T, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
+                 for r in rules_for(ctx.era, ctx.spec_algo is not None)]
+    first = preds[0] if preds else None
+    if cap.probable:
+        reason = (f"the pool looks capped ({cap.probable}); a capped pool does not follow from the formula, "
+                  "and the fraction is not inferred from it")
+        if first is not None:
+            reason += f"; the formula allows up to {first.tokens.high:,}"
+        return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
+    if missing or logged is None:
+        wants = missing + ([] if logged is not None else ["the KV pool's token count"])
+        if first is None:
+            reason = ("cannot check: the log lacks " + ", ".join(wants)
+                      + _how_to_check(wants, opts.model_geometry is not None))
+        else:
+            reason = (f"the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens; the log does not say "
+                      "what the engine allocated (no KV line or scheduler summary)")
+        return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
+    assert first is not None
+    if cells.approx:
+        return Outcome(first, Verdict.UNKNOWN,
+                       f"the log gives the token count only approximately ({logged:,}, abridged); the formula "
+                       f"gives {first.tokens.low:,}..{first.tokens.high:,}", None, negative)
+    if fraction.source == "inferred":
+        return Outcome(None, Verdict.UNKNOWN,
+                       "mem_fraction_static was inferred from these same numbers, so the token count cannot be "
+                       "checked independently; pass --mem-fraction-static to check it", None, negative)
+    if free.pre_source and free.pre_source.startswith("solved"):
+        return Outcome(None, Verdict.UNKNOWN,
+                       "T was solved from the token count, so the token count cannot be checked independently",
+                       None, negative)
+    hit = next((p for p in preds if p.tokens.contains(logged)), None)
+    if hit is not None:
+        return Outcome(hit, Verdict.MATCH,
+                       f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}",
+                       None, negative)
+    assert T is not None and post is not None and mfs is not None and cell_iv is not None
+    verdict, reason, eff_mfs = explain_mismatch(ctx, first, logged, T, post, mfs, cell_iv, cap.cap, state)
+    return Outcome(first, verdict, reason, eff_mfs, negative)
+
+
+def shortfall_of(ctx: Context, free: FreeMemory, budget: PoolBudget, outcome: Outcome
+                 ) -> tuple[dict[str, float], float | None]:
+    """A memory error: the fraction that would have worked, and what the engine's own (negative) count implies."""
+    T, post, state = free.T, free.post, budget.state
+    eff_mfs = outcome.eff_mfs
+    shortfall: dict[str, float] = {}
+    if T is not None and post is not None and T.mid > 0:
+        shortfall["minimum_mem_fraction_static"] = round(1 - (post.mid - (state.mid if state else 0)) / T.mid, 4)
+    if outcome.negative:
+        first = outcome.negative[0]
+        shortfall["profiled"] = first.profiled
+        shortfall["line"] = first.line
+        if T is not None and post is not None and budget.cell_iv is not None:
+            eff_mfs = round(1 - (post.mid - budget.gib(first.profiled)) / T.mid, 4)
+            shortfall["effective_mem_fraction_static"] = eff_mfs
+            if outcome.prediction is not None:
+                shortfall["formula_tokens"] = outcome.prediction.tokens.low
+    return shortfall, eff_mfs
+
+
+def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, state: Interval | None, cap: Cap,
+               outcome: Outcome) -> Formula:
+    T, post, mfs = free.T, free.post, fraction.value
+    reserve = free.reserve(mfs)
+    rest = (post - reserve) if (post is not None and reserve is not None) else None
+    prediction = outcome.prediction
+    return Formula(
+        mem_fraction_static=mfs,
+        mem_fraction_static_source=fraction.source,
+        pre_load_free_gib=rounded(T.mid) if T else None,
+        pre_load_free_source=free.pre_source,
+        post_load_free_gib=rounded(post.mid) if post else None,
+        reserve_gib=rounded(reserve.mid, 4) if reserve else None,
+        rest_gib=rounded(rest.mid, 4) if rest else None,
+        bytes_per_token=(cells.cell.profile if (cells.cell is not None and cells.source == "config")
+                         else (round(cells.iv.mid) if cells.iv else None)),
+        bytes_per_token_source=cells.source,
+        predicted_tokens=prediction.tokens if prediction else None,
+        logged_tokens=cells.logged,
+        verdict=outcome.verdict,
+        verdict_reason=outcome.reason,
+        rule=prediction.rule.name if prediction else None,
+        effective_mem_fraction_static=outcome.eff_mfs,
+        page_size=ctx.page_size,
+        max_total_tokens_cap=cap.cap,
+        speculative_headroom_tokens=prediction.headroom if prediction else None,
+        kv_bytes_per_token_logged=round(cells.line_mid, 1) if cells.line_mid else None,
+        logged_tokens_approximate=cells.approx,
+        probable_cap=cap.probable,
+        state_pool_gib=round(state.mid, 3) if state is not None else None,
+        check_inputs=("mem_fraction_static", "pre_load_free_gib", "post_load_free_gib", "bytes_per_token")
+        + (("attention_tp_size",) if cells.source == "config" else ()),
+    )
+
+
+def ledgers_of(ctx: Context, cells: Cells) -> tuple:
+    """Every GiB per rank: weights, the pool, graphs, what stayed free (ledger.rank_ledger)."""
+    req_bytes, req_how = request_table(ctx, cells.logged, context_length_of(ctx))
+    return tuple(rank_ledger(i, ctx.facts[r], ctx, cells.cell, cells.logged, req_bytes, req_how, rank0=(i == 0))
+                 for i, r in enumerate(sorted(ctx.facts)))
+
+
+def ledger_and_failure_findings(ctx: Context, opts: AuditOptions, ledgers: tuple, formula: Formula,
+                                free: FreeMemory, shortfall: dict[str, float], cells: Cells) -> list[Finding]:
+    out = list(ledger_findings(ctx, ledgers, formula, free.reserve(formula.mem_fraction_static), opts.thresholds))
+    out.extend(concurrency_findings(ctx, cells.logged, context_length_of(ctx)))
+    memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in ctx.startup.of(Failure))
+    negative = any(ev.profiled < 0 for ev in ctx.startup.of(CapWarning))
+    out.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None, formula))
+    hicache = ctx.startup.of(HiCacheHost)
+    if hicache and hicache[0].host_gb is not None:
+        out.append(F.hicache_host(hicache[0].host_gb, cells.logged, cells.cell.pool if cells.cell else None,
+                                  as_float(ctx.args.get("hicache_ratio"))))
+    return out
 
 
 def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:

@@ -3,6 +3,8 @@ findings, assembled into an :class:`Audit`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
@@ -45,28 +47,108 @@ ENGINE = "vllm"
 
 
 def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
+    """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
-    notes = ctx.notes
     findings: list[Finding] = []
-    facts = ctx.facts
     applied = estimate_applied(ctx)
+    pool_seen = logged_pool(ctx)
+    kv = kv_budgets(ctx)
+    cells = bytes_per_token(ctx, kv, pool_seen, findings)
+    pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells.cell, cells.source, cells.pool, kv.kvs,
+                    cells.tp_fit_note)
+    formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
+    if pred.verdict == Verdict.MATCH:
+        findings.append(F.tokens_match(formula, _match_text(kv.K, cells.cell, ctx.block_size, cells.pool)))
+    elif pred.verdict == Verdict.MISMATCH:
+        findings.append(F.tokens_mismatch(formula, pred.verdict))
+    peers = list(ctx.facts.values())
+    ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
+                    for i, r in enumerate(sorted(ctx.facts)))
+    findings += checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)
+    if not pool_seen.stated and not any(f.severity == Severity.ERROR for f in findings):
+        findings.append(F.incomplete_log(startup.last_line, "KV cache size line (GPU KV cache size / # GPU blocks)"))
+    closing_notes(ctx, kv, pool_seen)
+    return Audit(
+        engine=ENGINE,
+        **startup_identity(startup, opts.source, startups_total),
+        model=_model_summary(ctx, cells.pool),
+        formula=formula,
+        ranks=ledgers,
+        findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
+        speculative=None,
+        hicache_host_gb=None,
+        notes=tuple(ctx.notes + ([f"bytes per token: {cells.description}"] if cells.description else [])),
+        engine_display="vLLM",
+        # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
+        formula_text=(f"KV = {formula.rule.split(': ', 1)[-1]};  "
+                      "tokens = floor(KV / (bytes per token x block)) x block"),
+        formula_rows=(
+            FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
+            FormulaRow("gpu_memory_utilization", ctx.util, "", ctx.util_source or ""),
+            FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"),
+            FormulaRow("available KV cache memory (min)", kv.K, "GiB",
+                       "the KV budget" + (f" (seen on {_seen_text(kv.kvs)})" if kv.kvs and "all" not in kv.kvs
+                                          else "")),
+        ),
+        pre_load_label="total",
+    )
 
-    # --- the logged pool ----------------------------------------------------------------------------------
-    tokens_ev = startup.of(KVTokens)
-    blocks_ev = startup.of(Blocks)
-    if tokens_ev:
-        per_dp = {}
-        for e in tokens_ev:
-            per_dp[e.dp] = e  # the last line of each data-parallel engine
-        logged_ev = min(per_dp.values(), key=lambda e: e.tokens)
-        logged: int | None = logged_ev.tokens
-        if len(per_dp) > 1:
-            notes.append(f"{len(per_dp)} data-parallel engines logged their own pool; the smallest is checked")
-    else:
-        logged_ev = None
-        logged = min(b.gpu_blocks for b in blocks_ev) * ctx.block_size if blocks_ev else None
 
-    # --- the budget per worker ----------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------
+# the steps
+
+
+@dataclass(frozen=True)
+class LoggedPool:
+    """The pool the engine logged: its token count (the smallest data-parallel engine's), from its line."""
+
+    logged: int | None
+    event: KVTokens | None  # the KV-size line it came from, None when it came from a block count
+    stated: bool  # a KV size or block line is in the log
+
+
+@dataclass(frozen=True)
+class KVBudgets:
+    """The available KV memory per worker (K the smallest), the card's total T and the workers' budgets."""
+
+    kvs: dict[str, float]
+    fixed: float | None  # --kv-cache-memory-bytes, when it set the pool
+    K: float | None
+    T: float | None
+    T_note: float | None  # a total recovered from the CUDA-graph note, when no line states it
+    budgets: tuple[Budget, ...]
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Bytes per token, where they come from, and what the KV line implies."""
+
+    pool: HybridPool | None
+    cell: int | None
+    description: str | None
+    source: str | None
+    line_cell: Interval | None
+    tp_fit_note: str | None
+
+
+def logged_pool(ctx: Context) -> LoggedPool:
+    tokens_ev = ctx.startup.of(KVTokens)
+    blocks_ev = ctx.startup.of(Blocks)
+    stated = bool(tokens_ev or blocks_ev)
+    if not tokens_ev:
+        return LoggedPool(min(b.gpu_blocks for b in blocks_ev) * ctx.block_size if blocks_ev else None, None, stated)
+    per_dp = {}
+    for e in tokens_ev:
+        per_dp[e.dp] = e  # the last line of each data-parallel engine
+    event = min(per_dp.values(), key=lambda e: e.tokens)
+    if len(per_dp) > 1:
+        ctx.notes.append(f"{len(per_dp)} data-parallel engines logged their own pool; the smallest is checked")
+    return LoggedPool(event.tokens, event, stated)
+
+
+def kv_budgets(ctx: Context) -> KVBudgets:
+    facts = ctx.facts
+    notes = ctx.notes
     kvs = {rr.rank.display: rr.r["kv_gib"] for rr in facts.values() if "kv_gib" in rr.r}
     fixed = [rr.r["kv_bytes_config_gib"] for rr in facts.values() if "kv_bytes_config_gib" in rr.r]
     if fixed and not kvs:  # --kv-cache-memory-bytes (0.10.2+): the KV size is set, the util budget is skipped
@@ -90,33 +172,33 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
             notes.append(f"total GPU memory ~{T_note:.1f} GiB recovered from the CUDA-graph note: estimate {est} GiB = "
                          f"({u_note} - {equiv}) x total (approximate: the estimate is rounded to 0.01 GiB)")
     peers = list(facts.values())
-    budgets: list[Budget] = []
-    if not fixed:
-        for rr in facts.values():
-            b = budget(rr, ctx, T or T_note, peers)
-            if b is not None:
-                budgets.append(b)
+    budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
+                                if b is not None]
     for rr in facts.values():
         if "external_weights_gib" in rr.r:
             notes.append(f"{rr.rank.display}: {rr.r['external_weights_gib']:.2f} GiB of weights are held by another "
                          f"process (0.32+): of the {rr.r.get('budget_gib', 0):.2f} GiB budget, "
                          f"{rr.r.get('engine_budget_gib', 0):.2f} GiB remained for the engine")
             break
+    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets))
 
-    # --- bytes per token ------------------------------------------------------------------------------------
-    geom = ctx.geom
+
+def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: list[Finding]) -> Cells:
+    """From config.json (a hybrid model's page layout, else one cell), checked against what the KV line implies;
+    a disagreement is first tried against a larger TP the log does not rule out, else it is a mismatch."""
+    geom, K, logged, logged_ev = ctx.geom, kv.K, seen.logged, seen.event
     pool: HybridPool | None = None
     cell = None
-    cell_desc = None
-    bpt_source = None
+    description = None
+    source = None
     tp_fit_note = None
     if geom is not None:
         pool = hybrid_pool(geom, ctx.tp, ctx.kv_elt, ctx.block_size)
         if pool is not None:
-            cell, cell_desc = pool.bytes_per_token, pool.describe()
+            cell, description = pool.bytes_per_token, pool.describe()
         else:
-            cell, cell_desc = cell_size(geom, ctx.tp, ctx.kv_elt, ctx.pp, split_v=ctx.era.lo >= (0, 14, 0))
-        bpt_source = "config"
+            cell, description = cell_size(geom, ctx.tp, ctx.kv_elt, ctx.pp, split_v=ctx.era.lo >= (0, 14, 0))
+        source = "config"
     line_cell = None
     if K is not None and logged and K - LOG_HALF_ULP > 0 and (logged_ev is None or not logged_ev.with_host):
         line_cell = Interval((K - LOG_HALF_ULP) * GIB / logged, (K + LOG_HALF_ULP) * GIB / logged)
@@ -130,56 +212,60 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
                            f"config gives {cell:,} B/token, more than the pool holds; at TP {fitted[0]} it gives "
                            f"{fitted[1]:,} B/token, which fits: the TP size is not established, so the count is not "
                            "checked")
-            cell, bpt_source = fitted[1], f"config at TP {fitted[0]} (fitted to the KV line)"
+            cell, source = fitted[1], f"config at TP {fitted[0]} (fitted to the KV line)"
         else:
             findings.append(F.geometry_mismatch(cell, line_cell.mid, geom.source if geom else "config"))
-            cell, bpt_source = int(line_cell.mid), "kv_line (config disagrees)"
+            cell, source = int(line_cell.mid), "kv_line (config disagrees)"
     if cell is None and line_cell is not None:
-        cell, bpt_source = int(round(line_cell.mid)), "kv_line"
+        cell, source = int(round(line_cell.mid)), "kv_line"
+    return Cells(pool, cell, description, source, line_cell, tp_fit_note)
 
-    # --- prediction -----------------------------------------------------------------------------------------
-    pred = _predict(ctx, K, T, logged, logged_ev, cell, bpt_source, pool, kvs, tp_fit_note)
 
-    formula = Formula(
+def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred: Prediction, applied) -> Formula:
+    T = kv.T
+    return Formula(
         mem_fraction_static=ctx.util,
         mem_fraction_static_source=ctx.util_source,
         pre_load_free_gib=round(T, 2) if T is not None else None,
         pre_load_free_source="total GPU memory (vLLM's fraction is of the total)" if T is not None else None,
         post_load_free_gib=None,
         reserve_gib=round(T * (1 - ctx.util), 4) if (T is not None and ctx.util is not None) else None,
-        rest_gib=K,
-        bytes_per_token=cell,
-        bytes_per_token_source=bpt_source,
+        rest_gib=kv.K,
+        bytes_per_token=cells.cell,
+        bytes_per_token_source=cells.source,
         predicted_tokens=pred.interval,
-        logged_tokens=logged,
+        logged_tokens=seen.logged,
         verdict=pred.verdict,
         verdict_reason=pred.reason,
-        rule=rule_text(ctx, budgets, applied),
+        rule=rule_text(ctx, list(kv.budgets), applied),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
         max_total_tokens_cap=None,
         speculative_headroom_tokens=None,
-        kv_bytes_per_token_logged=round(line_cell.mid, 1) if line_cell else None,
+        kv_bytes_per_token_logged=round(cells.line_cell.mid, 1) if cells.line_cell else None,
     )
-    if pred.verdict == Verdict.MATCH:
-        findings.append(F.tokens_match(formula, _match_text(K, cell, ctx.block_size, pool)))
-    elif pred.verdict == Verdict.MISMATCH:
-        findings.append(F.tokens_mismatch(formula, pred.verdict))
 
-    # --- ledgers and findings -------------------------------------------------------------------------------
-    ordered = sorted(facts)
-    ledgers = tuple(rank_ledger(i, facts[r], ctx, applied, peers, T or T_note) for i, r in enumerate(ordered))
+
+def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: LoggedPool, cells: Cells,
+                     ledgers: tuple, applied) -> list[Finding]:
+    """The checks beyond the token count: budgets, ranks, failures, graphs, suggestions, headroom, concurrency."""
     th = opts.thresholds
-    findings += budget_findings(budgets)
-    findings += rank_findings(ctx, ledgers, T, cell, th)
-    findings += failure_findings(ctx, K, T, cell, logged, min(fixed) if fixed else None)
-    findings += graph_findings(ctx, applied, T or T_note, cell, opts.thresholds.low_headroom_gib)
-    findings += suggestion_findings(ctx, applied, T or T_note)
-    findings += headroom_findings(ctx, ledgers, T, th)
-    findings += concurrency_findings(ctx, logged, ctx.hybrid is not None or pool is not None)
-    if not tokens_ev and not blocks_ev and not any(f.severity == Severity.ERROR for f in findings):
-        findings.append(F.incomplete_log(startup.last_line, "KV cache size line (GPU KV cache size / # GPU blocks)"))
-    for a in startup.of(AutoFit):
+    T, T_any, cell, logged = kv.T, kv.T or kv.T_note, cells.cell, seen.logged
+    out: list[Finding] = []
+    out += budget_findings(list(kv.budgets))
+    out += rank_findings(ctx, ledgers, T, cell, th)
+    out += failure_findings(ctx, kv.K, T, cell, logged, kv.fixed)
+    out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib)
+    out += suggestion_findings(ctx, applied, T_any)
+    out += headroom_findings(ctx, ledgers, T, th)
+    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None)
+    return out
+
+
+def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
+    """What the reader should know about settings the log implies or does not state."""
+    notes = ctx.notes
+    for a in ctx.startup.of(AutoFit):
         notes.append(f"max_model_len auto-fit: {a.from_len:,} -> {a.to_len:,}"
                      + (f" to fit {a.kv_gib} GiB of KV memory" if a.kv_gib is not None else "")
                      + (f" + {a.host_gib} GiB on the host" if a.host_gib is not None else "") + f" (line {a.line})")
@@ -191,38 +277,19 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
             f"Mamba page padded by {h.mamba_padding_pct:g}%" if h.mamba_padding_pct is not None else "") if x))
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
-    if ctx.block_source.startswith("default") and (K is not None or logged is not None):
+    if ctx.block_source.startswith("default") and (kv.K is not None or seen.logged is not None):
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
 
+
+def _model_summary(ctx: Context, pool: HybridPool | None) -> ModelSummary:
+    geom = ctx.geom
     arch = ctx.args.get("model") or (geom.architecture if geom else None)
     attention = ("mla" if geom.is_mla else ("hybrid" if pool is not None else "mha")) if geom else "unknown"
-    return Audit(
-        engine=ENGINE,
-        **startup_identity(startup, opts.source, startups_total),
-        model=ModelSummary(str(arch) if arch else None, attention,
-                           geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
-                           (None if geom.is_mla else max(1, (geom.num_kv_heads or 1) // ctx.tp)) if geom else None,
-                           geom.head_dim if geom else None, ctx.kv_dtype, ctx.kv_elt, ctx.tp,
-                           geom.source if geom else None, ctx.tp_at_least, ctx.tp_source),
-        formula=formula,
-        ranks=ledgers,
-        findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
-        speculative=None,
-        hicache_host_gb=None,
-        notes=tuple(notes + ([f"bytes per token: {cell_desc}"] if cell_desc else [])),
-        engine_display="vLLM",
-        # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
-        formula_text=(f"KV = {formula.rule.split(': ', 1)[-1]};  "
-                      "tokens = floor(KV / (bytes per token x block)) x block"),
-        formula_rows=(
-            FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
-            FormulaRow("gpu_memory_utilization", ctx.util, "", ctx.util_source or ""),
-            FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"),
-            FormulaRow("available KV cache memory (min)", K, "GiB",
-                       "the KV budget" + (f" (seen on {_seen_text(kvs)})" if kvs and "all" not in kvs else "")),
-        ),
-        pre_load_label="total",
-    )
+    return ModelSummary(str(arch) if arch else None, attention,
+                        geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
+                        (None if geom.is_mla else max(1, (geom.num_kv_heads or 1) // ctx.tp)) if geom else None,
+                        geom.head_dim if geom else None, ctx.kv_dtype, ctx.kv_elt, ctx.tp,
+                        geom.source if geom else None, ctx.tp_at_least, ctx.tp_source)
 
 
 def _seen_text(kvs: dict[str, float]) -> str:

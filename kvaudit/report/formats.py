@@ -1,0 +1,87 @@
+"""The output formats, in one registry: which report each format renders for each command.
+
+The CLI asks :func:`choose` for a format by name and calls its methods; it holds no per-format branches. Each
+renderer module is imported only when its format is chosen (the CLI starts without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Callable
+
+from kvaudit.errors import KvauditError
+
+
+class FormatError(KvauditError):
+    """A --format this command does not write (exit 2)."""
+
+
+def _fn(path: str) -> Callable[..., str]:
+    module, name = path.rsplit(":", 1)
+    return getattr(import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Format:
+    """One output format. ``colour`` says whether it takes terminal colour and width; ``whatif`` whether
+    ``kvaudit whatif`` and ``kvaudit history`` can write it."""
+
+    name: str
+    audits_fn: str  # explain: a list of audits
+    hosts_fn: str  # check: a list of checked hosts
+    fleet_fn: str  # fleet: the run, its drift and the previous run
+    whatif_fn: str | None = None
+    colour: bool = False
+
+    def audits(self, audits: list[Any], color: bool = False) -> str:
+        return _fn(self.audits_fn)(audits, color=color and self.colour)
+
+    def hosts(self, hosts: list[Any], color: bool = False) -> str:
+        return _fn(self.hosts_fn)(hosts, **({"color": color} if self.colour else {}))
+
+    def fleet(self, run: Any, drift: Any, previous_run: int | None, first_run: bool, color: bool = False,
+              width: int = 120) -> str:
+        fn = _fn(self.fleet_fn)
+        if self.colour:
+            return fn(run, drift, color=color, first_run=first_run, width=width)
+        if self.name == "json":
+            return fn(run, drift, previous_run, first_run=first_run)
+        return fn(run, drift, first_run=first_run)
+
+    def whatif(self, audit: Any, w: Any, color: bool = False) -> str:
+        if self.whatif_fn is None:
+            raise FormatError(f"--format {self.name}: whatif prints text or json")
+        return _fn(self.whatif_fn)(audit, w, **({"color": color} if self.colour else {}))
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f for f in (
+        Format("text", "kvaudit.report.text:render", "kvaudit.report.host:render_text",
+               "kvaudit.report.fleet:render_text", "kvaudit.report.text:render_whatif", colour=True),
+        Format("json", "kvaudit.report.json:render", "kvaudit.report.host:render_json",
+               "kvaudit.report.fleet:render_json", "kvaudit.report.json:render_whatif"),
+        Format("markdown", "kvaudit.report.markdown:render", "kvaudit.report.host:render_markdown",
+               "kvaudit.report.fleet:render_markdown"),
+    )
+}
+
+#: what the fleet writes beside its report, each with the flag that writes it (a --format of these is a mistake
+#: with a known right answer)
+FLEET_FILES = {"html": "--html FILE", "csv": "--csv FILE", "parquet": "--csv FILE --parquet",
+               "prometheus": "--textfile-dir DIR"}
+
+
+def choose(name: str, command: str = "") -> Format:
+    """The format named by ``--format``, or a one-line error that names the choices for ``command``."""
+    fmt = FORMATS.get(name)
+    if command in ("whatif", "history"):
+        if fmt is None or fmt.whatif_fn is None:
+            raise FormatError(f"--format {name!r}: {command} prints text or json")
+        return fmt
+    if fmt is not None:
+        return fmt
+    if command == "fleet" and name in FLEET_FILES:
+        raise FormatError(f"--format {name}: the fleet writes {name} beside its report: use {FLEET_FILES[name]} "
+                          f"(--format is one of {', '.join(FORMATS)})")
+    raise FormatError(f"--format {name!r}: choose one of {', '.join(FORMATS)}")
