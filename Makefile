@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m compileall -q kvaudit  # byte-compiled once: every start reads the .pyc
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP) scripts/system-deps.sh

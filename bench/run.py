@@ -3,7 +3,8 @@
 1. explain on a generated 1 GiB journal vs `grep -E` with the same line anchors on the same file
    (target: within 2x), and peak memory at 64 MiB vs 1 GiB (target: flat).
 2. the pure-Python fallback scanner (no grep on the machine) on 64 MiB, for reference.
-3. CLI start-up: `kvaudit --version` vs a bare `python -c pass`.
+3. CLI start-up: `kvaudit --version` and `explain` of a 15 KB log vs a bare `python -c pass` (targets: 100 ms
+   and 150 ms on a current machine), and the imports that cost most (`python -X importtime`).
 
 Each figure is the best of N runs (the least disturbed by other load). Results go to bench/out/results.json;
 bench/baseline.json holds an earlier run, printed side by side. `python bench/run.py --save-baseline`
@@ -55,6 +56,25 @@ def best(cmd: list[str], env: dict | None = None, runs: int = RUNS) -> dict:
     return {"seconds": round(min(r[0] for r in results), 4), "peak_rss_kib": max(r[1] for r in results)}
 
 
+#: a real 15 KB startup (SGLang), for the start-up of `explain`
+SMALL_LOG = ROOT / "fixtures" / "samples" / "sglang_029.log"
+
+
+def print_import_costs(top: int = 8) -> None:
+    """The modules whose import costs most in `explain` of the small log (self time, `-X importtime`)."""
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "kvaudit", "explain", str(SMALL_LOG)],
+                       capture_output=True, text=True)
+    rows = []
+    for line in p.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[0].strip().isdigit():
+            rows.append((int(parts[0]), int(parts[1]), parts[2].strip()))
+    total = sum(r[0] for r in rows)
+    print(f"\nexplain of {SMALL_LOG.name}: imports {total / 1000:.0f} ms in all; the costliest (self, ms):")
+    for self_us, _, name in sorted(rows, reverse=True)[:top]:
+        print(f"  {self_us / 1000:7.1f}  {name}")
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     big = generate(OUT / "log-1g.log", 1 << 30)
@@ -81,6 +101,7 @@ def main() -> None:
                                               dict(os.environ, KVAUDIT_NO_GREP="1"), runs=1)
     res["grep_64m"] = best([grep, "-a", "-c", "-E", pattern, str(small)], cenv)
     res["cli_version"] = best([KVAUDIT, "--version"], runs=5)
+    res["explain_small_log"] = best([KVAUDIT, "explain", str(SMALL_LOG)], runs=5)
     res["python_bare"] = best([sys.executable, "-c", "pass"], runs=5)
 
     ratios = {
@@ -88,6 +109,7 @@ def main() -> None:
         "peak_rss_1g_vs_64m": res["explain_1g"]["peak_rss_kib"] / res["explain_64m"]["peak_rss_kib"],
         "python_scanner_vs_grep_64m": res["explain_64m_python_scanner"]["seconds"] / res["grep_64m"]["seconds"],
         "cli_startup_vs_bare_python": res["cli_version"]["seconds"] / res["python_bare"]["seconds"],
+        "explain_small_vs_bare_python": res["explain_small_log"]["seconds"] / res["python_bare"]["seconds"],
     }
     targets = {"explain_vs_grep_1g": 2.0, "peak_rss_1g_vs_64m": 1.2}
     baseline_path = HERE / "baseline.json"
@@ -108,6 +130,7 @@ def main() -> None:
         bs = "-" if b is None else f"{b:.2f}"
         ts = "" if t is None else f"< {t:g}"
         print(f"{k:34} {v:8.2f} {bs:>9} {ts:>8}")
+    print_import_costs()
     import fleet_scaling
     import journal_bytes
 

@@ -1,3 +1,3 @@
-from kvaudit.cli import main
+from kvaudit.main import main
 
 main()

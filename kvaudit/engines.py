@@ -7,6 +7,7 @@ one :class:`Engine` line here; nothing else in kvaudit changes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from importlib import import_module
 from typing import Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
@@ -15,30 +16,42 @@ from kvaudit.parse.sglang import SGLangParser
 from kvaudit.parse.trtllm import TRTLLMParser
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
-from kvaudit.reconcile import lmdeploy as lmdeploy_formula
-from kvaudit.reconcile import sglang as sglang_formula
-from kvaudit.reconcile import trtllm as trtllm_formula
-from kvaudit.reconcile import vllm as vllm_formula
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
-from kvaudit.reconcile.lmdeploy import endpoint as lmdeploy_endpoint
-from kvaudit.reconcile.sglang import endpoint as sglang_endpoint
-from kvaudit.reconcile.trtllm import endpoint as trtllm_endpoint
-from kvaudit.reconcile.vllm import endpoint as vllm_endpoint
 from kvaudit.verdict import settle
 
 
 @dataclass(frozen=True)
 class Engine:
+    """An engine kvaudit audits: its grammar (every log is offered to every grammar, so parsers are loaded
+    eagerly) and its formula package, loaded only when a startup of this engine is audited (the CLI starts
+    without the other engines' formulas)."""
+
     name: str
     display: str
     parser: EngineParser
-    reconcile: Callable[[Startup, AuditOptions, int], Audit]
-    whatif: Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]
+    #: the package with ``reconcile(startup, opts, startups_total)`` and ``whatif(startup, opts, audit, new)``
+    formula: str
     process_names: tuple[str, ...] = ()  # what its systemd units and process titles contain (lower case)
-    #: the audit of a live server from its own HTTP documents (path -> body), None when they are not its own
-    endpoint: Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None = None
-    #: the documents it reads there, each as the paths it has been served at (newest first)
-    endpoint_paths: tuple[tuple[str, ...], ...] = ()
+    #: the module with ``audit_endpoint(documents, url, opts)`` (the audit of a live server from its own HTTP
+    #: documents, None when they are not its own) and ``PATHS`` (each document as the paths it has been served
+    #: at, newest first); None when the engine serves none kvaudit reads
+    endpoint_module: str | None = None
+
+    @property
+    def reconcile(self) -> Callable[[Startup, AuditOptions, int], Audit]:
+        return import_module(self.formula).reconcile
+
+    @property
+    def whatif(self) -> Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]:
+        return import_module(self.formula).whatif
+
+    @property
+    def endpoint(self) -> Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None:
+        return import_module(self.endpoint_module).audit_endpoint if self.endpoint_module else None
+
+    @property
+    def endpoint_paths(self) -> tuple[tuple[str, ...], ...]:
+        return import_module(self.endpoint_module).PATHS if self.endpoint_module else ()
 
     def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
         """The engine's audit of one startup, its findings settled by the shared verdict rules."""
@@ -71,15 +84,13 @@ def on_platform(a: Audit, opts: AuditOptions) -> Audit:
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("sglang", "SGLang", SGLangParser(), sglang_formula.reconcile, sglang_formula.whatif, ("sglang",),
-           sglang_endpoint.audit_endpoint, sglang_endpoint.PATHS),
-    Engine("vllm", "vLLM", VLLMParser(), vllm_formula.reconcile, vllm_formula.whatif, ("vllm",),
-           vllm_endpoint.audit_endpoint, vllm_endpoint.PATHS),
-    Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), trtllm_formula.reconcile, trtllm_formula.whatif,
-           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), trtllm_endpoint.audit_endpoint,
-           trtllm_endpoint.PATHS),
-    Engine("lmdeploy", "LMDeploy", LMDeployParser(), lmdeploy_formula.reconcile, lmdeploy_formula.whatif,
-           ("lmdeploy",), lmdeploy_endpoint.audit_endpoint, lmdeploy_endpoint.PATHS),
+    Engine("sglang", "SGLang", SGLangParser(), "kvaudit.reconcile.sglang", ("sglang",),
+           "kvaudit.reconcile.sglang.endpoint"),
+    Engine("vllm", "vLLM", VLLMParser(), "kvaudit.reconcile.vllm", ("vllm",), "kvaudit.reconcile.vllm.endpoint"),
+    Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), "kvaudit.reconcile.trtllm",
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint"),
+    Engine("lmdeploy", "LMDeploy", LMDeployParser(), "kvaudit.reconcile.lmdeploy", ("lmdeploy",),
+           "kvaudit.reconcile.lmdeploy.endpoint"),
 )
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank,
                                      oom_numbers, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
@@ -116,37 +117,37 @@ class Release(Event):
     version: str = ""
 
 
-_RANK = re.compile(r"\[TM\]\[[A-Z]+\]\[(\d+)\]|rank\[(\d+)\]")
-_BLOCK = re.compile(r"(\[BlockManager\] |BlockManager\.cc:\d+\] )block_size = " + NUM + " MB")
-_COUNT = re.compile(r"(?:\[BlockManager\] |BlockManager\.cc:\d+\] )(max_block_count|chunk_size) = (\d+)")
-_OBJECT = re.compile(r"Object cache budget: " + NUM + r" MB from free " + NUM + r" MB and ratio " + NUM)
-_ADJUSTING = re.compile(r"\[SeqMgr\] Adjusting block_count: free_before " + NUM + r" MB, linear " + NUM
+_RANK = lazy(r"\[TM\]\[[A-Z]+\]\[(\d+)\]|rank\[(\d+)\]")
+_BLOCK = lazy(r"(\[BlockManager\] |BlockManager\.cc:\d+\] )block_size = " + NUM + " MB")
+_COUNT = lazy(r"(?:\[BlockManager\] |BlockManager\.cc:\d+\] )(max_block_count|chunk_size) = (\d+)")
+_OBJECT = lazy(r"Object cache budget: " + NUM + r" MB from free " + NUM + r" MB and ratio " + NUM)
+_ADJUSTING = lazy(r"\[SeqMgr\] Adjusting block_count: free_before " + NUM + r" MB, linear " + NUM
                         + r" MB, target " + NUM + " MB")
-_ADJUSTED = re.compile(r"\[SeqMgr\] Adjusted block_count to (\d+)")
-_LINEAR_FAIL = re.compile(r"\[SeqMgr\] Linear-state memory \(" + NUM + r" MB\) >= cache budget \(" + NUM + r" MB\)")
-_TRUNCATED = re.compile(r"No enough blocks for `session_len` \((\d+)\), `session_len` truncated to (\d+)")
-_TRUNCATED_12 = re.compile(r"`session_len` truncated to (\d+) due to limited KV cache memory")
-_SEQ_DEFAULT = re.compile(r"`cache_block_seq_len` is not set, default to (\d+)")
-_CONFIG = re.compile(r"(Turbomind|Pytorch)EngineConfig\((.*)")
-_SETTING = re.compile(r"\b(tp|session_len|cache_max_entry_count|cache_block_seq_len|block_size|quant_policy|"
+_ADJUSTED = lazy(r"\[SeqMgr\] Adjusted block_count to (\d+)")
+_LINEAR_FAIL = lazy(r"\[SeqMgr\] Linear-state memory \(" + NUM + r" MB\) >= cache budget \(" + NUM + r" MB\)")
+_TRUNCATED = lazy(r"No enough blocks for `session_len` \((\d+)\), `session_len` truncated to (\d+)")
+_TRUNCATED_12 = lazy(r"`session_len` truncated to (\d+) due to limited KV cache memory")
+_SEQ_DEFAULT = lazy(r"`cache_block_seq_len` is not set, default to (\d+)")
+_CONFIG = lazy(r"(Turbomind|Pytorch)EngineConfig\((.*)")
+_SETTING = lazy(r"\b(tp|session_len|cache_max_entry_count|cache_block_seq_len|block_size|quant_policy|"
                       r"num_gpu_blocks|max_batch_size|max_prefill_token_num)=(None|\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
-_CACHE_CONFIG = re.compile(r"CacheConfig\((.*)")
-_CACHE_FIELD = re.compile(r"\b(block_size|num_gpu_blocks|num_cpu_blocks|cache_max_entry_count|quant_policy|"
+_CACHE_CONFIG = lazy(r"CacheConfig\((.*)")
+_CACHE_FIELD = lazy(r"\b(block_size|num_gpu_blocks|num_cpu_blocks|cache_max_entry_count|quant_policy|"
                           r"max_prefill_token_num|max_batches)=(\d+(?:\.\d+)?)")
-_INIT_CACHE = re.compile(r"Initialize cache engine with (\d+) gpu blocks and (\d+) cpu blocks")
-_FREE = re.compile(r"(?:minimal free gpu memory|device<\d+> free gpu memory): (\d+) mb")
-_RUNTIME = re.compile(r"estimated max runtime memory: (\d+) mb")
-_PREFILL = re.compile(r"No enough memory\. [Uu]pdate max_prefill_token_num=(\d+)")
+_INIT_CACHE = lazy(r"Initialize cache engine with (\d+) gpu blocks and (\d+) cpu blocks")
+_FREE = lazy(r"(?:minimal free gpu memory|device<\d+> free gpu memory): (\d+) mb")
+_RUNTIME = lazy(r"estimated max runtime memory: (\d+) mb")
+_PREFILL = lazy(r"No enough memory\. [Uu]pdate max_prefill_token_num=(\d+)")
 #: the TurboMind model config the engine logs, one key per line (INI "key = value", JSON ``"key": value,``)
-_MODEL_KEY = re.compile(r"(?:^|[\s:\]{,])\"?(num_layer|kv_head_num|size_per_head|head_dim|tensor_para_size|attn_tp_size|"
+_MODEL_KEY = lazy(r"(?:^|[\s:\]{,])\"?(num_layer|kv_head_num|size_per_head|head_dim|tensor_para_size|attn_tp_size|"
                         r"session_len|cache_max_entry_count|cache_block_seq_len|quant_policy)\"?\s*[=:]\s*"
                         r"(\d+(?:\.\d+)?)\s*,?\s*$")
-_MODEL_ARCH = re.compile(r"(?:^|[\s:\]{,])\"?model_arch\"?\s*[=:]\s*\"?([A-Za-z][\w.]{0,80})\"?\s*,?\s*$")
+_MODEL_ARCH = lazy(r"(?:^|[\s:\]{,])\"?model_arch\"?\s*[=:]\s*\"?([A-Za-z][\w.]{0,80})\"?\s*,?\s*$")
 _MODEL_KEYS = {"num_layer": "layers", "kv_head_num": "kv_heads", "size_per_head": "head_dim", "head_dim": "head_dim",
                "tensor_para_size": "tp", "attn_tp_size": "tp", "session_len": "session_len",
                "cache_max_entry_count": "ratio", "cache_block_seq_len": "block_seq_len",
                "quant_policy": "quant_policy"}
-_RELEASE = re.compile(r"LMDeploy: (\d+\.\d+\.\d+)")
+_RELEASE = lazy(r"LMDeploy: (\d+\.\d+\.\d+)")
 #: lines of plain numbers: (a cheap needle, the pattern, the reading key of each group)
 _SIMPLE = (
     ("cache engine with", _INIT_CACHE, ("num_gpu_blocks", "num_cpu_blocks")),
@@ -155,8 +156,8 @@ _SIMPLE = (
     ("max_prefill_token_num=", _PREFILL, ("prefill_tokens",)),
 )
 #: the Python logger's prefix: with "file.py:N - " since 0.6.2 (lmdeploy/utils.py get_logger), without before
-_PY_PREFIX = re.compile(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR) - (\w+\.py:\d+ - )?")
-_NEW_PREFIX = re.compile(r"\[TM\]\[(?:INFO|WARN|ERROR|DEBUG)\]\[\d{4}\.")
+_PY_PREFIX = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR) - (\w+\.py:\d+ - )?")
+_NEW_PREFIX = lazy(r"\[TM\]\[(?:INFO|WARN|ERROR|DEBUG)\]\[\d{4}\.")
 #: Failure kinds this grammar emits: no_kv_memory | no_runtime_memory | no_state_memory | linear_state | oom
 _FAILURES = (
     ("No enough gpu memory for kv cache", "no_kv_memory"),
@@ -178,7 +179,7 @@ def _dump_line(ev: list[Event]) -> bool:
 
 #: LMDeploy's loggers: Python's ``2024-08-05 05:40:52,191 - lmdeploy - INFO - [file.py:N - ]`` (utils.py
 #: get_logger), TurboMind's C++ ``[TM][INFO] `` (``[TM][INFO][1205 ...]`` 0.13+, src/turbomind/utils/logger.h)
-_OWN = re.compile(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - |\[TM\]\[(?:DEBUG|INFO|WARN|WARNING|ERROR)\]")
+_OWN = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - |\[TM\]\[(?:DEBUG|INFO|WARN|WARNING|ERROR)\]")
 #: what it prints without one: a traceback's exception (anywhere), the model-config dump's lines (one logger
 #: call, ``model_config:`` and the INI or JSON text on the lines after it) and the PyTorch engine's
 #: ``CacheConfig(...)`` repr on the line after "Building CacheEngine with config:" (engine/cache_engine.py)

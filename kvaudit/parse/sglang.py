@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (oom_numbers, SINGLE_RANK, literal, Event, OwnPrefix, Rank, RankEvent, Startup,
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
@@ -230,95 +231,95 @@ class Failure(RankEvent):
 
 NUM = r"(-?\d+(?:\.\d+)?)"
 
-_PREFIX = re.compile(
+_PREFIX = lazy(
     r"\[(?:(?P<date>\d{4}-\d{2}-\d{2})[ T])?(?P<time>\d{2}:\d{2}:\d{2}(?P<ms>[.,]\d+)?)?"
     r"(?P<tags>(?:\s*[A-Z][A-Z_]*\d+)*)\s*\]\s*$"
     r"|\[(?P<kv>rank|gpu_id)=(?P<n>\d+)\]\s*$"
 )
 
-_SERVER_ARGS = re.compile(r"server_args=(?:ServerArgs\((?P<repr>.*?)\)?\s*$|(?P<dict>\{.*)$)")
-_INIT_BEGIN = re.compile(r"Init (?:torch distributed|nccl) begin\.")
-_INIT_END = re.compile(
+_SERVER_ARGS = lazy(r"server_args=(?:ServerArgs\((?P<repr>.*?)\)?\s*$|(?P<dict>\{.*)$)")
+_INIT_BEGIN = lazy(r"Init (?:torch distributed|nccl) begin\.")
+_INIT_END = lazy(
     r"Init torch distributed ends\.(?: elapsed=" + NUM + r" s,)? mem usage=" + NUM + r" GB"
 )
-_INIT_OLD = re.compile(r"Init torch begin\. Avail mem=" + NUM + r" GB")
-_BASELINE = re.compile(r"Memory baseline taken\. mem usage=" + NUM + r" GB")
-_W_BEGIN = re.compile(r"Load weight begin\.?(?: avail mem=" + NUM + r" GB)?")
-_W_END = re.compile(r"Load weight end\b(?P<rest>.*)")
-_KV = re.compile(r"KV Cache (?P<state>is allocated|VA upper bound)\b(?P<rest>.*)")
-_SWA_SUMMARY = re.compile(
+_INIT_OLD = lazy(r"Init torch begin\. Avail mem=" + NUM + r" GB")
+_BASELINE = lazy(r"Memory baseline taken\. mem usage=" + NUM + r" GB")
+_W_BEGIN = lazy(r"Load weight begin\.?(?: avail mem=" + NUM + r" GB)?")
+_W_END = lazy(r"Load weight end\b(?P<rest>.*)")
+_KV = lazy(r"KV Cache (?P<state>is allocated|VA upper bound)\b(?P<rest>.*)")
+_SWA_SUMMARY = lazy(
     r"SWAKVPool mem usage: " + NUM + r" ?GB, swa size: (\d+), full size: (\d+)"
 )
-_MAMBA = re.compile(r"Mamba Cache is allocated\.(?P<rest>.*)")
-_SWA_SPLIT = re.compile(
+_MAMBA = lazy(r"Mamba Cache is allocated\.(?P<rest>.*)")
+_SWA_SPLIT = lazy(
     r"[Uu]se [Ss]liding window memory pool(?: \(all SWA\))?\.\s*"
     r"(?:full_layer_tokens=(\d+),\s*)?swa_layer_tokens=(\d+)"
 )
-_INIT_POOL = re.compile(r"Initialize (\w*TokenToKVPool) with (?P<rest>.*)")
-_POOL_END = re.compile(r"Memory pool end\. avail mem=" + NUM + r" GB")
-_GRAPH = re.compile(
+_INIT_POOL = lazy(r"Initialize (\w*TokenToKVPool) with (?P<rest>.*)")
+_POOL_END = lazy(r"Memory pool end\. avail mem=" + NUM + r" GB")
+_GRAPH = lazy(
     r"Capture (?P<name>[\w ]*?)\s*(?:cuda|CUDA|cpu|CPU|npu|NPU) graph (?P<edge>begin|end)\b(?P<rest>.*)"
 )
-_SUMMARY = re.compile(r"max_total_num_tokens=(\d+)(?P<rest>.*)")
-_HICACHE = re.compile(r"Allocating " + NUM + r" GB host memory for hierarchical KV cache")
-_HICACHE_FAIL = re.compile(
+_SUMMARY = lazy(r"max_total_num_tokens=(\d+)(?P<rest>.*)")
+_HICACHE = lazy(r"Allocating " + NUM + r" GB host memory for hierarchical KV cache")
+_HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
-_MFS_ADJUST = re.compile(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
-_KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
-_KV_BUDGET = re.compile(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
-_CAP = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
-_SPEC_RESET = re.compile(r"Max running requests is reset to (\d+) for speculative decoding")
+_MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
+_KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
+_KV_BUDGET = lazy(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
+_CAP = lazy(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
+_SPEC_RESET = lazy(r"Max running requests is reset to (\d+) for speculative decoding")
 #: ``Reserving X GB of the KV budget for post-sizing multimodal allocations (...)``
 #: (srt/mem_cache/kv_cache_configurator.py ``mm_runtime_reservation_gb``, 2026: SGLANG_VLM_CACHE_SIZE_MB, 100 MiB
 #: by default, plus the feature cache with CUDA-IPC transport; multimodal models only): taken from the budget
-_BUDGET_RESERVE = re.compile(r"Reserving " + NUM + r" ?GB of the KV budget for (.+)")
-_REQS_REDUCED = re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+)")
-_NOT_ENOUGH = re.compile(
+_BUDGET_RESERVE = lazy(r"Reserving " + NUM + r" ?GB of the KV budget for (.+)")
+_REQS_REDUCED = lazy(r"max_running_requests was reduced from the requested (\d+) to (\d+)")
+_NOT_ENOUGH = lazy(
     r"Not enough memory\. Please try to increase --mem-fraction-static\.?"
     r"(?: Current value: (?P<self>self\.server_args\.)?mem_fraction_static=" + NUM + r")?"
 )
-_NO_KV = re.compile(
+_NO_KV = lazy(
     r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=" + NUM
     + r"\.? Raise --mem-fraction-static above " + NUM
     + r"(?: \(minimum viable = 1 - available/pre = " + NUM + r"\))?"
 )
-_UNBALANCED = re.compile(
+_UNBALANCED = lazy(
     r"memory capacity is unbalanced\. Some GPUs may be occupied by other processes\.?"
     r"(?:\s*(?P<name>min_per_gpu_memory|pre_model_load_memory)=" + NUM + r", local_gpu_memory=" + NUM + ")?"
 )
-_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_OOM = lazy(r"CUDA out of memory|OutOfMemoryError")
+_TRACEBACK = lazy(r"Traceback \(most recent call last\)")
 #: the exception a traceback ends with: ``RuntimeError: msg`` or, when it is the repr Triton and friends print
 #: inside another error, ``ValueError("msg")``
-_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
+_EXCEPTION = lazy(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
                         r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$)")
 #: ``Received sigquit from a child process. It usually means the child failed.`` (srt/entrypoints/engine.py, the
 #: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup
-_CHILD_FAILED = re.compile(r"Received sigquit from a child process")
-_POOL_SMALL = re.compile(r"Memory pool size is too small|max_running_request is zero")
+_CHILD_FAILED = lazy(r"Received sigquit from a child process")
+_POOL_SMALL = lazy(r"Memory pool size is too small|max_running_request is zero")
 # failures SGLang's processes print after the pool is sized, as often as before it:
 # ``Initialization failed. warmup error: ...`` (srt/entrypoints/http_server.py, _wait_and_warmup),
 # ``Scheduler hit an exception: ...`` (srt/managers/scheduler.py, run_scheduler_process), the CUDA runtime's
 # ``CUDA Error: ...`` / ``CUDA error: ...``, and ``Killed`` (the shell's report of a SIGKILL, e.g. the OOM killer)
-_WARMUP = re.compile(r"Initialization failed\.\s*(?P<msg>.*)")
-_HIT_EXCEPTION = re.compile(r"\b(?P<who>\w+) hit an exception\b:?\s*(?P<msg>.*)")
-_CUDA_ERROR = re.compile(r"\bCUDA [Ee]rror: (?P<msg>.+)")
-_KILLED = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?(?:Killed\b|.*\bKilled process \d+)")
+_WARMUP = lazy(r"Initialization failed\.\s*(?P<msg>.*)")
+_HIT_EXCEPTION = lazy(r"\b(?P<who>\w+) hit an exception\b:?\s*(?P<msg>.*)")
+_CUDA_ERROR = lazy(r"\bCUDA [Ee]rror: (?P<msg>.+)")
+_KILLED = lazy(r"^\s*(?:\[[^\]]*\]\s*)?(?:Killed\b|.*\bKilled process \d+)")
 
 _FIELD_NUM_GB = {
-    "avail": re.compile(r"avail(?:_| )mem=" + NUM + r" ?GB", re.IGNORECASE),
-    "usage": re.compile(r"mem usage=" + NUM + r" ?GB"),
+    "avail": lazy(r"avail(?:_| )mem=" + NUM + r" ?GB", re.IGNORECASE),
+    "usage": lazy(r"mem usage=" + NUM + r" ?GB"),
 }
-_TYPE = re.compile(r"\b[Tt]ype=([\w.]+?)(?:[,.]?\s|[,.]?$)")
-_DTYPE = re.compile(r"\bdtype[=:] ?([\w.]+?)(?:,|\s|$)")
-_QUANT = re.compile(r"\bquant=([^,]+(?:, (?:bits|quant_algo|fmt)=[^,]+)*)")
-_ELAPSED = re.compile(r"(?:\belapsed=|Time elapsed: )" + NUM + r" ?s")
-_TOKENS = re.compile(r"#tokens: (\d+(?:\.\d+)?)([KkMm]?)")
-_K_SIZE = re.compile(r"(?<![A-Za-z])K size: " + NUM + r" ?GB")
-_V_SIZE = re.compile(r"(?<![A-Za-z])V size: " + NUM + r" ?GB")
-_KV_SIZE = re.compile(r"KV size: " + NUM + r" ?GB")
-_DRAFT_TYPE = re.compile(r"Eagle|EAGLE|NextN|MTP|Draft|Medusa|Dflash|DFlash")
+_TYPE = lazy(r"\b[Tt]ype=([\w.]+?)(?:[,.]?\s|[,.]?$)")
+_DTYPE = lazy(r"\bdtype[=:] ?([\w.]+?)(?:,|\s|$)")
+_QUANT = lazy(r"\bquant=([^,]+(?:, (?:bits|quant_algo|fmt)=[^,]+)*)")
+_ELAPSED = lazy(r"(?:\belapsed=|Time elapsed: )" + NUM + r" ?s")
+_TOKENS = lazy(r"#tokens: (\d+(?:\.\d+)?)([KkMm]?)")
+_K_SIZE = lazy(r"(?<![A-Za-z])K size: " + NUM + r" ?GB")
+_V_SIZE = lazy(r"(?<![A-Za-z])V size: " + NUM + r" ?GB")
+_KV_SIZE = lazy(r"KV size: " + NUM + r" ?GB")
+_DRAFT_TYPE = lazy(r"Eagle|EAGLE|NextN|MTP|Draft|Medusa|Dflash|DFlash")
 
 
 def _f(m: re.Match[str] | None, group: int = 1) -> float | None:
@@ -394,7 +395,7 @@ class _Parsed:
 
 #: SGLang's logger prefix (``[2025-01-01 10:00:00 TP0] ``, ``[10:00:00] `` 0.3, ``[TP0] ``, ``[rank=0] ``;
 #: srt/utils.py configure_logger), somewhere at the head of a line (after a journal's or kubectl's own prefix)
-_OWN = re.compile(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-Z_]*\d+)*\s*\]"
+_OWN = lazy(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-Z_]*\d+)*\s*\]"
                   r"|\[(?:\s*[A-Z][A-Z_]*\d+)+\s*\]|\[(?:rank|gpu_id)=\d+\]")
 #: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), and
 #: bench_one_batch's ``print(f"max_total_num_tokens={...}")`` (after the scheduler's prefixed lines)

@@ -43,10 +43,10 @@ stripped: every pattern is searched anywhere in the line.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank, quote,
                                      unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
@@ -159,54 +159,54 @@ class WindowNote(RankEvent):
     bound: int = 0
 
 
-_RANK = re.compile(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
-_VERSION = re.compile(r"TensorRT-LLM version: ([\w.+-]+)")
-_ENGINE_VERSION = re.compile(r"Engine version ([\w.+-]+) found in the config file")
-_WEIGHTS = re.compile(r"(?:Use|Rank \d+ uses) " + NUM + r" GB for model weights")
-_PROFILE = re.compile(r"Memory (used after loading model weights|used for model weights|dynamically allocated during "
+_RANK = lazy(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
+_VERSION = lazy(r"TensorRT-LLM version: ([\w.+-]+)")
+_ENGINE_VERSION = lazy(r"Engine version ([\w.+-]+) found in the config file")
+_WEIGHTS = lazy(r"(?:Use|Rank \d+ uses) " + NUM + r" GB for model weights")
+_PROFILE = lazy(r"Memory (used after loading model weights|used for model weights|dynamically allocated during "
                       r"inference|used outside torch) ?(\((?:inside|outside) torch\)|\(e\.g\., NCCL and CUDA graphs\))? "
                       r"in memory usage profiling: " + NUM + r" ?GiB")
-_PEAK = re.compile(r"Peak memory during memory usage profiling \(torch \+ non-torch\): " + NUM + r" GiB, available KV "
+_PEAK = lazy(r"Peak memory during memory usage profiling \(torch \+ non-torch\): " + NUM + r" GiB, available KV "
                    r"cache memory when calculating max tokens: " + NUM + r" GiB")
-_FRACTION = re.compile(r"fraction is set " + NUM)
-_PERCENTAGE = re.compile(r"KV Memory Percentage:\s*(\d+(?:\.\d+)?)\s*%")
-_CONFIG_FRACTION = re.compile(r"(?:kv_cache_)?free_gpu_mem(?:ory)?_fraction['\"]?\s*[=:]\s*['\"]?(0?\.\d+|1\.0*)\b")
-_KV_SIZE = re.compile(r"kv size (?:per token )?is (\d+)(?: bytes/token)?(?: \+ (\d+) bytes fixed cost)?")
-_DEVICE_TOTAL = re.compile(r"device total memory " + NUM + r" GiB")
-_TMP_KV = re.compile(r"(?:tmp kv_mem|temporary kv cache memory during profiling) " + NUM + r" GiB")
-_ESTIMATED = re.compile(r"Estimated max (memory|tokens) in KV cache ?: " + NUM)
-_MAX_TOKENS_CAP = re.compile(r"max_tokens=(\d+) is provided(?:, max_memory is set to " + NUM + r" GiB|\. It limits max "
+_FRACTION = lazy(r"fraction is set " + NUM)
+_PERCENTAGE = lazy(r"KV Memory Percentage:\s*(\d+(?:\.\d+)?)\s*%")
+_CONFIG_FRACTION = lazy(r"(?:kv_cache_)?free_gpu_mem(?:ory)?_fraction['\"]?\s*[=:]\s*['\"]?(0?\.\d+|1\.0*)\b")
+_KV_SIZE = lazy(r"kv size (?:per token )?is (\d+)(?: bytes/token)?(?: \+ (\d+) bytes fixed cost)?")
+_DEVICE_TOTAL = lazy(r"device total memory " + NUM + r" GiB")
+_TMP_KV = lazy(r"(?:tmp kv_mem|temporary kv cache memory during profiling) " + NUM + r" GiB")
+_ESTIMATED = lazy(r"Estimated max (memory|tokens) in KV cache ?: " + NUM)
+_MAX_TOKENS_CAP = lazy(r"max_tokens=(\d+) is provided(?:, max_memory is set to " + NUM + r" GiB|\. It limits max "
                              r"memory to " + NUM + r" GiB\. New max_memory is set to " + NUM + r" GiB)")
-_MAX_BYTES_CAP = re.compile(r"max_gpu_total_bytes=" + NUM + r" ?GiB is provided(?:, max_memory is set to|\. New max "
+_MAX_BYTES_CAP = lazy(r"max_gpu_total_bytes=" + NUM + r" ?GiB is provided(?:, max_memory is set to|\. New max "
                             r"memory is) " + NUM + r" GiB")
-_BOTH = re.compile(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction \(aka kv_cache_free_gpu_mem_fraction\)) and "
+_BOTH = lazy(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction \(aka kv_cache_free_gpu_mem_fraction\)) and "
                    r"(?:max_tokens|maxTokens \(aka max_tokens_in_paged_kv_cache\)) are set \(to " + NUM + r" and (\d+)")
 # "with free memory A of total memory B": A and B are bytes / 2**32 (4 GiB units) in the 1.x builds that print no
 # unit (resource_manager.py calculate_max_num_blocks), GiB where "GiB" follows them (later builds)
-_BOTH_FREE = re.compile(r"with free memory " + NUM + r"(GiB)? of total memory " + NUM + r"(GiB)?")
+_BOTH_FREE = lazy(r"with free memory " + NUM + r"(GiB)? of total memory " + NUM + r"(GiB)?")
 # trtGptModelInflightBatching.cpp (encoder-decoder models): a self and a cross KV cache split the free memory
-_ENC_DEC = re.compile(r"This is an Encoder-Decoder model, set " + NUM + r" cross KV cache fraction")
-_MULTIMODAL = re.compile(r"Reserving " + NUM + r" GiB for the multimodal encoder cache")
-_QUOTA = re.compile(r"KV cache manager v2 device quota set to " + NUM + r" ?GiB")
-_TOKENS_PER_BLOCK = re.compile(r"Number of tokens per block: (\d+)")
-_ALLOCATED = re.compile(r"Allocated " + NUM + r" GiB for max tokens in paged KV cache \((\d+)\)")
-_CPP_USAGE = re.compile(r"Memory usage when calculating max tokens in paged kv cache: total: " + NUM + r" GiB, "
+_ENC_DEC = lazy(r"This is an Encoder-Decoder model, set " + NUM + r" cross KV cache fraction")
+_MULTIMODAL = lazy(r"Reserving " + NUM + r" GiB for the multimodal encoder cache")
+_QUOTA = lazy(r"KV cache manager v2 device quota set to " + NUM + r" ?GiB")
+_TOKENS_PER_BLOCK = lazy(r"Number of tokens per block: (\d+)")
+_ALLOCATED = lazy(r"Allocated " + NUM + r" GiB for max tokens in paged KV cache \((\d+)\)")
+_CPP_USAGE = lazy(r"Memory usage when calculating max tokens in paged kv cache: total: " + NUM + r" GiB, "
                         r"available: " + NUM + r" GiB")
-_BLOCKS = re.compile(r"Number of blocks in KV cache (primary|secondary) pool(?: for windowSize (\d+))?: (\d+)")
-_PAGES = re.compile(r"Max KV cache (?:pages|blocks) per sequence: (\d+)(?: \[window size=(\d+)\])?")
-_ENGINE_SIZE = re.compile(r"Loaded engine size: (\d+) MiB")
-_CONTEXT = re.compile(r"Allocated " + NUM + r" MiB for execution context memory")
-_BUFFERS = re.compile(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
-_OLD_ALLOC = re.compile(r"Allocate (\d+) bytes for k/v cache")
+_BLOCKS = lazy(r"Number of blocks in KV cache (primary|secondary) pool(?: for windowSize (\d+))?: (\d+)")
+_PAGES = lazy(r"Max KV cache (?:pages|blocks) per sequence: (\d+)(?: \[window size=(\d+)\])?")
+_ENGINE_SIZE = lazy(r"Loaded engine size: (\d+) MiB")
+_CONTEXT = lazy(r"Allocated " + NUM + r" MiB for execution context memory")
+_BUFFERS = lazy(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
+_OLD_ALLOC = lazy(r"Allocate (\d+) bytes for k/v cache")
 # Triton's tensorrtllm_backend says which default it uses when the setting is absent
-_FRACTION_DEFAULT = re.compile(r"kv_cache_free_gpu_mem_fraction is not specified, will use default value of " + NUM)
+_FRACTION_DEFAULT = lazy(r"kv_cache_free_gpu_mem_fraction is not specified, will use default value of " + NUM)
 # the 2024 batch manager (0.8-0.12 builds, shipped closed-source then; the shape is from dated logs: a Gemma 7B
 # Triton startup, tensorrtllm_backend#456): the pool in tokens and its exact size in bytes
-_MAX_TOKENS_BYTES = re.compile(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+) bytes")
-_OLD_TOKENS = re.compile(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
-_SEQ = re.compile(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
-_WINDOW = re.compile(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
-_BACKEND = re.compile(r"Using LLM with (PyTorch|TensorRT) backend")
+_MAX_TOKENS_BYTES = lazy(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+) bytes")
+_OLD_TOKENS = lazy(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
+_SEQ = lazy(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
+_WINDOW = lazy(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
+_BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT) backend")
 #: Failure kinds this grammar emits: executor_failed | oom | oom_component | too_small | no_fit | no_blocks | bad_fraction | instance_failed
 _FAILURES = (
     ("Executor creation failed", "executor_failed"),
@@ -220,13 +220,13 @@ _FAILURES = (
 )
 GENERIC_FAILURES = ("oom", "instance_failed")
 TELLS = ("[TRT-LLM]", "[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM")
-_SNAPSHOT = re.compile(r"/[\w./-]*/models--[\w.-]+/snapshots/[0-9a-f]{7,64}/?")
-_WINDOW_TOKENS = re.compile(r"Primary maxTokens for windowSize (\d+): (\d+)")
-_ALLOTTED = re.compile(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=(\d+)")
-_SPEC = re.compile(r"has_speculative_draft_tokens=(True|False)")
-_COMPONENT = re.compile(r"The following component could not be created: (.+)$")
-_OOM_TABLE = re.compile(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
-_TOO_SMALL = re.compile(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
+_SNAPSHOT = lazy(r"/[\w./-]*/models--[\w.-]+/snapshots/[0-9a-f]{7,64}/?")
+_WINDOW_TOKENS = lazy(r"Primary maxTokens for windowSize (\d+): (\d+)")
+_ALLOTTED = lazy(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=(\d+)")
+_SPEC = lazy(r"has_speculative_draft_tokens=(True|False)")
+_COMPONENT = lazy(r"The following component could not be created: (.+)$")
+_OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
+_TOO_SMALL = lazy(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
                         r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
 _BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
 
@@ -244,7 +244,7 @@ def _message(text: str, start: int) -> str:
 #: TensorRT-LLM's loggers: the C++ ``[TensorRT-LLM][INFO] `` (tensorrt_llm/common/logger.cpp), the Python
 #: ``[12/01/2025-10:00:00] [TRT-LLM] [I] `` (tensorrt_llm/logger.py), TensorRT's ``[TRT] [I] ``, and Triton's
 #: glog prefix (``I0306 16:40:07.708802 117 model_instance_state.cc:691] ``) for the backend's lines
-_OWN = re.compile(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
+_OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
 #: what it prints without a prefix: a traceback's exception and the trtllm-serve wrapper's checkpoint path
 #: (anywhere: the path is used only when it is the only one), the executor's OOM table rows (one logger call
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines

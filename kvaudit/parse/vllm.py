@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPrefix, Rank, RankEvent, Startup,
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
@@ -123,85 +124,85 @@ class Concurrency(Event):
     factor: float = 0.0
 
 
-_ART_BANNER = re.compile(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
+_ART_BANNER = lazy(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
 #: the pid key of a process tag; a log passed through a host-name redactor can lose letters of it ("pi" of
 #: "pid" taken for a host name: ``(Worker_TP0 <HOST>d=111)``, noonghunna/club-3090#1339), and the tag still names
 #: the rank
 _PID_KEY = r"(?:pid|<[^<>()\s]+>d|p<[^<>()\s]+>)"
-_TAG = re.compile(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)\)")
+_TAG = lazy(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)\)")
 #: "Initializing an LLM engine (v0.4.0) with config: ..." (0.4+); before 0.4 the same line had no version
 #: ("Initializing an LLM engine with config: model=..., tensor_parallel_size=1, ...", engine/llm_engine.py 0.1-0.3)
-_BANNER = re.compile(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
+_BANNER = lazy(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
                      r"(?P<cfg>.*)$")
-_MB_WEIGHTS = re.compile(r"Loading model weights took " + NUM + r" MB\b")
-_API = re.compile(r"vLLM API server version (?P<ver>[\w.+-]+)")
-_ARGS = re.compile(r"non-default args: (?P<d>\{.*\})")
+_MB_WEIGHTS = lazy(r"Loading model weights took " + NUM + r" MB\b")
+_API = lazy(r"vLLM API server version (?P<ver>[\w.+-]+)")
+_ARGS = lazy(r"non-default args: (?P<d>\{.*\})")
 #: vLLM's logger prefix right before a message: "INFO 06-01 10:00:00 [utils.py:326] " (0.8+), "INFO 01-17 10:00:00
 #: llm_engine.py:72] " before (vllm/logger.py _FORMAT); the lines that name the model must carry it
-_OWN_PREFIX = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[?[\w./-]+\.py:\d+\] *$")
+_OWN_PREFIX = lazy(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +\[?[\w./-]+\.py:\d+\] *$")
 #: the same prefix anywhere at the head of a line (after a journal's, kubectl's or Ray's ``(pid=N)`` prefix); a
 #: pasted excerpt often lost the time ("INFO [kv_cache_utils.py:1324] ...")
-_OWN = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +)?\[?[\w./-]+\.py:\d+\]")
-_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + NUM + GI
+_OWN = lazy(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +)?\[?[\w./-]+\.py:\d+\]")
+_WEIGHTS = lazy(r"(?:Loading model weights took|Model loading took) " + NUM + GI
                       + r"(?: memory)?(?: and " + NUM + r" seconds)?")
-_V0_CAN_USE = re.compile(r"the current vLLM instance can use total_gpu_memory \(" + NUM + GI + r"\) x "
+_V0_CAN_USE = lazy(r"the current vLLM instance can use total_gpu_memory \(" + NUM + GI + r"\) x "
                          r"gpu_memory_utilization \(" + NUM + r"\) = " + NUM + GI)
-_V0_TAKE = re.compile(r"model weights take " + NUM + GI + r"; non_torch_memory takes " + NUM + GI
+_V0_TAKE = lazy(r"model weights take " + NUM + GI + r"; non_torch_memory takes " + NUM + GI
                       + r"; PyTorch activation peak memory takes " + NUM + GI
                       + r"; the rest of the memory reserved for KV Cache is " + NUM + GI)
-_V0_064 = re.compile(r"Memory profiling results: (?P<kv>(?:\w+=\d+(?:\.\d+)?(?:GiB|Gib|GB)?\s*)+)")
-_V0_TABLE = re.compile(
+_V0_064 = lazy(r"Memory profiling results: (?P<kv>(?:\w+=\d+(?:\.\d+)?(?:GiB|Gib|GB)?\s*)+)")
+_V0_TABLE = lazy(
     r"(?P<k>total_gpu_memory|gpu_memory_utilization|the current vLLM instance can use|model weights take|"
     r"non_torch_memory(?: takes)?|PyTorch activation peak memory(?: takes)?|available_kv_cache_memory|"
     r"duration)\s+" + NUM + r"\s*(?:GiB|Gib|GB|seconds)?\s*$")
-_TABLE_WORDS = re.compile(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can use|model weights take|"
+_TABLE_WORDS = lazy(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can use|model weights take|"
                           r"non_torch_memory|activation peak memory|available_kv_cache_memory|duration")
-_PROFILE_TIME = re.compile(r"Memory profiling takes " + NUM + r" seconds")
-_BLOCKS = re.compile(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
-_NUM_BLOCKS = re.compile(r"num_gpu_blocks is: (\d+)")
-_TOKENS = re.compile(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
-_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
-_FREE_ON_DEVICE = re.compile(r"Free memory on device (?:\S+ )?\(" + NUM + r"/" + NUM + r" GiB\) on startup")
-_DESIRED = re.compile(r"[Dd]esired (?:[A-Z]+ )?memory utilization(?: is)? \(" + NUM + ", "
+_PROFILE_TIME = lazy(r"Memory profiling takes " + NUM + r" seconds")
+_BLOCKS = lazy(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+_NUM_BLOCKS = lazy(r"num_gpu_blocks is: (\d+)")
+_TOKENS = lazy(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = lazy(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
+_AVAILABLE = lazy(r"Available KV cache memory: " + NUM + r" GiB")
+_FREE_ON_DEVICE = lazy(r"Free memory on device (?:\S+ )?\(" + NUM + r"/" + NUM + r" GiB\) on startup")
+_DESIRED = lazy(r"[Dd]esired (?:[A-Z]+ )?memory utilization(?: is)? \(" + NUM + ", "
                       + NUM + r" GiB\)")
-_ACTUAL = re.compile(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB for peak activation, " + NUM
+_ACTUAL = lazy(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB for peak activation, " + NUM
                      + r" GiB for non-torch memory, and " + NUM + r" GiB for CUDAGraph memory")
-_ACTUAL_CONSUMED = re.compile(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + NUM
+_ACTUAL_CONSUMED = lazy(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + NUM
                               + r" GiB for peak activation, and " + NUM + r" GiB for CUDAGraph memory")
-_ACTUAL_PLUGIN = re.compile(r"Actual usage: " + NUM + r" GiB for weights, " + NUM + r" GiB for peak activation, " + NUM
+_ACTUAL_PLUGIN = lazy(r"Actual usage: " + NUM + r" GiB for weights, " + NUM + r" GiB for peak activation, " + NUM
                             + r" GiB for non-torch memory")
-_EXTERNAL = re.compile(r"Weights are held outside this process: of the " + NUM + r" GiB utilization budget, " + NUM
+_EXTERNAL = lazy(r"Weights are held outside this process: of the " + NUM + r" GiB utilization budget, " + NUM
                        + r" GiB is externally held and " + NUM + r" GiB remains")
-_AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+) to fit in available (?:GPU|KV cache) memory "
+_AUTOFIT = lazy(r"Auto-fit max_model_len: reduced from (\d+) to (\d+) to fit in available (?:GPU|KV cache) memory "
                       r"\((?:" + NUM + r" GiB available for KV cache|" + NUM + r" GiB GPU(?: \+ " + NUM + r" GiB host)?)\)")
-_AUTOFIT_FULL = re.compile(r"Auto-fit max_model_len: full model context length (\d+) fits")
-_HYBRID_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
+_AUTOFIT_FULL = lazy(r"Auto-fit max_model_len: full model context length (\d+) fits")
+_HYBRID_BLOCK = lazy(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
                            r"mamba page size")
-_MAMBA_PAD = re.compile(r"Padding mamba page size by " + NUM + r"%")
-_ESTIMATED_LEN = re.compile(r"the estimated maximum model length is (\d+)")
-_KV_IN_USE = re.compile(r"Current kv cache memory in use is " + NUM + " GiB")
+_MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
+_ESTIMATED_LEN = lazy(r"the estimated maximum model length is (\d+)")
+_KV_IN_USE = lazy(r"Current kv cache memory in use is " + NUM + " GiB")
 # the two budgets the suggestion line offers, in bytes (gpu_worker.py compile_or_warm_up_model, 0.10.2+)
-_SUGGESTED = re.compile(r"`--kv-cache-memory=(\d{1,16})`(?: \([\d.]+ GiB\))? to fit into requested memory, or "
+_SUGGESTED = lazy(r"`--kv-cache-memory=(\d{1,16})`(?: \([\d.]+ GiB\))? to fit into requested memory, or "
                         r"`--kv-cache-memory=(\d{1,16})`")
-_KV_BYTES = re.compile(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
-_GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
-_GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
-_GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
-_GRAPH_UTIL = re.compile(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
+_KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
+_GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
+_GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
+_GRAPH_POOL = lazy(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+_GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
 #: | exception (a traceback's final line; fatal only before the KV pool was sized)
 _FAILURES = (
-    (re.compile(r"No available memory for the cache blocks"), "no_kv_memory"),
-    (re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+    (lazy(r"No available memory for the cache blocks"), "no_kv_memory"),
+    (lazy(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
                 r"cache \((\d+)\)"), "max_len"),
-    (re.compile(r"Error in memory profiling"), "profiling"),
+    (lazy(r"Error in memory profiling"), "profiling"),
     # the number follows "max seq len (N)," on one line, or starts its own when a paste wrapped the message
-    (re.compile(r"(?:\(|^|[\s,])" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV "
+    (lazy(r"(?:\(|^|[\s,])" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV "
                 r"cache memory \(" + NUM + r" G(?:i)?B\)"), "kv_needed"),
-    (re.compile(r"on startup is less than desired GPU memory utilization"), "free_memory"),
-    (re.compile(r"EngineCore failed to start"), "engine_failed"),
-    (re.compile(r"CUDA out of memory"), "oom"),
+    (lazy(r"on startup is less than desired GPU memory utilization"), "free_memory"),
+    (lazy(r"EngineCore failed to start"), "engine_failed"),
+    (lazy(r"CUDA out of memory"), "oom"),
 )
 
 
@@ -507,8 +508,8 @@ def parse_line(line: Line) -> _Parsed:
 
 
 #: the exception a Python traceback ends with, as vLLM's processes print it (after the process tag and level)
-_EXCEPTION = re.compile(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
-_LINE_PREFIX = re.compile(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
+_EXCEPTION = lazy(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
+_LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
 #: exceptions that only wrap the cause printed above them: the quote prefers the cause
 _WRAPPERS = ("See root cause above", "validation error for", "Error raised in subprocess", "non-zero exit status",
@@ -522,7 +523,7 @@ def _after_prefix(text: str) -> str:
     return text[_LINE_PREFIX.match(text).end():]
 
 
-_PASTE_BAR = re.compile(r"^[\s\u258e\u2502\u2503|>]+")
+_PASTE_BAR = lazy(r"^[\s\u258e\u2502\u2503|>]+")
 
 
 def _generic_wrapper(msg: str) -> bool:
