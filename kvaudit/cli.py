@@ -382,6 +382,12 @@ def check(
     baseline: Optional[Path] = BASELINE,
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
+    health_check: bool = _opt(OUT, False, "--health-check",
+            help="Print one JSON health verdict (node or config problems) and exit on --exit-codes' scale; "
+                 "deadline 10 s unless --timeout."),
+    exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
+            help="With --health-check: nagios (0 ok, 1 config warning, 2 node problem, 3 unknown) or npd (0 ok or "
+                 "config only, 1 node problem, 2 unknown)."),
 ) -> int:
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
@@ -389,10 +395,17 @@ def check(
     from kvaudit.status import for_host
 
     chosen = choose(fmt)
+    from kvaudit.health import SCALES, HEALTH_DEADLINE_S
+
+    if exit_codes not in SCALES:
+        raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
+    if health_check and (fmt != "text" or output is not None):
+        raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
     _check_target(target, selector=selector)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
-                        timeout=timeout, connect_timeout=connect_timeout, textfile_dir=textfile_dir)
+                        timeout=timeout if timeout is not None or not health_check else HEALTH_DEADLINE_S,
+                        connect_timeout=connect_timeout, textfile_dir=textfile_dir)
     ssh_config = Path(st.ssh_config) if st.ssh_config else None
     unit, source, journal_directory = st.unit, st.source, st.journal_directory
     accept_new_host_key, timeout, connect_timeout = st.accept_new_host_key, st.timeout, st.connect_timeout
@@ -439,6 +452,13 @@ def check(
                              prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
+    if health_check:
+        from kvaudit.health import assess
+        from kvaudit.report.json import dumps
+
+        verdict = assess(own or target, h)
+        _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
     text = chosen.hosts([h], color=_color(color) and output is None)
@@ -681,7 +701,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
     except KvauditError as exc:  # every module's explained failure, with the exit status it means
         _env.stderr.write(f"kvaudit: error: {printable(str(exc))}\n")
-        return int(exc.status)
+        return _unless_health_check(argv, int(exc.status))
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0))
     except typer.Abort:
@@ -693,10 +713,10 @@ def run(argv: list[str], env: Environment | None = None) -> int:
                               else exc.ctx.get_help() + "\n")
             return 0
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
-        return int(ExitStatus.BAD_INPUT)
+        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except _CliError as exc:
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
-        return int(ExitStatus.BAD_INPUT)
+        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -706,8 +726,20 @@ def run(argv: list[str], env: Environment | None = None) -> int:
             raise
         _env.stderr.write(f"kvaudit: internal error: {type(exc).__name__}: {printable(str(exc))} "
                           "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
-        return int(ExitStatus.INTERNAL_ERROR)
+        return _unless_health_check(argv, int(ExitStatus.INTERNAL_ERROR))
     return int(result) if isinstance(result, int) else 0
+
+
+def _unless_health_check(argv: list[str], status: int) -> int:
+    """A health check that did not run (a usage error, a bad setting, a bug) is *unknown* on its scale, never
+    a status the scheduler reads as a node problem (2 is CRITICAL on the Nagios scale)."""
+    if "--health-check" not in argv:
+        return status
+    from kvaudit.health import SCALES
+
+    scale = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--exit-codes"), None)
+    scale = next((a.split("=", 1)[1] for a in argv if a.startswith("--exit-codes=")), scale)
+    return SCALES.get(scale or "nagios", SCALES["nagios"])[3]
 
 
 def main() -> None:
