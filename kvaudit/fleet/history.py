@@ -38,7 +38,7 @@ class HistoryError(KvauditError):
 class Drift:
     host: str
     gpu: int | None
-    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart | history
+    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart | failing | history
     before: Any
     after: Any
     message: str
@@ -141,15 +141,36 @@ def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dic
             {(g["host"], g["gpu"] if g["gpu"] is not None else g["rank"]): g for g in gpus}, bad_hosts + bad_gpus)
 
 
+def _failed(status: str | None) -> bool:
+    return bool(status) and status.startswith("failed:")
+
+
+def _churns(code: str) -> bool:
+    """Whether a finding's coming or going is news: an info finding (TOKENS_MATCH, RESERVE_EXPLAINS_FREE) is a
+    description, and its going away when a host went down must not read as good news."""
+    from kvaudit.reconcile.findings import CODES
+    from kvaudit.reconcile.interface import Severity
+
+    return CODES.get(code, Severity.WARNING) != Severity.INFO
+
+
 def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
-    """What changed between run ``run_id`` and the run before it (None, [] for the first run)."""
+    """What changed in run ``run_id`` (None, [] for the first run). Each host is compared with its own last
+    *successful* audit before this run (a host that failed last night is compared with the night before); a
+    failing host says since when it fails instead of listing what its audit no longer shows."""
     db = connect(path)
     try:
         prev = db.execute("SELECT MAX(id) FROM runs WHERE id < ?", (run_id,)).fetchone()[0]
         if prev is None:
             return None, []
-        h0, g0, bad0 = _run_rows(db, prev)
+        h0, _, bad0 = _run_rows(db, prev)
         h1, g1, bad1 = _run_rows(db, run_id)
+        baselines, streaks, runs_at = _baselines(db, run_id, h1)
+        gpu_rows: dict[int, dict[tuple[str, Any], dict]] = {}
+        base_hosts: dict[int, dict[str, dict]] = {}
+        for rid in set(baselines.values()):
+            base_hosts[rid], gpu_rows[rid], bad = _run_rows(db, rid)
+            bad0 += bad if rid != prev else 0
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
@@ -158,40 +179,91 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
     if bad0 + bad1:
         out.append(Drift("(history)", None, "history", None, bad0 + bad1,
                          f"history {path}: {bad0 + bad1} malformed row(s) skipped; the drift is over the rest"))
+    gpus_now: dict[str, list[tuple[Any, dict]]] = {}
+    for (gh, gpu), g in g1.items():
+        gpus_now.setdefault(gh, []).append((gpu, g))
     for host, now in h1.items():
-        before = h0.get(host)
-        if before is None:
+        last = h0.get(host)
+        if last is None and host not in baselines:
             out.append(Drift(host, None, "status", None, now["status"], f"{host}: new in this run ({now['status']})"))
             continue
+        if _failed(now["status"]):
+            first, n = streaks.get(host, (run_id, 1))
+            if n > 1:
+                out.append(Drift(host, None, "failing", runs_at.get(first), n,
+                                 f"{host}: failing since run {first} ({runs_at.get(first, '?')}), {n} runs: "
+                                 f"{now['status']}"))
+            elif last is not None and last["status"] != now["status"]:
+                out.append(Drift(host, None, "status", last["status"], now["status"],
+                                 f"{host}: status {last['status']} -> {now['status']}"))
+            continue  # what a failed audit does not show has not changed: it was not seen
+        if last is not None and last["status"] != now["status"]:
+            out.append(Drift(host, None, "status", last["status"], now["status"],
+                             f"{host}: status {last['status']} -> {now['status']}"))
+        rid = baselines.get(host)
+        if rid is None:
+            continue  # no successful audit before this one: nothing to compare with
+        before = base_hosts[rid][host]
+        since = "" if rid == prev else f" (compared with run {rid}, its last successful audit)"
         if before.get("startup_id") and now.get("startup_id") and before["startup_id"] != now["startup_id"]:
             out.append(Drift(host, None, "restart", before["startup_id"], now["startup_id"],
-                             f"{host}: restarted since the last run (a new start: {now['startup_id']})"))
-        if before["status"] != now["status"]:
-            out.append(Drift(host, None, "status", before["status"], now["status"],
-                             f"{host}: status {before['status']} -> {now['status']}"))
+                             f"{host}: restarted since the last run (a new start: {now['startup_id']}){since}"))
         if before["tokens"] != now["tokens"] and None not in (before["tokens"], now["tokens"]):
             verb = "fell" if now["tokens"] < before["tokens"] else "rose"
             out.append(Drift(host, None, "tokens", before["tokens"], now["tokens"],
-                             f"{host}: KV tokens {verb} from {before['tokens']:,} to {now['tokens']:,}"))
-        f0, f1 = set(before["findings"]), set(now["findings"])
+                             f"{host}: KV tokens {verb} from {before['tokens']:,} to {now['tokens']:,}{since}"))
+        f0 = {c for c in before["findings"] if _churns(c)}
+        f1 = {c for c in now["findings"] if _churns(c)}
         for code in sorted(f1 - f0):
-            out.append(Drift(host, None, "finding_new", None, code, f"{host}: new finding {code}"))
+            out.append(Drift(host, None, "finding_new", None, code, f"{host}: new finding {code}{since}"))
         for code in sorted(f0 - f1):
-            out.append(Drift(host, None, "finding_resolved", code, None, f"{host}: {code} resolved"))
-    for (host, gpu), now in g1.items():
-        before = g0.get((host, gpu))
-        if before is None:
-            continue
-        label = f"{host} GPU {gpu}" + (f" ({now['rank']})" if now["rank"] else "")
-        for key, what, limit in (("free_now_gib", "free", FREE_DRIFT_GIB),
-                                 ("weights_gib", "weights", WEIGHTS_DRIFT_GIB)):
-            a, b = before[key], now[key]
-            if a is not None and b is not None and abs(b - a) > limit:
-                out.append(Drift(host, now["gpu"], what, a, b,
-                                 f"{label}: {what} {a:.2f} -> {b:.2f} GiB ({b - a:+.2f})"))
+            out.append(Drift(host, None, "finding_resolved", code, None, f"{host}: {code} resolved{since}"))
+        g0 = gpu_rows[rid]
+        for gpu, g in gpus_now.get(host, ()):
+            b = g0.get((host, gpu))
+            if b is None:
+                continue
+            label = f"{host} GPU {gpu}" + (f" ({g['rank']})" if g["rank"] else "")
+            for key, what, limit in (("free_now_gib", "free", FREE_DRIFT_GIB),
+                                     ("weights_gib", "weights", WEIGHTS_DRIFT_GIB)):
+                x, y = b[key], g[key]
+                if x is not None and y is not None and abs(y - x) > limit:
+                    out.append(Drift(host, g["gpu"], what, x, y,
+                                     f"{label}: {what} {x:.2f} -> {y:.2f} GiB ({y - x:+.2f}){since}"))
     for host in sorted(set(h0) - set(h1)):
         out.append(Drift(host, None, "status", h0[host]["status"], None, f"{host}: not in this run"))
     return prev, out
+
+
+def _baselines(db: sqlite3.Connection, run_id: int, hosts: dict[str, dict]
+               ) -> tuple[dict[str, int], dict[str, tuple[int, int]], dict[int, str]]:
+    """Per host: the run of its last successful audit before ``run_id``, and its current failing streak
+    (the first failing run, how many runs); and when each of those runs started."""
+    baselines: dict[str, int] = {}
+    streaks: dict[str, tuple[int, int]] = {}
+    wanted: set[int] = set()
+    for host in hosts:
+        ok = db.execute("SELECT MAX(run_id) FROM hosts WHERE host = ? AND run_id < ? AND status NOT LIKE 'failed:%'",
+                        (host, run_id)).fetchone()[0]
+        if isinstance(ok, int):
+            baselines[host] = ok
+        if _failed(hosts[host]["status"]):
+            first, n = run_id, 1
+            for rid, status in db.execute("SELECT run_id, status FROM hosts WHERE host = ? AND run_id < ? "
+                                          "ORDER BY run_id DESC LIMIT 1000", (host, run_id)):
+                if not isinstance(status, str) or not _failed(status):
+                    break
+                first, n = rid, n + 1
+            streaks[host] = (first, n)
+            wanted.add(first)
+    runs_at = {}
+    for rid in wanted:
+        row = db.execute("SELECT started_at FROM runs WHERE id = ?", (rid,)).fetchone()
+        if row and isinstance(row[0], str):
+            from kvaudit.textsafe import printable
+
+            runs_at[rid] = printable(row[0])[:64]
+    return baselines, streaks, runs_at
 
 
 def host_history(path: str, host: str, limit: int = 30) -> list[dict]:

@@ -185,7 +185,11 @@ def test_second_run_shows_drift_only_where_the_journal_changed(fleet):
     r, _ = run_fleet(root)
     d = r.json()
     assert d["run"]["previous_run_id"] is not None
-    drift = [x for x in d["drift"] if x["what"] != "status" or x["before"] is not None]
+    failing = [x for x in d["drift"] if x["what"] == "failing"]
+    # the three broken hosts failed in both runs: said once each, as failing since the first run
+    assert sorted((x["host"], x["after"]) for x in failing) == [(f"gpu-{i:02d}", 2) for i in (DOWN, HANGS, CHANGED)]
+    assert all("failing since run" in x["message"] for x in failing)
+    drift = [x for x in d["drift"] if (x["what"] != "status" or x["before"] is not None) and x["what"] != "failing"]
     assert {x["host"] for x in drift} == {"gpu-17"}, drift
     assert d["run"]["first_run"] is False
     (restart,) = [x for x in drift if x["what"] == "restart"]  # a new invocation of the unit: a restart
