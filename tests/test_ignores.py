@@ -55,3 +55,11 @@ def test_fleet_ignores_per_host_from_a_baseline(tmp_path):
     assert got[str(a)]["ignored"] == ["UNUSED_MEMORY"] and "UNUSED_MEMORY" not in got[str(a)]["findings"], got
     assert got[str(b)]["ignored"] == [] and "UNUSED_MEMORY" in got[str(b)]["findings"]
     assert got[str(a)]["warnings"] == plain[str(a)]["warnings"] - 1
+    # counted where it is read (issue 24, item 5): the host's row and the run's counts in text and Markdown
+    for fmt in ("text", "markdown"):
+        out = cli("fleet", inv, "--baseline", base, "-f", fmt).stdout.splitlines()
+        assert "2 warning (1 ignored)" in (out[0] if fmt == "text" else out[2]), out[:3]
+        # the table rows: the ones with the pool's token count (a long host name may be cut in the middle)
+        row_a = next(line for line in out if "25,169" in line and "host-a" in line)
+        row_b = next(line for line in out if "25,169" in line and "host-b" in line)
+        assert "warning (1 ignored)" in row_a and "ignored" not in row_b, (row_a, row_b)

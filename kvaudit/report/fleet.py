@@ -31,11 +31,20 @@ def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def counts_text(rows: list[dict[str, Any]]) -> str:
-    """``2 failed, 1 warning, 17 ok``: the worst first."""
+    """``2 failed, 1 warning, 17 ok (3 ignored)``: the worst first; acknowledged findings counted, as
+    pip-audit counts what it skipped."""
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
-    return ", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=status_rank))
+    ignored = sum(len(r.get("ignored") or ()) for r in rows)
+    return (", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=status_rank))
+            + (f" ({ignored} ignored)" if ignored else ""))
+
+
+def status_cell(r: dict[str, Any]) -> str:
+    """A host's status as the tables show it: ``ok (1 ignored)`` when findings were acknowledged."""
+    n = len(r.get("ignored") or ())
+    return f"{r['status']} ({n} ignored)" if n else r["status"]
 
 
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
@@ -85,7 +94,7 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
     for r in rows:
-        body.append((r["host"], r["status"], str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
+        body.append((r["host"], status_cell(r), str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
                      ",".join(r["findings"]) or "-"))
     lines = table(COLUMNS, fitted(COLUMNS, body, width), left=2)
@@ -123,8 +132,8 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
          f"{len(rows)} hosts ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
-        L.append(f"| {md_cell(r['host'])} | {r['status']} | {r['gpus']} | {_f(r['tokens'])} | {r['verdict'] or '–'} | "
-                 f"{_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
+        L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "
+                 f"{r['verdict'] or '–'} | {_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
                  f"{', '.join('`%s`' % c for c in r['findings']) or '–'} |")
     failed = [r for r in rows if r["reason"]]
     if failed:

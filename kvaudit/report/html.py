@@ -12,6 +12,7 @@ from typing import Any
 from kvaudit.fleet.history import Drift
 from kvaudit.fleet.runner import FleetRun
 from kvaudit.report.rows import findings, gpu_rows, host_summary, status_rank
+from kvaudit.report.fleet import counts_text, status_cell
 
 SEGMENTS = (  # (key in the bar, label, colour)
     ("weights_gib", "weights", "#4c72b0"),
@@ -133,8 +134,8 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
     summaries = [host_summary(f.name, h) for f, h in run.results]
     H = ["<!doctype html><html><head><meta charset='utf-8'><title>kvaudit fleet report</title>",
          f"<style>{CSS}</style></head><body>",
-         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts, started {escape(run.started_at)}, "
-         f"{run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
+         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts ({escape(counts_text(summaries))}), started "
+         f"{escape(run.started_at)}, {run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
          "<p class='prov'>" + " · ".join(f"{escape(k)}: <code>{escape(v)}</code>"
                                          for k, v in (provenance or {}).items()) + "</p>",
          "<h2>Fleet</h2><table class='sortable'><thead><tr>"
@@ -144,7 +145,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
     for s in sorted(summaries, key=lambda s: status_rank(s["status"])):  # problems first
         st = s["status"].split(":")[0]
         H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
-                 f"<td class='l s-{escape(st)}'>{escape(s['status'])}</td><td>{s['gpus']}</td>"
+                 f"<td class='l s-{escape(st)}'>{escape(status_cell(s))}</td><td>{s['gpus']}</td>"
                  f"<td data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td><td class='l'>{escape(s['verdict'] or '–')}</td>"
                  f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
                  f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td>"
