@@ -546,6 +546,9 @@ def fleet(
                                                         "per pod or LeaderWorkerSet group)."),
     ignore: list[str] = IGNORE,
     baseline: Optional[Path] = BASELINE,
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config",
+            help="The model's config.json for every host (a host's kvaudit_model_config wins): for pods and "
+                 "endpoints, whose config.json kvaudit cannot read."),
 ) -> int:
     """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
     from kvaudit.fleet import inventory as inv
@@ -576,7 +579,7 @@ def fleet(
     else:
         raise Fail("name an inventory, or --ssh-config FILE with --hosts PATTERN")
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
-    opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
+    opts = _check_options(model_config, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
     import shutil

@@ -3,6 +3,9 @@
 appears in every report, marked ``ignored``; it no longer counts toward the status, the exit code or the
 Prometheus counts.
 
+A *state* is acknowledged the same way (``STATES``: ``NO_GPU_READINGS``, ``NO_CONFIG``), so that a fleet of
+endpoints or pods that by design give no GPU readings can be green.
+
 Baseline file: one rule per line, ``CODE`` or ``CODE@HOST`` (``HOST`` a glob on the host's name or target),
 ``#`` comments. A code that kvaudit does not emit is an error (a typo would silently ignore nothing)."""
 
@@ -16,6 +19,16 @@ from pathlib import Path
 
 class IgnoreError(KvauditError):
     pass
+
+
+#: states a target may be in by design, acknowledged like a finding (``--ignore NO_GPU_READINGS@k8s:*``): a live
+#: endpoint or a pod without exec rights gives no GPU readings, a pod's config.json is inside the pod. Each
+#: names the beginnings of the collector's sentences for that state (kvaudit.collect.session, kvaudit.check).
+#: An acknowledged state no longer makes the host partial; the sentence stays in the host's notes, marked.
+STATES: dict[str, tuple[str, ...]] = {
+    "NO_GPU_READINGS": ("no GPU readings", "nvidia-smi not found", "nvidia-smi failed"),
+    "NO_CONFIG": ("no config.json",),
+}
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,9 @@ def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ..
             continue
         code, _, host = text.partition("@")
         code = code.strip().upper()
-        if code not in CODES:
-            raise IgnoreError(f"{where}: {text!r}: no finding has code {code!r} (codes: docs/findings.md)")
+        if code not in CODES and code not in STATES:
+            raise IgnoreError(f"{where}: {text!r}: no finding has code {code!r} (codes: docs/findings.md; "
+                              f"states: {', '.join(STATES)})")
         out.append(IgnoreRule(code, host.strip() or None))
     return tuple(out)
 
@@ -62,7 +76,17 @@ def apply(h, rules: tuple[IgnoreRule, ...], *names: str):
                      for f in findings)
 
     audit = replace(h.audit, findings=mark(h.audit.findings)) if h.audit is not None else None
-    return replace(h, audit=audit, findings=mark(h.findings))
+    h = replace(h, audit=audit, findings=mark(h.findings))
+    accepted = [code for code in STATES if any(r.matches(code, names) for r in rules)]
+    if not accepted or h.collected is None or not h.collected.partial:
+        return h
+    kept, said = [], []
+    for text in h.collected.partial:
+        code = next((c for c in accepted if text.startswith(STATES[c])), None)
+        (said.append(f"acknowledged ({code}): {text}") if code else kept.append(text))
+    if not said:
+        return h
+    return replace(h, collected=replace(h.collected, partial=tuple(kept)), notes=h.notes + tuple(said))
 
 
 def apply_audit(a, rules: tuple[IgnoreRule, ...]):

@@ -184,7 +184,7 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         gpus_now.setdefault(gh, []).append((gpu, g))
     for host, now in h1.items():
         last = h0.get(host)
-        if last is None and host not in baselines:
+        if last is None and base_hosts.get(baselines.get(host, -1), {}).get(host) is None:
             out.append(Drift(host, None, "status", None, now["status"], f"{host}: new in this run ({now['status']})"))
             continue
         if _failed(now["status"]):
@@ -201,9 +201,9 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
             out.append(Drift(host, None, "status", last["status"], now["status"],
                              f"{host}: status {last['status']} -> {now['status']}"))
         rid = baselines.get(host)
-        if rid is None:
-            continue  # no successful audit before this one: nothing to compare with
-        before = base_hosts[rid][host]
+        before = base_hosts.get(rid, {}).get(host) if rid is not None else None
+        if rid is None or before is None:
+            continue  # no (readable) successful audit before this one: nothing to compare with
         since = "" if rid == prev else f" (compared with run {rid}, its last successful audit)"
         if before.get("startup_id") and now.get("startup_id") and before["startup_id"] != now["startup_id"]:
             out.append(Drift(host, None, "restart", before["startup_id"], now["startup_id"],

@@ -46,7 +46,7 @@ class FleetHost:
 
 
 #: the kvaudit_* host variables kvaudit reads; any other kvaudit_ name is a typo
-HOST_SETTINGS = ("unit", "source", "journal_directory", "selector", "kubeconfig")
+HOST_SETTINGS = ("unit", "source", "journal_directory", "selector", "kubeconfig", "model_config")
 
 
 def _target(name: str, v: dict[str, str]) -> str:

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from kvaudit.check import CheckOptions, HostAudit, check
-from kvaudit.collect.interface import CollectError, HostTimeout
+from kvaudit.collect.interface import BadSetting, CollectError, HostTimeout
+from kvaudit.model_config import ConfigError
 from kvaudit.fleet.inventory import FleetHost
 
 
@@ -46,11 +47,31 @@ def _one(host: FleetHost, base: CheckOptions, run_deadline: float) -> HostAudit:
         deadline_s=max(1.0, min(base.deadline_s, run_deadline - time.monotonic())),
     )
     try:
+        path = host.setting("model_config")
+        if path:  # kvaudit_model_config: this host's config.json, read on the auditing machine
+            try:
+                opts = replace(opts, audit=replace(opts.audit, model_geometry=_geometry(path)))
+            except ConfigError as exc:
+                return HostAudit(host.target, None, None, (), (), BadSetting(f"kvaudit_model_config: {exc}"))
         h = check(host.target, opts)
         return replace(h, notes=h.notes + host.notes) if host.notes else h
     except Exception as exc:  # a bug or an unforeseen library error: this host fails, the run goes on
         return HostAudit(host.target, None, None, (), (),
                          InternalHostError(f"{host.name}: {type(exc).__name__}: {exc}"))
+
+
+def _geometry(path: str):
+    """A host's kvaudit_model_config, read once per run and path (many hosts share one model)."""
+    from kvaudit.model_config import load_config
+
+    with _GEOMETRY_LOCK:
+        if path not in _GEOMETRIES:
+            _GEOMETRIES[path] = load_config(path)
+        return _GEOMETRIES[path]
+
+
+_GEOMETRIES: dict[str, object] = {}
+_GEOMETRY_LOCK = threading.Lock()
 
 
 class Interrupted(CollectError):

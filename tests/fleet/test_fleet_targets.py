@@ -74,3 +74,43 @@ def test_a_selector_matching_more_than_64_pods_is_refused_in_fleet_too(tmp_path)
         r = cli("fleet", "k8s:llm", "-l", "app=llm", "--kubeconfig", cfg, "-f", "json")
     assert r.code == 2 and "selects 65 pods" in r.stderr and "at most 64" in r.stderr, r.stderr
     assert not any("/log" in s for s in seen)
+
+
+def test_a_pod_and_endpoint_fleet_can_be_green(tmp_path):
+    """issue 24, item 5: servers that by design give no GPU readings and whose config.json kvaudit cannot read
+    are partial until the operator says so: --model-config (or a host's kvaudit_model_config) gives the config,
+    NO_GPU_READINGS@... acknowledges the state. Then the fleet is green (exit 0), the state said in the notes."""
+    from tests.conftest import KIMI_CONFIG
+
+    with serve({"/server_info": json_doc(KIMI_INFO)}) as (url, _), api_server(_pods()) as (api, _):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        inv = tmp_path / "servers.txt"
+        inv.write_text(f"{url}\nk8s:llm/solo-7b\n")
+        before = cli("fleet", inv, "--kubeconfig", cfg, "-f", "json")
+        base = tmp_path / "baseline.txt"
+        base.write_text("NO_GPU_READINGS@k8s:*\nNO_GPU_READINGS@http://*\n")
+        after = cli("fleet", inv, "--kubeconfig", cfg, "-f", "json", "--model-config", KIMI_CONFIG,
+                    "--baseline", base)
+        typo = cli("fleet", inv, "--kubeconfig", cfg, "--ignore", "NO_GPU_READING")
+    assert {h["summary"]["status"] for h in before.json()["hosts"]} == {"partial"} and before.code == 6
+    hosts = after.json()["hosts"]
+    assert after.code == 0, [(h["summary"]["status"], h["summary"]["partial"]) for h in hosts]
+    assert [h["summary"]["status"] for h in hosts] == ["ok", "ok"]
+    assert all(any(n.startswith("acknowledged (NO_GPU_READINGS): ") for n in h["host"]["notes"])
+               for h in hosts)
+    assert all(h["formula"]["bytes_per_token_source"] == "config" for h in hosts)
+    assert typo.code == 2 and "NO_GPU_READINGS" in typo.stderr  # the states are named in the error
+
+
+def test_a_hosts_own_model_config_and_a_bad_one(tmp_path):
+    from tests.conftest import KIMI_CONFIG
+
+    with serve({"/server_info": json_doc(KIMI_INFO)}) as (url, _):
+        inv = tmp_path / "servers.ini"
+        inv.write_text(f"good ansible_host={url} kvaudit_model_config={KIMI_CONFIG}\n"
+                       f"bad ansible_host={url} kvaudit_model_config={tmp_path}/missing.json\n")
+        r = cli("fleet", inv, "-f", "json")
+    got = {h["name"]: h for h in r.json()["hosts"]}
+    assert got["good"]["formula"]["bytes_per_token_source"] == "config"
+    bad = got["bad"]["summary"]
+    assert bad["status"] == "failed:bad_setting" and "kvaudit_model_config" in bad["error"], bad
