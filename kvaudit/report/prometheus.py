@@ -17,7 +17,7 @@ from typing import Iterable
 
 from kvaudit import __version__
 from kvaudit.check import HostAudit
-from kvaudit.report.rows import STATUS_ORDER, gpu_rows, host_summary
+from kvaudit.report.rows import STATUS_ORDER, findings, gpu_rows, host_summary
 from kvaudit.units import GIB
 
 GPU_METRICS = (
@@ -68,6 +68,8 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
                     "...).", ("host", "reason"))
     match = gauge("kvaudit_tokens_match", "1 when the KV pool size matches the engine's formula.", ("host",))
     found = gauge("kvaudit_findings", "Findings by severity.", ("host", "severity"))
+    each = gauge("kvaudit_finding", "1 for each finding that counts (not acknowledged), by code: an alert rule "
+                 "can name one code.", ("host", "code", "severity"))
     for s in summaries:
         up.labels(invocation, s["host"]).set(0 if s["reason"] else 1)
         current = s["status"].split(":")[0]
@@ -79,10 +81,22 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
             match.labels(invocation, s["host"]).set(1 if s["verdict"] == "match" else 0)
         for sev, key in (("error", "errors"), ("warning", "warnings"), ("info", "infos")):
             found.labels(invocation, s["host"], sev).set(s[key])
+    for name, h in hosts:
+        for f in counted_findings(h):
+            each.labels(invocation, name, f.code, f.severity.value).set(1)
     gauge("kvaudit_last_run_timestamp_seconds", "When the last audit ran (Unix time).", ()) \
         .labels(invocation).set(run_ts)
     gauge("kvaudit_run_duration_seconds", "How long the last audit took.", ()).labels(invocation).set(duration_s)
     return generate_latest(reg).decode("utf-8")
+
+
+def counted_findings(h: HostAudit) -> list:
+    """The host's findings that count (not acknowledged), each code once (the worst severity it has)."""
+    best: dict[str, object] = {}
+    for f in findings(h):
+        if not f.ignored and (f.code not in best or f.severity.rank > best[f.code].severity.rank):
+            best[f.code] = f
+    return list(best.values())
 
 
 def _text(v: object) -> str:

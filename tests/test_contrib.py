@@ -1,0 +1,94 @@
+"""What ships in contrib/ works as shipped (issue 24, items 2 and 3): the systemd units pass systemd-analyze
+verify, the alert rules and the dashboard name only series kvaudit writes (rendered here from a real capture
+and a failed host), and the rules' promtool tests pass when promtool is installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import FIXTURES, ROOT
+
+CONTRIB = ROOT / "contrib"
+#: series other exporters write that kvaudit's queries join with
+EXTERNAL = {"DCGM_FI_DEV_FB_USED"}
+PROMQL_WORDS = {"abs", "max", "min", "sum", "by", "on", "group_left", "offset", "time", "label_values", "and", "or",
+                "without", "count", "avg", "rate", "d", "h", "m", "s"}
+
+
+@pytest.fixture(scope="module")
+def written_series() -> set[str]:
+    """Every series name kvaudit's textfile holds for a real audited host and a host that could not be audited
+    (with a finding, so the per-code series is there)."""
+    from dataclasses import replace
+
+    from kvaudit.check import HostAudit, check
+    from kvaudit.collect.interface import Unreachable
+    from kvaudit.check import CheckOptions
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report import prometheus
+
+    h = check(str(FIXTURES / "hosts" / "kimi-k25-tp8"), CheckOptions(AuditOptions()))
+    assert h.audit is not None and h.audit.findings
+    down = HostAudit("gpu-9", None, None, (), (), Unreachable("refused"))
+    text = prometheus.render([("gpu-07", h), ("gpu-9", replace(down))], 1.0, 2.0, "fleet:gpus")
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M)}
+
+
+def _metric_names(expr: str) -> set[str]:
+    """The series an expression reads: its identifiers, less label matchers, grouping labels and PromQL's words."""
+    bare = re.sub(r"\{[^}]*\}", "{}", expr)
+    bare = re.sub(r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", " ", bare)
+    names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{|\b)", bare))
+    return {n for n in names if n not in PROMQL_WORDS and not n.isdigit() and (n.startswith("kvaudit_") or n.isupper()
+                                                                                 or n.startswith("DCGM"))}
+
+
+def test_the_alert_rules_name_only_series_kvaudit_writes(written_series):
+    doc = yaml.safe_load((CONTRIB / "prometheus" / "kvaudit-alerts.yml").read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    assert {r["alert"] for r in rules} >= {"KvauditNightlyStale", "KvauditNodeStale", "KvauditForeignProcessOnGpu"}
+    for r in rules:
+        names = _metric_names(r["expr"])
+        assert names and names <= written_series, (r["alert"], names - written_series)
+    assert "kvaudit_finding" in written_series
+
+
+def test_the_dashboard_loads_and_queries_series_kvaudit_writes(written_series):
+    doc = json.loads((CONTRIB / "grafana" / "kvaudit-dashboard.json").read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    assert len(exprs) >= 8 and len({p["id"] for p in doc["panels"]}) == len(doc["panels"])
+    used = set().union(*(_metric_names(e) for e in exprs))
+    assert used - EXTERNAL <= written_series, used - EXTERNAL - written_series
+    assert "DCGM_FI_DEV_FB_USED" in used and any("on (UUID)" in e for e in exprs)  # joined with dcgm-exporter
+    assert {"kvaudit_weights_bytes", "kvaudit_kv_cache_bytes", "kvaudit_kv_tokens", "kvaudit_finding"} <= used
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_the_alert_rules_pass_their_promtool_tests():
+    r = subprocess.run(["promtool", "test", "rules", "kvaudit-alerts.test.yml"], cwd=CONTRIB / "prometheus",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_systemd_units_verify(tmp_path):
+    """The units as shipped, with the binaries they run pointed at one that exists here (verify checks that the
+    command exists), and the engine's drop-in loaded onto a stand-in engine unit: no warning at all."""
+    for p in (CONTRIB / "systemd").rglob("*"):
+        if p.is_file():
+            dest = tmp_path / p.relative_to(CONTRIB / "systemd")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            true = shutil.which("true")
+            dest.write_text(p.read_text().replace("/opt/kvaudit/bin/kvaudit", true).replace("/usr/bin/systemctl", true))
+    (tmp_path / "sglang.service").write_text("[Unit]\nDescription=engine\n[Service]\nExecStart=/bin/true\n")
+    units = sorted(str(p) for p in tmp_path.glob("*.service")) + sorted(str(p) for p in tmp_path.glob("*.timer"))
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True, timeout=120,
+                       env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+    assert "kvaudit-after-start.timer" in (tmp_path / "sglang.service.d" / "kvaudit.conf").read_text()
