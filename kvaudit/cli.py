@@ -582,11 +582,9 @@ def fleet(
     opts = _check_options(model_config, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
     opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
-    import shutil
-
-    width = shutil.get_terminal_size((120, 24)).columns if (_env.stdout_isatty and output is None) else 120
+    width = _width(output)
     outputs = job.Outputs(chosen, str(output) if output else None, st.html, st.csv, parquet, st.textfile_dir,
-                          st.history, color=_color(color), width=max(60, width))
+                          st.history, color=_color(color), width=width)
     provenance = {"kvaudit": __version__, "command": " ".join(["kvaudit", *map(str, sys.argv[1:])])
                   if sys.argv and sys.argv[0].endswith("kvaudit") else "kvaudit fleet",
                   "inventory": str(inventory or f"--ssh-config {st.ssh_config} --hosts {hosts}")}
@@ -598,6 +596,19 @@ def fleet(
 
         progress = FleetProgress(len(fleet_hosts), _env.stderr)
     return job.run(request, _env.stdout, _env.stderr, progress)
+
+
+def _width(output: Optional[Path]) -> int:
+    """The report's width: $COLUMNS when set (also when piped, as `COLUMNS=200 kvaudit fleet ... | less`), the
+    terminal's own width on a terminal, else 120; never under 60 (tables fit 80 columns without wrapping)."""
+    cols = _env.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return max(60, int(cols))
+    if _env.stdout_isatty and output is None:
+        import shutil
+
+        return max(60, shutil.get_terminal_size((120, 24)).columns)
+    return 120
 
 
 def _announce(line: str) -> None:

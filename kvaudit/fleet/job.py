@@ -123,7 +123,7 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
     if out.csv:
         from kvaudit.report import table_export
 
-        attempt(f"--csv {out.csv}", lambda: table_export.write(results, out.csv, out.parquet))
+        attempt(f"--csv {out.csv}", lambda: table_export.write(results, out.csv, out.parquet, fleet_run.started_at))
     first_run = bool(out.history) and complete and previous is None and not failed
     text = out.fmt.fleet(fleet_run, drift, previous, first_run, color=out.color and out.output is None,
                          width=out.width)

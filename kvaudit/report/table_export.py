@@ -6,7 +6,7 @@ from kvaudit.errors import KvauditError
 from typing import Iterable
 
 from kvaudit.check import HostAudit
-from kvaudit.report.rows import GPU_FIELDS, gpu_rows, status, why
+from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, status, why
 from kvaudit.textsafe import csv_cell
 
 
@@ -14,7 +14,9 @@ class ExportError(KvauditError):
     pass
 
 
-def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = False) -> int:
+def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = False, run_at: str | None = None) -> int:
+    """One row per GPU (a host without GPU rows: one row saying why), each with the run's start time and the
+    host's findings that count, so that nightly files can be appended into one table."""
     import pandas as pd
 
     rows = []
@@ -22,10 +24,11 @@ def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = Fal
         # every host is in the table: one without GPU rows (failed, or nothing read) is one row saying why
         mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": status(h)}]
         reason = why(h)
-        rows += [{**r, "why": reason} for r in mine]
+        codes = ";".join(sorted({f.code for f in findings(h) if not f.ignored}))
+        rows += [{"run_at": run_at, **r, "findings": codes, "why": reason} for r in mine]
     if not parquet:  # a spreadsheet opens CSV: text from hosts must not become a formula there
         rows = [{k: csv_cell(v) for k, v in r.items()} for r in rows]
-    df = pd.DataFrame(rows, columns=[*GPU_FIELDS, "why"])
+    df = pd.DataFrame(rows, columns=["run_at", *GPU_FIELDS, "findings", "why"])
     df["gpu"] = df["gpu"].astype("Int64")
     df["kv_tokens"] = df["kv_tokens"].astype("Int64")
     df["kv_bytes"] = df["kv_bytes"].astype("Int64")

@@ -1,0 +1,51 @@
+"""Reports fit where they are read (issue 24, item 7): $COLUMNS sets the width also when piped, 80 columns
+never wrap a table row; the CSV rows carry the run's time and the host's findings so nightly files append."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+
+from kvaudit.cli import Environment, run
+from tests.test_ignores import WARNED, _capture_with
+
+
+def _fleet(inv, *args, columns: str | None = None) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    environ = {"NO_COLOR": "1", **({"COLUMNS": columns} if columns else {})}
+    env = Environment(stdin=io.BytesIO(), stdout=out, stderr=err, stdout_isatty=False, stderr_isatty=False,
+                      environ=environ)
+    run(["fleet", str(inv), *map(str, args)], env)
+    return out.getvalue()
+
+
+def _table(text: str) -> list[str]:
+    lines = text.splitlines()
+    return lines[1:lines.index("")] if "" in lines else lines[1:]
+
+
+def test_columns_sets_the_width_when_piped(tmp_path):
+    hosts = [_capture_with(tmp_path, f"a-rather-long-host-name-in-rack-{i}", WARNED) for i in range(2)]
+    inv = tmp_path / "hosts.txt"
+    inv.write_text("".join(f"{h}\n" for h in hosts))
+    narrow, wide, default = _fleet(inv, columns="80"), _fleet(inv, columns="200"), _fleet(inv)
+    assert all(len(line) <= 80 for line in _table(narrow)), _table(narrow)
+    assert any(len(line) > 120 for line in _table(wide)), "200 columns: nothing cut"
+    assert max(len(line) for line in _table(default)) <= 120
+    assert all("OCCUPIED_AT_STARTUP" in line for line in _table(wide)[1:])  # the findings whole at 200
+
+
+def test_csv_rows_append_across_nights(tmp_path):
+    host = _capture_with(tmp_path, "host-a", WARNED)
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{host}\n")
+    nights = []
+    for i in range(2):
+        csv = tmp_path / f"night-{i}.csv"
+        _fleet(inv, "--csv", csv)
+        nights.append(pd.read_csv(csv))
+    df = pd.concat(nights, ignore_index=True)
+    assert list(df.columns[:2]) == ["run_at", "host"] and "findings" in df.columns
+    assert len(df) == 2 * len(nights[0]) and pd.to_datetime(df["run_at"]).notna().all()  # each row says its run
+    assert df["findings"].str.contains("UNUSED_MEMORY").all()
