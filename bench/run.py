@@ -5,6 +5,7 @@
 2. the pure-Python fallback scanner (no grep on the machine) on 64 MiB, for reference.
 3. CLI start-up: `kvaudit --version` and `explain` of a 15 KB log vs a bare `python -c pass` (targets: 100 ms
    and 150 ms on a current machine), and the imports that cost most (`python -X importtime`).
+4. The fleet JSON report for 100 and 500 hosts, the whole document against the streamed one (bench/fleet_json.py).
 
 Each figure is the best of N runs (the least disturbed by other load). Results go to bench/out/results.json;
 bench/baseline.json holds an earlier run, printed side by side. `python bench/run.py --save-baseline`
@@ -131,13 +132,16 @@ def main() -> None:
         ts = "" if t is None else f"< {t:g}"
         print(f"{k:34} {v:8.2f} {bs:>9} {ts:>8}")
     print_import_costs()
+    import fleet_json
     import fleet_scaling
     import journal_bytes
 
+    report = fleet_json.main()
     network = journal_bytes.main()
     fleet = fleet_scaling.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
+           "fleet_json": report,
            "fleet": fleet}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     if "--save-baseline" in sys.argv:

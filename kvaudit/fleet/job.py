@@ -14,7 +14,7 @@ import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
 
 from kvaudit.errors import KvauditError
 from kvaudit.textsafe import printable
@@ -125,9 +125,9 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
 
         attempt(f"--csv {out.csv}", lambda: table_export.write(results, out.csv, out.parquet, fleet_run.started_at))
     first_run = bool(out.history) and complete and previous is None and not failed
-    text = out.fmt.fleet(fleet_run, drift, previous, first_run, color=out.color and out.output is None,
-                         width=out.width)
-    attempt(f"-o {out.output}", lambda: _write(text, out.output, stdout))
+    chunks = out.fmt.fleet_chunks(fleet_run, drift, previous, first_run, color=out.color and out.output is None,
+                                  width=out.width)
+    attempt(f"-o {out.output}", lambda: _write_chunks(chunks, out.output, stdout))
     return failed
 
 
@@ -154,6 +154,25 @@ def _write(text: str, path: str | None, stdout: IO[str] | None = None) -> None:
 
     try:
         write_atomic(Path(path), text)  # whole or not at all: a reader never sees it half written
+    except OSError as exc:
+        raise KvauditError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write_chunks(chunks: Iterable[str], path: str | None, stdout: IO[str]) -> None:
+    """The report piece by piece: to standard output as it is made, or into a file whole or not at all."""
+    if path is None:
+        for c in chunks:
+            stdout.write(c)
+        return
+    from kvaudit.report.files import write_atomic_with
+
+    def produce(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for c in chunks:
+                fh.write(c)
+
+    try:
+        write_atomic_with(Path(path), produce)
     except OSError as exc:
         raise KvauditError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from kvaudit import __version__
 from kvaudit.fleet.history import Drift
@@ -153,20 +154,40 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
 
 def render_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: int | None = None,
                 first_run: bool = False) -> str:
-    hosts = []
-    for f, h in run.results:
-        d = host_dict(h)
-        d["name"] = f.name
-        d["summary"] = host_summary(f.name, h)
-        hosts.append(d)
+    return "".join(iter_json(run, drift, previous_run, first_run))
+
+
+#: stands in for the hosts while the rest of the document is laid out (a host name can never be this string:
+#: printable() strips control characters from everything a host sends)
+_HOSTS = "\x00kvaudit-hosts\x00"
+
+
+def iter_json(run: FleetRun, drift: list[Drift] | None = None, previous_run: int | None = None,
+              first_run: bool = False) -> Iterator[str]:
+    """The fleet document in pieces, one host's at a time (issue 23, item 4): the whole document is never held
+    as one string or one tree, so writing it takes memory for one host, whatever the number of hosts. The bytes
+    are exactly those of ``dumps`` of the whole document."""
     doc = {
         "schema_version": SCHEMA_VERSION,
         "kvaudit_version": __version__,
         "run": {"started_at": run.started_at, "duration_s": run.duration_s, "parallel": run.parallel,
                 "hosts": len(run.results), "failed": len(run.failed), "deadline_hit": run.deadline_hit,
                 "previous_run_id": previous_run, "first_run": first_run, "interrupted": run.interrupted},
-        "hosts": hosts,
+        "hosts": [_HOSTS] if run.results else [],
         "drift": [{"host": d.host, "gpu": d.gpu, "what": d.what, "before": d.before, "after": d.after,
                    "message": d.message} for d in (drift or [])],
     }
-    return dumps(doc)
+    text = dumps(doc)
+    if not run.results:
+        yield text
+        return
+    marker = "    " + json.dumps(_HOSTS)
+    head, tail = text.split(marker + "\n", 1)
+    yield head
+    for i, (f, h) in enumerate(run.results):
+        d = host_dict(h)
+        d["name"] = f.name
+        d["summary"] = host_summary(f.name, h)
+        one = dumps(d).rstrip("\n").replace("\n", "\n    ")
+        yield ("    " if i == 0 else ",\n    ") + one
+    yield "\n" + tail

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kvaudit.errors import KvauditError
 
@@ -33,6 +33,8 @@ class Format:
     fleet_fn: str  # fleet: the run, its drift and the previous run
     whatif_fn: str | None = None
     colour: bool = False
+    #: fleet: the report in pieces, a host at a time (memory for one host, whatever the fleet's size)
+    fleet_stream_fn: str | None = None
 
     def audits(self, audits: list[Any], color: bool = False) -> str:
         return _fn(self.audits_fn)(audits, color=color and self.colour)
@@ -49,6 +51,13 @@ class Format:
             return fn(run, drift, previous_run, first_run=first_run)
         return fn(run, drift, first_run=first_run)
 
+    def fleet_chunks(self, run: Any, drift: Any, previous_run: int | None, first_run: bool, color: bool = False,
+                     width: int = 120) -> Iterable[str]:
+        """The fleet report as pieces to write one after the other (one piece when the format does not stream)."""
+        if self.fleet_stream_fn is not None:
+            return _fn(self.fleet_stream_fn)(run, drift, previous_run, first_run=first_run)
+        return (self.fleet(run, drift, previous_run, first_run, color=color, width=width),)
+
     def whatif(self, audit: Any, w: Any, color: bool = False) -> str:
         if self.whatif_fn is None:
             raise FormatError(f"--format {self.name}: whatif prints text or json")
@@ -60,7 +69,8 @@ FORMATS: dict[str, Format] = {
         Format("text", "kvaudit.report.text:render", "kvaudit.report.host:render_text",
                "kvaudit.report.fleet:render_text", "kvaudit.report.text:render_whatif", colour=True),
         Format("json", "kvaudit.report.json:render", "kvaudit.report.host:render_json",
-               "kvaudit.report.fleet:render_json", "kvaudit.report.json:render_whatif"),
+               "kvaudit.report.fleet:render_json", "kvaudit.report.json:render_whatif",
+               fleet_stream_fn="kvaudit.report.fleet:iter_json"),
         Format("markdown", "kvaudit.report.markdown:render", "kvaudit.report.host:render_markdown",
                "kvaudit.report.fleet:render_markdown"),
     )

@@ -127,7 +127,7 @@ def test_a_write_failing_at_the_end_loses_nothing_else(tmp_path):
     assert p.returncode == 6, err  # partial (an endpoint has no GPU readings), as without the failed write
     assert "could not write --html /dev/full" in err
     assert json.loads(out)["hosts"][0]["summary"]["tokens"] == 159277
-    assert (tmp_path / "gpus.csv").read_text().startswith("host,")
+    assert (tmp_path / "gpus.csv").read_text().startswith("run_at,host,")
 
 
 def _with_stderr_on_a_terminal(args: list[str]) -> tuple[int, str, str]:
