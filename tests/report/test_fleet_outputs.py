@@ -49,3 +49,38 @@ def test_csv_rows_append_across_nights(tmp_path):
     assert list(df.columns[:2]) == ["run_at", "host"] and "findings" in df.columns
     assert len(df) == 2 * len(nights[0]) and pd.to_datetime(df["run_at"]).notna().all()  # each row says its run
     assert df["findings"].str.contains("UNUSED_MEMORY").all()
+
+
+def test_the_streamed_fleet_json_is_the_whole_document_byte_for_byte():
+    """iter_json yields the document a host at a time; joined, it is exactly dumps() of the whole tree."""
+    import json
+
+    from kvaudit.check import CheckOptions, HostAudit, check
+    from kvaudit.collect.interface import Unreachable
+    from kvaudit.fleet.history import Drift
+    from kvaudit.fleet.inventory import FleetHost
+    from kvaudit.fleet.runner import FleetRun
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report.fleet import iter_json
+    from kvaudit.report.host import host_dict
+    from kvaudit.report.json import dumps
+    from kvaudit.report.rows import host_summary
+    from tests.conftest import FIXTURES
+
+    h = check(str(FIXTURES / "hosts" / "kimi-k25-tp8"), CheckOptions(AuditOptions()))
+    down = HostAudit("gpu-9", None, None, (), (), Unreachable("refused"))
+    results = tuple((FleetHost(n, n, (), {}), x) for n, x in (("a", h), ("b", down), ("c", h)))
+    run = FleetRun("2026-12-01T00:00:00Z", 0.0, 1.0, 8, results, False)
+    drift = [Drift("a", 0, "free", 1.0, 2.0, "a GPU 0 (TP0): free 1.00 -> 2.00 GiB (+1.00)")]
+    pieces = list(iter_json(run, drift, 7, False))
+    assert len(pieces) == len(results) + 2  # the head, one piece per host, the tail
+    got = "".join(pieces)
+    doc = json.loads(got)
+    hosts = []
+    for f, x in results:
+        d = host_dict(x)
+        d["name"], d["summary"] = f.name, host_summary(f.name, x)
+        hosts.append(d)
+    assert got == dumps({**doc, "hosts": hosts})
+    assert doc["drift"][0]["message"].startswith("a GPU 0") and doc["run"]["previous_run_id"] == 7
+    assert json.loads("".join(iter_json(FleetRun("t", 0.0, 1.0, 8, (), False))))["hosts"] == []
