@@ -85,6 +85,14 @@ class HostConfig:
     connect_timeout: float
     proxy_jump: str | None
     proxy_command: str | None
+    #: ssh_config's StrictHostKeyChecking as OpenSSH normalises it (``ssh -G``: true, false, ask, accept-new)
+    strict_host_key_checking: str = "ask"
+
+    @property
+    def accepts_new_keys(self) -> bool:
+        """``accept-new`` (and ``no``, which kvaudit reads as accept-new: a *changed* key is refused whatever
+        ssh_config says; OpenSSH would connect with a warning, and nobody reads a warning in a nightly run)."""
+        return self.strict_host_key_checking in ("accept-new", "false", "no", "off")
 
 
 class SshConfigError(CollectError):
@@ -143,6 +151,7 @@ def _from_ssh_g(t: "Target", g: dict[str, list[str]]) -> HostConfig:
         connect_timeout=float(timeout) if timeout and timeout.lower() != "none" else DEFAULT_CONNECT_TIMEOUT,
         proxy_jump=None if not pj or pj.lower() == "none" else pj,
         proxy_command=pc if pc and pc.lower() != "none" else None,
+        strict_host_key_checking=(one("stricthostkeychecking", "ask") or "ask").lower(),
     )
 
 
@@ -183,6 +192,8 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
         connect_timeout=float(hc.get("connecttimeout", DEFAULT_CONNECT_TIMEOUT)),
         proxy_jump=None if not pj or pj.lower() == "none" else pj,
         proxy_command=hc.get("proxycommand") if str(hc.get("proxycommand", "none")).lower() != "none" else None,
+        strict_host_key_checking={"yes": "true", "no": "false"}.get(
+            str(hc.get("stricthostkeychecking", "ask")).lower(), str(hc.get("stricthostkeychecking", "ask")).lower()),
     )
 
 
@@ -279,7 +290,8 @@ class HostKeyPolicy:
         if not self.accept_new:
             raise HostKeyRefused(
                 f"host key of {hostname} is not known ({key.get_name()} {fingerprint(key)}); verify it and add "
-                f"it to {self.files[0]}, or rerun with --accept-new-host-key to trust it on first use")
+                f"it to {self.files[0]}, or rerun with --accept-new-host-key (or StrictHostKeyChecking accept-new "
+                "in ssh_config) to trust it on first use")
         path = Path(self.files[0])
         with _append_lock:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -392,7 +404,7 @@ class SSHRunner:
         elif sock is None and hc.proxy_command:
             sock = paramiko.ProxyCommand(hc.proxy_command)
         client = paramiko.SSHClient()
-        policy = HostKeyPolicy(hc.known_hosts, accept_new)
+        policy = HostKeyPolicy(hc.known_hosts, accept_new or hc.accepts_new_keys)
         client.set_missing_host_key_policy(policy)
         name = f"{hc.user}@{hc.hostname}:{hc.port}"
         pinned = {e.keytype for e in known_keys(hc.known_hosts, _server_name(hc.hostname, hc.port)) if not e.revoked}

@@ -480,3 +480,25 @@ def test_ctrl_c_in_fleet_closes_the_ssh_session_at_once(site, tmp_path):
     assert p.returncode == 130 and "Traceback" not in err, err
     assert json.loads(out)["hosts"][0]["summary"]["status"] == "failed:interrupted"
     assert took < 10, took
+
+
+def test_ssh_configs_strict_host_key_checking_is_honoured(site):
+    """issue 24, item 6: StrictHostKeyChecking accept-new in ssh_config trusts an unknown key on first use as
+    --accept-new-host-key does (recorded in its UserKnownHostsFile); yes refuses it; a changed key is refused
+    whatever ssh_config says (no included)."""
+    from tests.hostsim import keygen
+
+    kh = site.root / "shkc.known_hosts"
+    kh.unlink(missing_ok=True)
+    strict = site.ssh_config("shkc-yes", known_hosts=str(kh), extra="    StrictHostKeyChecking yes\n")
+    r = check(site, cfg=strict)
+    assert r.code == ExitStatus.AUTH_REFUSED and "not known" in r.stderr and not kh.exists()
+    new = site.ssh_config("shkc-new", known_hosts=str(kh), extra="    StrictHostKeyChecking accept-new\n")
+    r = check(site, cfg=new)
+    assert r.code == ExitStatus.OK, r.stderr
+    assert site.sshd.host_pub.split()[1] in kh.read_text()
+    other = keygen(site.root / "shkc-other")
+    kh.write_text(f"[127.0.0.1]:{site.sshd.port} {' '.join(other.split()[:2])}\n")
+    loose = site.ssh_config("shkc-no", known_hosts=str(kh), extra="    StrictHostKeyChecking no\n")
+    r = check(site, cfg=loose)
+    assert r.code == ExitStatus.AUTH_REFUSED and "CHANGED" in r.stderr
