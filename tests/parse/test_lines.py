@@ -68,6 +68,7 @@ def test_invalid_utf8_is_replaced_not_fatal():
 
 # --- the grep-backed scanner must select exactly what the pure-Python one does ---------------------------
 
+import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from tests.conftest import KIMI_LOG, SAMPLES  # noqa: E402
@@ -89,18 +90,33 @@ def _both(data: bytes, anchors, tmp_path: Path):
     return pure, piped, direct
 
 
+#: the external line selectors (issue 23, item 3): each must select exactly what the pure-Python scanner does
+SCANNERS = [pytest.param("grep"), pytest.param("rg", marks=pytest.mark.skipif(
+    L._ripgrep() is None, reason="ripgrep not installed (make test installs it: pip's ripgrep wheel)"))]
+
+
+@pytest.fixture(params=SCANNERS)
+def scanner(request, monkeypatch):
+    monkeypatch.setenv("KVAUDIT_SCANNER", request.param)
+    assert os.path.basename(L.scanner()[0]) == request.param  # the one asked for, not a fallback
+    return request.param
+
+
 @pytest.mark.parametrize("path", ALL_INPUTS, ids=[p.stem for p in ALL_INPUTS])
-def test_grep_and_python_scanners_agree(path, tmp_path):
+def test_external_and_python_scanners_agree(path, tmp_path, scanner):
     pure, piped, direct = _both(path.read_bytes(), None, tmp_path)
     assert pure == piped == direct
     assert pure
 
 
-def test_scanners_agree_on_awkward_bytes(tmp_path):
-    data = b"a GB\r\n\x1b[1mb GB\x1b[0m\rc GB\n\xff\xfe GB\n\nno match\nlast GB"
+def test_scanners_agree_on_awkward_bytes(tmp_path, scanner):
+    # CRLF, ANSI, a carriage-return redraw, bytes that look like a UTF-16 byte-order mark (at the start of a line
+    # and of the input: ripgrep would transcode without --encoding none), invalid UTF-8, no final newline
+    data = (b"\xff\xfe GB first\na GB\r\n\x1b[1mb GB\x1b[0m\rc GB\n\xff\xfe GB\n\nno match\ncaf\xe9 GB\n"
+            b"last GB")
     pure, piped, direct = _both(data, (b"GB",), tmp_path)
     assert pure == piped == direct
-    assert [l.number for l in pure] == [1, 2, 2, 3, 6]
+    assert [l.number for l in pure] == [1, 2, 3, 3, 4, 7, 8]
 
 
 def test_without_grep_the_python_scanner_is_used(monkeypatch):
