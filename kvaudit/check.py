@@ -37,6 +37,8 @@ class CheckOptions:
     kubeconfig: str | None = None  # k8s: targets
     identity_file: str | None = None  # a key to try first (an inventory's ansible_ssh_private_key_file)
     selector: str | None = None  # k8s:NAMESPACE -l SELECTOR
+    context: str | None = None  # k8s: the kubeconfig context (kubectl's --context)
+    namespace: str | None = None  # k8s:/POD: the namespace (kubectl's -n); else the context's
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,8 @@ def _collect_pod(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog,
     """A pod's (or a pod group's) container log through the Kubernetes API."""
     from kvaudit.collect import kube
 
-    t = kube.parse_target(target, opts.selector)
-    reader = kube.KubeReader(opts.kubeconfig, opts.deadline_s)
+    reader = kube.KubeReader(opts.kubeconfig, opts.deadline_s, context=opts.context)
+    t = kube.with_namespace(kube.parse_target(target, opts.selector, opts.namespace), reader)
     anchors = all_anchors()
 
     def has_startup(lines: list[tuple[int, str]]) -> bool:

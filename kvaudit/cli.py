@@ -99,6 +99,9 @@ CONNECT_TIMEOUT = _opt(TIME, None, "--connect-timeout", min=0.1,
 KUBECONFIG = _opt(WHERE, None, "--kubeconfig",
                   help="For k8s: targets (default KUBECONFIG, ~/.kube/config, in-cluster).")
 SOURCE = _opt(WHERE, None, "--source", help="docker:NAME or file:PATH instead of the journal.")
+CONTEXT = _opt(WHERE, None, "--context", help="For k8s: targets: the kubeconfig context (as kubectl's --context).")
+NAMESPACE = _opt(WHERE, None, "--namespace", "-n",
+                 help="For k8s:/POD (or k8s: -l): the namespace (as kubectl's -n; default: the context's).")
 STARTUP = _opt(ASSUME, None, "--startup", help="Which startup: 1 = first, -1 = latest (default).")
 
 
@@ -324,19 +327,22 @@ TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a
                "http://HOST:PORT (its own endpoints, when the startup log is gone).")
 
 
-def _check_target(target: str, endpoint_only: bool = False, selector: str | None = None) -> None:
+def _check_target(target: str, endpoint_only: bool = False, selector: str | None = None,
+                  namespace: str | None = None) -> None:
     """A target that cannot be one, said before anything is contacted."""
     from kvaudit.collect.endpoint import base_url, is_endpoint
     from kvaudit.collect.kube import is_pod_target, parse_target
 
     if is_pod_target(target) and not endpoint_only:
         try:
-            parse_target(target, selector)
+            parse_target(target, selector, namespace)
         except ValueError as exc:
             raise Fail(str(exc)) from None
         return
     if selector is not None:
         raise Fail("-l/--selector goes with a k8s:NAMESPACE target")
+    if namespace is not None:
+        raise Fail("-n/--namespace goes with a k8s: target")
 
     if is_endpoint(target):
         try:
@@ -375,6 +381,8 @@ def check(
     endpoint: Optional[str] = _opt(WHERE, None, "--endpoint",
             help="The server's http://HOST:PORT: cross-check its live KV pool with the startup's."),
     kubeconfig: Optional[Path] = KUBECONFIG,
+    context: Optional[str] = CONTEXT,
+    namespace: Optional[str] = NAMESPACE,
     selector: Optional[str] = _opt(
         "Where to read", None, "--selector", "-l",
                 help="k8s:NAMESPACE -l SELECTOR: every pod of a multi-node group, merged."),
@@ -401,7 +409,7 @@ def check(
         raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
     if health_check and (fmt != "text" or output is not None):
         raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
-    _check_target(target, selector=selector)
+    _check_target(target, selector=selector, namespace=namespace)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
                         timeout=timeout if timeout is not None or not health_check else HEALTH_DEADLINE_S,
@@ -422,7 +430,8 @@ def check(
         _check_target(endpoint, endpoint_only=True)
     opts = _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,
                           accept_new_host_key, timeout, connect_timeout, startup, threshold)
-    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector, context=context,
+                   namespace=namespace)
     import time as _time
 
     t0 = _time.time()
@@ -479,6 +488,8 @@ def capture(
     timeout: Optional[float] = TIMEOUT,
     connect_timeout: Optional[float] = CONNECT_TIMEOUT,
     kubeconfig: Optional[Path] = KUBECONFIG,
+    context: Optional[str] = CONTEXT,
+    namespace: Optional[str] = NAMESPACE,
     selector: Optional[str] = _opt(WHERE, None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
@@ -492,13 +503,14 @@ def capture(
     if is_endpoint(target):
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
                    "'kvaudit check URL --format json' keeps every figure it read (ranks[].logged)")
-    _check_target(target, selector=selector)
+    _check_target(target, selector=selector, namespace=namespace)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
                         timeout=timeout, connect_timeout=connect_timeout)
     opts = _check_options(None, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, [])
-    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector)
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, selector=selector, context=context,
+                   namespace=namespace)
     try:
         c, path = run_capture(target, opts, str(output))
     except CollectError as exc:
@@ -541,6 +553,8 @@ def fleet(
     quiet: bool = _opt(OUT, False, "--quiet", "-q", help="No progress bar."),
     color: str = COLOR,
     kubeconfig: Optional[Path] = KUBECONFIG,
+    context: Optional[str] = CONTEXT,
+    namespace: Optional[str] = NAMESPACE,
     selector: Optional[str] = _opt(
         "Where to read", None, "--selector", "-l", help="With a k8s:NAMESPACE inventory: the pods to audit (one server "
                                                         "per pod or LeaderWorkerSet group)."),
@@ -569,9 +583,11 @@ def fleet(
                     history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
     if inventory and inventory.startswith("k8s:"):
         fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
-                                          st.timeout)
+                                          st.timeout, context, namespace)
     elif selector is not None:
         raise Fail("-l/--selector goes with a k8s:NAMESPACE inventory")
+    elif namespace is not None:
+        raise Fail("-n/--namespace goes with a k8s: inventory (k8s: -l SELECTOR)")
     elif inventory:
         fleet_hosts = inv.load(inventory, hosts)
     elif st.ssh_config and hosts:
@@ -581,7 +597,7 @@ def fleet(
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(model_config, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
-    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None)
+    opts = replace(opts, kubeconfig=str(kubeconfig) if kubeconfig else None, context=context)
     width = _width(output)
     outputs = job.Outputs(chosen, str(output) if output else None, st.html, st.csv, parquet, st.textfile_dir,
                           st.history, color=_color(color), width=width)

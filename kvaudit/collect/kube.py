@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,9 @@ LOG_LIMIT_BYTES = 64 << 20
 #: the most pods one selector may name (a typo like ``-l app`` must not pull a whole namespace's logs)
 MAX_PODS = 64
 NO_GPU_READINGS = "no GPU readings: nvidia-smi gave none inside the container (pods/exec)"
-_TARGET = re.compile(r"k8s:(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?:/(?P<pod>[a-z0-9][-a-z0-9.]*))?"
+#: ``k8s:NAMESPACE/POD[/CONTAINER]``, ``k8s:NAMESPACE`` (with -l), and as kubectl without -n: ``k8s:/POD`` or
+#: ``k8s:`` (with -l), the namespace then -n's, else the kubeconfig context's, else "default"
+_TARGET = re.compile(r"k8s:(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)?(?:/(?P<pod>[a-z0-9][-a-z0-9.]*))?"
                      r"(?:/(?P<container>[a-z0-9][-a-z0-9]*))?$")
 _STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ")
 
@@ -76,16 +79,28 @@ def is_pod_target(target: str) -> bool:
     return target.startswith("k8s:")
 
 
-def parse_target(target: str, selector: str | None = None) -> PodTarget:
+def parse_target(target: str, selector: str | None = None, namespace: str | None = None) -> PodTarget:
+    """The pod target; an empty namespace (``k8s:/POD``) is ``namespace`` (-n) when given, else left empty for
+    :func:`with_namespace` to fill from the kubeconfig context, as kubectl does."""
     m = _TARGET.match(target)
-    if not m:
+    if not m or (m.group("ns") is None and m.group("container") and not m.group("pod")):
         raise ValueError(f"{target}: use k8s:NAMESPACE/POD[/CONTAINER], or k8s:NAMESPACE -l SELECTOR "
-                         "(names are lower-case DNS labels)")
+                         "(names are lower-case DNS labels; k8s:/POD takes -n or the context's namespace)")
+    if namespace is not None and not _NAME.fullmatch(namespace):
+        raise ValueError(f"-n {namespace!r}: a namespace is a lower-case DNS label")
+    ns = m.group("ns")
+    if ns and namespace and ns != namespace:
+        raise ValueError(f"{target}: the target names namespace {ns}, -n says {namespace}")
     if m.group("pod") and selector:
         raise ValueError(f"{target}: name a pod or give -l SELECTOR, not both")
     if not m.group("pod") and not selector:
-        raise ValueError(f"{target}: name the pod (k8s:{m.group('ns')}/POD) or select pods with -l SELECTOR")
-    return PodTarget(m.group("ns"), m.group("pod"), m.group("container"), selector)
+        raise ValueError(f"{target}: name the pod (k8s:{ns or ''}/POD) or select pods with -l SELECTOR")
+    return PodTarget(ns or namespace or "", m.group("pod"), m.group("container"), selector)
+
+
+def with_namespace(t: PodTarget, reader: "KubeReader") -> PodTarget:
+    """``t`` with its namespace, the kubeconfig context's when the target left it empty (kubectl's rule)."""
+    return t if t.namespace else replace(t, namespace=reader.default_namespace())
 
 
 @dataclass
@@ -96,6 +111,8 @@ class KubeReader:
     kubeconfig: str | None = None
     timeout_s: float = 30.0
     records: list[CommandRecord] = field(default_factory=list)
+    #: the kubeconfig context to use (kubectl's --context); None: the current context
+    context: str | None = None
     _api: Any = None
     #: when the host's deadline started: every request, log stream and exec of this target shares it
     started: float = field(default_factory=time.monotonic)
@@ -110,8 +127,11 @@ class KubeReader:
 
     def api(self) -> Any:
         if self._api is None:
-            self._api = _core_api(self.kubeconfig)
+            self._api = _core_api(self.kubeconfig, self.context)
         return self._api
+
+    def default_namespace(self) -> str:
+        return _context_namespace(self.kubeconfig, self.context)
 
     def call(self, verb: str, resource: str, ns: str, detail: str, fn: Callable[..., Any], *args: Any,
              **kw: Any) -> Any:
@@ -195,7 +215,27 @@ def _interrupt(resp: Any) -> None:
         pass
 
 
-def _core_api(kubeconfig: str | None) -> Any:
+def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace kubectl would use without -n: the context's, else the in-cluster service account's, else
+    ``default``."""
+    try:
+        from kubernetes import config
+
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+        ns = ((chosen or {}).get("context") or {}).get("namespace")
+        if isinstance(ns, str) and _NAME.fullmatch(ns):
+            return ns
+        return "default"
+    except Exception:  # no kubeconfig (in-cluster), or one the client cannot read: the API call will say why
+        try:
+            ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+            return ns if _NAME.fullmatch(ns) else "default"
+        except OSError:
+            return "default"
+
+
+def _core_api(kubeconfig: str | None, context: str | None = None) -> Any:
     try:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
@@ -209,13 +249,13 @@ def _core_api(kubeconfig: str | None) -> Any:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     cfg = client.Configuration()
     try:
-        if kubeconfig is None:
+        if kubeconfig is None and context is None:
             try:
                 config.load_kube_config(client_configuration=cfg)
             except (ConfigException, OSError):
                 config.load_incluster_config(client_configuration=cfg)
         else:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
         where = kubeconfig or "KUBECONFIG, ~/.kube/config or the in-cluster service account"
         raise KubeError(f"no usable kubeconfig ({where}): {printable(str(exc)).splitlines()[0][:300]}") from None

@@ -319,14 +319,16 @@ def _plain(text: str) -> list[FleetHost]:
 GROUP_LABELS = ("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index")
 
 
-def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, timeout_s: float) -> list[FleetHost]:
+def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, timeout_s: float,
+                    context: str | None = None, namespace: str | None = None) -> list[FleetHost]:
     """``fleet k8s:NAMESPACE -l SELECTOR``: the servers among the pods the selector matches. The pods of one
     LeaderWorkerSet group are one server (audited together, ranks merged); every other pod is its own."""
     from kvaudit.collect.interface import CollectError
-    from kvaudit.collect.kube import KubeReader, parse_target
+    from kvaudit.collect.kube import KubeReader, parse_target, with_namespace
 
+    reader = KubeReader(kubeconfig, timeout_s, context=context)
     try:
-        t = parse_target(target, selector)
+        t = with_namespace(parse_target(target, selector, namespace), reader)
     except ValueError as exc:
         raise InventoryError(str(exc)) from None
     if t.pod:
@@ -334,7 +336,7 @@ def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, t
     from kvaudit.collect.kube import MAX_PODS
 
     try:
-        pods = KubeReader(kubeconfig, timeout_s).pods(t.namespace, t.selector or "")
+        pods = reader.pods(t.namespace, t.selector or "")
     except CollectError as exc:
         raise InventoryError(f"cannot list the pods of {t}: {exc}") from None
     if len(pods) > MAX_PODS:

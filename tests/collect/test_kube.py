@@ -284,3 +284,48 @@ def test_a_group_of_pods_flooding_short_anchor_lines_stays_bounded(tmp_path):
     assert d["formula"]["logged_tokens"]  # the startup at the head of each log is read
     assert int(peak_kib) < 250 * 1024, peak_kib
     assert any("were skipped" in n for n in d["host"]["notes"]), d["host"]["notes"]
+
+
+def _two_contexts(path, good_url, bad_url):
+    """A kubeconfig as kubectl users keep one: two clusters, the current context pointing at the wrong one, the
+    other context's namespace llm."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- {{name: prod, cluster: {{server: {good_url}}}}}
+- {{name: other, cluster: {{server: {bad_url}}}}}
+users:
+- {{name: kvaudit, user: {{token: test-token}}}}
+contexts:
+- {{name: prod, context: {{cluster: prod, user: kvaudit, namespace: llm}}}}
+- {{name: other, context: {{cluster: other, user: kvaudit}}}}
+current-context: other
+""")
+    return path
+
+
+def test_kubectls_context_and_namespace_habits(tmp_path, demo):
+    """issue 24, item 6: --context picks the kubeconfig context as kubectl's does; k8s:/POD takes -n, else the
+    context's namespace (the API server sees the namespace asked for); -n and a target's own namespace that
+    disagree are a usage error; -n on an SSH host is one too."""
+    from tests.kubesim import TOKEN
+
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, execute=kimi_container)
+    sock, port = closed_port()
+    try:
+        with api_server([pod]) as (url, seen):
+            cfg = _two_contexts(tmp_path / "kubeconfig", url, f"http://127.0.0.1:{port}")
+            cfg.write_text(cfg.read_text().replace("test-token", TOKEN))
+            wrong = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "--timeout", "5")
+            by_context = cli("check", "k8s:/kimi-0", "--kubeconfig", cfg, "--context", "prod", "-f", "json")
+            by_n = cli("check", "k8s:/kimi-0", "-n", "llm", "--kubeconfig", cfg, "--context", "prod", "-f", "json")
+    finally:
+        sock.close()
+    assert wrong.code == ExitStatus.UNREACHABLE  # the current context is the other cluster
+    for r in (by_context, by_n):
+        assert r.code == ExitStatus.OK, r.stderr
+        assert r.json()["formula"] == demo["formula"] and r.json()["source"].startswith("k8s pod llm/kimi-0")
+    assert any("/namespaces/llm/pods/kimi-0" in s for s in seen)
+    clash = cli("check", "k8s:llm/kimi-0", "-n", "other")
+    assert clash.code == ExitStatus.BAD_INPUT and "-n says other" in clash.stderr
+    assert cli("check", "gpu-1", "-n", "llm").code == ExitStatus.BAD_INPUT

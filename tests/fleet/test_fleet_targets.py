@@ -114,3 +114,17 @@ def test_a_hosts_own_model_config_and_a_bad_one(tmp_path):
     assert got["good"]["formula"]["bytes_per_token_source"] == "config"
     bad = got["bad"]["summary"]
     assert bad["status"] == "failed:bad_setting" and "kvaudit_model_config" in bad["error"], bad
+
+
+def test_fleet_over_the_contexts_namespace(tmp_path):
+    """`fleet k8s: -l SEL --context CTX`: the namespace is the context's, as kubectl's would be."""
+    from tests.collect.test_kube import _two_contexts
+    from tests.kubesim import TOKEN
+
+    with api_server(_pods()) as (api, seen):
+        cfg = _two_contexts(tmp_path / "kubeconfig", api, "http://127.0.0.1:9")
+        cfg.write_text(cfg.read_text().replace("test-token", TOKEN))
+        r = cli("fleet", "k8s:", "-l", "app=llm", "--kubeconfig", cfg, "--context", "prod", "-f", "json")
+    names = sorted(h["name"] for h in r.json()["hosts"])
+    assert names == [f"k8s:llm -l {LWS}=kimi,{GROUP}=0", "k8s:llm/solo-7b"], r.stderr
+    assert all("/namespaces/llm/" in s for s in seen)
