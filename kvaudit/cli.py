@@ -663,6 +663,53 @@ def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | N
     return f"{Path(ssh_config or 'ssh_config').name}-{hosts or 'all'}"
 
 
+@app.command("diff")
+def diff_cmd(
+    a: str = typer.Argument(..., help="A startup log (or a capture directory); alone: its last two startups."),
+    b: Optional[str] = typer.Argument(None, help="The other startup's log or capture directory."),
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c", help="The model's config.json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+) -> int:
+    """Two startups side by side: every formula term and ledger item, and which terms moved the KV tokens."""
+    from kvaudit.diff import as_dict, diff, render_text
+    from kvaudit.explain import audit
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.report.formats import choose
+
+    chosen = choose(fmt, "whatif").name  # text or json, as whatif
+    geom = _geometry(model_config)
+
+    def audits_of(where: str) -> list:
+        from kvaudit.collect import capture as capture_mod
+
+        if capture_mod.is_capture(where):
+            from kvaudit.check import CheckOptions, check
+
+            h = check(where, CheckOptions(AuditOptions(source=where, model_geometry=geom)))
+            if h.audit is None:
+                raise Fail(f"{where}: no startup could be audited ({h.error or 'no engine log'})")
+            return [h.audit]
+        return audit(_open_log(where), AuditOptions(source=where, model_geometry=geom), None, b is None)
+
+    first = audits_of(a)
+    if b is None:
+        if len(first) < 2:
+            raise Fail(f"{a}: one startup; give a second log (kvaudit diff A B), or a log with two startups")
+        left, right = first[-2], first[-1]
+        labels = (f"{a} startup {left.startup_index}", f"{a} startup {right.startup_index}")
+    else:
+        left, right = first[-1], audits_of(b)[-1]
+        labels = (a, b)
+    d = diff(left, right, *labels)
+    if chosen == "json":
+        from kvaudit.report.json import dumps
+
+        _env.stdout.write(dumps(as_dict(d)))
+    else:
+        _env.stdout.write(render_text(d))
+    return 0
+
+
 @app.command("history")
 def history_cmd(
     host: Optional[str] = typer.Argument(None, help="The host's name as the fleet report shows it (omit: list "

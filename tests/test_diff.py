@@ -1,0 +1,78 @@
+"""kvaudit diff (issue 25): two startups side by side, and which terms of the formula moved the KV tokens. The
+B startup is the bundled Kimi-K2.5 startup with 1.00 GiB more taken by the weights on every rank (an upgrade
+that loads more), its pool the count the engine's formula gives then."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from kvaudit.diff import diff
+from kvaudit.explain import audit, read_log
+from kvaudit.model_config import load_config
+from kvaudit.reconcile.interface import AuditOptions
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli
+
+GIB = 2 ** 30
+
+
+def _heavier(text: str, tokens: int | None = None) -> str:
+    def weights(m: re.Match) -> str:
+        return f"avail mem={float(m.group(1)) - 1:.2f} GB, mem usage={float(m.group(2)) + 1:.2f} GB."
+
+    text = re.sub(r"avail mem=([\d.]+) GB, mem usage=([\d.]+) GB\.(?=$)", weights, text, flags=re.M)
+    if tokens is not None:  # the pool's lines as the engine prints them for that count (KV size in GiB, 2 places)
+        text = text.replace("#tokens: 159277, KV size: 10.42 GB",
+                            f"#tokens: {tokens}, KV size: {10.42 * tokens / 159277:.2f} GB").replace(
+            "max_total_num_tokens=159277", f"max_total_num_tokens={tokens}")
+    return text
+
+
+def _audit(text: str):
+    opts = AuditOptions(model_geometry=load_config(KIMI_CONFIG))
+    return audit(read_log(io.BytesIO(text.encode())), opts)[-1]
+
+
+def test_heavier_weights_are_named_as_the_cause_of_fewer_tokens(tmp_path):
+    real = KIMI_LOG.read_text()
+    probe = _audit(_heavier(real))  # the formula's count with the heavier weights
+    tokens = probe.formula.predicted_tokens.low
+    a, b = _audit(real), _audit(_heavier(real, tokens))
+    assert b.formula.verdict.value == "match" and tokens < 159277
+    d = diff(a, b, "before", "after")
+    assert d.tokens_change == tokens - 159277
+    load = next(s for s in d.shares if s.key == "load")
+    expected = -GIB / a.formula.bytes_per_token  # 1 GiB less KV budget at 70,272 B per token
+    assert abs(load.tokens - expected) < 0.01 * abs(expected), (load, expected)
+    assert "took 1.00 GiB more (the weights on TP0: +1.00 GiB)" in load.says
+    assert {s.key for s in d.shares} == {"load"}  # T, the fraction and the cell did not move
+    # what is left is the log's rounding (each GiB figure is printed to 0.01: the predicted intervals' width)
+    slack = sum(x.formula.predicted_tokens.high - x.formula.predicted_tokens.low for x in (a, b))
+    assert abs(d.remainder) <= slack, (d.remainder, slack)
+    w = next(t for t in d.ledger if t.key == "weights")
+    assert abs(w.change - 1.0) < 0.011
+
+    pa, pb = tmp_path / "a.log", tmp_path / "b.log"
+    pa.write_text(real)
+    pb.write_text(_heavier(real, tokens))
+    r = cli("diff", pa, pb, "-c", KIMI_CONFIG)
+    assert r.code == 0, r.stderr
+    assert f"KV tokens 159,277 -> {tokens:,}" in r.stdout and "Why the tokens changed" in r.stdout
+    assert f"{load.tokens:+,} tokens" in r.stdout
+    j = cli("diff", pa, pb, "-c", KIMI_CONFIG, "-f", "json").json()
+    assert j["tokens"]["change"] == tokens - 159277 and j["shares"][0]["key"] == "load"
+
+
+def test_one_log_with_two_startups_compares_its_last_two(tmp_path):
+    real = KIMI_LOG.read_text()
+    p = tmp_path / "two.log"
+    p.write_text(real + real)
+    r = cli("diff", p, "-c", KIMI_CONFIG, "-f", "json")
+    assert r.code == 0, r.stderr
+    j = r.json()
+    assert j["a"].endswith("startup 1") and j["b"].endswith("startup 2")
+    assert j["tokens"]["change"] == 0 and j["shares"] == [] and j["remainder_tokens"] == 0
+    single = tmp_path / "one.log"
+    single.write_text(real)
+    r = cli("diff", single)
+    assert r.code == 2 and "one startup" in r.stderr
