@@ -211,7 +211,7 @@ def _chg(t: Term) -> str:
 def render_text(d: Diff) -> str:
     from kvaudit.report.text import table
 
-    L = [f"kvaudit diff: A = {d.a_label}", f"              B = {d.b_label}"]
+    L = [f"A = {d.a_label}", f"B = {d.b_label}"]
     if d.tokens_change is not None:
         L.append(f"KV tokens {d.tokens_a:,} -> {d.tokens_b:,} ({d.tokens_change:+,})")
     L += ["", "The formula"]
