@@ -76,3 +76,18 @@ def test_one_log_with_two_startups_compares_its_last_two(tmp_path):
     single.write_text(real)
     r = cli("diff", single)
     assert r.code == 2 and "one startup" in r.stderr
+
+
+def test_two_captures_and_a_capture_against_its_log(tmp_path):
+    from tests.conftest import FIXTURES
+
+    cap = FIXTURES / "hosts" / "kimi-k25-tp8"
+    r = cli("diff", cap, cap, "-f", "json")
+    assert r.code == 0, r.stderr
+    j = r.json()
+    assert j["tokens"] == {"a": 159277, "b": 159277, "change": 0} and j["shares"] == []
+    assert any(t["key"] == "weights" for t in j["ledger"])
+    log = tmp_path / "heavier.log"
+    log.write_text(_heavier(KIMI_LOG.read_text()))
+    r = cli("diff", cap, log, "-c", KIMI_CONFIG)
+    assert r.code == 0 and "the weights on TP0: +1.00 GiB" in r.stdout, r.stdout
