@@ -35,6 +35,10 @@ td.why{max-width:420px;font-size:12px;color:#555}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 .finding{font-size:13px;margin:2px 0}.prov{font-size:12px;color:#555}.prov code{font-size:12px}
 details>summary{cursor:pointer;font-weight:600;margin:10px 0 4px}.trend{margin:6px 0}.trend text{font-size:10px;fill:#555}.sev-error{color:#b00020}.sev-warning{color:#a66d00}.sev-info{color:#555}
+td:first-child,td.l.s-ok,td.l.s-warning,td.l.s-partial,td.l.s-error,td.l.s-failed{white-space:nowrap}
+.wide{overflow-x:auto;max-width:100%}
+@media (max-width:640px){body{margin:8px}table{font-size:12px}th,td{padding:3px 4px}td.why{max-width:none}
+.bar{width:100%}.trend{width:100%}}
 """
 
 JS = """
@@ -122,23 +126,27 @@ def _trend(runs: list[dict[str, Any]]) -> str:
         w, h, n = 180, 40, max(1, len(runs) - 1)
         xy = " ".join(f"{4 + (w - 8) * i / n:.1f},{h - 4 - (h - 8) * (v - lo) / span:.1f}" for i, v in pts)
         last = pts[-1][1]
-        charts.append(f"<svg class='trend' width='{w + 90}' height='{h}' role='img' aria-label='{escape(label)}'>"
+        # the range is said beside the line: a flat-looking line over 159,000..159,300 is not a flat fleet
+        rng = f"{_v(lo)}–{_v(hi)}" if hi != lo else "unchanged"
+        charts.append(f"<svg class='trend' width='{w + 150}' height='{h}' viewBox='0 0 {w + 150} {h}' role='img' "
+                      f"aria-label='{escape(f'{label}: {rng}, last {_v(last)}')}'>"
                       f"<polyline fill='none' stroke='#4c72b0' stroke-width='1.5' points='{xy}'/>"
-                      f"<text x='{w + 2}' y='14'>{escape(label)}</text>"
-                      f"<text x='{w + 2}' y='30'>{escape(_v(last))}</text></svg>")
+                      f"<text x='{w + 2}' y='12'>{escape(label)}: {escape(_v(last))}</text>"
+                      f"<text x='{w + 2}' y='26'>range {escape(rng)}</text></svg>")
     return ("<div>" + "".join(charts) + f"<span class='prov'> over {len(runs)} runs</span></div>") if charts else ""
 
 
 def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str, str] | None = None,
            trends: dict[str, list[dict[str, Any]]] | None = None) -> str:
     summaries = [host_summary(f.name, h) for f, h in run.results]
-    H = ["<!doctype html><html><head><meta charset='utf-8'><title>kvaudit fleet report</title>",
+    H = ["<!doctype html><html><head><meta charset='utf-8'>"
+         "<meta name='viewport' content='width=device-width, initial-scale=1'><title>kvaudit fleet report</title>",
          f"<style>{CSS}</style></head><body>",
          f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts ({escape(counts_text(summaries))}), started "
          f"{escape(run.started_at)}, {run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
          "<p class='prov'>" + " · ".join(f"{escape(k)}: <code>{escape(v)}</code>"
                                          for k, v in (provenance or {}).items()) + "</p>",
-         "<h2>Fleet</h2><table class='sortable'><thead><tr>"
+         "<h2>Fleet</h2><div class='wide'><table class='sortable'><thead><tr>"
          + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
                                             "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
          + "</tr></thead><tbody>"]
@@ -150,7 +158,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
                  f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
                  f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td>"
                  f"<td class='l why' title='{escape(s['why'])}'>{escape(_brief(s['why']) or '–')}</td></tr>")
-    H.append("</tbody></table>")
+    H.append("</tbody></table></div>")
     if drift:
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
     H.append("<h2>GPUs</h2><p class='legend'>" + "".join(

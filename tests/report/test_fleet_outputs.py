@@ -84,3 +84,22 @@ def test_the_streamed_fleet_json_is_the_whole_document_byte_for_byte():
     assert got == dumps({**doc, "hosts": hosts})
     assert doc["drift"][0]["message"].startswith("a GPU 0") and doc["run"]["previous_run_id"] == 7
     assert json.loads("".join(iter_json(FleetRun("t", 0.0, 1.0, 8, (), False))))["hosts"] == []
+
+
+def test_the_html_page_reads_on_a_phone_and_says_its_ranges(tmp_path):
+    """issue 24, item 7: the page has a viewport and a scrollable table (phone width), the counts in its
+    headline, and each trend says its range (a line that looks flat over 133,500..159,277 is not flat)."""
+    host = _capture_with(tmp_path, "host-a", WARNED)
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{host}\n")
+    hist, page = tmp_path / "h.sqlite", tmp_path / "r.html"
+    _fleet(inv, "--history", hist)
+    log = host / "log.txt"
+    log.write_text(log.read_text().replace("#tokens: 25169", "#tokens: 25000"))
+    _fleet(inv, "--history", hist, "--html", page)
+    text = page.read_text()
+    assert "name='viewport'" in text and "@media (max-width:640px)" in text and "class='wide'" in text
+    import re
+
+    assert re.search(r"<p>1 hosts \(1 (ok|warning|error|partial)\)", text), text[:800]
+    assert "range 25,000–25,169" in text, text[text.find("trend"):][:600]
