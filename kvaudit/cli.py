@@ -393,6 +393,8 @@ def check(
     health_check: bool = _opt(OUT, False, "--health-check",
             help="Print one JSON health verdict (node or config problems) and exit on --exit-codes' scale; "
                  "deadline 10 s unless --timeout."),
+    verbose: bool = _opt(OUT, False, "--verbose", "-v",
+            help="Say on stderr what was tried: each command run on the host, its exit status, bytes and seconds."),
     exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
             help="With --health-check: nagios (0 ok, 1 config warning, 2 node problem, 3 unknown) or npd (0 ok or "
                  "config only, 1 node problem, 2 unknown)."),
@@ -461,6 +463,8 @@ def check(
                              prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
+    if verbose:
+        _say_what_was_tried(target, h)
     if health_check:
         from kvaudit.health import assess
         from kvaudit.report.json import dumps
@@ -612,6 +616,23 @@ def fleet(
 
         progress = FleetProgress(len(fleet_hosts), _env.stderr)
     return job.run(request, _env.stdout, _env.stderr, progress)
+
+
+def _say_what_was_tried(target: str, h) -> None:  # noqa: ANN001
+    """check -v: the commands run on the host (as recorded: no output), then where the log came from."""
+    c = h.collected
+    records = c.commands if c else ()
+    _env.stderr.write(f"kvaudit: {printable(target)}: {len(records)} command(s) run"
+                      + (f", {c.bytes_received:,} bytes received" if c else "") + "\n")
+    for r in records:
+        rc = "timed out" if r.rc is None else f"rc {r.rc}"
+        _env.stderr.write(f"  {printable(r.command)[:300]}  ({rc}, {r.bytes_received:,} B, {r.seconds:.2f} s"
+                          + (", cut" if r.truncated else "") + ")\n")
+    if c is not None:
+        _env.stderr.write(f"  log: {printable(c.source)}; GPUs: {printable(c.gpu_source or 'none')}; "
+                          f"config: {printable(c.config_source or 'none')}\n")
+    if h.error is not None:
+        _env.stderr.write(f"  stopped: {h.error.reason}\n")
 
 
 def _width(output: Optional[Path]) -> int:

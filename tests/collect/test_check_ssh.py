@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import re
 import time
 
 import json
@@ -502,3 +503,16 @@ def test_ssh_configs_strict_host_key_checking_is_honoured(site):
     loose = site.ssh_config("shkc-no", known_hosts=str(kh), extra="    StrictHostKeyChecking no\n")
     r = check(site, cfg=loose)
     assert r.code == ExitStatus.AUTH_REFUSED and "CHANGED" in r.stderr
+
+
+def test_verbose_says_what_was_tried(site):
+    """issue 24, item 6: -v lists on stderr every command run on the host with its exit status and bytes, and
+    where the log, the readings and the config came from; stdout stays the report."""
+    r = check(site, "-v", "--format", "json")
+    assert r.code == ExitStatus.OK, r.stderr
+    assert r.json()["formula"]["logged_tokens"] == 159277
+    lines = r.stderr.splitlines()
+    assert re.match(r"kvaudit: gpu-test: \d+ command\(s\) run, [\d,]+ bytes received", lines[0]), lines[0]
+    assert any(l.lstrip().startswith("journalctl ") and "(rc 0," in l for l in lines), lines
+    assert any("nvidia-smi --query-gpu=" in l for l in lines)
+    assert any(l.strip().startswith("log: journal unit=sglang.service") for l in lines), lines
