@@ -213,7 +213,7 @@ def _listens(pid: int, port: int) -> bool:
 
 
 def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int | None = None,
-               key_types: tuple[str, ...] = ("ed25519",)) -> Sshd:
+               key_types: tuple[str, ...] = ("ed25519",), extra: tuple[str, ...] = ()) -> Sshd:
     """A real sshd on 127.0.0.1 with host keys of ``key_types``, ready when it holds its port itself; on a
     port another process took in the meantime (tests run side by side), it retries on a new one."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ def start_sshd(workdir: Path, client_pub: str, path_dirs: list[Path], port: int 
             f"AuthorizedKeysFile {workdir}/authorized_keys", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "PermitRootLogin prohibit-password", "StrictModes no",
             "AllowTcpForwarding yes", "LogLevel ERROR", f"SetEnv PATH={path}", "MaxStartups 100:30:200",
-            "PrintMotd no", "",
+            "PrintMotd no", *extra, "",
         ]))
         proc = subprocess.Popen([SSHD, "-D", "-e", "-r", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                                 stderr=open(workdir / "sshd.log", "wb"))

@@ -497,7 +497,7 @@ class SSHRunner:
                     self.close()
                     raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
                                       f"(the server did not answer the request to run: {command[:80]})") from None
-                raise ConnectionDropped(f"{self.target}: could not start a command ({exc})") from None
+                raise ConnectionDropped(f"{self.target}: could not start a command ({_said(exc)})") from None
         out, err = bytearray(), bytearray()
         truncated = False
         while True:
@@ -575,6 +575,21 @@ BOUNDED_SCRIPT = ('if command -v timeout >/dev/null 2>&1; then exec timeout -k 2
 def bounded(command: str, limit: float) -> str:
     """The command as sent to the host: wrapped so that it dies on its own after ``limit`` seconds (plus 1)."""
     return shlex.join(["sh", "-c", BOUNDED_SCRIPT, "sh", str(max(1, math.ceil(limit)) + 1), command])
+
+
+def _said(exc: BaseException) -> str:
+    """An SSH library error in kvaudit's words (paramiko's own text is kept after them, in quotes)."""
+    import paramiko
+
+    if isinstance(exc, paramiko.ChannelException):
+        return (f"the server refused to open a session channel: '{getattr(exc, 'text', '') or exc}' (its MaxSessions, "
+                "or an account restricted to no sessions)")
+    text = str(exc) or type(exc).__name__
+    if "no existing session" in text.lower():
+        return "the SSH connection ended before a session could be opened"
+    if isinstance(exc, EOFError):
+        return "the server closed the connection"
+    return text
 
 
 def run_batch(runner, commands: list[str], timeout: float, max_bytes: int) -> list[CommandResult]:

@@ -130,6 +130,14 @@ def _checked(h: FleetHost, path: str) -> FleetHost:
     if any(k.startswith("ansible_become") and str(v).lower() not in ("false", "no", "0", "")
            for k, v in h.vars.items()):
         notes += ("ansible_become ignored: kvaudit only reads, as the login user",)
+    # SSH options Ansible passes on its ssh command line: kvaudit connects with its own client and reads the
+    # options from ssh_config, so these are not applied, and the report says so (a ProxyCommand given only here
+    # would otherwise be silently missing)
+    extra = sorted(k for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
+                   if str(h.vars.get(k) or "").strip())
+    if extra:
+        notes += (f"{', '.join(extra)} not applied: kvaudit reads SSH options from ssh_config (--ssh-config); "
+                  "put them in a Host block there",)
     return replace(h, notes=notes)
 
 

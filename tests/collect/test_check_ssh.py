@@ -516,3 +516,20 @@ def test_verbose_says_what_was_tried(site):
     assert any(l.lstrip().startswith("journalctl ") and "(rc 0," in l for l in lines), lines
     assert any("nvidia-smi --query-gpu=" in l for l in lines)
     assert any(l.strip().startswith("log: journal unit=sglang.service") for l in lines), lines
+
+
+def test_a_server_that_refuses_sessions_is_said_in_kvaudits_words(site, tmp_path):
+    """issue 24, item 6: an sshd with MaxSessions 0 authenticates and then refuses every session channel;
+    paramiko says "ChannelException(1, 'Administratively prohibited')", kvaudit says what that means."""
+    from tests import hostsim
+
+    pub = site.key.with_name(site.key.name + ".pub").read_text()  # the site's client key, already authorised
+    d = hostsim.start_sshd(tmp_path / "sshd", pub, [site.host.bin], extra=("MaxSessions 0",))
+    try:
+        cfg = site.ssh_config("nosessions", port=d.port)
+        (site.root / "nosessions.known_hosts").write_text(f"[127.0.0.1]:{d.port} {d.host_pub}\n")
+        r = check(site, cfg=cfg, timeout=60)
+    finally:
+        d.stop()
+    assert r.code == ExitStatus.UNREACHABLE, r.stderr
+    assert "refused to open a session channel" in r.stderr and "ChannelException" not in r.stderr, r.stderr

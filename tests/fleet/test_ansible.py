@@ -53,6 +53,13 @@ def test_variables_kvaudit_reads(tmp_path):
     assert hosts["gpu-03"].vars["ansible_ssh_private_key_file"] == "~/.ssh/fleet_ed25519"
     assert hosts["gpu-05"].target == "audit@gpu-05:22" and hosts["gpu-05"].setting("source") == "docker:sglang"
     assert hosts["gpu-07"].notes == ("ansible_become ignored: kvaudit only reads, as the login user",)
+    # issue 24, item 6: SSH options given to Ansible's ssh are not applied, and said
+    args = tmp_path / "args.ini"
+    args.write_text("[gpus]\ngpu-1 ansible_ssh_common_args='-o ProxyCommand=\"ssh -W %h:%p bastion\"'\ngpu-2\n")
+    got = {h.name: h for h in inv.load(str(args), use_ansible=False)}
+    assert got["gpu-1"].notes == ("ansible_ssh_common_args not applied: kvaudit reads SSH options from ssh_config "
+                                  "(--ssh-config); put them in a Host block there",)
+    assert got["gpu-2"].notes == ()
     bad = tmp_path / "typo.ini"
     bad.write_text("[gpus]\ngpu-1 kvaudit_unti=sglang.service\n")
     with pytest.raises(inv.InventoryError, match="unknown setting 'kvaudit_unti'"):
