@@ -8,7 +8,9 @@ before the pool), the fraction f and the bytes per token, since
 
     tokens = (f x T - load) x 2**30 / bytes_per_token
 
-For the other engines the audit's KV budget (``rest``) and the bytes per token are the terms. What the steps do
+vLLM's formula has the same shape when its log states the total (the load is then the budget's other items:
+weights, activation peak, non-torch memory); otherwise, and for the other engines, the audit's KV budget
+(``rest``) and the bytes per token are the terms. What the steps do
 not account for (the log's own rounding of each GiB figure to 0.01, page rounding, a cap, a speculative headroom,
 a state pool) is the remainder, said as such.
 """
@@ -109,26 +111,41 @@ def _weights_phrase(ledger: tuple[Term, ...], label: str) -> str:
     return f" (the weights on {label}: {w.change:+.2f} GiB)"
 
 
-def _shares_sglang_shape(a: Audit, b: Audit, ledger: tuple[Term, ...], rank: str) -> list[Share] | None:
+#: what the load (f x T - rest) is, in each engine's terms
+LOAD_WORDS = {
+    "sglang": "the weights and what else loaded before the pool",
+    "vllm": "what the budget holds besides the KV cache (weights, activation peak, non-torch memory)",
+}
+
+
+def _shares_fraction_shape(a: Audit, b: Audit, ledger: tuple[Term, ...], rank: str) -> list[Share] | None:
+    """``tokens = (f x T - load) x 2**30 / bytes_per_token`` with ``load = f x T - rest``: SGLang's formula
+    exactly (there load = T - post), and vLLM's when the log states the total (load = the budget's other items)."""
     fa, fb = a.formula, b.formula
-    vals = [fa.pre_load_free_gib, fa.post_load_free_gib, fa.mem_fraction_static, fa.bytes_per_token,
-            fb.pre_load_free_gib, fb.post_load_free_gib, fb.mem_fraction_static, fb.bytes_per_token]
+    vals = [fa.pre_load_free_gib, fa.mem_fraction_static, fa.rest_gib, fa.bytes_per_token,
+            fb.pre_load_free_gib, fb.mem_fraction_static, fb.rest_gib, fb.bytes_per_token]
     if any(v is None for v in vals) or not fa.bytes_per_token or not fb.bytes_per_token:
         return None
     t_a, f_a, bpt_a = fa.pre_load_free_gib, fa.mem_fraction_static, fa.bytes_per_token
-    load_a = fa.pre_load_free_gib - fa.post_load_free_gib
     t_b, f_b, bpt_b = fb.pre_load_free_gib, fb.mem_fraction_static, fb.bytes_per_token
-    load_b = fb.pre_load_free_gib - fb.post_load_free_gib
+
+    def load_of(f: Any) -> float:
+        if f.post_load_free_gib is not None and a.engine == "sglang":
+            return f.pre_load_free_gib - f.post_load_free_gib  # the logged figures, not the rounded rest
+        return f.mem_fraction_static * f.pre_load_free_gib - f.rest_gib
+
+    load_a, load_b = load_of(fa), load_of(fb)
+    words = LOAD_WORDS.get(a.engine, "what the budget holds besides the KV cache")
+    what_t = "free memory before the weights" if a.engine == "sglang" else f"the {a.pre_load_label or 'T'}"
 
     def tok(t: float, load: float, f: float, bpt: float) -> float:
         return _tokens(f * t - load, bpt)
 
     steps = [
         ("pre_load_free_gib", (t_b, load_a, f_a, bpt_a), t_b - t_a,
-         lambda d: f"{'more' if d > 0 else 'less'} free memory before the weights ({d:+.2f} GiB)"),
+         lambda d: f"{'more' if d > 0 else 'less'} {what_t} ({d:+.2f} GiB)"),
         ("load", (t_b, load_b, f_a, bpt_a), load_b - load_a,
-         lambda d: f"the weights and what else loaded before the pool took {abs(d):.2f} GiB "
-                   f"{'more' if d > 0 else 'less'}{_weights_phrase(ledger, rank)}"),
+         lambda d: f"{words} took {abs(d):.2f} GiB {'more' if d > 0 else 'less'}{_weights_phrase(ledger, rank)}"),
         ("mem_fraction_static", (t_b, load_b, f_b, bpt_a), f_b - f_a,
          lambda d: f"the memory fraction {f_a:g} -> {f_b:g}"),
         ("bytes_per_token", (t_b, load_b, f_b, bpt_b), bpt_b - bpt_a,
@@ -170,7 +187,7 @@ def diff(a: Audit, b: Audit, a_label: str, b_label: str) -> Diff:
     rank = a.ranks[0].label or "TP0" if a.ranks else "TP0"
     shares = None
     if a.engine == b.engine:
-        shares = _shares_sglang_shape(a, b, ledger, rank)
+        shares = _shares_fraction_shape(a, b, ledger, rank)
         if shares is None:
             shares = _shares_budget(a, b)
     ta, tb = a.formula.logged_tokens, b.formula.logged_tokens

@@ -91,3 +91,35 @@ def test_two_captures_and_a_capture_against_its_log(tmp_path):
     log.write_text(_heavier(KIMI_LOG.read_text()))
     r = cli("diff", cap, log, "-c", KIMI_CONFIG)
     assert r.code == 0 and "the weights on TP0: +1.00 GiB" in r.stdout, r.stdout
+
+
+def test_the_shares_add_up_to_the_formulas_change_on_real_pairs():
+    """Every pair of real corpus startups of one engine: the steps, however the terms are split (T, load,
+    fraction, bytes per token), telescope to the change the formula itself gives, rest x 2^30 / bytes per token
+    from A's numbers to B's (within the rounding of the audit's rest to 0.0001 GiB and of each step)."""
+    import json
+    from itertools import combinations
+
+    from tests.corpus_run import CORPUS, audit_entry
+
+    logs = json.loads((CORPUS / "corpus.json").read_text())["logs"]
+    audits = {}
+    for name, entry in logs.items():
+        a = audit_entry(name, entry)
+        if a.formula.logged_tokens is not None and a.formula.bytes_per_token and a.formula.rest_gib is not None:
+            audits.setdefault(a.engine, []).append((name, a))
+    pairs = 0
+    for engine, items in audits.items():
+        for (na, a), (nb, b) in combinations(items, 2):
+            d = diff(a, b, na, nb)
+            if not d.shares:
+                continue
+            pairs += 1
+            assert {s.key for s in d.shares} <= {"pre_load_free_gib", "load", "mem_fraction_static",
+                                                 "bytes_per_token", "rest_gib"}
+            fa, fb = a.formula, b.formula
+            want = fb.rest_gib * GIB / fb.bytes_per_token - fa.rest_gib * GIB / fa.bytes_per_token
+            slack = len(d.shares) + 0.0001 * GIB * (1 / fa.bytes_per_token + 1 / fb.bytes_per_token)
+            assert abs(sum(s.tokens for s in d.shares) - want) <= slack, (na, nb, d.shares, want)
+            assert sum(s.tokens for s in d.shares) + d.remainder == d.tokens_change
+    assert pairs >= 30
