@@ -109,7 +109,7 @@ def test_the_shares_add_up_to_the_formulas_change_on_real_pairs():
         if a.formula.logged_tokens is not None and a.formula.bytes_per_token and a.formula.rest_gib is not None:
             audits.setdefault(a.engine, []).append((name, a))
     pairs = 0
-    for engine, items in audits.items():
+    for items in audits.values():
         for (na, a), (nb, b) in combinations(items, 2):
             d = diff(a, b, na, nb)
             if not d.shares:
