@@ -567,6 +567,9 @@ def fleet(
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config",
             help="The model's config.json for every host (a host's kvaudit_model_config wins): for pods and "
                  "endpoints, whose config.json kvaudit cannot read."),
+    node: Optional[str] = _opt(WHERE, None, "--node",
+            help="With k8s:NAMESPACE -l SELECTOR: only the servers on this node (a DaemonSet auditing its own "
+                 "node: --node $(NODE_NAME)); a multi-node group where its leader runs."),
 ) -> int:
     """Audit many hosts in parallel; report, remember, and say what changed since the last run."""
     from kvaudit.fleet import inventory as inv
@@ -587,11 +590,13 @@ def fleet(
                     history=st.history, textfile_dir=st.textfile_dir, ssh_config=st.ssh_config)
     if inventory and inventory.startswith("k8s:"):
         fleet_hosts = inv.from_kubernetes(inventory, selector, str(kubeconfig) if kubeconfig else None,
-                                          st.timeout, context, namespace)
+                                          st.timeout, context, namespace, node)
     elif selector is not None:
         raise Fail("-l/--selector goes with a k8s:NAMESPACE inventory")
     elif namespace is not None:
         raise Fail("-n/--namespace goes with a k8s: inventory (k8s: -l SELECTOR)")
+    elif node is not None:
+        raise Fail("--node goes with a k8s:NAMESPACE -l SELECTOR inventory")
     elif inventory:
         fleet_hosts = inv.load(inventory, hosts)
     elif st.ssh_config and hosts:

@@ -45,6 +45,8 @@ class FakePod:
     exec_flood: str | None = None
     #: fields that replace the pod object's (a malformed answer: {"spec": {"containers": None}}, a bad name)
     malformed: dict | None = None
+    #: the node the pod runs on (spec.nodeName; a list's fieldSelector=spec.nodeName=X selects by it)
+    node: str = "gpu-node-1"
 
     def obj(self) -> dict:
         doc = self._obj()
@@ -61,7 +63,7 @@ class FakePod:
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels,
                          "uid": f"uid-{self.name}", "creationTimestamp": "2026-11-29T10:00:00Z"},
             "spec": {"containers": [{"name": n, "image": img, "ports": [{"containerPort": p, "protocol": "TCP"}]}
-                                    for n, img, p in self.containers], "nodeName": "gpu-node-1"},
+                                    for n, img, p in self.containers], "nodeName": self.node},
             "status": {"phase": "Running", "podIP": self.pod_ip, "containerStatuses": [
                 {"name": n, "image": img, "imageID": f"docker.io/{img}@sha256:00", "ready": True,
                  "restartCount": self.restarts.get(n, 0), "containerID": f"containerd://{n}",
@@ -117,7 +119,9 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
                 return self.send_json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
             if name is None:
                 sel = dict(kv.split("=", 1) for kv in q.get("labelSelector", "").split(",") if "=" in kv)
-                items = [p.obj() for p in pods if p.namespace == ns and all(p.labels.get(k) == v for k, v in sel.items())]
+                fields = dict(kv.split("=", 1) for kv in q.get("fieldSelector", "").split(",") if "=" in kv)
+                items = [p.obj() for p in pods if p.namespace == ns and all(p.labels.get(k) == v for k, v in sel.items())
+                         and fields.get("spec.nodeName", p.node) == p.node]
                 return self.send_json(200, {"kind": "PodList", "apiVersion": "v1",
                                             "metadata": {"resourceVersion": "1"}, "items": items})
             pod = by_key.get((ns, name))

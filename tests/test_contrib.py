@@ -92,3 +92,33 @@ def test_the_systemd_units_verify(tmp_path):
                        env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     assert "kvaudit-after-start.timer" in (tmp_path / "sglang.service.d" / "kvaudit.conf").read_text()
+
+
+def test_the_daemonset_runs_a_command_the_cli_accepts():
+    """The DaemonSet's pod spec is what push mode needs (its node's name from the downward API, a read-only root,
+    no privilege, the textfile directory its only host path), and its kvaudit command line parses with the real
+    CLI, --node included."""
+    import shlex
+
+    import typer
+
+    from kvaudit.cli import app
+
+    docs = list(yaml.safe_load_all((CONTRIB / "kubernetes" / "daemonset.yaml").read_text()))
+    (ds,) = docs
+    assert ds["kind"] == "DaemonSet"
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert not spec.get("hostPID") and not spec.get("hostNetwork")
+    assert [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v] == \
+        ["/var/lib/node_exporter/textfile_collector"]
+    script = c["args"][0]
+    line = script[script.index("python -m kvaudit ") + len("python -m kvaudit "):script.index(">")]
+    argv = shlex.split(line.replace('"$NODE_NAME"', "gpu-node-1"))
+    sub = typer.main.get_command(app).commands[argv[0]]
+    ctx = sub.make_context(argv[0], argv[1:])
+    assert ctx.params["node"] == "gpu-node-1" and ctx.params["textfile_dir"] is not None

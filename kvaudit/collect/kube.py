@@ -169,9 +169,14 @@ class KubeReader:
         return _valid_pod(self.call("get", "pods", ns, f"/{name}", self.api().read_namespaced_pod, name, ns),
                           f"get pods {ns}/{name}")
 
-    def pods(self, ns: str, selector: str) -> list[Any]:
-        found = self.call("list", "pods", ns, f" -l {selector}", self.api().list_namespaced_pod, ns,
-                          label_selector=selector)
+    def pods(self, ns: str, selector: str, node: str | None = None) -> list[Any]:
+        """The pods ``-l selector`` names; with ``node``, only those scheduled there (the API's field selector
+        ``spec.nodeName``, so a node auditing itself lists its own pods, however large the cluster)."""
+        if node is not None and not _NAME.fullmatch(node):
+            raise KubeError(f"--node {node!r}: a node name is a lower-case DNS name")
+        extra = {"field_selector": f"spec.nodeName={node}"} if node else {}
+        found = self.call("list", "pods", ns, f" -l {selector}" + (f" on {node}" if node else ""),
+                          self.api().list_namespaced_pod, ns, label_selector=selector, **extra)
         items = getattr(found, "items", None) or []
         if not isinstance(items, list):
             raise BadAnswer(f"the Kubernetes API's pod list for '-l {selector}' in {ns} is not a list")

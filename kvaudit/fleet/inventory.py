@@ -325,10 +325,13 @@ def _plain(text: str) -> list[FleetHost]:
 
 #: the labels that make several pods one server: a LeaderWorkerSet group (leader + workers)
 GROUP_LABELS = ("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index")
+#: LeaderWorkerSet's worker index: "0" is the leader
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
 def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, timeout_s: float,
-                    context: str | None = None, namespace: str | None = None) -> list[FleetHost]:
+                    context: str | None = None, namespace: str | None = None,
+                    node: str | None = None) -> list[FleetHost]:
     """``fleet k8s:NAMESPACE -l SELECTOR``: the servers among the pods the selector matches. The pods of one
     LeaderWorkerSet group are one server (audited together, ranks merged); every other pod is its own."""
     from kvaudit.collect.interface import CollectError
@@ -344,7 +347,7 @@ def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, t
     from kvaudit.collect.kube import MAX_PODS
 
     try:
-        pods = reader.pods(t.namespace, t.selector or "")
+        pods = reader.pods(t.namespace, t.selector or "", node)
     except CollectError as exc:
         raise InventoryError(f"cannot list the pods of {t}: {exc}") from None
     if len(pods) > MAX_PODS:
@@ -355,6 +358,8 @@ def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, t
     hosts: dict[str, FleetHost] = {}
     for pod in sorted(pods, key=lambda p: p.metadata.name):
         labels = pod.metadata.labels or {}
+        if node and all(k in labels for k in GROUP_LABELS) and labels.get(WORKER_INDEX, "0") != "0":
+            continue  # a node audits a multi-node group where its leader (worker 0) runs: once per group
         if all(k in labels for k in GROUP_LABELS):
             sel = ",".join(f"{k}={labels[k]}" for k in GROUP_LABELS)
             name = f"k8s:{t.namespace} -l {sel}"
@@ -362,6 +367,8 @@ def from_kubernetes(target: str, selector: str | None, kubeconfig: str | None, t
         else:
             name = f"k8s:{t.namespace}/{pod.metadata.name}"
             hosts[name] = FleetHost(name, name)
+    if not hosts and node:
+        return []  # a node without a server of the selector: nothing to audit there, not an error
     if not hosts:
         raise InventoryError(f"no pod in namespace {t.namespace} matches -l {t.selector}")
     return list(hosts.values())

@@ -128,3 +128,30 @@ def test_fleet_over_the_contexts_namespace(tmp_path):
     names = sorted(h["name"] for h in r.json()["hosts"])
     assert names == [f"k8s:llm -l {LWS}=kimi,{GROUP}=0", "k8s:llm/solo-7b"], r.stderr
     assert all("/namespaces/llm/" in s for s in seen)
+
+
+def test_a_node_audits_the_servers_on_it(tmp_path):
+    """Push mode on Kubernetes (issue 24, item 2; contrib/kubernetes/daemonset.yaml): `fleet k8s:NS -l SEL --node
+    N` lists only the pods scheduled on N (the API's field selector: the request says so) and audits a
+    multi-node group on the node of its leader (worker 0) only, so every server is audited once across the
+    nodes; a node without a server audits nothing and exits 0."""
+    from dataclasses import replace
+
+    leader, worker, solo = _pods()
+    worker = replace(worker, node="gpu-node-2", labels={**worker.labels, "leaderworkerset.sigs.k8s.io/worker-index": "1"})
+    leader = replace(leader, labels={**leader.labels, "leaderworkerset.sigs.k8s.io/worker-index": "0"})
+    solo = replace(solo, node="gpu-node-2")
+    pods = [leader, worker, solo]
+    got = {}
+    with api_server(pods) as (api, seen):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        for node in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+            r = cli("fleet", "k8s:llm", "-l", "app=llm", "--node", node, "--kubeconfig", cfg, "-f", "json")
+            got[node] = (r.code, sorted(h["name"] for h in r.json()["hosts"]), r.stderr)
+    assert got["gpu-node-1"][1] == [f"k8s:llm -l {LWS}=kimi,{GROUP}=0"], got
+    assert got["gpu-node-2"][1] == ["k8s:llm/solo-7b"], got
+    assert got["gpu-node-3"][:2] == (0, []), got
+    # the node's own list asks the API for its pods only; a group, once chosen, is read whole (its workers run
+    # on other nodes)
+    lists = [s for s in seen if "/pods?" in s and "labelSelector=app%3Dllm" in s]
+    assert len(lists) == 3 and all("fieldSelector=spec.nodeName%3Dgpu-node-" in s for s in lists), lists
