@@ -3,7 +3,8 @@
 The four grammars hold about 160 patterns; compiling them all took ~100 ms of every start-up, while a log of
 one engine reaches few of the others' (each is guarded by a cheap substring test). A :class:`LazyPattern`
 behaves as the compiled pattern; the first call compiles it (a race between two threads compiles twice and
-keeps either: the results are equal).
+keeps either: the results are equal). A match's ``m.re`` is the compiled pattern, never the LazyPattern: tell
+which pattern matched by which search returned the match, not by ``m.re is PATTERN``.
 """
 
 from __future__ import annotations

@@ -487,12 +487,15 @@ def parse_line(line: Line) -> _Parsed:
         clue = (_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'") if "," in m.group(1)
                 else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer"))
         return _Parsed(ev, [clue])
-    m = (_NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None) or (
-        _BLOCKS.search(t) if "blocks: " in t else None)
+    # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
+    # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
+    num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None
+    line = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
+    m = num or line
     if m:
-        cpu = int(m.group(2)) if m.re is _BLOCKS and m.group(2) else None
+        cpu = int(line.group(2)) if line is not None and line.group(2) else None
         ev.append(Blocks(n, t, rank_at(m), "target", int(m.group(1)), cpu))
-        if m.re is _BLOCKS and "CPU blocks" not in t:
+        if line is not None and "CPU blocks" not in t:
             clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
         elif "# cuda blocks" in t:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))

@@ -138,3 +138,19 @@ def test_a_kv_needed_error_with_another_available_figure_is_another_vllm_run():
     assert [s.first_line for s in log.startups] == [1, 4]
     same = text.replace("memory (5.59 GiB)", "memory (10.55 GiB)")
     assert len(parse(same).startups) == 1
+
+
+def test_vllm_block_lines_keep_their_cpu_count_and_era_clue():
+    """'# GPU blocks: N, # CPU blocks: M' keeps M, and the V1 shape without CPU blocks narrows the era (0.6.4 to
+    0.7): the grammar tells which pattern matched by the match it kept, so lazily compiled patterns cannot break
+    it (an identity test against the pattern object silently dropped both)."""
+    from kvaudit.parse.lines import Line
+    from kvaudit.parse.vllm import Blocks, parse_line
+
+    both = parse_line(Line(3, "INFO 10-01 12:00:00 worker.py:1] # GPU blocks: 1952, # CPU blocks: 2048"))
+    assert [(e.gpu_blocks, e.cpu_blocks) for e in both.events if isinstance(e, Blocks)] == [(1952, 2048)]
+    v1 = parse_line(Line(7, "INFO 01-30 03:19:14 kv_cache_utils.py:395] # GPU blocks: 1381"))
+    assert [(e.gpu_blocks, e.cpu_blocks) for e in v1.events if isinstance(e, Blocks)] == [(1381, None)]
+    assert any("without CPU blocks" in e for c in v1.clues for e in c.evidence), v1.clues
+    num = parse_line(Line(9, "INFO 10-01 12:00:00 worker.py:1] num_gpu_blocks is: 512"))
+    assert [(e.gpu_blocks, e.cpu_blocks) for e in num.events if isinstance(e, Blocks)] == [(512, None)]
