@@ -702,7 +702,7 @@ def diff_cmd(
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report.formats import choose
 
-    chosen = choose(fmt, "whatif").name  # text or json, as whatif
+    chosen = choose(fmt, "diff").name
     geom = _geometry(model_config)
 
     def audits_of(where: str) -> list:

@@ -111,13 +111,6 @@ def _weights_phrase(ledger: tuple[Term, ...], label: str) -> str:
     return f" (the weights on {label}: {w.change:+.2f} GiB)"
 
 
-#: what the load (f x T - rest) is, in each engine's terms
-LOAD_WORDS = {
-    "sglang": "the weights and what else loaded before the pool",
-    "vllm": "what the budget holds besides the KV cache (weights, activation peak, non-torch memory)",
-}
-
-
 def _shares_fraction_shape(a: Audit, b: Audit, ledger: tuple[Term, ...], rank: str) -> list[Share] | None:
     """``tokens = (f x T - load) x 2**30 / bytes_per_token`` with ``load = f x T - rest``: SGLang's formula
     exactly (there load = T - post), and vLLM's when the log states the total (load = the budget's other items)."""
@@ -129,21 +122,18 @@ def _shares_fraction_shape(a: Audit, b: Audit, ledger: tuple[Term, ...], rank: s
     t_a, f_a, bpt_a = fa.pre_load_free_gib, fa.mem_fraction_static, fa.bytes_per_token
     t_b, f_b, bpt_b = fb.pre_load_free_gib, fb.mem_fraction_static, fb.bytes_per_token
 
-    def load_of(f: Any) -> float:
-        if f.post_load_free_gib is not None and a.engine == "sglang":
-            return f.pre_load_free_gib - f.post_load_free_gib  # the logged figures, not the rounded rest
-        return f.mem_fraction_static * f.pre_load_free_gib - f.rest_gib
-
-    load_a, load_b = load_of(fa), load_of(fb)
-    words = LOAD_WORDS.get(a.engine, "what the budget holds besides the KV cache")
-    what_t = "free memory before the weights" if a.engine == "sglang" else f"the {a.pre_load_label or 'T'}"
+    # SGLang's load is T - post; the identity f x T - rest holds for it as for any fraction of a total
+    load_a = f_a * t_a - fa.rest_gib
+    load_b = f_b * t_b - fb.rest_gib
+    words = a.budget_other_label
+    what_t = a.pre_load_label or "T"
 
     def tok(t: float, load: float, f: float, bpt: float) -> float:
         return _tokens(f * t - load, bpt)
 
     steps = [
         ("pre_load_free_gib", (t_b, load_a, f_a, bpt_a), t_b - t_a,
-         lambda d: f"{'more' if d > 0 else 'less'} {what_t} ({d:+.2f} GiB)"),
+         lambda d: f"{what_t} {d:+.2f} GiB"),
         ("load", (t_b, load_b, f_a, bpt_a), load_b - load_a,
          lambda d: f"{words} took {abs(d):.2f} GiB {'more' if d > 0 else 'less'}{_weights_phrase(ledger, rank)}"),
         ("mem_fraction_static", (t_b, load_b, f_b, bpt_a), f_b - f_a,

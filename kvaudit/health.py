@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvaudit.collect.interface import SMI_FAILED, SMI_MISSING
 from kvaudit.reconcile.interface import Finding, Severity
 from kvaudit.verdict import counted, judge_host
 
@@ -27,8 +28,8 @@ NODE_CODES = ("FOREIGN_PROCESS", "OCCUPIED_AT_STARTUP", "GPU_COUNT_MISMATCH", "U
 #: a pseudo-code for GPUs that could not be read (nvidia-smi missing or failing, no readings in a pod)
 NO_GPU_READINGS = "GPU_READINGS_MISSING"
 
-#: what the collector says when a host's GPUs could not be read (kvaudit.collect.session)
-UNREADABLE = ("nvidia-smi not found", "nvidia-smi failed")
+#: what the collector says when a host's GPUs could not be read
+UNREADABLE = (SMI_MISSING, SMI_FAILED)
 
 #: what to do, per finding, in one sentence (the finding's own message says what was seen)
 ACTIONS = {

@@ -11,6 +11,7 @@ Baseline file: one rule per line, ``CODE`` or ``CODE@HOST`` (``HOST`` a glob on 
 
 from __future__ import annotations
 
+from kvaudit.collect.interface import NO_CONFIG, SMI_FAILED, SMI_MISSING
 from kvaudit.errors import KvauditError
 import fnmatch
 from dataclasses import dataclass, replace
@@ -26,8 +27,8 @@ class IgnoreError(KvauditError):
 #: names the beginnings of the collector's sentences for that state (kvaudit.collect.session, kvaudit.check).
 #: An acknowledged state no longer makes the host partial; the sentence stays in the host's notes, marked.
 STATES: dict[str, tuple[str, ...]] = {
-    "NO_GPU_READINGS": ("no GPU readings", "nvidia-smi not found", "nvidia-smi failed"),
-    "NO_CONFIG": ("no config.json",),
+    "NO_GPU_READINGS": ("no GPU readings", SMI_MISSING, SMI_FAILED),
+    "NO_CONFIG": (NO_CONFIG,),
 }
 
 

@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+#: how the partial sentences begin for what could not be read (the session writes them; ignores.STATES and the
+#: health check recognise them by these beginnings)
+NO_CONFIG = "no config.json"
+SMI_MISSING = "nvidia-smi not found"
+SMI_FAILED = "nvidia-smi failed"
+
 
 class CollectError(Exception):
     """A host could not be audited. ``reason`` is a stable word fleet reports and exit codes use.

@@ -20,13 +20,15 @@ from kvaudit.collect.interface import (
     JournalDenied,
     NoEngineFound,
     Runner,
+    NO_CONFIG,
+    SMI_FAILED,
+    SMI_MISSING,
 )
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 from kvaudit.textsafe import printable
 
 #: unit names that look like some inference engine (the audited engines' own names come in CollectOptions)
 #: how the partial-data notes about a missing model config begin (a log that states bytes per token needs none)
-NO_CONFIG = "no config.json"
 GENERIC_ENGINE_UNIT = ("lmdeploy", "text-generation", "tgi", "trtllm", "tensorrt", "llm", "inference")
 
 
@@ -243,9 +245,9 @@ class HostSession:
         if res.rc != 0:
             why = _first_line(res.stderr) or _first_line(res.stdout) or f"rc {res.rc}"
             if res.rc == 127 or "not found" in why:
-                self.partial.append("nvidia-smi not found on the host: no GPU readings")
+                self.partial.append(f"{SMI_MISSING} on the host: no GPU readings")
             else:
-                self.partial.append(f"nvidia-smi failed: {why}")
+                self.partial.append(f"{SMI_FAILED}: {why}")
             return [], []
         try:
             gpus = parse_gpus(res.stdout.decode(errors="replace"))

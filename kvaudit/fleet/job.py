@@ -119,7 +119,8 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
                                                 f"fleet:{job.subject}"),
             prometheus.filename("fleet", job.subject)))
     if out.html:
-        attempt(f"--html {out.html}", lambda: _write(_html(job, fleet_run, drift, results, complete), out.html))
+        page = lambda: (_html(job, fleet_run, drift, results, complete),)  # noqa: E731
+        attempt(f"--html {out.html}", lambda: _write_chunks(page(), out.html, stdout))
     if out.csv:
         from kvaudit.report import table_export
 
@@ -143,19 +144,6 @@ def _html(job: FleetJob, fleet_run: Any, drift: Any, results: list, complete: bo
         except history_db.HistoryError:
             trends = {}
     return html_report.render(fleet_run, drift, {**job.provenance, "run": fleet_run.started_at}, trends)
-
-
-def _write(text: str, path: str | None, stdout: IO[str] | None = None) -> None:
-    if path is None:
-        assert stdout is not None
-        stdout.write(text)
-        return
-    from kvaudit.report.files import write_atomic
-
-    try:
-        write_atomic(Path(path), text)  # whole or not at all: a reader never sees it half written
-    except OSError as exc:
-        raise KvauditError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _write_chunks(chunks: Iterable[str], path: str | None, stdout: IO[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
@@ -233,8 +233,6 @@ def with_unprefixed(startups: list[Startup], dropped: Sequence[int]) -> list[Sta
     """Each startup with the lines :func:`anchored` did not read inside its span (or after it, before the next)."""
     if not dropped or not startups:
         return startups
-    from dataclasses import replace
-
     out = []
     for i, s in enumerate(startups):
         end = startups[i + 1].first_line if i + 1 < len(startups) else None

@@ -271,7 +271,9 @@ def scanner() -> list[str] | None:
         if rg is not None:
             # no config file (RIPGREP_CONFIG_PATH could add any flag), every byte as it is (no BOM sniffing,
             # no transcoding of UTF-16), standard input only
-            return [rg, "--no-config", "--encoding", "none", "-a", "-n", "-F", "--no-heading", "--color", "never"]
+            # "-": read standard input, never search a directory (the patterns follow as -e options)
+            return [rg, "--no-config", "--encoding", "none", "-a", "-n", "-F", "--no-heading", "--color", "never",
+                    "-"]
     grep = shutil.which("grep")
     return [grep, "-a", "-n", "-F"] if grep else None
 
@@ -298,8 +300,6 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
     cmd = list(base)
     for a in anchors:
         cmd += ["-e", os.fsdecode(a)]  # round-trips any byte (a non-ASCII anchor reaches grep as its own bytes)
-    if "--no-config" in cmd:
-        cmd.append("-")  # ripgrep: read standard input, never search a directory
     env = dict(os.environ, LC_ALL="C")
     feeder = None
     if origin is not None:

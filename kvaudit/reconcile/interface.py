@@ -199,6 +199,8 @@ class Audit:
     formula_text: str = ""
     formula_rows: tuple[FormulaRow, ...] = ()
     pre_load_label: str = "free before loading"
+    #: what the engine's budget holds besides the KV cache (f x T - rest), in its words (kvaudit diff)
+    budget_other_label: str = "what the budget holds besides the KV cache"
     #: the numbers are a live server's own (its HTTP endpoints), not a startup log's: no lines, less visible
     from_endpoint: bool = False
     #: the platform the audit ran on when it is not a card of its own (kvaudit.platforms), e.g. unified memory

@@ -85,7 +85,7 @@ FLEET_FILES = {"html": "--html FILE", "csv": "--csv FILE", "parquet": "--csv FIL
 def choose(name: str, command: str = "") -> Format:
     """The format named by ``--format``, or a one-line error that names the choices for ``command``."""
     fmt = FORMATS.get(name)
-    if command in ("whatif", "history"):
+    if command in ("whatif", "history", "diff"):
         if fmt is None or fmt.whatif_fn is None:
             raise FormatError(f"--format {name!r}: {command} prints text or json")
         return fmt

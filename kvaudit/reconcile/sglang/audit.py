@@ -59,7 +59,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     elif formula.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
         findings.append(F.tokens_mismatch(formula, formula.verdict))
     ledgers = ledgers_of(ctx, cells)
-    findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells))
+    findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells, outcome))
     hicache = startup.of(HiCacheHost)
     if ctx.summary is None and not any(f.severity == Severity.ERROR for f in findings):
         findings.append(F.incomplete_log(startup.last_line))
@@ -77,6 +77,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         formula_text="rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)",
         formula_rows=_formula_rows(formula),
         pre_load_label="free before loading",
+        budget_other_label="the weights and what else loaded before the pool",
     )
 
 
@@ -363,12 +364,12 @@ def ledgers_of(ctx: Context, cells: Cells) -> tuple:
 
 
 def ledger_and_failure_findings(ctx: Context, opts: AuditOptions, ledgers: tuple, formula: Formula,
-                                free: FreeMemory, shortfall: dict[str, float], cells: Cells) -> list[Finding]:
+                                free: FreeMemory, shortfall: dict[str, float], cells: Cells,
+                                outcome: Outcome) -> list[Finding]:
     out = list(ledger_findings(ctx, ledgers, formula, free.reserve(formula.mem_fraction_static), opts.thresholds))
     out.extend(concurrency_findings(ctx, cells.logged, context_length_of(ctx)))
     memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in ctx.startup.of(Failure))
-    negative = any(ev.profiled < 0 for ev in ctx.startup.of(CapWarning))
-    out.extend(failure_findings(ctx, shortfall if (memory_failed or negative) else None, formula))
+    out.extend(failure_findings(ctx, shortfall if (memory_failed or outcome.negative) else None, formula))
     hicache = ctx.startup.of(HiCacheHost)
     if hicache and hicache[0].host_gb is not None:
         out.append(F.hicache_host(hicache[0].host_gb, cells.logged, cells.cell.pool if cells.cell else None,

@@ -91,6 +91,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
                                           else "")),
         ),
         pre_load_label="total",
+        budget_other_label="what the budget holds besides the KV cache (weights, activation peak, non-torch memory)",
     )
 
 
