@@ -145,12 +145,15 @@ def main() -> None:
     import fleet_json
     import fleet_scaling
     import journal_bytes
+    import wan
 
     report = fleet_json.main()
     network = journal_bytes.main()
+    wan_check = wan.main()
     fleet = fleet_scaling.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
+           "check_wan": wan_check,
            "fleet_json": report,
            "fleet": fleet}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -91,7 +91,10 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
             notes.append(runner.policy_note)
     session = HostSession(runner, target, copts)
     try:
-        session.prefetch_start()
+        if is_local(target) and not opts.source and _has_systemd_python():
+            session.prefetch_start()  # the journal is read through systemd-python here, not by the script
+        else:
+            session.prefetch_host()
         session.hostname()
         lines: list[tuple[int, str]] = []
         try:
@@ -162,6 +165,8 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
         session = HostSession(kube.PodExecRunner(reader, t.namespace, pod.metadata.name, log.container),
                               f"{t.namespace}/{pod.metadata.name}", copts)
         try:
+            wants_config = i == 0 and opts.audit.model_geometry is None and isinstance(model_path, str)
+            session.prefetch_host(model_path if wants_config else None, read_log=False)  # one exec, when sh is there
             g, a = session.gpus()
             if i == 0 and opts.audit.model_geometry is None:
                 config, config_source = session.config(model_path if isinstance(model_path, str) else None)
@@ -225,6 +230,12 @@ def _local_journal(session: HostSession, opts: CheckOptions) -> list[tuple[int, 
     session.source_desc = f"journal (systemd-python) unit={unit}" + (
         f" directory={opts.journal_directory}" if opts.journal_directory else "")
     return lines or None
+
+
+def _has_systemd_python() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("systemd") is not None
 
 
 def _nvml(session: HostSession):

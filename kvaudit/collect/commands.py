@@ -31,6 +31,8 @@ CGROUP_PIDS_SCRIPT = (
     '[ -r "$f" ] && exec cat "$f"; done; exit 0'
 )
 SCRIPTS = (HF_SNAPSHOT_SCRIPT, CGROUP_PIDS_SCRIPT)
+#: the kinds of log source the host script reads (``none``: no log, a pod's readings and config only)
+SCRIPT_KINDS = ("journal", "dir", "docker", "file", "none")
 
 def _grep_filter(anchors: tuple[bytes, ...]) -> str:
     argv = ["grep", "-a", "-n", "-F"]
@@ -224,7 +226,29 @@ def _head(args: list[str]) -> bool:
 
 
 def _sh(args: list[str]) -> bool:
+    if len(args) >= 11 and args[:3] == ["-c", HOST_SCRIPT, "sh"]:
+        return _host_script_args(args[3:])
     return len(args) == 4 and args[0] == "-c" and args[1] in SCRIPTS and args[2] == "sh"
+
+
+_NONCE = re.compile(r"[0-9a-f]{16}")
+_FRAGMENT = re.compile(r"[a-z0-9._-]{1,64}")
+
+
+def _host_script_args(args: list[str]) -> bool:
+    """The host script's positional parameters, each of the kind its place takes (they are data to the script,
+    quoted where it uses them; this keeps the gate as exact as for every other command)."""
+    nonce, kind, unit, directory, source, model, cap, k = args[:8]
+    if not (_NONCE.fullmatch(nonce) and kind in SCRIPT_KINDS and cap.isdigit() and k.isdigit()):
+        return False
+    if unit and (not _UNIT_NAME.fullmatch(unit) or kind not in ("journal", "dir")):
+        return False
+    if (kind == "dir") != bool(directory) or (directory and setting_problem(None, directory)):
+        return False
+    if (kind in ("docker", "file")) != bool(source) or "\n" in source or "\n" in model:
+        return False
+    fragments = args[8:8 + int(k)]
+    return len(fragments) == int(k) and all(_FRAGMENT.fullmatch(f) for f in fragments)
 
 
 _PROGRAMS = {
@@ -277,3 +301,118 @@ def is_allowed(command: str) -> bool:
         if not argv or shlex.join(argv) != stage or not _argv_ok(argv):
             return False
     return True
+
+
+# --- the whole collection in one exec -----------------------------------------------------------------------
+# Every command above is a round trip of its own, and several depend on the one before (the unit, then its
+# invocation, then its lines; the config.json whose path is in the lines). HOST_SCRIPT runs the same commands,
+# with the same options, on the host in one exec and one login shell, taking each decision the session would
+# take from their outputs: it is fixed text, and every value (unit, directory, path, anchors) reaches it as a
+# positional parameter, used quoted, never as code. Each command's output is framed on stdout, and its stderr
+# on stderr, by marker lines carrying a random nonce and naming the command by its kind and arguments; the
+# session rebuilds each command with the builders above and keeps the output as that command's result, so that
+# its own logic runs unchanged on them. A decision the script took differently (or a part it did not reach, or
+# framing a hostile host broke) only means a command the session asks for is not among them: it then runs on
+# its own, as before. The config.json candidates are the absolute paths and Hugging Face ids the selected lines
+# quote: every path quoted in the lines is tried (a stat, no exec), and at most four config.json files are read.
+# The GPU readings come last: an nvidia-smi that hangs costs only itself (the parts before it are kept).
+#
+# $1 nonce  $2 kind: journal | dir | docker | file | none  $3 unit ('' = find it)  $4 journal directory
+# $5 docker name or file path  $6 model path known beforehand (a pod's)  $7 bytes of lines kept
+# $8 k, then k lower-case unit-name fragments; the rest: the anchors
+_HOST_SCRIPT = r"""n=$1 kind=$2 unit=$3 dir=$4 src=$5 model=$6 cap=$7 k=$8; shift 8
+frags=; while [ "$k" -gt 0 ]; do frags="$frags $1"; shift; k=$((k-1)); done
+c=$#; for a do set -- "$@" -e "$a"; done; shift "$c"
+set -f; nl='
+'; IFS=$nl; exec 3>&1
+open() { j=$1; shift; printf '\n@@%s begin' "$n"; while [ "$j" -gt 0 ]; do printf '\t%s' "$1"; shift; j=$((j-1)); done
+  printf '\n'; printf '\n@@%s begin\n' "$n" >&2; }
+close() { printf '\n@@%s end %s\n' "$n" "$1"; printf '\n@@%s end\n' "$n" >&2; }
+val() { open "$@"; shift "$(($1+1))"; out=$("$@"; printf ' %s' "$?"); rc=${out##* }; out=${out% *}; printf '%s' "$out"
+  close "$rc"; }
+flow() { open "$@"; shift "$(($1+1))"; "$@"; close "$?"; }
+lines() { open "$@"; shift "$(($1+1))"
+  cands=$( { "$@" | head -c "$cap" | tee /dev/fd/4 >&3; } 4>&1 | grep -aoE -e "['\"=: (]/[A-Za-z0-9._@+~/-]+" \
+    -e "'[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+'" | awk 'c < 64 && !s[$0]++ { c++; print }'); close 0; }
+hexid() { v=${1%%[!0-9a-f]*}; case $v in ????????????????????????????????) printf '%s' "$v";; esac; }
+pick() { printf '%s\n' "$1" | awk -v f="$frags" -v sys="$2" 'BEGIN { nf = split(f, F, " ") }
+  { x = $1; if (x == "" || (sys && x !~ /\.service$/)) next; l = tolower(x); hit = 0
+    for (i = 1; i <= nf; i++) if (index(l, F[i])) hit = 1
+    if (hit) { if (sys && $3 == "active") run[x] = 1; else idle[x] = 1 } }
+  END { for (x in run) { print x; r = 1 } if (!r) for (x in idle) print x }'; }
+jbase() { if [ -n "$dir" ]; then journalctl --no-pager -q --directory "$dir" "$@"
+  else journalctl --no-pager -q "$@"; fi; }
+filter() { grep -a -n -F "$@" | cut -c 1-@MAX_LINE@; }
+jread() { m=$1; shift; jbase "$m" -o cat -a | filter "$@"; }
+dread() { s=$1; shift; if [ -n "$s" ]; then docker logs --since "$s" -- "$src" 2>&1 | filter "$@"
+  else docker logs -- "$src" 2>&1 | filter "$@"; fi; }
+fread() { grep -a -n -F "$@" -- "$src" | cut -c 1-@MAX_LINE@; }
+hub() { printf '%s' "${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}/models--$1/snapshots"; }
+snaps() { set +f; for d in "$(hub "$1")"/*/; do [ -f "$d/config.json" ] && echo "$d"; done; return 0; }
+procs() { for f in "/sys/fs/cgroup$1/cgroup.procs" "/sys/fs/cgroup/systemd$1/cgroup.procs"; do
+  if [ -r "$f" ]; then cat "$f"; return; fi; done; return 0; }
+val 1 hostname hostname
+cands= cg= inv=
+case $kind in
+journal|dir)
+  if [ -z "$unit" ]; then
+    if [ "$kind" = journal ]; then
+      val 1 units systemctl list-units --type=service --all --no-legend --plain --no-pager
+      [ "$rc" = 0 ] && unit=$(pick "$out" 1)
+    fi
+    if [ -z "$unit" ]; then val 1 junits jbase -F _SYSTEMD_UNIT; [ "$rc" = 0 ] && unit=$(pick "$out" ""); fi
+    case $unit in *"$nl"*) unit=;; esac
+  fi
+  if [ -n "$unit" ]; then
+    if [ "$kind" = journal ]; then
+      val 2 inv "$unit" systemctl show -p InvocationID --value -- "$unit"; [ "$rc" = 0 ] && inv=$(hexid "$out")
+      val 2 cg "$unit" systemctl show -p ControlGroup --value -- "$unit"; [ "$rc" = 0 ] && cg=${out%%"$nl"*}
+    fi
+    if [ -z "$inv" ]; then
+      val 2 lastinv "$unit" jbase "--unit=$unit" -n 1 -o export --output-fields=_SYSTEMD_INVOCATION_ID
+      case $out in *"${nl}_SYSTEMD_INVOCATION_ID="*) inv=$(hexid "${out#*"${nl}"_SYSTEMD_INVOCATION_ID=}");; esac
+    fi
+    if [ -n "$inv" ]; then lines 3 lines "$unit" "$inv" jread "_SYSTEMD_INVOCATION_ID=$inv" "$@"
+    else lines 3 lines "$unit" "" jread "--unit=$unit" "$@"; fi
+    [ -n "$cg" ] && val 2 pids "$cg" procs "$cg"
+  fi;;
+docker)
+  val 2 dstart "$src" docker inspect -f '{{.State.StartedAt}}' -- "$src"
+  if [ "$rc" = 0 ]; then since=${out%%"$nl"*}; lines 3 dlines "$src" "$since" dread "$since" "$@"; fi;;
+file) lines 2 flines "$src" fread "$@";;
+esac
+[ -n "$model" ] && cands="$model$nl$cands"
+nread=0
+for x in $cands; do
+  p= id=
+  case $x in
+  /*) p=$x;;
+  "'"[!/]*"'") id=${x#"'"}; id=${id%"'"};;
+  ?/*) p=${x#?};;
+  ?*/?*) id=$x;;
+  esac
+  p=${p%/}
+  if [ -n "$p" ] && [ "$nread" -lt 4 ] && [ -f "$p/config.json" ]; then
+    nread=$((nread+1)); flow 2 config "$p/config.json" head -c @CONFIG_MAX@ -- "$p/config.json"
+  elif [ -n "$id" ] && [ "$nread" -lt 4 ] && [ -d "$(hub "${id%%/*}--${id#*/}")" ]; then
+    val 2 hf "$id" snaps "${id%%/*}--${id#*/}"
+    for s in $out; do
+      [ "$nread" -lt 4 ] || break
+      nread=$((nread+1)); flow 2 config "${s%/}/config.json" head -c @CONFIG_MAX@ -- "${s%/}/config.json"
+    done
+  fi
+done
+val 1 gpus nvidia-smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits
+val 1 apps nvidia-smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
+exit 0"""
+HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
+                    .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))
+                    .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)))
+
+
+def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, source: str | None,
+                model: str | None, cap: int, fragments: tuple[str, ...], anchors: tuple[bytes, ...]) -> str:
+    """The one exec that collects everything (see HOST_SCRIPT)."""
+    argv = ["sh", "-c", HOST_SCRIPT, "sh", nonce, kind, unit or "", directory or "", source or "", model or "",
+            str(cap), str(len(fragments)), *fragments, *(a.decode("latin-1") for a in anchors)]
+    return shlex.join(argv)

@@ -5,6 +5,7 @@ config. Every command goes through :func:`kvaudit.collect.commands.is_allowed` a
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -24,6 +25,7 @@ from kvaudit.collect.interface import (
     SMI_FAILED,
     SMI_MISSING,
 )
+from kvaudit.collect.ssh import BATCH_MAX_BYTES
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 from kvaudit.textsafe import printable
 
@@ -106,6 +108,56 @@ class HostSession:
             else:
                 first.append(C.list_units())
         self.prefetch(first)
+
+    def prefetch_host(self, model_path: str | None = None, read_log: bool = True) -> None:
+        """The whole collection in one exec (:data:`~kvaudit.collect.commands.HOST_SCRIPT`): the host name, the
+        unit and its latest invocation, that start's lines, the unit's processes, the config.json files the
+        lines quote, the GPU readings. Each part is kept as the result of the command it is (rebuilt here by the
+        same builders), so the steps after ask for them as before and find them; a part the script did not
+        reach, or decided differently about, runs on its own when asked for."""
+        o = self.opts
+        src = o.source or ""
+        kind = ("none" if not read_log else "docker" if src.startswith("docker:") else "file"
+                if src.startswith("file:") else "dir" if o.journal_directory else "journal")
+        fragments = tuple(dict.fromkeys(f.lower() for f in o.engine_names + GENERIC_ENGINE_UNIT))
+        nonce = secrets.token_hex(8)
+        script = C.host_script(nonce, kind, o.unit if kind in ("journal", "dir") else None, o.journal_directory
+                               if kind == "dir" else None, src.partition(":")[2] or None, model_path,
+                               o.max_output + 1, fragments, o.anchors)
+        self._gate(script)
+        limit = o.max_output + 1 + 4 * C.CONFIG_MAX_BYTES + BATCH_MAX_BYTES
+        res = self.runner.run(script, 2 * o.command_timeout, limit)
+        for part in script_parts(res, nonce.encode()):
+            command = self._command_of(part.kind, part.args)
+            if command is None or command in self.cache:
+                continue
+            out, truncated = part.stdout, res.truncated and part.rc is None
+            if part.kind in ("lines", "dlines", "flines") and len(out) > o.max_output:
+                out, truncated = out[:o.max_output], True  # as the runner cuts a command's output
+            got = CommandResult(command, part.rc, out, part.stderr, part.seconds, truncated)
+            self.cache[command] = got
+            self._record(got)
+
+    def _command_of(self, kind: str, args: tuple[str, ...]) -> str | None:
+        """The command a part of the host script's output is the output of, as the builders write it."""
+        o, d = self.opts, self.opts.journal_directory
+        one = args[0] if args else ""
+        build = {
+            "hostname": lambda: C.hostname(), "gpus": lambda: C.query_gpus(), "apps": lambda: C.query_apps(),
+            "units": lambda: C.list_units(), "junits": lambda: C.journal_units(d),
+            "inv": lambda: C.invocation_id(one), "cg": lambda: C.control_group(one),
+            "lastinv": lambda: C.last_invocation_in_journal(one, d),
+            "lines": lambda: C.journal_lines(one, args[1] or None, d, o.anchors),
+            "pids": lambda: C.cgroup_pids(one), "dstart": lambda: C.docker_started(one),
+            "dlines": lambda: C.docker_lines(one, args[1] or None, o.anchors),
+            "flines": lambda: C.file_lines(one, o.anchors), "hf": lambda: C.hf_snapshots(one),
+            "config": lambda: C.read_config(one),
+        }.get(kind)
+        want = {"hostname": 0, "gpus": 0, "apps": 0, "units": 0, "junits": 0, "lines": 2, "dlines": 2}.get(kind, 1)
+        if build is None or len(args) != want:
+            return None  # framing a host broke, or a part this kvaudit does not know: it runs on its own if asked
+        command = build()
+        return command if C.is_allowed(command) else None
 
     # --- log lines --------------------------------------------------------------------------------------
     def log_lines(self) -> list[tuple[int, str]]:
@@ -303,6 +355,52 @@ class HostSession:
             collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
         )
+
+
+@dataclass(frozen=True)
+class ScriptPart:
+    kind: str
+    args: tuple[str, ...]
+    rc: int | None
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+
+
+_TIMED_OUT = b"[kvaudit: timed out]"
+
+
+def script_parts(res: CommandResult, nonce: bytes) -> list[ScriptPart]:
+    """The host script's parts, in order: each one's header (kind and arguments), status, stdout and stderr.
+    A part whose stdout or stderr framing is not whole is left out (the session runs that command on its own),
+    except the one a timeout stopped: it is kept as that command's timed-out result, as it would have been."""
+    begin = re.compile(rb"\n@@" + nonce + rb" begin((?:\t[^\t\n]*)*)\n")
+    end = re.compile(rb"\n@@" + nonce + rb" end (\d{1,3})\n")
+    err_begin, err_end = b"\n@@" + nonce + b" begin\n", b"\n@@" + nonce + b" end\n"
+    errs: list[bytes] = []
+    at = 0
+    while (i := res.stderr.find(err_begin, at)) >= 0:
+        j = res.stderr.find(err_end, i + len(err_begin))
+        if j < 0:
+            break
+        errs.append(res.stderr[i + len(err_begin):j])
+        at = j + len(err_end)
+    heads = list(begin.finditer(res.stdout))
+    parts: list[ScriptPart] = []
+    each = res.seconds / max(1, len(heads))
+    timed_out = res.rc is None and _TIMED_OUT in res.stderr
+    for n, head in enumerate(heads):
+        words = head.group(1).decode("utf-8", "surrogateescape").split("\t")[1:]
+        kind, args = (words[0], tuple(words[1:])) if words else ("", ())
+        stop = heads[n + 1].start() if n + 1 < len(heads) else len(res.stdout)
+        closing = end.search(res.stdout, head.end(), stop + 1)
+        if closing is None or n >= len(errs):
+            if timed_out and n == len(heads) - 1:  # where the time ran out: as that command's own timeout
+                parts.append(ScriptPart(kind, args, None, res.stdout[head.end():], _TIMED_OUT, each))
+            break  # later parts are not framed whole either
+        parts.append(ScriptPart(kind, args, int(closing.group(1)), res.stdout[head.end():closing.start()],
+                                errs[n], each))
+    return parts
 
 
 #: journalctl's words when the login user may not read the system journal (systemd 239-255)

@@ -127,3 +127,80 @@ def test_a_unit_or_directory_no_command_can_take_is_the_users_input(tmp_path):
     for arg in ("--unit=a\nb", "--journal-directory=rel/dir"):
         r = cli("check", "local", arg)
         assert r.code == 2 and "bad_setting" in r.stderr and "a bug in kvaudit" not in r.stderr, r.stderr
+
+
+# --- the host script (issue 23: one exec) -------------------------------------------------------------------
+
+def _script(kind="journal", unit=None, directory=None, source=None, model=None, fragments=("sglang", "vllm"),
+            anchors=(b"KV Cache is allocated", b"GB")):
+    return C.host_script("0123456789abcdef", kind, unit, directory, source, model, 1 << 20, fragments, anchors)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_values_reach_the_host_script_as_literal_parameters(name):
+    """A unit, a path, a docker name or an anchor the host chose reaches the fixed script as one positional
+    parameter: the script text is the constant, the argv after it is exactly the values, in their places."""
+    unit = name if "\n" not in name and " " not in name else None
+    for kind, kw in (("journal", {"unit": unit}), ("file", {"source": name}), ("docker", {"source": name}),
+                     ("none", {"model": name})):
+        if (kw.get("source") or kw.get("model") or "").count("\n"):
+            continue
+        cmd = _script(kind, **kw)
+        argv = shlex.split(cmd)
+        assert argv[:4] == ["sh", "-c", C.HOST_SCRIPT, "sh"] and argv[5] == kind
+        assert argv[6] == (kw.get("unit") or "") and argv[8] == (kw.get("source") or "")
+        assert argv[9] == (kw.get("model") or "")
+        assert C.is_allowed(cmd), (kind, name)
+
+
+@pytest.mark.parametrize("change", [
+    lambda a: a.__setitem__(2, a[2].replace("exit 0", "rm -rf /; exit 0")),  # the script text is not the constant
+    lambda a: a.__setitem__(4, "not-a-nonce"),
+    lambda a: a.__setitem__(5, "shell"),  # a kind the script does not have
+    lambda a: a.__setitem__(6, "two words"),  # a unit systemd could not name
+    lambda a: a.__setitem__(7, "relative/dir"),  # a journal directory (given to a journal kind) must be absolute
+    lambda a: a.__setitem__(11, "3"),  # more fragments announced than given
+    lambda a: a.__setitem__(12, "Sglang server"),  # a fragment is one lower-case word
+])
+def test_the_gate_holds_the_host_script_to_its_shape(change):
+    argv = shlex.split(_script())
+    assert C.is_allowed(shlex.join(argv))
+    change(argv)
+    assert not C.is_allowed(shlex.join(argv))
+
+
+def test_the_host_script_runs_hostile_values_as_data(tmp_path):
+    """Run for real: a file path, a docker name and a model path made of shell syntax are read as names (and not
+    found); nothing is created, and every part still comes back framed."""
+    from kvaudit.collect.local import LocalRunner
+    from kvaudit.collect.session import script_parts
+
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker})`touch {marker}`;touch {marker}"
+    log = tmp_path / "server.log"
+    log.write_text(f"[2026-01-01] KV Cache is allocated. #tokens: 1, K size: 1.00 GB model_path='{evil}'\n")
+    for kind, src, model in (("file", str(log), evil), ("file", evil, None), ("docker", evil, None),
+                             ("none", None, evil)):
+        cmd = C.host_script("0123456789abcdef", kind, None, None, src, model, 1 << 20, ("sglang",),
+                            (b"KV Cache", f"{evil}".encode()))
+        assert C.is_allowed(cmd)
+        res = LocalRunner().run(cmd, 30, 1 << 20)
+        parts = script_parts(res, b"0123456789abcdef")
+        assert [p.kind for p in parts][:1] == ["hostname"] and parts[-1].kind == "apps", (kind, res.stderr[-300:])
+        if kind == "file" and src == str(log):
+            lines = next(p for p in parts if p.kind == "flines")
+            assert lines.stdout.startswith(b"1:[2026-01-01] KV Cache") and lines.args == (str(log),)
+    assert not marker.exists()
+
+
+def test_a_forged_marker_in_a_part_does_not_end_it():
+    """A config.json or log line holding marker-like text (without the exec's random nonce) stays its part's."""
+    from kvaudit.collect.interface import CommandResult
+    from kvaudit.collect.session import script_parts
+
+    n = b"0123456789abcdef"
+    body = b'{"x": "\\n@@fedcba9876543210 end 0\\n"}\n@@0123456789abcdeg end 0\n'
+    out = b"\n@@" + n + b" begin\tconfig\t/m/config.json\n" + body + b"\n@@" + n + b" end 0\n"
+    err = b"\n@@" + n + b" begin\n\n@@" + n + b" end\n"
+    parts = script_parts(CommandResult("x", 0, out, err, 0.1), n)
+    assert len(parts) == 1 and parts[0].stdout == body and parts[0].args == ("/m/config.json",)
