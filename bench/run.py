@@ -150,10 +150,16 @@ def main() -> None:
     report = fleet_json.main()
     network = journal_bytes.main()
     wan_check = wan.main()
+    # issue 25: the plan's accuracy, leave-one-out over the corpus (docs/plan.md, "Measured accuracy")
+    v = json.loads(subprocess.run([KVAUDIT, "plan", "--validate", str(ROOT / "fixtures" / "corpus"), "-f", "json"],
+                                  capture_output=True, check=True).stdout)
+    validation = {k: v[k] for k in ("startups", "t_given", "family_seen", "family_not_seen", "not_predictable")}
+    print(f"\nplan --validate fixtures/corpus: {json.dumps(validation)}")
     fleet = fleet_scaling.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
            "check_wan": wan_check,
+           "plan_validation": validation,
            "fleet_json": report,
            "fleet": fleet}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -736,6 +736,51 @@ def diff_cmd(
     return 0
 
 
+@app.command("plan")
+def plan_cmd(
+    model: Optional[str] = typer.Argument(None, help="The model: its directory (config.json and the safetensors "
+                                                     "headers, read for the exact weight bytes) or its config.json."),
+    engine: Optional[str] = _opt(ASSUME, None, "--engine", help="The engine and its release, e.g. sglang==0.5.9."),
+    gpu: Optional[str] = _opt(ASSUME, None, "--gpu", help="The card (h100, h200, b200, a100-80g, a100-40g, l40s, "
+                                                         "rtx-4090, rtx-pro-6000) or nvidia-smi's name for it."),
+    gpu_memory_gib: Optional[float] = _opt(ASSUME, None, "--gpu-memory-gib",
+                                           help="A card not in the list: its memory.total / 1024."),
+    tp: int = _opt(ASSUME, 1, "--tp", help="Tensor-parallel size."),
+    pp: int = _opt(ASSUME, 1, "--pp", help="Pipeline-parallel size."),
+    dp_attention: int = _opt(ASSUME, 1, "--dp-attention", help="SGLang's data-parallel attention size."),
+    fraction: Optional[float] = _opt(ASSUME, None, "--fraction", help="SGLang's mem_fraction_static."),
+    kv_dtype: str = _opt(ASSUME, "auto", "--kv-dtype", help="auto (the model's dtype), fp8_e4m3, ..."),
+    context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1,
+                                         help="The requests' length, for the concurrency."),
+    max_running_requests: Optional[int] = _opt(ASSUME, None, "--max-running-requests", min=1),
+    page_size: Optional[int] = _opt(ASSUME, None, "--page-size", min=1),
+    max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1),
+    history: Optional[str] = _opt(ASSUME, None, "--history",
+                                  help="The fleet's history (SQLite): its startups calibrate the terms."),
+    validate: Optional[str] = _opt(ASSUME, None, "--validate",
+                                   help="Leave-one-out over a history's startups: the error of each prediction."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", help="text, json or markdown."),
+) -> int:
+    """Size a deployment before it exists: KV tokens, concurrency, and whether it starts, by the engine's own
+    formula, every term calibrated on the fleet's history or said to be assumed."""
+    from kvaudit.report.formats import choose
+
+    chosen = choose(fmt, "plan")
+    if validate:
+        from kvaudit.plan.validate import render, validate_history
+
+        _env.stdout.write(render(validate_history(validate), fmt))
+        return 0
+    if model is None or engine is None:
+        raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")
+    from kvaudit.plan.build import PlanRequest, run
+
+    p = run(PlanRequest(engine, model, gpu, gpu_memory_gib, tp, pp, dp_attention, fraction, kv_dtype,
+                        context_length, max_running_requests, page_size, max_total_tokens, history))
+    _env.stdout.write(chosen.plan(p))
+    return 0
+
+
 @app.command("history")
 def history_cmd(
     host: Optional[str] = typer.Argument(None, help="The host's name as the fleet report shows it (omit: list "

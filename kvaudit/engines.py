@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.lmdeploy import LMDeployParser
@@ -44,6 +44,11 @@ class Engine:
     @property
     def whatif(self) -> Callable[[Startup, AuditOptions, Audit, AuditOptions], WhatIf]:
         return import_module(self.formula).whatif
+
+    @property
+    def plan(self) -> Callable[..., Any] | None:
+        """``plan(plan_input, history_frame)`` when kvaudit plans this engine's deployments, else None."""
+        return getattr(import_module(self.formula), "plan", None)
 
     @property
     def endpoint(self) -> Callable[[Mapping[str, str], str, AuditOptions], Audit | None] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvaudit.errors import KvauditError
 import json
+from pathlib import Path
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +21,17 @@ CREATE TABLE IF NOT EXISTS hosts (run_id INTEGER NOT NULL REFERENCES runs(id), h
 CREATE TABLE IF NOT EXISTS gpus (run_id INTEGER NOT NULL REFERENCES runs(id), host TEXT NOT NULL,
     gpu INTEGER, rank TEXT, tokens INTEGER, kv_gib REAL, weights_gib REAL, free_now_gib REAL,
     free_at_end_gib REAL, unexplained_gib REAL);
+CREATE TABLE IF NOT EXISTS startups (run_id INTEGER NOT NULL REFERENCES runs(id), host TEXT NOT NULL,
+    startup_id TEXT, engine TEXT NOT NULL, version TEXT, gpu_name TEXT, gpu_total_mib REAL, tp INTEGER,
+    fraction REAL, t_gib REAL, post_gib REAL, weights_gib REAL, reserve_gib REAL, free_at_end_gib REAL,
+    bytes_per_token INTEGER, bpt_low REAL, bpt_high REAL, tokens INTEGER, page_size INTEGER, model_key TEXT,
+    PRIMARY KEY (run_id, host));
 CREATE INDEX IF NOT EXISTS hosts_by_name ON hosts(host, run_id);
 CREATE INDEX IF NOT EXISTS gpus_by_run ON gpus(run_id);
 """
 #: columns added after the first release, with their type: an older history file gains them on open
-ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"),)}
+ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"),),
+                 "startups": (("bpt_low", "REAL"), ("bpt_high", "REAL"), ("page_size", "INTEGER"))}
 
 FREE_DRIFT_GIB = 0.5
 WEIGHTS_DRIFT_GIB = 0.05
@@ -59,8 +66,13 @@ def connect(path: str) -> sqlite3.Connection:
         raise HistoryError(f"history database {path}: {exc}") from None
 
 
+STARTUP_COLUMNS = ("host", "startup_id", "engine", "version", "gpu_name", "gpu_total_mib", "tp", "fraction", "t_gib",
+                   "post_gib", "weights_gib", "reserve_gib", "free_at_end_gib", "bytes_per_token", "bpt_low",
+                   "bpt_high", "tokens", "page_size", "model_key")
+
+
 def record(path: str, started_at: str, started_ts: float, duration_s: float, summaries: list[dict],
-           gpu_rows: list[dict]) -> int:
+           gpu_rows: list[dict], startup_rows: list[dict] = ()) -> int:
     db = connect(path)
     try:
         with db:
@@ -77,6 +89,10 @@ def record(path: str, started_at: str, started_ts: float, duration_s: float, sum
                 "INSERT INTO gpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(run_id, r["host"], r["gpu"], r["rank"], r["kv_tokens"], r["kv_gib"], r["weights_gib"],
                   r["free_now_gib"], r["free_at_end_gib"], r["unexplained_gib"]) for r in gpu_rows])
+            db.executemany(
+                f"INSERT INTO startups (run_id, {', '.join(STARTUP_COLUMNS)}) VALUES "
+                f"({', '.join('?' * (len(STARTUP_COLUMNS) + 1))})",
+                [(run_id, *(r.get(c) for c in STARTUP_COLUMNS)) for r in startup_rows])
         return run_id
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
@@ -297,3 +313,44 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     finally:
         db.close()
     return hosts, runs
+
+
+_STARTUP_TEXT = ("host", "startup_id", "engine", "version", "gpu_name", "model_key")
+_STARTUP_INTS = ("run_id", "tp", "bytes_per_token", "tokens", "page_size")
+
+
+def startups(path: str) -> list:
+    """The startups the history holds, each once (a host audited every night with no restart in between is one
+    startup: its latest row), checked into the types kvaudit writes (a row that is not is skipped)."""
+    import math
+
+    from kvaudit.plan.model import Observed
+    from kvaudit.textsafe import printable
+
+    if not Path(path).is_file():
+        raise HistoryError(f"history database {path}: no such file")
+    db = connect(path)
+    try:
+        db.row_factory = sqlite3.Row
+        rows = [dict(r) for r in db.execute(
+            f"SELECT run_id, {', '.join(STARTUP_COLUMNS)} FROM startups ORDER BY run_id")]
+    except sqlite3.Error as exc:
+        raise HistoryError(f"history database {path}: {exc}") from None
+    finally:
+        db.close()
+    latest: dict[tuple, dict] = {}
+    for r in rows:
+        ok = True
+        for k, v in r.items():
+            if k in _STARTUP_TEXT:
+                ok = ok and (v is None or isinstance(v, str))
+                r[k] = printable(v)[:300] if isinstance(v, str) else None
+            elif k in _STARTUP_INTS:
+                ok = ok and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+            elif v is not None:
+                ok = ok and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or not r["host"] or not r["engine"]:
+            continue
+        key = (r["host"], r["startup_id"]) if r["startup_id"] else (r["host"], r["run_id"])
+        latest[key] = r
+    return [Observed(**{k: r[k] for k in Observed.__dataclass_fields__}) for r in latest.values()]

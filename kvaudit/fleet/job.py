@@ -105,9 +105,13 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
 
         def record() -> None:
             nonlocal drift, previous
+            from kvaudit.plan.observe import observed_row
+
+            geometry = job.opts.audit.model_geometry
+            observed = [r for n, h in results if (r := observed_row(n, h, geometry)) is not None]
             run_id = hist.record(out.history, fleet_run.started_at, fleet_run.started_ts, fleet_run.duration_s,
                                  [host_summary(n, h) for n, h in results],
-                                 [r for n, h in results for r in gpu_rows(n, h)])
+                                 [r for n, h in results for r in gpu_rows(n, h)], observed)
             previous, drift = hist.drift(out.history, run_id)
 
         attempt(f"--history {out.history}", record)

@@ -107,6 +107,9 @@ class Formula:
     #: the inputs the token check rests on (names as in kvaudit.verdict.inputs): a check that rests on an
     #: assumed one cannot produce a mismatch by itself (verdict rule 3)
     check_inputs: tuple[str, ...] = ()
+    #: the bytes per token as an interval (from the KV line's rounded sizes; one value from config.json): a plan
+    #: that replays this startup divides by the same interval the audit did
+    bytes_per_token_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,12 @@ class Format:
     colour: bool = False
     #: fleet: the report in pieces, a host at a time (memory for one host, whatever the fleet's size)
     fleet_stream_fn: str | None = None
+    plan_fn: str | None = None  # kvaudit plan
+
+    def plan(self, plan: Any) -> str:
+        if self.plan_fn is None:
+            raise FormatError(f"--format {self.name}: plan prints text, json or markdown")
+        return _fn(self.plan_fn)(plan)
 
     def audits(self, audits: list[Any], color: bool = False) -> str:
         return _fn(self.audits_fn)(audits, color=color and self.colour)
@@ -67,12 +73,13 @@ class Format:
 FORMATS: dict[str, Format] = {
     f.name: f for f in (
         Format("text", "kvaudit.report.text:render", "kvaudit.report.host:render_text",
-               "kvaudit.report.fleet:render_text", "kvaudit.report.text:render_whatif", colour=True),
+               "kvaudit.report.fleet:render_text", "kvaudit.report.text:render_whatif", colour=True,
+               plan_fn="kvaudit.report.plan:render_text"),
         Format("json", "kvaudit.report.json:render", "kvaudit.report.host:render_json",
                "kvaudit.report.fleet:render_json", "kvaudit.report.json:render_whatif",
-               fleet_stream_fn="kvaudit.report.fleet:iter_json"),
+               fleet_stream_fn="kvaudit.report.fleet:iter_json", plan_fn="kvaudit.report.plan:render_json"),
         Format("markdown", "kvaudit.report.markdown:render", "kvaudit.report.host:render_markdown",
-               "kvaudit.report.fleet:render_markdown"),
+               "kvaudit.report.fleet:render_markdown", plan_fn="kvaudit.report.plan:render_markdown"),
     )
 }
 

@@ -10,4 +10,13 @@ from kvaudit.reconcile.sglang.audit import ENGINE, reconcile
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.whatif import whatif
 
-__all__ = ["ENGINE", "CellSize", "cell_size", "reconcile", "whatif"]
+
+
+def plan(inp, history=None):  # noqa: ANN001 - kvaudit.plan.model.PlanInput, a pandas frame
+    """kvaudit plan for SGLang (reconcile/sglang/planner.py), loaded only when a plan is asked for."""
+    from kvaudit.reconcile.sglang.planner import plan as sglang_plan
+
+    return sglang_plan(inp, history)
+
+
+__all__ = ["ENGINE", "CellSize", "cell_size", "plan", "reconcile", "whatif"]

@@ -353,6 +353,7 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         state_pool_gib=round(state.mid, 3) if state is not None else None,
         check_inputs=("mem_fraction_static", "pre_load_free_gib", "post_load_free_gib", "bytes_per_token")
         + (("attention_tp_size",) if cells.source == "config" else ()),
+        bytes_per_token_range=(cells.iv.lo, cells.iv.hi) if cells.iv is not None else None,
     )
 
 

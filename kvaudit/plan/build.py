@@ -1,0 +1,107 @@
+"""From the command line's words to a :class:`PlanInput`, and the plan of it by the engine's own plan function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.plan.model import Observed, Plan, PlanInput
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The command line, as given."""
+
+    engine: str  # "sglang==0.5.9"
+    model: str  # a config.json or a model directory
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    tp: int = 1
+    pp: int = 1
+    dp_attention: int = 1
+    fraction: float | None = None
+    kv_dtype: str = "auto"
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    page_size: int | None = None
+    max_total_tokens: int | None = None
+    history: str | None = None
+
+
+def model_key(geom: Any) -> str:
+    """What tells a model apart in the history without its name: architecture, layers, KV heads and head size."""
+    return (f"{geom.architecture or 'unknown'}/{geom.num_layers}L/{geom.num_kv_heads or 0}kv/"
+            f"{geom.kv_lora_rank or geom.head_dim or 0}d")
+
+
+def plan_input(req: PlanRequest) -> PlanInput:
+    from kvaudit.model_config import load_config
+    from kvaudit.plan.cards import card
+    from kvaudit.plan.weights import model_weights
+
+    name, sep, version = req.engine.partition("==")
+    if not sep or not version:
+        raise KvauditError(f"--engine {req.engine!r}: give the engine and its release, e.g. sglang==0.5.9 (each "
+                           "release has its own rules)")
+    path = Path(req.model).expanduser()
+    directory = path if path.is_dir() else None
+    config = path / "config.json" if directory else path
+    if not config.is_file():
+        raise KvauditError(f"--model {req.model}: no config.json there" if directory else
+                           f"--model {req.model}: no such file")
+    geom = load_config(config)
+    weights = model_weights(directory) if directory else None
+    if req.gpu and req.gpu_memory_gib:
+        raise KvauditError("give --gpu or --gpu-memory-gib, not both")
+    if req.gpu:
+        c = card(req.gpu)
+        gpu_name, total_mib = c.name, float(c.total_mib)
+    elif req.gpu_memory_gib:
+        if not 1 <= req.gpu_memory_gib <= 4096:
+            raise KvauditError(f"--gpu-memory-gib {req.gpu_memory_gib}: a card's memory in GiB (1-4096)")
+        gpu_name, total_mib = None, req.gpu_memory_gib * 1024
+    else:
+        raise KvauditError("give the card: --gpu NAME (kvaudit plan --help lists them) or --gpu-memory-gib")
+    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--dp-attention", req.dp_attention)):
+        if v < 1 or v > 4096:
+            raise KvauditError(f"{flag} {v}: a number of GPUs (1-4096)")
+    if req.fraction is not None and not 0 < req.fraction < 1:
+        raise KvauditError(f"--fraction {req.fraction}: a fraction between 0 and 1")
+    return PlanInput(name.strip().lower(), version.strip(), gpu_name, total_mib, req.tp, req.pp, req.dp_attention,
+                     req.fraction, req.kv_dtype, req.context_length, req.max_running_requests, req.page_size,
+                     req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
+                     weights.source if weights else None)
+
+
+def history_frame(path: str | None) -> Any:
+    if not path:
+        return None
+    from kvaudit.fleet.history import startups
+    from kvaudit.plan.calibrate import frame
+
+    return frame(startups(path))
+
+
+def run(req: PlanRequest) -> Plan:
+    from kvaudit.engines import by_name
+
+    inp = plan_input(req)
+    try:
+        engine = by_name(inp.engine)
+    except KeyError:
+        engine = None
+    if engine is None or engine.plan is None:
+        raise KvauditError(f"--engine {inp.engine}: kvaudit plan sizes "
+                           f"{', '.join(e.name for e in _planned())} deployments in this version")
+    return engine.plan(inp, history_frame(req.history))
+
+
+def _planned() -> list[Any]:
+    from kvaudit.engines import ENGINES
+
+    return [e for e in ENGINES if e.plan is not None]
+
+
+__all__ = ["Observed", "PlanRequest", "plan_input", "run"]

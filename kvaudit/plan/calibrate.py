@@ -1,0 +1,103 @@
+"""The terms of a plan that no formula gives, observed in the fleet's own startups (pandas over the history).
+
+A *family* is the startups that share what a term depends on. T (free memory before the weights) depends on the
+card, the engine's release (its CUDA context, NCCL and warm-up before it measures) and the TP size; the free
+memory after the weights and what the reserve held also depend on the model. Each term is taken from the nearest
+family that has startups: the same card, release and TP (and model, where the term depends on it) first, then the
+same card and TP at other releases (kept apart and said so: a term that moved across releases is not averaged
+into this one's), then the same card at any TP. The interval is the observed range, widened for each step away
+from the family, and for the logs' rounding (+-0.005 GiB per logged value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kvaudit.plan.model import Observed, PlanInput
+
+#: a logged GiB value is rounded to two decimals
+HALF_ULP = 0.005
+#: how much wider a term taken from another release, or from another TP size, is made (GiB): what the releases and
+#: TP sizes in the corpus moved T by (docs/plan.md, "Calibration")
+OTHER_RELEASE_GIB = 0.25
+OTHER_TP_GIB = 0.5
+
+
+@dataclass(frozen=True)
+class Observation:
+    lo: float
+    hi: float
+    n: int
+    basis: str
+    level: int = 0  # 0: this family; 1: other releases; 2: other numbers of ranks
+
+
+def frame(rows: list[Observed]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([r.__dict__ for r in rows], columns=list(Observed.__dataclass_fields__))
+
+
+def _same_card(df: Any, inp: PlanInput) -> Any:
+    if inp.card:
+        return df[df["gpu_name"].fillna("").str.lower() == inp.card.lower()]
+    if not inp.gpu_total_mib:  # a replayed log whose card is not known: its card is not known either
+        return df[df["gpu_total_mib"].isna() & df["gpu_name"].isna()]
+    return df[(df["gpu_total_mib"] - inp.gpu_total_mib).abs() <= 1]
+
+
+def _describe(sub: Any, what: str) -> str:
+    hosts = sorted(set(sub["host"]))
+    shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
+    return f"{len(sub)} startup{'s' if len(sub) != 1 else ''} of {what} ({shown})"
+
+
+def observe(df: Any, inp: PlanInput, value: Callable[[Any], Any], by_model: bool) -> Observation | None:
+    """The term ``value(rows)`` from the nearest family that has it; None when no startup has it."""
+    if df is None or len(df) == 0:
+        return None
+    card = _same_card(df[df["engine"] == inp.engine], inp)
+    if by_model:
+        card = card[card["model_key"] == inp.model_key]
+    card_name = inp.card or f"a {inp.gpu_total_mib:,.0f} MiB card"
+    ranks = inp.tp * inp.pp  # the history counts ranks
+    model = f" with this model ({inp.model_key})" if by_model else ""
+    steps = (
+        (card[(card["version"] == inp.version) & (card["tp"] == ranks)], 0.0,
+         f"{card_name}, {inp.engine} {inp.version}, {ranks} ranks{model}"),
+        (card[(card["version"] != inp.version) & (card["tp"] == ranks)], OTHER_RELEASE_GIB,
+         f"{card_name}, {ranks} ranks{model} at other {inp.engine} releases"),
+        (card[card["tp"] != ranks], OTHER_RELEASE_GIB + OTHER_TP_GIB, f"{card_name}{model} at other numbers of ranks"),
+    )
+    for level, (sub, widen, what) in enumerate(steps):
+        vals = value(sub).dropna() if len(sub) else None
+        if vals is None or len(vals) == 0:
+            continue
+        used = sub.loc[vals.index]
+        lo, hi = float(vals.min()), float(vals.max())
+        spread = f"spread {hi - lo:.3f} GiB" if len(vals) > 1 else "one startup"
+        versions = sorted(set(used["version"].dropna()))
+        kept = f"; releases {', '.join(versions)}" if widen and versions else ""
+        return Observation(lo - HALF_ULP - widen, hi + HALF_ULP + widen, len(vals),
+                           f"{_describe(used, what)}; {spread}{kept}" + (f"; widened by {widen:g} GiB" if widen
+                                                                            else ""), level)
+    return None
+
+
+def pre_load_free(df: Any, inp: PlanInput) -> Observation | None:
+    return observe(df, inp, lambda s: s["t_gib"], by_model=False)
+
+
+def post_load_free(df: Any, inp: PlanInput) -> Observation | None:
+    return observe(df, inp, lambda s: s["post_gib"], by_model=True)
+
+
+def weight_memory(df: Any, inp: PlanInput) -> Observation | None:
+    """What loading this model took per rank (T - post: weights and what comes with them), at this TP."""
+    return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
+
+
+def reserve_held(df: Any, inp: PlanInput) -> Observation | None:
+    """What the reserve held at startup (graphs, activations, a draft, the request table): reserve - free at end."""
+    return observe(df, inp, lambda s: s["reserve_gib"] - s["free_at_end_gib"], by_model=True)

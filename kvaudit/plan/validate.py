@@ -1,0 +1,153 @@
+"""``kvaudit plan --validate``: every startup of a history (or of a directory of logs) predicted from the others.
+
+Leave-one-out: each startup is planned with its own settings (card, release, ranks, fraction, its bytes per token)
+and the other startups as the history, and the plan's token interval is held against the tokens it logged. A log
+names no card, so a startup replayed from a log keeps its own T (said: "T given") and everything after T is
+predicted; a history's startups carry their card, and T is predicted too. "Family seen": the weight memory came
+from another startup of the same model, card, release and ranks; "not seen": from a nearer family or the
+checkpoint's bytes; "not predictable": nothing gave the weights (a log names no checkpoint size).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.plan.model import Observed, PlanInput
+
+
+@dataclass(frozen=True)
+class Case:
+    host: str
+    family_seen: bool | None  # None: not predictable
+    t_given: bool
+    logged: int
+    low: int | None
+    high: int | None
+    why: str = ""
+
+    @property
+    def error(self) -> float | None:
+        if self.low is None or self.high is None or not self.logged:
+            return None
+        return ((self.low + self.high) / 2 - self.logged) / self.logged
+
+    @property
+    def held(self) -> bool:
+        return self.low is not None and self.high is not None and self.low <= self.logged <= self.high
+
+
+def rows_of(path: str) -> list[Observed]:
+    p = Path(path)
+    if p.is_dir():
+        return _rows_of_logs(p)
+    from kvaudit.fleet.history import startups
+
+    return startups(path)
+
+
+def _rows_of_logs(directory: Path) -> list[Observed]:
+    """Each SGLang startup of each log under ``directory`` (a corpus), audited as explain audits it."""
+    from kvaudit.explain import audit, read_log
+    from kvaudit.parse.lines import InputError
+    from kvaudit.plan.observe import from_audit
+    from kvaudit.reconcile.interface import AuditOptions
+
+    out: list[Observed] = []
+    logs = sorted(x for x in directory.rglob("*.log") if x.is_file())
+    if not logs:
+        raise KvauditError(f"--validate {directory}: no .log files there")
+    for log in logs:
+        try:
+            with log.open("rb") as fh:
+                parsed = read_log(fh)
+        except (InputError, OSError):  # NoStartupError is an InputError
+            continue
+        if parsed.engine.name != "sglang":
+            continue
+        for a, s in zip(audit(parsed, AuditOptions(source=str(log)), None, True), parsed.startups):
+            if a.formula.pre_load_free_gib is None:
+                continue
+            key = f"{a.model.architecture or 'model'} @ {Path(s.model_path).name}" if s.model_path else None
+            row = from_audit(log.name, a, f"startup {a.startup_index}", None, None, key)
+            out.append(Observed(run_id=0, **{k: row[k] for k in Observed.__dataclass_fields__ if k != "run_id"}))
+    return out
+
+
+def _case(row: Observed, others: list[Observed]) -> Case:
+    from kvaudit.engines import by_name
+    from kvaudit.plan import calibrate
+    from kvaudit.plan.calibrate import frame
+
+    need = (row.version, row.tp, row.fraction, row.tokens, row.bytes_per_token, row.t_gib, row.model_key)
+    if any(v is None for v in need):
+        return Case(row.host, None, False, row.tokens or 0, None, None, "the startup lacks a term the replay needs")
+    t_given = row.gpu_name is None and row.gpu_total_mib is None
+    inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,  # type: ignore
+                    row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,  # type: ignore
+                    bytes_per_token=(row.bpt_low or row.bytes_per_token, row.bpt_high or row.bytes_per_token),
+                    given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)  # type: ignore[operator]
+    df = frame(others)
+    w = calibrate.weight_memory(df, inp)
+    if w is None:
+        return Case(row.host, None, t_given, row.tokens, None, None,  # type: ignore[arg-type]
+                    "no other startup of this model, and a log names no checkpoint size")
+    try:
+        p = by_name(row.engine).plan(inp, df)
+    except KvauditError as exc:
+        return Case(row.host, None, t_given, row.tokens, None, None, str(exc))  # type: ignore[arg-type]
+    return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)  # type: ignore[arg-type]
+
+
+def validate_history(path: str) -> dict[str, Any]:
+    from kvaudit.engines import ENGINES
+
+    planned = {e.name for e in ENGINES if e.plan is not None}
+    rows = [r for r in rows_of(path) if r.engine in planned]
+    cases = [_case(r, rows[:i] + rows[i + 1:]) for i, r in enumerate(rows)]
+
+    def summary(group: list[Case]) -> dict[str, Any]:
+        errs = sorted(abs(c.error) for c in group if c.error is not None)
+        if not errs:
+            return {"startups": 0}
+        p95 = errs[min(len(errs) - 1, max(0, round(0.95 * len(errs)) - 1))]
+        return {"startups": len(errs), "median_abs_error": round(statistics.median(errs), 5),
+                "p95_abs_error": round(p95, 5), "mean_abs_error": round(statistics.fmean(errs), 5),
+                "interval_held": round(sum(c.held for c in group) / len(group), 3)}
+
+    return {
+        "schema": "kvaudit.plan-validation/1", "source": path, "startups": len(rows),
+        "t_given": sum(c.t_given for c in cases),
+        "family_seen": summary([c for c in cases if c.family_seen is True]),
+        "family_not_seen": summary([c for c in cases if c.family_seen is False]),
+        "not_predictable": sum(c.family_seen is None for c in cases),
+        "cases": [{"startup": c.host, "family_seen": c.family_seen, "t_given": c.t_given, "logged_tokens": c.logged,
+                   "predicted_tokens": None if c.low is None else {"low": c.low, "high": c.high},
+                   "error": None if c.error is None else round(c.error, 6), "held": c.held, "why": c.why}
+                  for c in cases],
+    }
+
+
+def render(result: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(result, indent=2) + "\n"
+    L = [f"plan --validate {result['source']}: {result['startups']} startups, each predicted from the others"
+         + (f" ({result['t_given']} from logs: their own T given, the rest predicted)" if result["t_given"] else "")]
+    for key, label in (("family_seen", "family seen"), ("family_not_seen", "family not seen")):
+        s = result[key]
+        if not s["startups"]:
+            L.append(f"  {label}: no startups")
+            continue
+        L.append(f"  {label}: {s['startups']} startups; token error median {s['median_abs_error']:.3%}, p95 "
+                 f"{s['p95_abs_error']:.3%}, mean {s['mean_abs_error']:.3%}; interval held {s['interval_held']:.0%}")
+    L.append(f"  not predictable: {result['not_predictable']} (no startup or checkpoint gives their weights)")
+    for c in result["cases"]:
+        if c["predicted_tokens"] is not None:
+            p = c["predicted_tokens"]
+            L.append(f"    {c['startup']}: logged {c['logged_tokens']:,}, predicted {p['low']:,}-{p['high']:,} "
+                     f"({c['error']:+.3%}{', held' if c['held'] else ', outside'})")
+    return "\n".join(L) + "\n"

@@ -1,0 +1,191 @@
+"""kvaudit plan for SGLang: the KV pool of a deployment that does not exist yet, by SGLang's own formula.
+
+``profile_max_num_token`` (see formula.py for the files per release)::
+
+    rest = post - (1 - mem_fraction_static) * T      GiB
+    max_total_num_tokens = floor(rest * 2**30 / cell), then the release's page rounding and --max-total-tokens
+
+With no log there is no T and no post: T comes from the card (its nvidia-smi memory.total less what is gone before
+SGLang measures), post from T less the weights per rank. Each is calibrated on the history when the fleet has
+run this card (and model) before, else assumed with its range; the cell is SGLang's own ``cell_size`` on the
+model's config.json, exact. The same :func:`~kvaudit.reconcile.sglang.formula.predict` the audit uses turns them
+into tokens, so a plan calibrated on one startup and that startup's what-if give the same count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.model_config import element_bytes
+from kvaudit.plan import calibrate
+from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.reconcile.sglang.cell import CellSize, cell_size
+from kvaudit.reconcile.sglang.formula import predict, rules_for
+from kvaudit.units import GIB, Interval
+from kvaudit.versions import VersionRange, parse_version
+
+#: what is gone before SGLang measures T, when no startup on this card says: the memory the driver reserves, the
+#: CUDA context, NCCL's buffers. The bundled host (RTX PRO 6000, TP 8, 0.5.9) lost 1.58 GiB (32 MiB reserved, 1.55
+#: GiB before T); the range is wide on purpose (docs/plan.md)
+T_OFFSET_GIB = (0.4, 2.5)
+#: what loading the weights takes beyond the checkpoint's bytes per rank, when no startup of the model says:
+#: buffers allocated with the weights (rotary caches, MoE workspaces), allocator rounding
+WEIGHT_OVERHEAD = (0.0, 0.5)  # GiB, plus up to 2 % of the weights
+WEIGHT_OVERHEAD_SHARE = 0.02
+
+
+class PlanError(KvauditError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What :func:`predict` reads of an audit's context: the release, the server args, the page size."""
+
+    era: VersionRange
+    page_size: int
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _weakest(*kinds: str) -> str:
+    order = (ASSUMED, CALIBRATED, FORMULA, GIVEN)
+    return min(kinds, key=order.index)
+
+
+def plan(inp: PlanInput, history: Any = None) -> Plan:
+    try:
+        version = parse_version(inp.version)
+    except ValueError:
+        raise PlanError(f"--engine sglang=={inp.version}: not a release number (e.g. sglang==0.5.9)") from None
+    era = VersionRange(version, version)
+    if inp.fraction is None:
+        raise PlanError("give --fraction: SGLang's default mem_fraction_static (server_args' heuristics per release, "
+                        "by card memory, TP, chunked prefill and CUDA-graph sizes) is not modelled by plan yet")
+    notes: list[str] = []
+    total = inp.gpu_total_mib / 1024
+    terms: list[Term] = []
+
+    obs = calibrate.pre_load_free(history, inp) if inp.given_t is None else None
+    if inp.given_t is not None:
+        T = Term("t_gib", "free before the weights load (T)", *inp.given_t, "GiB", GIVEN, "the replayed startup's own")
+    elif obs is not None:
+        T = Term("t_gib", "free before the weights load (T)", obs.lo, obs.hi, "GiB", CALIBRATED, obs.basis)
+    else:
+        lo_off, hi_off = T_OFFSET_GIB
+        T = Term("t_gib", "free before the weights load (T)", total - hi_off, total - lo_off, "GiB", ASSUMED,
+                 f"the card's {total:.2f} GiB less {lo_off}-{hi_off} GiB gone before SGLang measures (driver reserve, "
+                 "CUDA context, NCCL); no startup on this card in the history")
+    terms.append(T)
+
+    post_obs = calibrate.post_load_free(history, inp)
+    w_obs = calibrate.weight_memory(history, inp)
+    ranks = inp.tp * inp.pp
+    if w_obs is not None:
+        W = Term("weights_gib", "weights per rank (what loading took)", w_obs.lo, w_obs.hi, "GiB", CALIBRATED,
+                 w_obs.basis)
+    elif inp.weight_bytes:
+        even = inp.weight_bytes / ranks / GIB
+        W = Term("weights_gib", "weights per rank (what loading took)", even,
+                 even * (1 + WEIGHT_OVERHEAD_SHARE) + WEIGHT_OVERHEAD[1], "GiB", ASSUMED,
+                 f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
+                 f"up to {WEIGHT_OVERHEAD[1]} GiB + {WEIGHT_OVERHEAD_SHARE:.0%} loaded with them (assumed; replicated "
+                 "embeddings and uneven expert splits not modelled)")
+    else:
+        raise PlanError("the weights per rank are unknown: give the model directory (its safetensors headers or "
+                        "model.safetensors.index.json), or a --history with a startup of this model at this TP")
+    terms.append(W)
+    if post_obs is not None and (obs is not None or inp.given_t is not None) and post_obs.level == 0 and \
+            (obs is None or obs.level == 0):
+        post = Term("post_load_free_gib", "free after the weights (post)", post_obs.lo, post_obs.hi, "GiB",
+                    CALIBRATED, post_obs.basis)
+    else:
+        post = Term("post_load_free_gib", "free after the weights (post)", T.lo - W.hi, T.hi - W.lo, "GiB",
+                    _weakest(T.kind, W.kind), "T - weights")
+    terms.append(post)
+
+    f = inp.fraction
+    terms.append(Term("mem_fraction_static", "mem_fraction_static", f, f, "", GIVEN, "--fraction"))
+    geom = inp.geometry
+    cell_iv = None
+    if inp.bytes_per_token:
+        lo_b, hi_b = inp.bytes_per_token
+        cell = CellSize(round((lo_b + hi_b) / 2), round((lo_b + hi_b) / 2), (), "the replayed startup's own")
+        cell_iv = Interval(lo_b, hi_b)
+        terms.append(Term("bytes_per_token", "KV bytes per token per rank (cell)", lo_b, hi_b, "B", GIVEN,
+                          cell.description))
+    elif geom is None:
+        raise PlanError("the model's config.json is needed for the bytes per token")
+    else:
+        kv_elt = element_bytes(inp.kv_dtype) if inp.kv_dtype != "auto" else geom.dtype_bytes
+        if kv_elt is None:
+            raise PlanError(f"--kv-dtype {inp.kv_dtype}: not a KV dtype kvaudit knows the size of")
+        attn_tp = max(1, inp.tp // max(1, inp.dp_attention))
+        cell = cell_size(geom, era, attn_tp, kv_elt, inp.pp)
+        if geom.is_hybrid_swa or geom.is_mamba_hybrid:
+            notes.append("a hybrid model (sliding-window or state-space layers): its split of the pool is not modelled "
+                         "by plan; the tokens are the full-attention cell's")
+        terms.append(Term("bytes_per_token", "KV bytes per token per rank (cell)", cell.profile, cell.profile, "B",
+                          FORMULA, f"SGLang {inp.version} cell_size: {cell.description}"))
+    Ti, posti = Interval(T.lo, T.hi), Interval(post.lo, post.hi)
+    reserve = Ti.scale(1 - f)
+    rest = posti - reserve
+    terms.append(Term("reserve_gib", "reserve (1 - fraction) x T", reserve.lo, reserve.hi, "GiB",
+                      _weakest(T.kind, FORMULA), "formula"))
+    terms.append(Term("rest_gib", "KV budget (rest = post - reserve)", rest.lo, rest.hi, "GiB",
+                      _weakest(post.kind, T.kind), "formula"))
+    page = inp.page_size or 1
+    if inp.page_size is None:
+        notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
+    args = {k: v for k, v in (("max_total_tokens", inp.max_total_tokens),
+                              ("max_running_requests", inp.max_running_requests)) if v is not None}
+    rule = rules_for(era, False)[0]
+    pred = predict(_Settings(era, page, args), rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None, None,
+                   None)  # type: ignore[arg-type]
+    lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
+    kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
+
+    concurrency = None
+    if inp.context_length:
+        c_lo, c_hi = lo // inp.context_length, hi // inp.context_length
+        if inp.max_running_requests:
+            c_lo, c_hi = min(c_lo, inp.max_running_requests), min(c_hi, inp.max_running_requests)
+        concurrency = (c_lo, c_hi)
+
+    held = calibrate.reserve_held(history, inp)
+    left = None
+    largest = None
+    if held is not None:
+        left = Term("left_after_graphs_gib", "left in the reserve after graphs, activations, a draft",
+                    reserve.lo - held.hi, reserve.hi - held.lo, "GiB", CALIBRATED,
+                    f"(1 - fraction) x T less what the reserve held: {held.lo:.2f}-{held.hi:.2f} GiB in {held.basis}")
+        largest = math.floor((1 - held.hi / Ti.hi) * 1000) / 1000
+
+    need = (inp.context_length or 1) * cell.profile / GIB
+    smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
+    starts, why = _starts(rest, left, hi, lo, inp.context_length)
+    if smallest is None:
+        why += "; the weights leave no room for the pool at any fraction"
+    return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
+                smallest, largest, rule.name, tuple(notes))
+
+
+def _starts(rest: Interval, left: Term | None, hi: int, lo: int, context: int | None) -> tuple[str, str]:
+    """Whether it starts: SGLang raises "Not enough memory. Please try to increase --mem-fraction-static" when the
+    budget is not positive (profile_max_num_token), and runs out of memory capturing graphs when the reserve
+    cannot hold what it held before."""
+    if rest.hi <= 0 or hi <= 0:
+        return "no", "NOT_ENOUGH_MEMORY: the KV budget is not positive (SGLang stops: increase the fraction)"
+    if left is not None and left.hi < 0:
+        return "no", f"the reserve is {-left.hi:.2f} GiB short of what graphs and activations took before (OOM)"
+    if rest.lo <= 0 or lo <= 0:
+        return "at risk", "NOT_ENOUGH_MEMORY at the low end of the interval (the assumed terms decide)"
+    if left is not None and left.lo < 0:
+        return "at risk", "the reserve may not hold what graphs and activations took before"
+    if context and hi < context:
+        return "at risk", f"the pool holds fewer tokens than one {context:,}-token request"
+    if left is None:
+        return "yes", "the KV budget is positive; what graphs and activations take is not established (no startup)"
+    return "yes", "the KV budget is positive and the reserve holds what it held before"

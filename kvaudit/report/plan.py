@@ -1,0 +1,116 @@
+"""kvaudit plan's reports: text, JSON (keys as explain's where they mean the same), Markdown."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvaudit.plan.model import Plan, Term
+
+
+def _range(t: Term) -> str:
+    if t.unit == "B":
+        return f"{t.lo:,.0f} B" if t.exact else f"{t.lo:,.0f}-{t.hi:,.0f} B"
+    if t.unit == "":
+        return f"{t.lo:g}"
+    return f"{t.lo:.2f} GiB" if abs(t.hi - t.lo) < 0.005 else f"{t.lo:.2f}-{t.hi:.2f} GiB"
+
+
+def _tokens(p: Plan) -> str:
+    return f"{p.tokens_low:,}" if p.tokens_low == p.tokens_high else f"{p.tokens_low:,}-{p.tokens_high:,}"
+
+
+def _title(p: Plan) -> str:
+    i = p.input
+    card = i.card or f"a {i.gpu_total_mib / 1024:.2f} GiB card"
+    par = f"TP {i.tp}" + (f" x PP {i.pp}" if i.pp > 1 else "") + (f", DP-attention {i.dp_attention}"
+                                                                  if i.dp_attention > 1 else "")
+    return f"{i.engine} {i.version} on {card}, {par}, {i.geometry.architecture or 'model'} ({i.model_key})"
+
+
+def render_text(p: Plan, color: bool = False) -> str:
+    import textwrap
+
+    L = [f"plan: {_title(p)}", ""]
+    shown = p.terms + ((p.left_after_graphs,) if p.left_after_graphs else ())
+    width = max(len(t.label) for t in shown)
+    for t in shown:
+        L.append(f"  {t.label:<{width}}  {_range(t):>17}  {t.kind}")
+        if t.basis not in ("formula", "T - weights", "--fraction"):
+            L += textwrap.wrap(t.basis, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    L.append("")
+    L += [f"  {name}: {value}" for name, value in outcome(p)]
+    L += [f"  note: {n}" for n in p.notes]
+    return "\n".join(L) + "\n"
+
+
+def outcome(p: Plan) -> list[tuple[str, str]]:
+    """What the plan concludes, as (name, value) lines the text and Markdown views both print."""
+    kv = (f"{p.kv_gib_low:.2f} GiB" if abs(p.kv_gib_high - p.kv_gib_low) < 0.005 else
+          f"{p.kv_gib_low:.2f}-{p.kv_gib_high:.2f} GiB")
+    out = [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")]
+    if p.concurrency is not None:
+        c = p.concurrency
+        out.append((f"concurrent {p.input.context_length:,}-token requests",
+                    f"{c[0]:,}" if c[0] == c[1] else f"{c[0]:,}-{c[1]:,}"))
+    out.append(("starts", f"{p.starts} ({p.starts_reason})"))
+    if p.smallest_fraction is not None:
+        out.append(("smallest fraction whose pool holds one full-context request", f"{p.smallest_fraction:g}"))
+    if p.largest_fraction is not None:
+        out.append(("largest fraction that leaves the reserve what it held before", f"{p.largest_fraction:g}"))
+    return out
+
+
+def as_dict(p: Plan) -> dict[str, Any]:
+    i = p.input
+    t = {x.key: x for x in p.terms}
+
+    def mid(key: str) -> float | None:
+        return round(t[key].mid, 3) if key in t else None
+
+    return {
+        "schema": "kvaudit.plan/1",
+        "engine": i.engine, "engine_version": i.version,
+        "gpu": {"name": i.card, "total_mib": i.gpu_total_mib},
+        "parallel": {"tp": i.tp, "pp": i.pp, "dp_attention": i.dp_attention},
+        "model": {"key": i.model_key, "architecture": i.geometry.architecture, "source": i.geometry.source,
+                  "weight_bytes": i.weight_bytes, "weight_source": i.weight_source},
+        "formula": {
+            "mem_fraction_static": i.fraction,
+            "pre_load_free_gib": mid("t_gib"),
+            "post_load_free_gib": mid("post_load_free_gib"),
+            "reserve_gib": mid("reserve_gib"),
+            "rest_gib": mid("rest_gib"),
+            "bytes_per_token": int(t["bytes_per_token"].lo) if "bytes_per_token" in t else None,
+            "predicted_tokens": {"low": p.tokens_low, "high": p.tokens_high},
+            "page_size": i.page_size or 1,
+            "max_total_tokens_cap": i.max_total_tokens,
+            "rule": p.rule,
+        },
+        "terms": [{"key": x.key, "label": x.label, "low": round(x.lo, 4), "high": round(x.hi, 4), "unit": x.unit,
+                   "kind": x.kind, "basis": x.basis}
+                  for x in p.terms + ((p.left_after_graphs,) if p.left_after_graphs else ())],
+        "kv_gib": {"low": p.kv_gib_low, "high": p.kv_gib_high},
+        "context_length": i.context_length,
+        "concurrency": {"low": p.concurrency[0], "high": p.concurrency[1]} if p.concurrency else None,
+        "starts": p.starts, "starts_reason": p.starts_reason,
+        "smallest_fraction": p.smallest_fraction, "largest_fraction": p.largest_fraction,
+        "notes": list(p.notes),
+    }
+
+
+def render_json(p: Plan) -> str:
+    return json.dumps(as_dict(p), indent=2) + "\n"
+
+
+def render_markdown(p: Plan) -> str:
+    from kvaudit.textsafe import md_cell as cell
+
+    L = [f"## plan: {cell(_title(p))}", "", "| term | value | kind | basis |", "|---|---|---|---|"]
+    for t in p.terms + ((p.left_after_graphs,) if p.left_after_graphs else ()):
+        L.append(f"| {cell(t.label)} | {_range(t)} | {t.kind} | {cell(t.basis)} |")
+    L.append("")
+    L += [f"**{cell(name)}**: {cell(value)}  " for name, value in outcome(p)]
+    for n in p.notes:
+        L.append(f"- {cell(n)}")
+    return "\n".join(L) + "\n"

@@ -1,0 +1,187 @@
+"""kvaudit plan (issue 25): a deployment sized by the engine's own formula, calibrated on the fleet's history."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli
+
+KIMI_HOST = FIXTURES / "hosts" / "kimi-k25-tp8"
+KIMI = ("--engine", "sglang==0.5.9", "--gpu", "rtx-pro-6000", "--tp", "8")
+
+
+@pytest.fixture(scope="module")
+def kimi_history(tmp_path_factory):
+    """The fleet's history after one nightly run over the bundled Kimi host (the real fleet command)."""
+    root = tmp_path_factory.mktemp("history")
+    inventory = root / "hosts.txt"
+    inventory.write_text(f"{KIMI_HOST}\n")
+    db = root / "history.db"
+    r = cli("fleet", inventory, "--history", db)
+    assert r.code == ExitStatus.OK, r.stderr
+    return db
+
+
+def _plan(*args):
+    r = cli("plan", *args, "-f", "json")
+    return r, (json.loads(r.stdout) if r.code == 0 else None)
+
+
+def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_history):
+    """The history's one startup of the Kimi host, planned again at fraction 0.92: T, post and the cell are that
+    startup's, so the plan's tokens are exactly what the formula gives rerun on its log at 0.92 (whatif)."""
+    r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
+    assert r.code == 0, r.stderr
+    w = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.92", "-c", KIMI_CONFIG, "-f", "json")
+    assert w.stdout, w.stderr  # its exit status is the audit's (1: a warning), the answer is in the JSON
+    after = json.loads(w.stdout)["whatif"]["tokens_after"]
+    assert p["formula"]["predicted_tokens"] == {"low": after["low"], "high": after["high"]}
+    kinds = {t["key"]: t["kind"] for t in p["terms"]}
+    assert kinds["t_gib"] == kinds["post_load_free_gib"] == kinds["weights_gib"] == "calibrated"
+    assert kinds["bytes_per_token"] == "formula" and p["formula"]["bytes_per_token"] == 70272
+    basis = {t["key"]: t["basis"] for t in p["terms"]}
+    assert "1 startup of NVIDIA RTX PRO 6000 Blackwell Server Edition, sglang 0.5.9, 8 ranks" in basis["t_gib"]
+    # the reserve held 4.35 GiB at 0.88 (graphs, the EAGLE draft): at 0.92 it is 7.52 GiB, 3.16 left
+    left = next(t for t in p["terms"] if t["key"] == "left_after_graphs_gib")
+    assert left["kind"] == "calibrated" and 3.1 < left["low"] <= left["high"] < 3.2
+    assert p["starts"] == "yes"
+
+
+def test_at_the_logged_fraction_the_plan_is_the_audits_prediction(kimi_history):
+    r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.88", "--history", kimi_history)
+    e = json.loads(cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "json").stdout)
+    assert p["formula"]["predicted_tokens"] == e["formula"]["predicted_tokens"]
+    assert p["formula"]["predicted_tokens"]["low"] <= e["formula"]["logged_tokens"] <= \
+        p["formula"]["predicted_tokens"]["high"]
+
+
+def test_without_a_history_every_term_says_it_is_assumed_and_the_interval_is_wide(tmp_path, kimi_history):
+    model = _model_dir(tmp_path, KIMI_CONFIG.read_text(), {"w": (np.float16, (8192, 8192))})
+    r, p = _plan(model, *KIMI, "--fraction", "0.92", "--context-length", "32768")
+    assert r.code == 0, r.stderr
+    kinds = {t["key"]: t["kind"] for t in p["terms"]}
+    assert kinds["t_gib"] == "assumed" and kinds["weights_gib"] == "assumed"
+    _, calibrated = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
+    width = p["formula"]["predicted_tokens"]["high"] - p["formula"]["predicted_tokens"]["low"]
+    narrow = calibrated["formula"]["predicted_tokens"]["high"] - calibrated["formula"]["predicted_tokens"]["low"]
+    assert width > 100 * narrow
+    assert not any(t["key"] == "left_after_graphs_gib" for t in p["terms"])  # not established: not printed
+    assert "not established" in p["starts_reason"]
+
+
+def _model_dir(root, config_text, tensors, shards=1):
+    from safetensors.numpy import save_file
+
+    d = root / "model"
+    d.mkdir()
+    (d / "config.json").write_text(config_text)
+    items = list(tensors.items())
+    for i in range(shards):
+        part = {k: np.zeros(shape, dtype=dt) for k, (dt, shape) in items[i::shards]}
+        save_file(part, str(d / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"))
+    return d
+
+
+def test_the_safetensors_headers_give_the_exact_weight_bytes(tmp_path):
+    """Files written by Hugging Face's own safetensors library: the bytes are the tensors' own, from the headers."""
+    from kvaudit.plan.weights import model_weights
+
+    tensors = {"embed": (np.float16, (1000, 64)), "layer.0.w": (np.float32, (64, 64)), "norm": (np.int8, (7,)),
+               "bias": (np.float16, (3, 5))}
+    d = _model_dir(tmp_path, KIMI_CONFIG.read_text(), tensors, shards=2)
+    w = model_weights(d)
+    expected = sum(np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in tensors.values())
+    assert w.total_bytes == expected == 1000 * 64 * 2 + 64 * 64 * 4 + 7 + 30
+    assert w.files == 2 and "safetensors headers" in w.source
+    r, p = _plan(d, *KIMI, "--fraction", "0.9")
+    assert p["model"]["weight_bytes"] == expected
+    weights = next(t for t in p["terms"] if t["key"] == "weights_gib")
+    assert weights["low"] == pytest.approx(expected / 8 / 2**30, abs=1e-4)
+
+
+def test_an_index_without_shards_gives_its_total_size(tmp_path):
+    from kvaudit.plan.weights import model_weights
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 123456789},
+                                                                      "weight_map": {}}))
+    assert model_weights(tmp_path).total_bytes == 123456789
+
+
+@pytest.mark.parametrize("header", [
+    (1 << 40).to_bytes(8, "little"),  # announces a terabyte of header
+    (20).to_bytes(8, "little") + b"not json at all.....",
+    (2).to_bytes(8, "little") + b"[]",
+    (40).to_bytes(8, "little") + b'{"w": {"data_offsets": [0, 99999999999]}}',
+])
+def test_a_hostile_safetensors_header_is_one_clear_error(tmp_path, header):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(KIMI_CONFIG.read_text())
+    (d / "model.safetensors").write_bytes(header)
+    r = cli("plan", d, *KIMI, "--fraction", "0.9")
+    assert r.code == ExitStatus.BAD_INPUT and "model.safetensors" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_fraction_too_small_does_not_start_and_the_plan_says_the_smallest_that_does(kimi_history):
+    r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.7", "--history", kimi_history, "--context-length", "8192")
+    assert p["starts"] == "no" and "NOT_ENOUGH_MEMORY" in p["starts_reason"]
+    smallest = p["smallest_fraction"]
+    assert 0.7 < smallest < 0.8
+    _, ok = _plan(KIMI_CONFIG, *KIMI, "--fraction", str(smallest), "--history", kimi_history,
+                  "--context-length", "8192")
+    assert ok["formula"]["predicted_tokens"]["low"] >= 8192 and ok["starts"] == "yes"
+
+
+def test_a_term_from_another_release_is_kept_apart_and_widened(kimi_history):
+    _, same = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.9", "--history", kimi_history)
+    _, other = _plan(KIMI_CONFIG, "--engine", "sglang==0.5.10", "--gpu", "rtx-pro-6000", "--tp", "8",
+                     "--fraction", "0.9", "--history", kimi_history)
+    t_same = next(t for t in same["terms"] if t["key"] == "t_gib")
+    t_other = next(t for t in other["terms"] if t["key"] == "t_gib")
+    assert "other sglang releases" in t_other["basis"] and "releases 0.5.9" in t_other["basis"]
+    assert t_other["high"] - t_other["low"] > t_same["high"] - t_same["low"] + 0.4
+
+
+@pytest.mark.parametrize("args, words", [
+    ((KIMI_CONFIG, *KIMI), "give --fraction"),
+    ((KIMI_CONFIG, "--engine", "sglang", "--gpu", "h100", "--fraction", "0.9"), "sglang==0.5.9"),
+    ((KIMI_CONFIG, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9"), "plan sizes sglang"),
+    ((KIMI_CONFIG, "--engine", "sglang==0.5.9", "--gpu", "tpu-v5", "--fraction", "0.9"), "--gpu-memory-gib"),
+    ((KIMI_CONFIG, *KIMI, "--fraction", "0.9"), "weights per rank are unknown"),
+])
+def test_what_a_plan_cannot_know_is_said_not_guessed(args, words):
+    r = cli("plan", *args)
+    assert r.code == ExitStatus.BAD_INPUT and words in r.stderr, r.stderr
+
+
+def test_a_history_row_of_the_wrong_type_is_skipped(kimi_history, tmp_path):
+    import shutil
+
+    db = tmp_path / "h.db"
+    shutil.copy(kimi_history, db)
+    with sqlite3.connect(db) as c:
+        c.execute("INSERT INTO startups (run_id, host, engine, t_gib) VALUES (1, 'evil', 'sglang', 'lots')")
+    from kvaudit.fleet.history import startups
+
+    assert [s.host for s in startups(str(db))] == [str(KIMI_HOST)]
+
+
+def test_validate_replays_each_corpus_startup_to_its_audits_own_prediction():
+    """Leave-one-out over the corpus: a startup whose model another startup of the same deployment shows is
+    predicted by the same formula on the same T, post and cell as its own audit, so each interval is the audit's."""
+    r = cli("plan", "--validate", FIXTURES / "corpus", "-f", "json")
+    assert r.code == 0, r.stderr
+    v = json.loads(r.stdout)
+    seen = [c for c in v["cases"] if c["family_seen"]]
+    assert len(seen) >= 8 and v["family_seen"]["startups"] == len(seen)
+    for c in seen:
+        e = json.loads(cli("explain", FIXTURES / "corpus" / c["startup"], "-f", "json").stdout)
+        assert c["predicted_tokens"] == e["formula"]["predicted_tokens"], c["startup"]
+        assert c["held"] == (e["formula"]["verdict"] == "match"), c["startup"]
+    assert v["family_seen"]["median_abs_error"] < 0.005
+    assert v["not_predictable"] > 0  # a log names no checkpoint size: said, not guessed
