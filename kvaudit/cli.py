@@ -691,19 +691,37 @@ def _fleet_subject(inventory: str | None, ssh_config: str | None, hosts: str | N
 
 @app.command("diff")
 def diff_cmd(
-    a: str = typer.Argument(..., help="A startup log (or a capture directory); alone: its last two startups."),
-    b: Optional[str] = typer.Argument(None, help="The other startup's log or capture directory."),
+    a: str = typer.Argument(..., help="A startup log (or a capture directory); alone: its last two startups. With "
+                                      "--history: HOST@RUN, or HOST alone for its last two startups."),
+    b: Optional[str] = typer.Argument(None, help="The other startup's log or capture directory (or HOST@RUN)."),
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c", help="The model's config.json."),
+    history: Optional[str] = _opt(ASSUME, None, "--history",
+                                  help="The fleet's history: A and B are startups it recorded (HOST@RUN)."),
     fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
 ) -> int:
     """Two startups side by side: every formula term and ledger item, and which terms moved the KV tokens."""
     from kvaudit.diff import as_dict, diff, render_text
-    from kvaudit.explain import audit
-    from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report.formats import choose
 
     chosen = choose(fmt, "diff").name
-    geom = _geometry(model_config)
+    if history:
+        left, right, labels = _recorded_pair(history, a, b)
+    else:
+        left, right, labels = _logged_pair(a, b, _geometry(model_config))
+    d = diff(left, right, *labels)
+    if chosen == "json":
+        from kvaudit.report.json import dumps
+
+        _env.stdout.write(dumps(as_dict(d)))
+    else:
+        _env.stdout.write(render_text(d))
+    return 0
+
+
+def _logged_pair(a: str, b: str | None, geom):
+    """Two startups from logs or captures: A's last and B's last, or A's last two."""
+    from kvaudit.explain import audit
+    from kvaudit.reconcile.interface import AuditOptions
 
     def audits_of(where: str) -> list:
         from kvaudit.collect import capture as capture_mod
@@ -722,18 +740,8 @@ def diff_cmd(
         if len(first) < 2:
             raise Fail(f"{a}: one startup; give a second log (kvaudit diff A B), or a log with two startups")
         left, right = first[-2], first[-1]
-        labels = (f"{a} startup {left.startup_index}", f"{a} startup {right.startup_index}")
-    else:
-        left, right = first[-1], audits_of(b)[-1]
-        labels = (a, b)
-    d = diff(left, right, *labels)
-    if chosen == "json":
-        from kvaudit.report.json import dumps
-
-        _env.stdout.write(dumps(as_dict(d)))
-    else:
-        _env.stdout.write(render_text(d))
-    return 0
+        return left, right, (f"{a} startup {left.startup_index}", f"{a} startup {right.startup_index}")
+    return first[-1], audits_of(b)[-1], (a, b)
 
 
 @app.command("plan")
@@ -779,6 +787,30 @@ def plan_cmd(
                         context_length, max_running_requests, page_size, max_total_tokens, history))
     _env.stdout.write(chosen.plan(p))
     return 0
+
+
+def _recorded_pair(history: str, a: str, b: str | None):
+    """Two startups the history recorded: HOST@RUN and HOST@RUN, or HOST alone (its last two startups)."""
+    from kvaudit.diff import audit_of_record
+    from kvaudit.fleet.history import startup_at, startups
+
+    def at(ref: str):
+        host, sep, run = ref.rpartition("@")
+        if not sep or not run.isdigit() or not host:
+            raise Fail(f"{ref!r}: a recorded startup is HOST@RUN (the run's number, as kvaudit history lists them)")
+        return startup_at(history, host, int(run))
+
+    if b is None and "@" not in a:
+        rows = startups(history, a)
+        if len(rows) < 2:
+            raise Fail(f"history {history}: {len(rows)} startup(s) of {a!r} recorded; a diff needs two "
+                       "(HOST@RUN HOST@RUN compares two runs of one startup)")
+        x, y = rows[-2], rows[-1]
+    elif b is None:
+        raise Fail("give the second startup: HOST@RUN (or HOST alone for its last two startups)")
+    else:
+        x, y = at(a), at(b)
+    return (audit_of_record(x), audit_of_record(y), (f"{x.host}@{x.run_id}", f"{y.host}@{y.run_id}"))
 
 
 @app.command("history")

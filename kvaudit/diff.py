@@ -248,3 +248,23 @@ def as_dict(d: Diff) -> dict[str, Any]:
             "formula": [term(t) for t in d.terms], "ledger": [term(t) for t in d.ledger],
             "shares": [{"key": s.key, "tokens": s.tokens, "says": s.says} for s in d.shares],
             "remainder_tokens": d.remainder, "notes": list(d.notes)}
+
+
+def audit_of_record(row: Any) -> Audit:
+    """A startup as the history recorded it (``history.startups``): its formula's terms, no ledger. ``kvaudit diff
+    HOST@RUN`` compares those (which term moved the tokens); the GiB-by-GiB ledger needs the logs."""
+    from kvaudit.engines import by_name
+    from kvaudit.reconcile.interface import Formula, ModelSummary, Verdict
+
+    rest = (row.post_gib - row.reserve_gib) if None not in (row.post_gib, row.reserve_gib) else None
+    formula = Formula(row.fraction, "history", row.t_gib, "history", row.post_gib, row.reserve_gib,
+                      round(rest, 4) if rest is not None else None, row.bytes_per_token, "history", None,
+                      row.tokens, Verdict.UNKNOWN, "recorded by the history: not re-audited", page_size=row.page_size)
+    try:
+        display = by_name(row.engine).display
+    except KeyError:
+        display = row.engine
+    model = ModelSummary(row.model_key, "unknown", None, None, None, None, None, None, row.tp, "history")
+    return Audit(row.engine, f"{row.host} in run {row.run_id}", 1, 1, 0, 0, row.version or "", (), model, formula,
+                 (), (), None, None, engine_display=display,
+                 budget_other_label="the weights and what else was loaded before the pool")

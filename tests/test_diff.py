@@ -123,3 +123,37 @@ def test_the_shares_add_up_to_the_formulas_change_on_real_pairs():
             assert abs(sum(s.tokens for s in d.shares) - want) <= slack, (na, nb, d.shares, want)
             assert sum(s.tokens for s in d.shares) + d.remainder == d.tokens_change
     assert pairs >= 30
+
+
+def test_two_startups_the_history_recorded_are_compared_by_host_and_run(tmp_path):
+    """kvaudit diff HOST@RUN HOST@RUN, and HOST alone (its last two startups), from the fleet's own history: a
+    restart whose weights took 1 GiB more is named as the load, with the tokens it cost."""
+    import json
+    import shutil
+
+    from tests.conftest import FIXTURES
+
+    cap = tmp_path / "gpu-07"
+    shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", cap)
+    inventory, db = tmp_path / "hosts.txt", tmp_path / "history.db"
+    inventory.write_text(f"{cap}\n")
+    meta = json.loads((cap / "capture.json").read_text())
+    real = (cap / "log.txt").read_text()
+    probe = _audit(_heavier(KIMI_LOG.read_text()))
+    tokens = probe.formula.predicted_tokens.low
+    for invocation, text in (("a" * 32, real), ("b" * 32, _heavier(real, tokens))):
+        (cap / "log.txt").write_text(text)
+        (cap / "capture.json").write_text(json.dumps({**meta, "invocation_id": invocation}))
+        r = cli("fleet", inventory, "--history", db)
+        assert r.code == 0, r.stderr
+    by_run = cli("diff", f"{cap}@1", f"{cap}@2", "--history", db, "-f", "json")
+    last_two = cli("diff", str(cap), "--history", db, "-f", "json")
+    assert by_run.code == last_two.code == 0, (by_run.stderr, last_two.stderr)
+    d = json.loads(by_run.stdout)
+    assert json.loads(last_two.stdout)["shares"] == d["shares"]
+    assert d["tokens"]["a"] == 159277 and d["tokens"]["b"] == tokens
+    load = next(s for s in d["shares"] if s["key"] == "load")
+    assert abs(load["tokens"] + GIB / 70272) < 0.01 * GIB / 70272  # 1 GiB of budget at 70,272 B per token
+    assert {s["key"] for s in d["shares"]} == {"load"}
+    bad = cli("diff", f"{cap}@x", f"{cap}@2", "--history", db)
+    assert bad.code == 2 and "HOST@RUN" in bad.stderr

@@ -319,12 +319,11 @@ _STARTUP_TEXT = ("host", "startup_id", "engine", "version", "gpu_name", "model_k
 _STARTUP_INTS = ("run_id", "tp", "bytes_per_token", "tokens", "page_size")
 
 
-def startups(path: str) -> list:
-    """The startups the history holds, each once (a host audited every night with no restart in between is one
-    startup: its latest row), checked into the types kvaudit writes (a row that is not is skipped)."""
+def _startup_rows(path: str, host: str | None) -> list[dict]:
+    """The ``startups`` rows (of ``host``), in run order, each checked into the types kvaudit writes (text printable,
+    numbers finite); a row that is not is skipped."""
     import math
 
-    from kvaudit.plan.model import Observed
     from kvaudit.textsafe import printable
 
     if not Path(path).is_file():
@@ -332,13 +331,14 @@ def startups(path: str) -> list:
     db = connect(path)
     try:
         db.row_factory = sqlite3.Row
+        where, args = ("WHERE host = ?", (host,)) if host is not None else ("", ())
         rows = [dict(r) for r in db.execute(
-            f"SELECT run_id, {', '.join(STARTUP_COLUMNS)} FROM startups ORDER BY run_id")]
+            f"SELECT run_id, {', '.join(STARTUP_COLUMNS)} FROM startups {where} ORDER BY run_id", args)]
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
         db.close()
-    latest: dict[tuple, dict] = {}
+    out = []
     for r in rows:
         ok = True
         for k, v in r.items():
@@ -349,8 +349,32 @@ def startups(path: str) -> list:
                 ok = ok and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
             elif v is not None:
                 ok = ok and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or not r["host"] or not r["engine"]:
-            continue
+        if ok and r["host"] and r["engine"]:
+            out.append(r)
+    return out
+
+
+def _observed(r: dict):
+    from kvaudit.plan.model import Observed
+
+    return Observed(**{k: r[k] for k in Observed.__dataclass_fields__})
+
+
+def startups(path: str, host: str | None = None) -> list:
+    """The startups the history holds (of ``host``, or of every host), each once (a host audited every night with no
+    restart in between is one startup: its latest row), in the order they were recorded."""
+    latest: dict[tuple, dict] = {}
+    for r in _startup_rows(path, host):
         key = (r["host"], r["startup_id"]) if r["startup_id"] else (r["host"], r["run_id"])
+        latest.pop(key, None)  # re-inserted: the order is that of each startup's latest row
         latest[key] = r
-    return [Observed(**{k: r[k] for k in Observed.__dataclass_fields__}) for r in latest.values()]
+    return [_observed(r) for r in latest.values()]
+
+
+def startup_at(path: str, host: str, run_id: int):
+    """The startup ``host`` ran at ``run_id`` as the history recorded it (kvaudit diff HOST@RUN): that run's row, or
+    the latest before it (a run the host was down in recorded none)."""
+    rows = [r for r in _startup_rows(path, host) if r["run_id"] <= run_id]
+    if not rows:
+        raise HistoryError(f"history {path}: no startup of {host!r} recorded at or before run {run_id}")
+    return _observed(rows[-1])
