@@ -8,7 +8,8 @@ from typing import BinaryIO
 
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.lines import FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, scan_fast
+from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
+                                 read_pipe_head, scan_fast, scan_pipe)
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 
@@ -33,7 +34,10 @@ HEAD_BYTES = 1 << 20
 def read_log(stream: BinaryIO) -> ParsedLog:
     """Select the memory lines and parse them. When the head of a seekable input shows exactly one engine's
     startup lines, only that engine's anchors are scanned for (fewer strings: a faster scan of a big log);
-    otherwise, or when that finds no startup, all engines' anchors are."""
+    otherwise, or when that finds no startup, all engines' anchors are. A pipe: see :func:`_read_pipe`."""
+    fd = pipe_descriptor(stream)
+    if fd is not None:
+        return _read_pipe(fd)
     engine = _engine_from_head(stream)
     if engine is not None:
         start = stream.tell()
@@ -47,6 +51,32 @@ def read_log(stream: BinaryIO) -> ParsedLog:
     return parse_lines(bounded_lines(scan_fast(stream, all_anchors(), stats), stats), stats)
 
 
+def _read_pipe(fd: int) -> ParsedLog:
+    """A pipe, read once: its head tells the engine as a file's does, and the scanner reads the rest itself. A file
+    whose engine-anchored scan finds no startup is scanned again with every engine's anchors; a pipe cannot be read
+    again, so then the error says so and asks for the file (looking for the other engines' words as well would
+    double the scan: 30 more strings)."""
+    head, at_end = read_pipe_head(fd)
+    engine = _engine_of(head.decode("utf-8", "replace"))
+    stats = ScanStats()
+    anchors = engine.parser.anchors + PLATFORM_ANCHORS if engine is not None else all_anchors()
+    lines = bounded_lines(scan_pipe(fd, head, at_end, anchors, stats), stats)
+    try:
+        return parse_lines(lines, stats)
+    except NoStartupError as exc:
+        if engine is None:
+            raise
+        raise NoStartupError(
+            f"{exc}; the piped log begins as {engine.display}'s, so only {engine.display}'s lines were looked for: "
+            "if another engine's startup follows, pass the log as a file (a file is read again with every engine's "
+            "anchors)") from None
+
+
+def _engine_of(head: str) -> Engine | None:
+    hits = [e for e in ENGINES if any(m in head for m in e.parser.markers)]
+    return hits[0] if len(hits) == 1 else None
+
+
 def _engine_from_head(stream: BinaryIO) -> Engine | None:
     try:
         if not stream.seekable():
@@ -56,8 +86,7 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
         stream.seek(start)
     except (OSError, ValueError, AttributeError):
         return None
-    hits = [e for e in ENGINES if any(m in head for m in e.parser.markers)]
-    return hits[0] if len(hits) == 1 else None
+    return _engine_of(head)
 
 
 #: a number no engine prints in a memory line (a 19-digit nanosecond timestamp is the longest real one): a line
@@ -106,7 +135,8 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
             raise NoStartupError(
                 f"this looks like {'an' if foreign[0][0] in 'AEILMNORSX' else 'a'} {foreign[0]} log; kvaudit reads "
                 f"{engine_names()} logs in this version")
-        what = f"{stats.bytes_read:,} bytes read"
+        what = (f"{stats.lines_read:,} lines read from a pipe" if stats.bytes_unknown
+                else f"{stats.bytes_read:,} bytes read")
         if stats.overlong_lines:
             what += f", {stats.overlong_lines} line(s) over 1 MiB skipped"
         if stats.absurd_lines:
