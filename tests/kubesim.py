@@ -40,6 +40,9 @@ class FakePod:
     drip: float | None = None
     #: pods/exec accepts the websocket and never sends a frame (a hung container runtime)
     exec_hangs: bool = False
+    #: the API server answers the exec upgrade with this HTTP status and a Status body (500: the kubelet
+    #: unreachable, as a real API server says it), response headers and all
+    exec_refused: int | None = None
     #: a hostile pods/exec: "frame" announces a 2 GiB stdout frame (and sends its first MiB), "stdout" floods
     #: stdout with frames without end, "fragments" sends continuation frames of one message without end
     exec_flood: str | None = None
@@ -171,6 +174,16 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
             pod = by_key.get((ns, name))
             if pod is None or "websocket" not in (self.headers.get("Upgrade") or "").lower():
                 return self.send_json(404 if pod is None else 400, _status(400, "BadRequest", "upgrade required"))
+            if pod.exec_refused:
+                data = json.dumps(_status(pod.exec_refused, "InternalError", "error dialing backend: dial tcp "
+                                          "10.0.0.5:10250: connect: connection refused")).encode()
+                self.send_response(pod.exec_refused)
+                for k, v in (("Audit-Id", "4031e3b6-0000-4000-8000-000000000403"), ("Cache-Control", "no-cache"),
+                             ("Content-Type", "application/json"), ("Content-Length", str(len(data)))):
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+                return None
             argv = q.get("command", [])
             offered = [p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
             proto = next(p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io") if p in offered)

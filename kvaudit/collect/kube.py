@@ -484,12 +484,16 @@ class PodExecRunner:
                         binary=True, _preload_content=False, _request_timeout=timeout)
         except ApiException as exc:
             self.reader.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
-            text = printable(str(exc.reason or exc))
-            if "403" in text:
+            code, said = exec_refusal(exc)
+            if code == 403:
                 raise ExecForbidden(f"no GPU readings: RBAC does not allow 'create' on 'pods/exec' in namespace "
                                     f"'{self.namespace}' (kvaudit reads nvidia-smi in the container when it does)"
                                     ) from None
-            raise ExecForbidden(f"no GPU readings: pods/exec failed: {text[:200]}") from None
+            raise ExecForbidden(f"no GPU readings: the API server refused the exec stream ({said})") from None
+        except Exception as exc:  # noqa: BLE001 - the websocket library's own (a reset, TLS): said in our words
+            self.reader.records.append(CommandRecord(what, None, 0, time.monotonic() - start))
+            raise ExecForbidden(f"no GPU readings: the exec stream could not be opened ({type(exc).__name__})"
+                                ) from None
         out, err, status = bytearray(), bytearray(), bytearray()
         truncated = closed = False
         # the client's update() reads every frame already available before it returns, whole, and keeps two copies:
@@ -540,6 +544,24 @@ class PodExecRunner:
 
     def close(self) -> None:
         pass
+
+
+_HANDSHAKE = re.compile(r"Handshake status (\d{3})\s*([A-Za-z][A-Za-z ]{0,40})?")
+_MESSAGE = re.compile(r"""["']message["']\s*:\s*["']([^"'\\]{1,300})""")
+
+
+def exec_refusal(exc: Any) -> tuple[int | None, str]:
+    """What an exec stream's refusal says, in a line: the HTTP status the API server answered the upgrade with and
+    its Status message. websocket-client reports a refused upgrade as "Handshake status 500 Internal Server Error
+    -+-+- {every response header} -+-+- b'{the body}'", which the kubernetes client passes on as the reason; only
+    the status and the body's message are kept (a response header may hold anything, "403" included)."""
+    text = printable(str(getattr(exc, "reason", None) or exc))
+    m = _HANDSHAKE.search(text)
+    code = int(m.group(1)) if m else (exc.status if isinstance(getattr(exc, "status", None), int) and exc.status
+                                      else None)
+    msg = _MESSAGE.search(text)
+    said = (f"HTTP {code}" + (f" {m.group(2).strip()}" if m and m.group(2) else "") if code else "no HTTP status")
+    return code, said + (f": {msg.group(1)}" if msg else ("" if m else f": {text[:120]}"))
 
 
 class _OversizedFrame(Exception):

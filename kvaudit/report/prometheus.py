@@ -4,8 +4,9 @@ reads half a file.
 
 Each invocation writes its own file (``kvaudit-check-HOST.prom``, ``kvaudit-fleet-INVENTORY.prom``) and labels
 its series with ``invocation``, so ``check`` on one host and a nightly ``fleet`` can share one textfile
-directory without node_exporter seeing the same series twice. GPU series carry the GPU's ``UUID`` (the label
-dcgm-exporter uses) to join with its metrics. Every status is its own 0/1 series, so an alert is a plain
+directory without node_exporter seeing the same series twice. GPU series carry dcgm-exporter's own labels, the
+GPU's ``UUID`` and the node's ``Hostname`` (the host's own name, as ``hostname`` printed it there; the target's name
+when it printed none), to join with its metrics. Every status is its own 0/1 series, so an alert is a plain
 comparison (``kvaudit_host_status{status="failed"} == 1``).
 """
 
@@ -53,13 +54,15 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     build = gauge("kvaudit_build_info", "kvaudit's version (value always 1).", ("version",))
     build.labels(invocation, __version__).set(1)
     rows = [r for name, h in hosts for r in gpu_rows(name, h)]
+    node = {name: (h.collected.host if h.collected is not None and h.collected.host else name) for name, h in hosts}
     for metric, help_, key, scale in GPU_METRICS:
-        g = gauge(metric, help_, ("host", "gpu", "rank", "UUID"))
+        g = gauge(metric, help_, ("host", "gpu", "rank", "UUID", "Hostname"))
         for r in rows:
             if r[key] is None:
                 continue
             value = round(r[key] * scale) if scale != 1 else r[key]
-            g.labels(invocation, r["host"], _text(r["gpu"]), _text(r["rank"]), _text(r["uuid"])).set(value)
+            g.labels(invocation, r["host"], _text(r["gpu"]), _text(r["rank"]), _text(r["uuid"]),
+                     _text(node.get(r["host"], r["host"]))).set(value)
     summaries = [host_summary(name, h) for name, h in hosts]
     up = gauge("kvaudit_host_up", "1 when the host could be audited, 0 when it failed.", ("host",))
     status = gauge("kvaudit_host_status", "1 for the host's status, 0 for the others (failed, error, warning, "

@@ -84,6 +84,18 @@ def test_without_exec_or_nvidia_smi_the_readings_are_said_missing(tmp_path, demo
     assert any("does not allow 'create' on 'pods/exec'" in p for p in r.json()["host"]["partial"])
 
 
+def test_an_exec_the_api_server_refuses_is_said_in_one_line_without_its_headers(tmp_path, demo):
+    """The API server answers the exec upgrade with HTTP 500 (the kubelet unreachable): websocket-client's message
+    holds every response header and the body; the audit says the status and the API's own message, once."""
+    pod = FakePod("llm", "kimi-0", [SGLANG], {("sglang", False): pod_log(JOURNAL)}, exec_refused=500)
+    r, _ = _check(tmp_path, [pod], "k8s:llm/kimi-0")
+    assert r.code == ExitStatus.PARTIAL_DATA and r.json()["formula"] == demo["formula"]
+    said = [p for p in r.json()["host"]["partial"] if "exec stream" in p]
+    assert said == ["no GPU readings: the API server refused the exec stream (HTTP 500 Internal Server Error: error "
+                    "dialing backend: dial tcp 10.0.0.5:10250: connect: connection refused)"], r.json()["host"]["partial"]
+    assert "-+-+-" not in r.stdout + r.stderr and "Audit-Id" not in r.stdout + r.stderr
+
+
 def test_a_multi_node_group_is_one_target_merged_by_rank(tmp_path, demo):
     """A LeaderWorkerSet: TP0-3 in the leader pod, TP4-7 in the worker; -l reads both and merges by time."""
     lws = {"leaderworkerset.sigs.k8s.io/name": "kimi"}

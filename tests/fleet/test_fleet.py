@@ -124,6 +124,8 @@ def test_twenty_hosts_three_broken(fleet):
     assert failure[f"gpu-{DOWN:02d}"] == "unreachable"
     uuids = {(s.labels["host"], s.labels["gpu"]): s.labels["UUID"] for s in fams["kvaudit_kv_tokens"].samples}
     assert uuids[("gpu-01", "0")] == by_name["gpu-01"]["gpus"][0]["uuid"]  # joins with dcgm-exporter's UUID
+    nodes = {s.labels["host"]: s.labels["Hostname"] for s in fams["kvaudit_kv_tokens"].samples}
+    assert nodes["gpu-01"] == by_name["gpu-01"]["host"]["host"] and nodes["gpu-01"]  # and its Hostname: the node's own
     assert {s.labels["invocation"] for f in fams.values() for s in f.samples if "invocation" in s.labels} == {
         "fleet:inventory"}
     up = {s.labels["host"]: s.value for s in fams["kvaudit_host_up"].samples}

@@ -63,7 +63,7 @@ def test_check_and_fleet_share_a_textfile_directory(tmp_path):
 
 
 def test_a_history_file_from_before_restarts_were_tracked_still_opens(tmp_path):
-    """An older history file (no startup_id column) gains the column on open; its runs are kept."""
+    """An older history file (no startup_id column, no startups table) gains them on open; its runs are kept."""
     import sqlite3
 
     from kvaudit.fleet import history
@@ -71,7 +71,9 @@ def test_a_history_file_from_before_restarts_were_tracked_still_opens(tmp_path):
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)
     db.executescript(history.SCHEMA)
-    db.execute("ALTER TABLE hosts DROP COLUMN startup_id") if "startup_id" in history.SCHEMA else None
+    if "startup_id" in {row[1] for row in db.execute("PRAGMA table_info(hosts)")}:
+        db.execute("ALTER TABLE hosts DROP COLUMN startup_id")
+    db.execute("DROP TABLE startups")  # older still: no startups table (kvaudit plan's calibration)
     db.execute("INSERT INTO runs (started_at, started_ts, duration_s, hosts) VALUES ('t', 1, 1, 1)")
     db.execute("INSERT INTO hosts (run_id, host, status, findings) VALUES (1, 'gpu-1', 'ok', '[]')")
     db.commit()
@@ -81,6 +83,7 @@ def test_a_history_file_from_before_restarts_were_tracked_still_opens(tmp_path):
     r = cli("fleet", inv, "--history", path, "-f", "json")
     assert r.code == 0, r.stderr
     assert r.json()["run"]["previous_run_id"] == 1 and r.json()["run"]["first_run"] is False
+    assert [s.host for s in history.startups(str(path))] == [str(FIXTURES / "hosts" / "kimi-k25-tp8")]
 
 
 def test_html_report_for_on_call(tmp_path):
