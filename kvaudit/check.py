@@ -141,10 +141,11 @@ def _collect_pod(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog,
         parsed = parse_lines(_cleaned(lines))
     except NoStartupError:
         raise kube.no_startup(t, log) from None
-    gpus, apps, config, config_source, partial, records = _pod_readings(reader, t, log, parsed, opts)
+    gpus, apps, config, config_source, partial, records, gpu_pods = _pod_readings(reader, t, log, parsed, opts)
     c = kube.collected(str(t), log, lines, reader.records + records, partial)
     c = replace(c, gpus=tuple(gpus), apps=tuple(apps), config_json=config, config_source=config_source,
-                gpu_source="nvidia-smi (pods/exec)" if gpus else None)
+                gpu_source="nvidia-smi (pods/exec)" if gpus else None, pod_namespace=t.namespace,
+                pod_container=log.container, pods=tuple(p.metadata.name for p in log.pods), gpu_pods=tuple(gpu_pods))
     return c, parsed, list(log.notes)
 
 
@@ -158,6 +159,7 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
     apps: list = []
     partial: list[str] = []
     records: list = []
+    gpu_pods: list[str] = []  # the pod each reading came from
     config = config_source = None
     copts = CollectOptions(all_anchors(), None, None, None, opts.command_timeout, engine_names=process_names())
     model_path = select(parsed, opts.startup)[0].model_path
@@ -180,6 +182,7 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
             records += session.records
         offset = len(gpus)
         gpus += [replace(x, index=x.index + offset) for x in g]
+        gpu_pods += [pod.metadata.name] * len(g)
         apps += a
         partial += [p for p in session.partial if p not in partial]
     if not gpus and not any("GPU readings" in p for p in partial):
@@ -187,7 +190,7 @@ def _pod_readings(reader, t, log, parsed: ParsedLog, opts: CheckOptions):
     if opts.audit.model_geometry is None and config is None and not any(p.startswith(NO_CONFIG) for p in partial):
         partial.append(f"{NO_CONFIG}: the model's config.json is inside the pod (give --model-config); "
                        "bytes per token from the KV line")
-    return gpus, apps, config, config_source, partial, records
+    return gpus, apps, config, config_source, partial, records, gpu_pods
 
 
 def _gpu_readings(session: HostSession, target: str):

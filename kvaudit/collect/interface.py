@@ -122,6 +122,12 @@ class Collected:
     unit: str | None = None
     invocation_id: str | None = None
     gpu_source: str | None = None  # "nvidia-smi" | "nvml" | None
+    #: a pod target's namespace and container, and the pod each GPU reading came from (in ``gpus`` order; a group's
+    #: GPUs are numbered on across its pods): the labels its Prometheus series carry
+    pod_namespace: str | None = None
+    pod_container: str | None = None
+    pods: tuple[str, ...] = ()
+    gpu_pods: tuple[str, ...] = ()
 
     @property
     def bytes_received(self) -> int:

@@ -35,6 +35,15 @@ GPU_METRICS = (
 )
 
 
+def _pod_labels(c, gpu) -> tuple[str, str, str]:
+    """A pod target's ``namespace``, ``pod`` and ``container`` for one GPU row (the pod its reading came from;
+    the group's first pod for a rank without a reading), as dcgm-exporter labels a pod's GPUs; empty for a host."""
+    if c is None:
+        return "", "", ""
+    pod = c.gpu_pods[gpu] if isinstance(gpu, int) and 0 <= gpu < len(c.gpu_pods) else (c.pods[0] if c.pods else "")
+    return c.pod_namespace or "", pod, c.pod_container or ""
+
+
 def filename(kind: str, name: str) -> str:
     """``kvaudit-check-gpu-07.prom``: one file per invocation kind and subject, a safe file name."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._")[:80] or "default"
@@ -55,14 +64,15 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     build.labels(invocation, __version__).set(1)
     rows = [r for name, h in hosts for r in gpu_rows(name, h)]
     node = {name: (h.collected.host if h.collected is not None and h.collected.host else name) for name, h in hosts}
+    pods = {name: h.collected for name, h in hosts if h.collected is not None and h.collected.pod_namespace}
     for metric, help_, key, scale in GPU_METRICS:
-        g = gauge(metric, help_, ("host", "gpu", "rank", "UUID", "Hostname"))
+        g = gauge(metric, help_, ("host", "gpu", "rank", "UUID", "Hostname", "namespace", "pod", "container"))
         for r in rows:
             if r[key] is None:
                 continue
             value = round(r[key] * scale) if scale != 1 else r[key]
             g.labels(invocation, r["host"], _text(r["gpu"]), _text(r["rank"]), _text(r["uuid"]),
-                     _text(node.get(r["host"], r["host"]))).set(value)
+                     _text(node.get(r["host"], r["host"])), *_pod_labels(pods.get(r["host"]), r["gpu"])).set(value)
     summaries = [host_summary(name, h) for name, h in hosts]
     up = gauge("kvaudit_host_up", "1 when the host could be audited, 0 when it failed.", ("host",))
     status = gauge("kvaudit_host_status", "1 for the host's status, 0 for the others (failed, error, warning, "

@@ -155,3 +155,33 @@ def test_a_node_audits_the_servers_on_it(tmp_path):
     # on other nodes)
     lists = [s for s in seen if "/pods?" in s and "labelSelector=app%3Dllm" in s]
     assert len(lists) == 3 and all("fieldSelector=spec.nodeName%3Dgpu-node-" in s for s in lists), lists
+
+
+def test_a_pods_gpu_series_carry_its_namespace_pod_and_container(tmp_path):
+    """dcgm-exporter's labels for a pod's GPUs (issue 24, item 2): a LeaderWorkerSet group's GPUs are numbered on
+    across its pods, and each series names the pod its reading came from; a pod without readings labels its
+    ranks' series with the pod."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.collect.test_kube import kimi_container
+
+    pods = _pods()
+    for p in pods[:2]:
+        p.execute = kimi_container
+    with api_server(pods) as (api, _):
+        cfg = kubeconfig(tmp_path / "kubeconfig", api)
+        inv = tmp_path / "servers.txt"
+        inv.write_text(f"k8s:llm -l {LWS}=kimi\nk8s:llm/solo-7b\n")
+        r = cli("fleet", inv, "--kubeconfig", cfg, "-f", "json", "--textfile-dir", tmp_path)
+    from kvaudit.status import ExitStatus
+
+    assert r.code == ExitStatus.PARTIAL_DATA, r.stderr  # the solo pod has no readings: partial, said
+    fams = {f.name: f for f in text_string_to_metric_families(next(tmp_path.glob("*.prom")).read_text())}
+    by = {(s.labels["host"], s.labels["gpu"], s.labels["rank"]): s.labels for s in fams["kvaudit_kv_tokens"].samples}
+    group = f"k8s:llm -l {LWS}=kimi"
+    first = next(v for (h, g, _), v in by.items() if h == group and g == "0")
+    later = next(v for (h, g, _), v in by.items() if h == group and g == "8")
+    assert (first["namespace"], first["pod"], first["container"]) == ("llm", "kimi-0", "sglang")
+    assert (later["namespace"], later["pod"], later["container"]) == ("llm", "kimi-0-1", "sglang")
+    solo = [v for (h, _, _), v in by.items() if h == "k8s:llm/solo-7b"]
+    assert solo and all((v["namespace"], v["pod"], v["container"]) == ("llm", "solo-7b", "sglang") for v in solo)
