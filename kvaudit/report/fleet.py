@@ -56,23 +56,43 @@ FIRST_RUN = "first run: the history starts here; the next run says what changed 
 
 
 def _fit(text: str, width: int, middle: bool = False) -> str:
-    """``text`` in ``width`` characters: cut at the end ("…"), or in the middle for names and paths (both ends
-    stay readable; nothing is split at a hyphen onto another line)."""
-    if len(text) <= width:
+    """``text`` in ``width`` terminal cells (rich's measure: a wide character is two): cut at the end ("…"), or in
+    the middle for names and paths (both ends stay readable; nothing is split at a hyphen onto another line)."""
+    from rich.cells import cell_len
+
+    if cell_len(text) <= width:
         return text
     if width <= 1:
         return "…"[:width]
     if middle:
-        head = (width - 1) // 2
-        return text[:head] + "…" + text[len(text) - (width - 1 - head):]
-    return text[:width - 1] + "…"
+        head = _cells_from_start(text, (width - 1) // 2)
+        return head + "…" + _cells_from_end(text, width - 1 - cell_len(head))
+    return _cells_from_start(text, width - 1) + "…"
+
+
+def _cells_from_start(text: str, cells: int) -> str:
+    from rich.cells import cell_len
+
+    out = ""
+    for ch in text:
+        if cell_len(out + ch) > cells:
+            break
+        out += ch
+    return out
+
+
+def _cells_from_end(text: str, cells: int) -> str:
+    return _cells_from_start(text[::-1], cells)[::-1]
 
 
 def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, indent: int = 2) -> list[tuple[str, ...]]:
     """The rows with the host and findings columns shortened so that one row fits ``width`` columns (no row
-    wraps on an 80-column terminal); the numbers are never cut."""
+    wraps on an 80-column terminal); the numbers are never cut. Widths in terminal cells."""
+    from rich.cells import cell_len
+
     def total(rows) -> int:
-        cols = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+        cols = [max(cell_len(h), *(cell_len(r[i]) for r in rows)) if rows else cell_len(h)
+                for i, h in enumerate(header)]
         return indent + sum(cols) + 2 * (len(cols) - 1)
 
     rows = list(body)
@@ -80,7 +100,7 @@ def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, ind
         over = total(rows) - width
         if over <= 0:
             break
-        cur = max(len(header[col]), *(len(r[col]) for r in rows)) if rows else len(header[col])
+        cur = max(cell_len(header[col]), *(cell_len(r[col]) for r in rows)) if rows else cell_len(header[col])
         keep = max(floor, cur - over)
         rows = [tuple(_fit(c, keep, middle) if i == col else c for i, c in enumerate(r)) for r in rows]
     return rows

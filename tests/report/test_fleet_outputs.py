@@ -36,6 +36,21 @@ def test_columns_sets_the_width_when_piped(tmp_path):
     assert all("OCCUPIED_AT_STARTUP" in line for line in _table(wide)[1:])  # the findings whole at 200
 
 
+def test_wide_characters_keep_the_columns_straight_and_within_80_cells(tmp_path):
+    """Host names in a script whose characters take two terminal cells (CJK): widths are measured in cells (rich's
+    measure), so every row's status column starts at the same cell and no row passes 80 cells."""
+    from rich.cells import cell_len
+
+    hosts = [_capture_with(tmp_path, name, WARNED) for name in ("gpu-东京-机柜-07-节点-a-rather-long-name", "gpu-b")]
+    inv = tmp_path / "hosts.txt"
+    inv.write_text("".join(f"{h}\n" for h in hosts))
+    rows = _table(_fleet(inv, columns="80"))
+    assert all(cell_len(line) <= 80 for line in rows), rows
+    status_at = {cell_len(line[:line.index(word)]) for line in rows[1:] for word in ("warning", "ok") if word in line}
+    assert len(status_at) == 1, rows  # one column, whatever the name's script
+    assert any("…" in line for line in rows[1:])  # the long name cut in the middle, by cells
+
+
 def test_csv_rows_append_across_nights(tmp_path):
     host = _capture_with(tmp_path, "host-a", WARNED)
     inv = tmp_path / "hosts.txt"
