@@ -174,7 +174,7 @@ def _write(text: str, output: Optional[Path]) -> None:
 @app.command()
 def explain(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
-    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c", help="The model's config.json."),
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
     mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", min=0.01, max=1.0,
         help="The --mem-fraction-static the server ran with, when the log has no server_args."),
     tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", min=1, help="TP size, when the log does not say."),
@@ -240,7 +240,7 @@ def whatif(
     context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1, help="A different context length."),
     max_tokens: Optional[int] = _opt(ASSUME, None, "--max-tokens", min=1,
             help="TensorRT-LLM: a kv_cache_config.max_tokens cap on the pool."),
-    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c", help="The model's config.json."),
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
     log_mem_fraction_static: Optional[float] = typer.Option(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
         help="The fraction the logged startup used, when the log has no server_args."),
@@ -357,6 +357,22 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
                    "an ssh_config alias, 'local', a capture directory, or http://HOST:PORT")
 
 
+CONTAINER = _opt(WHERE, None, "--container", "-c",
+                 help="A pod's container, as kubectl's -c: k8s:NS/POD -c NAME is k8s:NS/POD/NAME.")
+
+
+def _with_container(target: str, container: str, selector: str | None) -> str:
+    """``k8s:NS/POD -c NAME`` as kubectl means it: the pod's container. Anything else given -c is said: the model's
+    config.json is -m/--model-config (an older kvaudit took -c for it)."""
+    if container.endswith(".json") or "/" in container:
+        raise Fail(f"-c {container}: -c is a pod's container, as in kubectl; the model's config.json is "
+                   "-m/--model-config")
+    if not target.startswith("k8s:") or selector is not None or target.count("/") != 1:
+        raise Fail("-c names the container of one pod target (k8s:NAMESPACE/POD -c NAME), as kubectl's -c; the "
+                   "model's config.json is -m/--model-config")
+    return f"{target}/{container}"
+
+
 @app.command()
 def check(
     target: str = typer.Argument("local", help=TARGET_HELP),
@@ -365,8 +381,9 @@ def check(
     unit: Optional[str] = _opt(WHERE, None, "--unit", help="The engine's systemd unit (default: found on the host)."),
     source: Optional[str] = SOURCE,
     journal_directory: Optional[str] = JOURNAL_DIRECTORY,
-    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c",
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m",
             help="A local config.json (default: read from model_path on the host)."),
+    container: Optional[str] = CONTAINER,
     mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", min=0.01, max=1.0,
                                                  help="The fraction the server ran with, when the log has none."),
     timeout: Optional[float] = TIMEOUT,
@@ -411,6 +428,8 @@ def check(
         raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
     if health_check and (fmt != "text" or output is not None):
         raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
+    if container is not None:
+        target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
@@ -495,6 +514,7 @@ def capture(
     context: Optional[str] = CONTEXT,
     namespace: Optional[str] = NAMESPACE,
     selector: Optional[str] = _opt(WHERE, None, "--selector", "-l", help="k8s:NAMESPACE -l SELECTOR: a pod group."),
+    container: Optional[str] = CONTAINER,
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
 ) -> int:
@@ -507,6 +527,8 @@ def capture(
     if is_endpoint(target):
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
                    "'kvaudit check URL --format json' keeps every figure it read (ranks[].logged)")
+    if container is not None:
+        target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
@@ -694,7 +716,7 @@ def diff_cmd(
     a: str = typer.Argument(..., help="A startup log (or a capture directory); alone: its last two startups. With "
                                       "--history: HOST@RUN, or HOST alone for its last two startups."),
     b: Optional[str] = typer.Argument(None, help="The other startup's log or capture directory (or HOST@RUN)."),
-    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-c", help="The model's config.json."),
+    model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history: A and B are startups it recorded (HOST@RUN)."),
     fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
@@ -892,7 +914,10 @@ def run(argv: list[str], env: Environment | None = None) -> int:
             _env.stdout.write(exc.format_message() + "\n" if not getattr(exc, "ctx", None)
                               else exc.ctx.get_help() + "\n")
             return 0
-        _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
+        said = exc.format_message()
+        if "-c" in said and "No such option" in said:  # an older kvaudit's -c for the config
+            said += " (the model's config.json is -m/--model-config; -c is a pod's container, as in kubectl)"
+        _env.stderr.write(f"kvaudit: error: {printable(said)}\n")
         return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except _CliError as exc:
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")

@@ -25,7 +25,7 @@ def test_reads_standard_input():
 
 
 def test_exit_codes_follow_the_worst_finding():
-    assert cli("explain", KIMI_LOG, "-c", KIMI_CONFIG).code == ExitStatus.OK
+    assert cli("explain", KIMI_LOG, "-m", KIMI_CONFIG).code == ExitStatus.OK
     assert cli("explain", SAMPLES / "sglang_013.log").code == ExitStatus.WARNINGS  # UNEXPLAINED_MEMORY
     assert cli("explain", SAMPLES / "sglang_025.log").code == ExitStatus.LOG_ERRORS  # STARTUP_FAILED
 
@@ -73,7 +73,7 @@ def test_usage_errors_exit_2(args, message):
 def test_config_that_is_not_json(tmp_path):
     p = tmp_path / "config.json"
     p.write_text("{oops")
-    r = cli("explain", KIMI_LOG, "-c", p)
+    r = cli("explain", KIMI_LOG, "-m", p)
     assert r.code == ExitStatus.BAD_INPUT and "not JSON" in r.stderr
 
 
@@ -89,7 +89,7 @@ def test_all_startups_json_and_startup_selection(tmp_path):
 
 def test_markdown_and_output_file(tmp_path):
     out = tmp_path / "report.md"
-    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "markdown", "-o", out)
+    r = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "-f", "markdown", "-o", out)
     assert r.code == 0 and r.stdout == ""
     md = out.read_text()
     head, _, rest = md.partition("\n\n")
@@ -97,9 +97,9 @@ def test_markdown_and_output_file(tmp_path):
 
 
 def test_colour_only_when_asked_or_on_a_terminal():
-    plain = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG)
+    plain = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG)
     assert "\x1b[" not in plain.stdout
-    coloured = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "--color", "always")
+    coloured = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "--color", "always")
     assert "\x1b[32mMATCH" in coloured.stdout
 
 
@@ -111,7 +111,7 @@ def test_version_and_help():
 
 @pytest.mark.parametrize("mfs,risk", [("0.90", "ok"), ("0.95", "low"), ("0.97", "oom")])
 def test_whatif_fraction(mfs, risk):
-    r = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--mem-fraction-static", mfs, "-f", "json")
+    r = cli("whatif", KIMI_LOG, "-m", KIMI_CONFIG, "--mem-fraction-static", mfs, "-f", "json")
     d = r.json()["whatif"]
     assert d["risk"] == risk
     gain = (float(mfs) - 0.88) * 94.01 * 2**30 / 70272
@@ -121,9 +121,9 @@ def test_whatif_fraction(mfs, risk):
 
 
 def test_whatif_fp8_kv_doubles_tokens():
-    d = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3", "-f", "json").json()["whatif"]
+    d = cli("whatif", KIMI_LOG, "-m", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3", "-f", "json").json()["whatif"]
     assert d["tokens_after"]["low"] == pytest.approx(2 * 159277, abs=200)
-    text = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3").stdout
+    text = cli("whatif", KIMI_LOG, "-m", KIMI_CONFIG, "--kv-cache-dtype", "fp8_e4m3").stdout
     assert "KV tokens" in text and "318," in text
 
 

@@ -55,11 +55,11 @@ def test_heavier_weights_are_named_as_the_cause_of_fewer_tokens(tmp_path):
     pa, pb = tmp_path / "a.log", tmp_path / "b.log"
     pa.write_text(real)
     pb.write_text(_heavier(real, tokens))
-    r = cli("diff", pa, pb, "-c", KIMI_CONFIG)
+    r = cli("diff", pa, pb, "-m", KIMI_CONFIG)
     assert r.code == 0, r.stderr
     assert f"KV tokens 159,277 -> {tokens:,}" in r.stdout and "Why the tokens changed" in r.stdout
     assert f"{load.tokens:+,} tokens" in r.stdout
-    j = cli("diff", pa, pb, "-c", KIMI_CONFIG, "-f", "json").json()
+    j = cli("diff", pa, pb, "-m", KIMI_CONFIG, "-f", "json").json()
     assert j["tokens"]["change"] == tokens - 159277 and j["shares"][0]["key"] == "load"
 
 
@@ -67,7 +67,7 @@ def test_one_log_with_two_startups_compares_its_last_two(tmp_path):
     real = KIMI_LOG.read_text()
     p = tmp_path / "two.log"
     p.write_text(real + real)
-    r = cli("diff", p, "-c", KIMI_CONFIG, "-f", "json")
+    r = cli("diff", p, "-m", KIMI_CONFIG, "-f", "json")
     assert r.code == 0, r.stderr
     j = r.json()
     assert j["a"].endswith("startup 1") and j["b"].endswith("startup 2")
@@ -89,7 +89,7 @@ def test_two_captures_and_a_capture_against_its_log(tmp_path):
     assert any(t["key"] == "weights" for t in j["ledger"])
     log = tmp_path / "heavier.log"
     log.write_text(_heavier(KIMI_LOG.read_text()))
-    r = cli("diff", cap, log, "-c", KIMI_CONFIG)
+    r = cli("diff", cap, log, "-m", KIMI_CONFIG)
     assert r.code == 0 and "the weights on TP0: +1.00 GiB" in r.stdout, r.stdout
 
 

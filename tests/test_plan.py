@@ -37,7 +37,7 @@ def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_hi
     startup's, so the plan's tokens are exactly what the formula gives rerun on its log at 0.92 (whatif)."""
     r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
     assert r.code == 0, r.stderr
-    w = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.92", "-c", KIMI_CONFIG, "-f", "json")
+    w = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.92", "-m", KIMI_CONFIG, "-f", "json")
     assert w.stdout, w.stderr  # its exit status is the audit's (1: a warning), the answer is in the JSON
     after = json.loads(w.stdout)["whatif"]["tokens_after"]
     assert p["formula"]["predicted_tokens"] == {"low": after["low"], "high": after["high"]}
@@ -54,7 +54,7 @@ def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_hi
 
 def test_at_the_logged_fraction_the_plan_is_the_audits_prediction(kimi_history):
     r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.88", "--history", kimi_history)
-    e = json.loads(cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "json").stdout)
+    e = json.loads(cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "-f", "json").stdout)
     assert p["formula"]["predicted_tokens"] == e["formula"]["predicted_tokens"]
     assert p["formula"]["predicted_tokens"]["low"] <= e["formula"]["logged_tokens"] <= \
         p["formula"]["predicted_tokens"]["high"]

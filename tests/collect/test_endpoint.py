@@ -96,7 +96,7 @@ def test_without_a_config_the_check_is_said_not_run(demo):
 
 def test_the_old_path_is_read_when_the_new_one_is_not_served(demo):
     with serve({"/get_server_info": json_doc(_kimi_server_info(demo))}) as (url, seen):
-        d = cli("check", url, "-c", KIMI_CONFIG, "-f", "json").json()
+        d = cli("check", url, "-m", KIMI_CONFIG, "-f", "json").json()
     assert d["formula"]["verdict"] == "match" and "GET /server_info" in seen and "GET /get_server_info" in seen
 
 
@@ -107,7 +107,7 @@ LLAMA_LABELS = {"block_size": "16", "cache_dtype": "auto", "gpu_memory_utilizati
 def test_vllm_metrics_give_the_pool_and_its_bytes():
     with serve({"/metrics": metrics_doc(vllm_metrics({**LLAMA_LABELS, "kv_cache_size_tokens": "434576"})),
                 "/version": json_doc({"version": "0.31.0"})}) as (url, _):
-        d = cli("check", url, "-c", CONFIGS / "llama31-8b.json", "-f", "json").json()
+        d = cli("check", url, "-m", CONFIGS / "llama31-8b.json", "-f", "json").json()
     assert d["engine"] == "vllm" and d["engine_version"] == "0.31.0"
     assert d["formula"]["logged_tokens"] == 434576 == 27161 * 16 and d["formula"]["verdict"] == "match"
     # Llama-3.1-8B, TP 1 (assumed, said): 32 layers x 8 heads x (128 + 128) x 2 B = 131072 B per token
@@ -118,7 +118,7 @@ def test_vllm_metrics_give_the_pool_and_its_bytes():
 
 def test_vllm_hybrid_block_size_is_not_trusted():
     with serve({"/metrics": metrics_doc(vllm_metrics(LLAMA_LABELS))}) as (url, _):
-        d = cli("check", url, "-c", CONFIGS / "qwen3-next-80b-a3b.json", "-f", "json").json()
+        d = cli("check", url, "-m", CONFIGS / "qwen3-next-80b-a3b.json", "-f", "json").json()
     assert d["formula"]["verdict"] == "unknown" and d["formula"]["logged_tokens"] is None
     assert "block_size 16 whatever" in d["formula"]["verdict_reason"]
 
@@ -306,7 +306,7 @@ def test_a_metrics_page_with_hundreds_of_thousands_of_labels_is_read_in_bounded_
             + vllm_metrics({**LLAMA_LABELS, "kv_cache_size_tokens": "434576"}))
     with serve({"/metrics": metrics_doc(page), "/version": json_doc({"version": "0.31.0"})}) as (url, _):
         start = time.monotonic()
-        r = cli("check", url, "-c", CONFIGS / "llama31-8b.json", "-f", "json", "--timeout", "30")
+        r = cli("check", url, "-m", CONFIGS / "llama31-8b.json", "-f", "json", "--timeout", "30")
         took = time.monotonic() - start
     assert r.code == ExitStatus.PARTIAL_DATA and "internal error" not in r.stderr, r.stderr  # no GPU readings
     assert r.json()["formula"]["logged_tokens"] == 434576

@@ -50,7 +50,7 @@ def _ledger(d):
 def _check(tmp_path, pods, *args, forbidden=frozenset()):
     with api_server(pods, forbidden) as (url, seen):
         cfg = kubeconfig(tmp_path / "kubeconfig", url)
-        r = cli("check", *args, "--kubeconfig", cfg, "-c", KIMI_CONFIG, "-f", "json")
+        r = cli("check", *args, "--kubeconfig", cfg, "-m", KIMI_CONFIG, "-f", "json")
     return r, seen
 
 
@@ -215,7 +215,7 @@ def test_a_pod_exec_that_never_answers_is_bounded_by_the_host_deadline(tmp_path)
     with api_server([pod]) as (url, _):
         cfg = kubeconfig(tmp_path / "cfg", url)
         start = time.monotonic()
-        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-c", KIMI_CONFIG, "--timeout", "8", "-f", "json")
+        r = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-m", KIMI_CONFIG, "--timeout", "8", "-f", "json")
         took = time.monotonic() - start
     assert r.code == ExitStatus.PARTIAL_DATA and "Traceback" not in r.stderr, r.stderr
     d = r.json()
@@ -240,7 +240,7 @@ def test_a_hostile_pod_exec_stream_is_bounded(tmp_path, kind):
                  "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
                  "sys.stdout.write(r.stdout)")
         r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvaudit", "check", "k8s:llm/kimi-0",
-                            "--kubeconfig", str(cfg), "-c", str(KIMI_CONFIG), "--timeout", "20", "-f", "json"],
+                            "--kubeconfig", str(cfg), "-m", str(KIMI_CONFIG), "--timeout", "20", "-f", "json"],
                            capture_output=True, text=True, timeout=120)
     code, peak_kib, out = r.stdout.split("\n", 2)
     assert int(code) == ExitStatus.PARTIAL_DATA, r.stdout + r.stderr
@@ -264,7 +264,7 @@ def test_a_malformed_api_answer_is_the_servers_failure_in_kvaudits_words(tmp_pat
         pod.labels = {"app": "kimi"}
         with api_server([pod]) as (url, _):
             cfg = kubeconfig(tmp_path / "cfg", url)
-            r = cli("check", target, *extra, "--kubeconfig", cfg, "-c", KIMI_CONFIG, "--timeout", "20")
+            r = cli("check", target, *extra, "--kubeconfig", cfg, "-m", KIMI_CONFIG, "--timeout", "20")
         assert r.code == ExitStatus.UNREACHABLE, (target, r.code, r.stderr, r.stdout)
         assert said in r.stdout + r.stderr and "Traceback" not in r.stderr and "\x1b" not in r.stdout + r.stderr
 
@@ -288,7 +288,7 @@ def test_a_group_of_pods_flooding_short_anchor_lines_stays_bounded(tmp_path):
                  "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
                  "sys.stdout.write(r.stdout)")
         r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvaudit", "check", "k8s:llm",
-                            "-l", "app=kimi", "--kubeconfig", str(cfg), "-c", str(KIMI_CONFIG), "--timeout", "120",
+                            "-l", "app=kimi", "--kubeconfig", str(cfg), "-m", str(KIMI_CONFIG), "--timeout", "120",
                             "-f", "json"], capture_output=True, text=True, timeout=300)
     code, peak_kib, out = r.stdout.split("\n", 2)
     assert int(code) == ExitStatus.PARTIAL_DATA, r.stdout + r.stderr
@@ -341,3 +341,20 @@ def test_kubectls_context_and_namespace_habits(tmp_path, demo):
     clash = cli("check", "k8s:llm/kimi-0", "-n", "other")
     assert clash.code == ExitStatus.BAD_INPUT and "-n says other" in clash.stderr
     assert cli("check", "gpu-1", "-n", "llm").code == ExitStatus.BAD_INPUT
+
+
+def test_dash_c_is_the_pods_container_as_in_kubectl(tmp_path, demo):
+    """Issue 24, item 6: -c is what kubectl users expect, the container (k8s:NS/POD -c NAME = k8s:NS/POD/NAME);
+    the model's config.json is -m. An older habit (-c config.json) is told where the config went."""
+    pod = FakePod("llm", "kimi-0", [SIDECAR, SGLANG], {("sglang", False): pod_log(JOURNAL)}, execute=kimi_container)
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "kubeconfig", url)
+        named = cli("check", "k8s:llm/kimi-0", "-c", "sglang", "--kubeconfig", cfg, "-m", KIMI_CONFIG, "-f", "json")
+        old = cli("check", "k8s:llm/kimi-0", "--kubeconfig", cfg, "-c", KIMI_CONFIG)
+        host = cli("check", "gpu-07", "-c", "sglang")
+    assert named.code == ExitStatus.OK, named.stderr
+    assert named.json()["formula"] == demo["formula"] and "container=sglang" in named.json()["host"]["source"]
+    assert old.code == ExitStatus.BAD_INPUT and "-m/--model-config" in old.stderr
+    assert host.code == ExitStatus.BAD_INPUT and "one pod target" in host.stderr
+    legacy = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG)
+    assert legacy.code == ExitStatus.BAD_INPUT and "-m/--model-config" in legacy.stderr, legacy.stderr

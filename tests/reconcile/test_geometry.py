@@ -100,7 +100,7 @@ def test_hostile_config_values(tmp_path, edit, message):
     edit(d)
     p = tmp_path / "config.json"
     p.write_text(json.dumps(d))
-    r = cli_process("explain", SAMPLES / "sglang_029.log", "-c", p)
+    r = cli_process("explain", SAMPLES / "sglang_029.log", "-m", p)
     assert r.code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
 
 
@@ -112,5 +112,5 @@ def test_hostile_config_values(tmp_path, edit, message):
 def test_hostile_config_text(tmp_path, text, message):
     p = tmp_path / "config.json"
     p.write_text(text)
-    r = cli_process("explain", SAMPLES / "sglang_029.log", "-c", p)
+    r = cli_process("explain", SAMPLES / "sglang_029.log", "-m", p)
     assert r.code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr

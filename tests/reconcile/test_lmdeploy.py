@@ -219,7 +219,7 @@ def test_whatif_names_lmdeploys_settings_in_its_own_words(tmp_path):
     p = tmp_path / "lm.log"
     p.write_text("cache_block_seq_len = 64\n[TM][INFO] [BlockManager] block_size = 3.500 MB\n"
                  "[TM][INFO] [BlockManager] max_block_count = 1000\n")
-    doc = json.loads(cli("whatif", p, "-c", QWEN7, "--quant-policy", "8", "--session-len", "200000", "-f",
+    doc = json.loads(cli("whatif", p, "-m", QWEN7, "--quant-policy", "8", "--session-len", "200000", "-f",
                          "json").stdout)
     assert doc["whatif"]["changes"] == {"quant_policy": 8, "session_len": 200000}
     assert doc["whatif"]["tokens_after"]["low"] > 64_000 * 1.9  # about twice the 64,000 tokens

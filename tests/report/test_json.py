@@ -35,7 +35,7 @@ def _check(doc: dict) -> None:
 
 
 def test_kimi_json():
-    d = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "json").json()
+    d = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "-f", "json").json()
     _check(d)
     f = d["formula"]
     assert d["engine"] == "sglang"

@@ -6,25 +6,25 @@ from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli
 
 
 def test_kimi_text_view(golden):
-    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG)
+    r = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG)
     assert r.code == 0, r.stderr
     golden("kimi-explain.txt", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
 
 
 def test_kimi_markdown_view(golden):
-    r = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG, "-f", "markdown")
+    r = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "-f", "markdown")
     assert r.code == 0, r.stderr
     golden("kimi-explain.md", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
 
 
 def test_whatif_view(golden):
-    r = cli("whatif", KIMI_LOG, "-c", KIMI_CONFIG, "--mem-fraction-static", "0.92")
+    r = cli("whatif", KIMI_LOG, "-m", KIMI_CONFIG, "--mem-fraction-static", "0.92")
     assert r.code == 1, r.stderr  # low headroom: a warning
     golden("kimi-whatif-0.92.txt", r.stdout.replace(str(KIMI_LOG), "KIMI_LOG"))
 
 
 def test_ranks_that_agree_share_a_row():
-    out = cli("explain", KIMI_LOG, "-c", KIMI_CONFIG).stdout
+    out = cli("explain", KIMI_LOG, "-m", KIMI_CONFIG).stdout
     assert "TP1-2,4,6-7" in out and "TP3,5" in out
 
 
