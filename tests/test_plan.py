@@ -173,7 +173,8 @@ def test_a_history_row_of_the_wrong_type_is_skipped(kimi_history, tmp_path):
 
 def test_validate_replays_each_corpus_startup_to_its_audits_own_prediction():
     """Leave-one-out over the corpus: a startup whose model another startup of the same deployment shows is
-    predicted by the same formula on the same T, post and cell as its own audit, so each interval is the audit's."""
+    predicted by the same formula on its own T (a log names no card), the weights the other startup loaded, and
+    its cell: each interval holds the audit's own prediction (one rounding step wider: post is T less weights)."""
     r = cli("plan", "--validate", FIXTURES / "corpus", "-f", "json")
     assert r.code == 0, r.stderr
     v = json.loads(r.stdout)
@@ -181,7 +182,9 @@ def test_validate_replays_each_corpus_startup_to_its_audits_own_prediction():
     assert len(seen) >= 8 and v["family_seen"]["startups"] == len(seen)
     for c in seen:
         e = json.loads(cli("explain", FIXTURES / "corpus" / c["startup"], "-f", "json").stdout)
-        assert c["predicted_tokens"] == e["formula"]["predicted_tokens"], c["startup"]
+        p, a = c["predicted_tokens"], e["formula"]["predicted_tokens"]
+        assert p["low"] <= a["low"] and a["high"] <= p["high"], c["startup"]
+        assert (p["high"] - p["low"]) < 1.5 * (a["high"] - a["low"]), c["startup"]  # and not much wider
         assert c["held"] == (e["formula"]["verdict"] == "match"), c["startup"]
     assert v["family_seen"]["median_abs_error"] < 0.005
     assert v["not_predictable"] > 0  # a log names no checkpoint size: said, not guessed

@@ -97,8 +97,9 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         raise PlanError("the weights per rank are unknown: give the model directory (its safetensors headers or "
                         "model.safetensors.index.json), or a --history with a startup of this model at this TP")
     terms.append(W)
-    if post_obs is not None and (obs is not None or inp.given_t is not None) and post_obs.level == 0 and \
-            (obs is None or obs.level == 0):
+    # post itself is an observation only where T is one of the same family: a T given (a replayed log) or taken
+    # from a nearer family is another card's or release's, and post then follows from it less the weights
+    if post_obs is not None and obs is not None and obs.level == 0 and post_obs.level == 0:
         post = Term("post_load_free_gib", "free after the weights (post)", post_obs.lo, post_obs.hi, "GiB",
                     CALIBRATED, post_obs.basis)
     else:
@@ -161,7 +162,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         left = Term("left_after_graphs_gib", "left in the reserve after graphs, activations, a draft",
                     reserve.lo - held.hi, reserve.hi - held.lo, "GiB", CALIBRATED,
                     f"(1 - fraction) x T less what the reserve held: {held.lo:.2f}-{held.hi:.2f} GiB in {held.basis}")
-        largest = math.floor((1 - held.hi / Ti.hi) * 1000) / 1000
+        largest = math.floor((1 - held.hi / Ti.lo) * 1000) / 1000
 
     need = (inp.context_length or 1) * cell.profile / GIB
     smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
