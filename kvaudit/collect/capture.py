@@ -73,6 +73,9 @@ def write(c: Collected, directory: str) -> Path:
         "gpu_source": c.gpu_source, "partial": list(c.partial), "bytes_received": c.bytes_received,
         "commands": [asdict(r) for r in c.commands],
     }
+    if c.pod_namespace:  # a pod target: its Prometheus labels (namespace, the pods, the container) replay too
+        meta.update({"pod_namespace": c.pod_namespace, "pod_container": c.pod_container, "pods": list(c.pods),
+                     "gpu_pods": list(c.gpu_pods)})
     files = {"capture.json": json.dumps(meta, indent=2) + "\n",
              "log.txt": "".join(f"{n}:{t}\n" for n, t in c.log_lines)}
     if c.gpus:
@@ -160,6 +163,8 @@ def read(directory: str) -> Collected:
             server_pids=tuple(_list(meta, "server_pids", int)), commands=commands,
             partial=tuple(_list(meta, "partial", str)), collected_at=_str(meta, "collected_at") or "",
             unit=_str(meta, "unit"), invocation_id=_str(meta, "invocation_id"), gpu_source=_str(meta, "gpu_source"),
+            pod_namespace=_str(meta, "pod_namespace"), pod_container=_str(meta, "pod_container"),
+            pods=tuple(_list(meta, "pods", str)), gpu_pods=tuple(_list(meta, "gpu_pods", str)),
         )
     except (TypeError, ValueError) as exc:
         raise CaptureError(f"{directory}: capture.json has an unexpected shape ({str(exc)[:120]})") from None

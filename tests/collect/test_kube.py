@@ -183,6 +183,12 @@ def test_a_pod_is_captured_and_replayed(tmp_path, demo):
     assert r.code == ExitStatus.OK, r.stderr + r.stdout
     d = cli("check", tmp_path / "cap", "-f", "json").json()
     assert d["formula"] == demo["formula"] and d["gpus"] == demo["gpus"]
+    # the replay writes the pod's labels as the live check did (namespace, pod, container per GPU)
+    (tmp_path / "tf").mkdir()
+    replay = cli("check", tmp_path / "cap", "--textfile-dir", tmp_path / "tf")
+    assert replay.code == ExitStatus.OK, replay.stderr
+    prom = next((tmp_path / "tf").glob("*.prom")).read_text()
+    assert 'namespace="llm"' in prom and 'pod="kimi-0"' in prom and 'container="sglang"' in prom
 
 
 def test_an_endpoint_is_not_captured(tmp_path):
