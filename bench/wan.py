@@ -132,10 +132,10 @@ def main() -> dict:
     (site / "known_hosts").write_text(f"[127.0.0.1]:{proxy.port} {sshd.host_pub}\n")
     kvaudit = str(Path(sys.executable).with_name("kvaudit"))
     from kvaudit.collect import commands as C
-    from kvaudit.collect.session import GENERIC_ENGINE_UNIT
+    from kvaudit.collect.session import CollectOptions
     from kvaudit.engines import all_anchors, process_names
 
-    frags = tuple(dict.fromkeys(f.lower() for f in process_names() + GENERIC_ENGINE_UNIT))
+    frags = CollectOptions(all_anchors(), engine_names=process_names()).unit_fragments
     script = C.host_script(secrets.token_hex(8), "dir", None, str(host.journal), None, None, 64 << 20, frags,
                            all_anchors())
     runs = {

@@ -797,9 +797,10 @@ def plan_cmd(
 
     chosen = choose(fmt, "plan")
     if validate:
-        from kvaudit.plan.validate import render, validate_history
+        from kvaudit.plan.validate import validate_history
+        from kvaudit.report.plan import render_validation
 
-        _env.stdout.write(render(validate_history(validate), fmt))
+        _env.stdout.write(render_validation(validate_history(validate), fmt))
         return 0
     if model is None or engine is None:
         raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")

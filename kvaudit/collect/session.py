@@ -45,9 +45,13 @@ class CollectOptions:
     engine_names: tuple[str, ...] = ()  # unit-name fragments of the engines kvaudit audits
 
     @property
+    def unit_fragments(self) -> tuple[str, ...]:
+        """What an engine's unit name contains (lower case): the session's pattern, and the host script's."""
+        return tuple(dict.fromkeys(n.lower() for n in self.engine_names + GENERIC_ENGINE_UNIT))
+
+    @property
     def unit_pattern(self) -> "re.Pattern[str]":
-        names = self.engine_names + GENERIC_ENGINE_UNIT
-        return re.compile("|".join(re.escape(n) for n in names), re.I)
+        return re.compile("|".join(re.escape(n) for n in self.unit_fragments), re.I)
 
 
 @dataclass
@@ -119,11 +123,10 @@ class HostSession:
         src = o.source or ""
         kind = ("none" if not read_log else "docker" if src.startswith("docker:") else "file"
                 if src.startswith("file:") else "dir" if o.journal_directory else "journal")
-        fragments = tuple(dict.fromkeys(f.lower() for f in o.engine_names + GENERIC_ENGINE_UNIT))
         nonce = secrets.token_hex(8)
         script = C.host_script(nonce, kind, o.unit if kind in ("journal", "dir") else None, o.journal_directory
                                if kind == "dir" else None, src.partition(":")[2] or None, model_path,
-                               o.max_output + 1, fragments, o.anchors)
+                               o.max_output + 1, o.unit_fragments, o.anchors)
         self._gate(script)
         limit = o.max_output + 1 + 4 * C.CONFIG_MAX_BYTES + BATCH_MAX_BYTES
         res = self.runner.run(script, 2 * o.command_timeout, limit)

@@ -102,10 +102,11 @@ def record(path: str, started_at: str, started_ts: float, duration_s: float, sum
 
 # A history file is input like any other (issue 21): a row another tool or a bad disk wrote may hold anything.
 # Each row is checked into the types kvaudit wrote; a row that cannot be is skipped, and the drift says how many.
-_TEXT = ("host", "status", "reason", "verdict", "startup_id", "rank")
-_INTS = ("tokens", "gpu", "run_id", "id", "hosts")
+_TEXT = ("host", "status", "reason", "verdict", "startup_id", "rank", "engine", "version", "gpu_name", "model_key")
+_INTS = ("tokens", "gpu", "run_id", "id", "hosts", "tp", "bytes_per_token", "page_size")
 _REALS = ("weights_gib", "free_min_gib", "unexplained_gib", "kv_gib", "free_now_gib", "free_at_end_gib",
-          "duration_s", "started_ts")
+          "duration_s", "started_ts", "gpu_total_mib", "fraction", "t_gib", "post_gib", "reserve_gib", "bpt_low",
+          "bpt_high")
 
 
 def clean_row(row: dict) -> dict | None:
@@ -315,17 +316,9 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     return hosts, runs
 
 
-_STARTUP_TEXT = ("host", "startup_id", "engine", "version", "gpu_name", "model_key")
-_STARTUP_INTS = ("run_id", "tp", "bytes_per_token", "tokens", "page_size")
-
-
 def _startup_rows(path: str, host: str | None) -> list[dict]:
-    """The ``startups`` rows (of ``host``), in run order, each checked into the types kvaudit writes (text printable,
-    numbers finite); a row that is not is skipped."""
-    import math
-
-    from kvaudit.textsafe import printable
-
+    """The ``startups`` rows (of ``host``), in run order, each checked into the types kvaudit writes (``clean_row``);
+    a row that is not is skipped."""
     if not Path(path).is_file():
         raise HistoryError(f"history database {path}: no such file")
     db = connect(path)
@@ -338,20 +331,7 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
         db.close()
-    out = []
-    for r in rows:
-        ok = True
-        for k, v in r.items():
-            if k in _STARTUP_TEXT:
-                ok = ok and (v is None or isinstance(v, str))
-                r[k] = printable(v)[:300] if isinstance(v, str) else None
-            elif k in _STARTUP_INTS:
-                ok = ok and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
-            elif v is not None:
-                ok = ok and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if ok and r["host"] and r["engine"]:
-            out.append(r)
-    return out
+    return [c for c in (clean_row(r) for r in rows) if c is not None and c.get("engine")]
 
 
 def _observed(r: dict):

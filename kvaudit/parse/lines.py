@@ -290,28 +290,14 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         return
     origin = _regular_file_offset(stream)
     head = stream.read(BINARY_PROBE_BYTES)
-    if not head:
-        raise InputError("the input is empty")
-    stats.first_bytes = head[:4096]
-    if b"\x00" in head:
-        stats.saw_nul = True
-        raise InputError(
-            "the input is binary, not a text log (for a journal file use "
-            "'journalctl --file FILE -o cat -a | kvaudit explain -')"
-        )
-    cmd = list(base)
-    for a in anchors:
-        cmd += ["-e", os.fsdecode(a)]  # round-trips any byte (a non-ASCII anchor reaches grep as its own bytes)
-    env = dict(os.environ, LC_ALL="C")
+    _check_head(head, stats)
     feeder = None
     if origin is not None:
         stream.seek(origin)
         stats.bytes_read = os.fstat(stream.fileno()).st_size - origin
-        proc = subprocess.Popen(cmd, stdin=stream, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                preexec_fn=_limit_grep_memory)
+        proc = _start_scanner(base, anchors, stream)
     else:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                preexec_fn=_limit_grep_memory)
+        proc = _start_scanner(base, anchors, subprocess.PIPE)
         feeder = threading.Thread(target=_feed, args=(proc, head, stream, stats), daemon=True)
         feeder.start()
     assert proc.stdout is not None
@@ -331,19 +317,49 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         code = proc.wait()
         if feeder is not None:
             feeder.join(timeout=5)
-    if (code > 1 and b"memory" in err.lower()) or code < 0:
-        # grep says "memory exhausted"; ripgrep says "memory allocation of N bytes failed" and aborts
+    if _out_of_memory(code, err):
         # a line longer than grep may hold (its memory is capped): grep stops there. A file is read again by
         # the pure-Python scanner, which skips overlong lines in bounded memory; a pipe cannot be read again.
         if origin is None:
-            raise InputError(f"the piped input has a line far over {MAX_LINE_BYTES >> 20} MiB; save it to a file "
-                             "and pass the file (its overlong lines are then skipped)")
+            raise InputError(PIPE_LINE_TOO_LONG)
         stream.seek(origin)
         stats.bytes_read = stats.lines_read = 0
         for line in scan(stream, anchors, stats):
             if line.number > last:
                 yield line
         return
+    _check_exit(base, code, err)
+
+
+PIPE_LINE_TOO_LONG = (f"the piped input has a line far over {MAX_LINE_BYTES >> 20} MiB; save it to a file and pass "
+                      "the file (its overlong lines are then skipped)")
+
+
+def _check_head(head: bytes, stats: ScanStats) -> None:
+    """The input's first bytes: not empty, not binary (a NUL byte)."""
+    if not head:
+        raise InputError("the input is empty")
+    stats.first_bytes = head[:4096]
+    if b"\x00" in head[:BINARY_PROBE_BYTES]:
+        stats.saw_nul = True
+        raise InputError("the input is binary, not a text log (for a journal file use "
+                         "'journalctl --file FILE -o cat -a | kvaudit explain -')")
+
+
+def _start_scanner(base: list[str], anchors: tuple[bytes, ...], stdin) -> subprocess.Popen:
+    cmd = list(base)
+    for a in anchors:
+        cmd += ["-e", os.fsdecode(a)]  # round-trips any byte (a non-ASCII anchor reaches grep as its own bytes)
+    return subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, LC_ALL="C"), preexec_fn=_limit_grep_memory)
+
+
+def _out_of_memory(code: int, err: bytes) -> bool:
+    """grep says "memory exhausted"; ripgrep says "memory allocation of N bytes failed" and aborts."""
+    return (code > 1 and b"memory" in err.lower()) or code < 0
+
+
+def _check_exit(base: list[str], code: int, err: bytes) -> None:
     if code > 1:
         name = os.path.basename(base[0])
         raise InputError(f"{name} failed: {err.decode('utf-8', 'replace').strip() or f'exit status {code}'}")
@@ -470,22 +486,13 @@ def scan_pipe(fd: int, head: bytes, at_end: bool, anchors: tuple[bytes, ...],
     rest of the pipe as the scanner's own standard input, its line numbers counted on from the head's."""
     anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
-    if not head:
-        raise InputError("the input is empty")
-    stats.first_bytes = head[:4096]
-    if b"\x00" in head[:BINARY_PROBE_BYTES]:
-        stats.saw_nul = True
-        raise InputError("the input is binary, not a text log (for a journal file use "
-                         "'journalctl --file FILE -o cat -a | kvaudit explain -')")
+    _check_head(head, stats)
+    base = scanner() or []
     stats.bytes_read = len(head)
     offset = head.count(b"\n")
 
     def run(stdin, feed: bytes | None) -> Iterator[tuple[int, bytes]]:
-        cmd = list(scanner() or ())
-        for a in anchors:
-            cmd += ["-e", os.fsdecode(a)]
-        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(os.environ, LC_ALL="C"), preexec_fn=_limit_grep_memory)
+        proc = _start_scanner(base, anchors, stdin)
         feeder = None
         if feed is not None:
             feeder = threading.Thread(target=_write_all, args=(proc, feed), daemon=True)
@@ -498,12 +505,9 @@ def scan_pipe(fd: int, head: bytes, at_end: bool, anchors: tuple[bytes, ...],
             code = proc.wait()
             if feeder is not None:
                 feeder.join(timeout=5)
-        if (code > 1 and b"memory" in err.lower()) or code < 0:
-            raise InputError(f"the piped input has a line far over {MAX_LINE_BYTES >> 20} MiB; save it to a file "
-                             "and pass the file (its overlong lines are then skipped)")
-        if code > 1:
-            raise InputError(f"{os.path.basename(cmd[0])} failed: "
-                             f"{err.decode('utf-8', 'replace').strip() or f'exit status {code}'}")
+        if _out_of_memory(code, err):
+            raise InputError(PIPE_LINE_TOO_LONG)
+        _check_exit(base, code, err)
 
     def selected() -> Iterator[tuple[int, bytes]]:
         for number, body in run(subprocess.PIPE, head):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.plan.model import Observed, Plan, PlanInput
+from kvaudit.plan.model import Plan, PlanInput, model_key
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,6 @@ class PlanRequest:
     page_size: int | None = None
     max_total_tokens: int | None = None
     history: str | None = None
-
-
-def model_key(geom: Any) -> str:
-    """What tells a model apart in the history without its name: architecture, layers, KV heads and head size."""
-    return (f"{geom.architecture or 'unknown'}/{geom.num_layers}L/{geom.num_kv_heads or 0}kv/"
-            f"{geom.kv_lora_rank or geom.head_dim or 0}d")
 
 
 def plan_input(req: PlanRequest) -> PlanInput:
@@ -94,14 +88,15 @@ def run(req: PlanRequest) -> Plan:
         engine = None
     if engine is None or engine.plan is None:
         raise KvauditError(f"--engine {inp.engine}: kvaudit plan sizes "
-                           f"{', '.join(e.name for e in _planned())} deployments in this version")
+                           f"{', '.join(e.name for e in planned_engines())} deployments in this version")
     return engine.plan(inp, history_frame(req.history))
 
 
-def _planned() -> list[Any]:
+def planned_engines() -> list[Any]:
+    """The engines whose deployments kvaudit plans (their formula package has ``plan``)."""
     from kvaudit.engines import ENGINES
 
     return [e for e in ENGINES if e.plan is not None]
 
 
-__all__ = ["Observed", "PlanRequest", "plan_input", "run"]
+__all__ = ["PlanRequest", "plan_input", "planned_engines", "run"]

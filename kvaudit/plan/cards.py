@@ -16,10 +16,6 @@ class Card:
     name: str  # as nvidia-smi names it
     total_mib: int
 
-    @property
-    def total_gib(self) -> float:
-        return self.total_mib / 1024
-
 
 CARDS = (
     Card("a100-40g", "NVIDIA A100-SXM4-40GB", 40960),
@@ -42,10 +38,3 @@ def card(text: str) -> Card:
     raise KvauditError(f"--gpu {text!r}: not a card kvaudit knows ({', '.join(c.key for c in CARDS)}); give its "
                        "memory as --gpu-memory-gib (nvidia-smi's memory.total / 1024)")
 
-
-def card_named(name: str | None) -> Card | None:
-    """The card nvidia-smi named ``name``, if it is one of these."""
-    for c in CARDS:
-        if name and c.name.lower() == name.strip().lower():
-            return c
-    return None

@@ -15,6 +15,12 @@ from kvaudit.model_config import ModelGeometry
 CALIBRATED, FORMULA, ASSUMED, GIVEN = "calibrated", "formula", "assumed", "given"
 
 
+def model_key(geom: ModelGeometry) -> str:
+    """What tells a model apart in the history without its name: architecture, layers, KV heads and head size."""
+    return (f"{geom.architecture or 'unknown'}/{geom.num_layers}L/{geom.num_kv_heads or 0}kv/"
+            f"{geom.kv_lora_rank or geom.head_dim or 0}d")
+
+
 @dataclass(frozen=True)
 class Term:
     key: str  # stable: t_gib, weights_gib, post_load_free_gib, reserve_gib, rest_gib, bytes_per_token, ...
@@ -75,9 +81,6 @@ class Plan:
     largest_fraction: float | None  # the largest that still leaves the reserve what it held (calibrated only)
     rule: str
     notes: tuple[str, ...] = ()
-
-    def term(self, key: str) -> Term | None:
-        return next((t for t in self.terms if t.key == key), None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ def observed_row(name: str, h: Any, geometry: Any = None) -> dict[str, Any] | No
     """The terms of an audited startup that a plan calibrates on, or None when the audit has no T (an endpoint,
     a failed host, a log without the free-memory lines). ``geometry``: the model config the fleet was given
     (--model-config); else the host's own config.json, when it was read."""
-    from kvaudit.plan.build import model_key
+    from kvaudit.plan.model import model_key
 
     a = h.audit
     if a is None or a.from_endpoint or a.formula.pre_load_free_gib is None:

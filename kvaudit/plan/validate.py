@@ -10,7 +10,6 @@ checkpoint's bytes; "not predictable": nothing gave the weights (a log names no 
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,9 +103,9 @@ def _case(row: Observed, others: list[Observed]) -> Case:
 
 
 def validate_history(path: str) -> dict[str, Any]:
-    from kvaudit.engines import ENGINES
+    from kvaudit.plan.build import planned_engines
 
-    planned = {e.name for e in ENGINES if e.plan is not None}
+    planned = {e.name for e in planned_engines()}
     rows = [r for r in rows_of(path) if r.engine in planned]
     cases = [_case(r, rows[:i] + rows[i + 1:]) for i, r in enumerate(rows)]
 
@@ -131,23 +130,3 @@ def validate_history(path: str) -> dict[str, Any]:
                   for c in cases],
     }
 
-
-def render(result: dict[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(result, indent=2) + "\n"
-    L = [f"plan --validate {result['source']}: {result['startups']} startups, each predicted from the others"
-         + (f" ({result['t_given']} from logs: their own T given, the rest predicted)" if result["t_given"] else "")]
-    for key, label in (("family_seen", "family seen"), ("family_not_seen", "family not seen")):
-        s = result[key]
-        if not s["startups"]:
-            L.append(f"  {label}: no startups")
-            continue
-        L.append(f"  {label}: {s['startups']} startups; token error median {s['median_abs_error']:.3%}, p95 "
-                 f"{s['p95_abs_error']:.3%}, mean {s['mean_abs_error']:.3%}; interval held {s['interval_held']:.0%}")
-    L.append(f"  not predictable: {result['not_predictable']} (no startup or checkpoint gives their weights)")
-    for c in result["cases"]:
-        if c["predicted_tokens"] is not None:
-            p = c["predicted_tokens"]
-            L.append(f"    {c['startup']}: logged {c['logged_tokens']:,}, predicted {p['low']:,}-{p['high']:,} "
-                     f"({c['error']:+.3%}{', held' if c['held'] else ', outside'})")
-    return "\n".join(L) + "\n"

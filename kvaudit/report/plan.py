@@ -114,3 +114,25 @@ def render_markdown(p: Plan) -> str:
     for n in p.notes:
         L.append(f"- {cell(n)}")
     return "\n".join(L) + "\n"
+
+
+def render_validation(result: dict[str, Any], fmt: str) -> str:
+    """``plan --validate``'s report (kvaudit.plan.validate.validate_history): JSON as it is, or its text."""
+    if fmt == "json":
+        return json.dumps(result, indent=2) + "\n"
+    L = [f"plan --validate {result['source']}: {result['startups']} startups, each predicted from the others"
+         + (f" ({result['t_given']} from logs: their own T given, the rest predicted)" if result["t_given"] else "")]
+    for key, label in (("family_seen", "family seen"), ("family_not_seen", "family not seen")):
+        s = result[key]
+        if not s["startups"]:
+            L.append(f"  {label}: no startups")
+            continue
+        L.append(f"  {label}: {s['startups']} startups; token error median {s['median_abs_error']:.3%}, p95 "
+                 f"{s['p95_abs_error']:.3%}, mean {s['mean_abs_error']:.3%}; interval held {s['interval_held']:.0%}")
+    L.append(f"  not predictable: {result['not_predictable']} (no startup or checkpoint gives their weights)")
+    for c in result["cases"]:
+        if c["predicted_tokens"] is not None:
+            p = c["predicted_tokens"]
+            L.append(f"    {c['startup']}: logged {c['logged_tokens']:,}, predicted {p['low']:,}-{p['high']:,} "
+                     f"({c['error']:+.3%}{', held' if c['held'] else ', outside'})")
+    return "\n".join(L) + "\n"
