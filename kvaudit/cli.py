@@ -778,12 +778,18 @@ def plan_cmd(
     tp: int = _opt(ASSUME, 1, "--tp", help="Tensor-parallel size."),
     pp: int = _opt(ASSUME, 1, "--pp", help="Pipeline-parallel size."),
     dp_attention: int = _opt(ASSUME, 1, "--dp-attention", help="SGLang's data-parallel attention size."),
-    fraction: Optional[float] = _opt(ASSUME, None, "--fraction", help="SGLang's mem_fraction_static."),
+    fraction: Optional[float] = _opt(ASSUME, None, "--fraction",
+                                     help="The engine's own fraction: SGLang mem_fraction_static, vLLM "
+                                          "gpu_memory_utilization, TensorRT-LLM free_gpu_memory_fraction, LMDeploy "
+                                          "cache_max_entry_count (default: the release's own)."),
     kv_dtype: str = _opt(ASSUME, "auto", "--kv-dtype", help="auto (the model's dtype), fp8_e4m3, ..."),
     context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1,
                                          help="The requests' length, for the concurrency."),
     max_running_requests: Optional[int] = _opt(ASSUME, None, "--max-running-requests", min=1),
-    page_size: Optional[int] = _opt(ASSUME, None, "--page-size", min=1),
+    page_size: Optional[int] = _opt(ASSUME, None, "--page-size", min=1,
+                                    help="SGLang's page, vLLM's block_size, TensorRT-LLM's tokens_per_block, "
+                                         "LMDeploy's block length."),
+    backend: Optional[str] = _opt(ASSUME, None, "--backend", help="LMDeploy: turbomind (default) or pytorch."),
     max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
@@ -807,7 +813,7 @@ def plan_cmd(
     from kvaudit.plan.build import PlanRequest, run
 
     p = run(PlanRequest(engine, model, gpu, gpu_memory_gib, tp, pp, dp_attention, fraction, kv_dtype,
-                        context_length, max_running_requests, page_size, max_total_tokens, history))
+                        context_length, max_running_requests, page_size, max_total_tokens, history, backend))
     _env.stdout.write(chosen.plan(p))
     return 0
 

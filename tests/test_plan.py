@@ -148,9 +148,9 @@ def test_a_term_from_another_release_is_kept_apart_and_widened(kimi_history):
 
 
 @pytest.mark.parametrize("args, words", [
-    ((KIMI_CONFIG, *KIMI), "give --fraction"),
     ((KIMI_CONFIG, "--engine", "sglang", "--gpu", "h100", "--fraction", "0.9"), "sglang==0.5.9"),
-    ((KIMI_CONFIG, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9"), "plan sizes sglang"),
+    ((KIMI_CONFIG, "--engine", "tgi==3.0.0", "--gpu", "h100", "--fraction", "0.9"),
+     "plan sizes sglang, vllm, trtllm, lmdeploy"),
     ((KIMI_CONFIG, "--engine", "sglang==0.5.9", "--gpu", "tpu-v5", "--fraction", "0.9"), "--gpu-memory-gib"),
     ((KIMI_CONFIG, *KIMI, "--fraction", "0.9"), "weights per rank are unknown"),
 ])

@@ -25,13 +25,14 @@ CREATE TABLE IF NOT EXISTS startups (run_id INTEGER NOT NULL REFERENCES runs(id)
     startup_id TEXT, engine TEXT NOT NULL, version TEXT, gpu_name TEXT, gpu_total_mib REAL, tp INTEGER,
     fraction REAL, t_gib REAL, post_gib REAL, weights_gib REAL, reserve_gib REAL, free_at_end_gib REAL,
     bytes_per_token INTEGER, bpt_low REAL, bpt_high REAL, tokens INTEGER, page_size INTEGER, model_key TEXT,
-    PRIMARY KEY (run_id, host));
+    rest_gib REAL, PRIMARY KEY (run_id, host));
 CREATE INDEX IF NOT EXISTS hosts_by_name ON hosts(host, run_id);
 CREATE INDEX IF NOT EXISTS gpus_by_run ON gpus(run_id);
 """
 #: columns added after the first release, with their type: an older history file gains them on open
 ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"),),
-                 "startups": (("bpt_low", "REAL"), ("bpt_high", "REAL"), ("page_size", "INTEGER"))}
+                 "startups": (("bpt_low", "REAL"), ("bpt_high", "REAL"), ("page_size", "INTEGER"),
+                              ("rest_gib", "REAL"))}
 
 FREE_DRIFT_GIB = 0.5
 WEIGHTS_DRIFT_GIB = 0.05
@@ -68,7 +69,7 @@ def connect(path: str) -> sqlite3.Connection:
 
 STARTUP_COLUMNS = ("host", "startup_id", "engine", "version", "gpu_name", "gpu_total_mib", "tp", "fraction", "t_gib",
                    "post_gib", "weights_gib", "reserve_gib", "free_at_end_gib", "bytes_per_token", "bpt_low",
-                   "bpt_high", "tokens", "page_size", "model_key")
+                   "bpt_high", "tokens", "page_size", "model_key", "rest_gib")
 
 
 def record(path: str, started_at: str, started_ts: float, duration_s: float, summaries: list[dict],
@@ -106,7 +107,7 @@ _TEXT = ("host", "status", "reason", "verdict", "startup_id", "rank", "engine", 
 _INTS = ("tokens", "gpu", "run_id", "id", "hosts", "tp", "bytes_per_token", "page_size")
 _REALS = ("weights_gib", "free_min_gib", "unexplained_gib", "kv_gib", "free_now_gib", "free_at_end_gib",
           "duration_s", "started_ts", "gpu_total_mib", "fraction", "t_gib", "post_gib", "reserve_gib", "bpt_low",
-          "bpt_high")
+          "bpt_high", "rest_gib")
 
 
 def clean_row(row: dict) -> dict | None:

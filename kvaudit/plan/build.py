@@ -28,6 +28,7 @@ class PlanRequest:
     page_size: int | None = None
     max_total_tokens: int | None = None
     history: str | None = None
+    backend: str | None = None
 
 
 def plan_input(req: PlanRequest) -> PlanInput:
@@ -66,7 +67,22 @@ def plan_input(req: PlanRequest) -> PlanInput:
     return PlanInput(name.strip().lower(), version.strip(), gpu_name, total_mib, req.tp, req.pp, req.dp_attention,
                      req.fraction, req.kv_dtype, req.context_length, req.max_running_requests, req.page_size,
                      req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
-                     weights.source if weights else None)
+                     weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend)
+
+
+def _vocab(config: Path) -> int | None:
+    """config.json's vocab_size (or its text_config's); load_config has already bounded and parsed the file."""
+    import json
+
+    try:
+        doc = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for d in (doc, doc.get("text_config") if isinstance(doc, dict) else None):
+        v = d.get("vocab_size") if isinstance(d, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**8:
+            return v
+    return None
 
 
 def history_frame(path: str | None) -> Any:

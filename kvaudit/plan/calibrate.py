@@ -98,6 +98,24 @@ def weight_memory(df: Any, inp: PlanInput) -> Observation | None:
     return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
 
 
+def logged_weights(df: Any, inp: PlanInput) -> Observation | None:
+    """What loading this model took per rank as the engine logged it (vLLM's "Model loading took X GiB"): the
+    engines whose T is the card's total, where T - post is not the weights."""
+    return observe(df, inp, lambda s: s["weights_gib"], by_model=True)
+
+
+def budget_besides_weights(df: Any, inp: PlanInput) -> Observation | None:
+    """vLLM: what the budget (total x util) held besides the weights and the KV cache (activation peak, non-torch
+    memory, the CUDA-graph estimate): total x util - weights - the available KV memory it logged."""
+    return observe(df, inp, lambda s: s["t_gib"] * s["fraction"] - s["weights_gib"] - s["rest_gib"], by_model=True)
+
+
+def profiling_peak(df: Any, inp: PlanInput) -> Observation | None:
+    """TensorRT-LLM: what the profiling run left in use besides the temporary KV (weights, activations, graphs,
+    NCCL): total - free after profiling."""
+    return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
+
+
 def reserve_held(df: Any, inp: PlanInput) -> Observation | None:
     """What the reserve held at startup (graphs, activations, a draft, the request table): reserve - free at end."""
     return observe(df, inp, lambda s: s["reserve_gib"] - s["free_at_end_gib"], by_model=True)

@@ -62,6 +62,8 @@ class PlanInput:
     #: a startup replayed by --validate: its own bytes per token, and its T when its card is not known (a log)
     bytes_per_token: tuple[float, float] | None = None
     given_t: tuple[float, float] | None = None
+    vocab_size: int | None = None  # config.json's, for LMDeploy's PyTorch-engine runtime estimate
+    backend: str | None = None  # LMDeploy: turbomind (the default) or pytorch
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class Plan:
     largest_fraction: float | None  # the largest that still leaves the reserve what it held (calibrated only)
     rule: str
     notes: tuple[str, ...] = ()
+    block_size: int = 1  # the page (SGLang), block (vLLM, LMDeploy) or tokens per block (TensorRT-LLM)
+    #: what bounds the largest fraction, where the engine's rule is not SGLang's reserve
+    largest_fraction_reason: str = "the largest that still leaves the reserve what it held before"
 
 
 @dataclass(frozen=True)
@@ -106,3 +111,4 @@ class Observed:
     bpt_low: float | None = None
     bpt_high: float | None = None
     page_size: int | None = None
+    rest_gib: float | None = None  # the KV budget the engine computed (SGLang's rest, vLLM's available KV memory)

@@ -50,7 +50,8 @@ def rows_of(path: str) -> list[Observed]:
 
 
 def _rows_of_logs(directory: Path) -> list[Observed]:
-    """Each SGLang startup of each log under ``directory`` (a corpus), audited as explain audits it."""
+    """Each startup (of an engine kvaudit plans) of each log under ``directory`` (a corpus), audited as explain
+    audits it."""
     from kvaudit.explain import audit, read_log
     from kvaudit.parse.lines import InputError
     from kvaudit.plan.observe import from_audit
@@ -66,7 +67,7 @@ def _rows_of_logs(directory: Path) -> list[Observed]:
                 parsed = read_log(fh)
         except (InputError, OSError):  # NoStartupError is an InputError
             continue
-        if parsed.engine.name != "sglang":
+        if parsed.engine.plan is None:
             continue
         for a, s in zip(audit(parsed, AuditOptions(source=str(log)), None, True), parsed.startups):
             if a.formula.pre_load_free_gib is None:
@@ -91,7 +92,7 @@ def _case(row: Observed, others: list[Observed]) -> Case:
                     bytes_per_token=(row.bpt_low or row.bytes_per_token, row.bpt_high or row.bytes_per_token),
                     given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)  # type: ignore[operator]
     df = frame(others)
-    w = calibrate.weight_memory(df, inp)
+    w = calibrate.weight_memory(df, inp) or calibrate.logged_weights(df, inp)
     if w is None:
         return Case(row.host, None, t_given, row.tokens, None, None,  # type: ignore[arg-type]
                     "no other startup of this model, and a log names no checkpoint size")

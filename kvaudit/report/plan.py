@@ -57,7 +57,7 @@ def outcome(p: Plan) -> list[tuple[str, str]]:
     if p.smallest_fraction is not None:
         out.append(("smallest fraction whose pool holds one full-context request", f"{p.smallest_fraction:g}"))
     if p.largest_fraction is not None:
-        out.append(("largest fraction that leaves the reserve what it held before", f"{p.largest_fraction:g}"))
+        out.append((f"largest fraction ({p.largest_fraction_reason})", f"{p.largest_fraction:g}"))
     return out
 
 
@@ -76,14 +76,14 @@ def as_dict(p: Plan) -> dict[str, Any]:
         "model": {"key": i.model_key, "architecture": i.geometry.architecture, "source": i.geometry.source,
                   "weight_bytes": i.weight_bytes, "weight_source": i.weight_source},
         "formula": {
-            "mem_fraction_static": i.fraction,
+            "mem_fraction_static": t["mem_fraction_static"].lo if "mem_fraction_static" in t else i.fraction,
             "pre_load_free_gib": mid("t_gib"),
             "post_load_free_gib": mid("post_load_free_gib"),
             "reserve_gib": mid("reserve_gib"),
             "rest_gib": mid("rest_gib"),
             "bytes_per_token": int(t["bytes_per_token"].lo) if "bytes_per_token" in t else None,
             "predicted_tokens": {"low": p.tokens_low, "high": p.tokens_high},
-            "page_size": i.page_size or 1,
+            "page_size": p.block_size,
             "max_total_tokens_cap": i.max_total_tokens,
             "rule": p.rule,
         },

@@ -32,4 +32,12 @@ pool, the checks, the findings), ``whatif`` and ``endpoint``.
 from kvaudit.reconcile.lmdeploy.audit import reconcile
 from kvaudit.reconcile.lmdeploy.whatif import whatif
 
-__all__ = ["reconcile", "whatif"]
+
+def plan(inp, history=None):  # noqa: ANN001 - kvaudit.plan.model.PlanInput, a pandas frame
+    """kvaudit plan for this engine (reconcile/lmdeploy/planner.py), loaded only when a plan is asked for."""
+    from kvaudit.reconcile.lmdeploy.planner import plan as engine_plan
+
+    return engine_plan(inp, history)
+
+
+__all__ = ["plan", "reconcile", "whatif"]

@@ -18,10 +18,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.errors import KvauditError
 from kvaudit.model_config import element_bytes
 from kvaudit.plan import calibrate
+from kvaudit.plan import terms as shared
 from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.plan.terms import PlanError, weakest
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
@@ -31,14 +32,6 @@ from kvaudit.versions import VersionRange, parse_version
 #: CUDA context, NCCL's buffers. The bundled host (RTX PRO 6000, TP 8, 0.5.9) lost 1.58 GiB (32 MiB reserved, 1.55
 #: GiB before T); the range is wide on purpose (docs/plan.md)
 T_OFFSET_GIB = (0.4, 2.5)
-#: what loading the weights takes beyond the checkpoint's bytes per rank, when no startup of the model says:
-#: buffers allocated with the weights (rotary caches, MoE workspaces), allocator rounding
-WEIGHT_OVERHEAD = (0.0, 0.5)  # GiB, plus up to 2 % of the weights
-WEIGHT_OVERHEAD_SHARE = 0.02
-
-
-class PlanError(KvauditError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -50,20 +43,12 @@ class _Settings:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def _weakest(*kinds: str) -> str:
-    order = (ASSUMED, CALIBRATED, FORMULA, GIVEN)
-    return min(kinds, key=order.index)
-
-
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     try:
         version = parse_version(inp.version)
     except ValueError:
         raise PlanError(f"--engine sglang=={inp.version}: not a release number (e.g. sglang==0.5.9)") from None
     era = VersionRange(version, version)
-    if inp.fraction is None:
-        raise PlanError("give --fraction: SGLang's default mem_fraction_static (server_args' heuristics per release, "
-                        "by card memory, TP, chunked prefill and CUDA-graph sizes) is not modelled by plan yet")
     notes: list[str] = []
     total = inp.gpu_total_mib / 1024
     terms: list[Term] = []
@@ -81,21 +66,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     terms.append(T)
 
     post_obs = calibrate.post_load_free(history, inp)
-    w_obs = calibrate.weight_memory(history, inp)
-    ranks = inp.tp * inp.pp
-    if w_obs is not None:
-        W = Term("weights_gib", "weights per rank (what loading took)", w_obs.lo, w_obs.hi, "GiB", CALIBRATED,
-                 w_obs.basis)
-    elif inp.weight_bytes:
-        even = inp.weight_bytes / ranks / GIB
-        W = Term("weights_gib", "weights per rank (what loading took)", even,
-                 even * (1 + WEIGHT_OVERHEAD_SHARE) + WEIGHT_OVERHEAD[1], "GiB", ASSUMED,
-                 f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
-                 f"up to {WEIGHT_OVERHEAD[1]} GiB + {WEIGHT_OVERHEAD_SHARE:.0%} loaded with them (assumed; replicated "
-                 "embeddings and uneven expert splits not modelled)")
-    else:
-        raise PlanError("the weights per rank are unknown: give the model directory (its safetensors headers or "
-                        "model.safetensors.index.json), or a --history with a startup of this model at this TP")
+    W = shared.weights(inp, history)
     terms.append(W)
     # post itself is an observation only where T is one of the same family: a T given (a replayed log) or taken
     # from a nearer family is another card's or release's, and post then follows from it less the weights
@@ -104,11 +75,12 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                     CALIBRATED, post_obs.basis)
     else:
         post = Term("post_load_free_gib", "free after the weights (post)", T.lo - W.hi, T.hi - W.lo, "GiB",
-                    _weakest(T.kind, W.kind), "T - weights")
+                    weakest(T.kind, W.kind), "T - weights")
     terms.append(post)
 
-    f = inp.fraction
-    terms.append(Term("mem_fraction_static", "mem_fraction_static", f, f, "", GIVEN, "--fraction"))
+    F = shared.fraction(inp, "mem_fraction_static", None if inp.fraction is not None else _default(inp))
+    f = F.lo
+    terms.append(F)
     geom = inp.geometry
     cell_iv = None
     if inp.bytes_per_token:
@@ -134,9 +106,9 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     reserve = Ti.scale(1 - f)
     rest = posti - reserve
     terms.append(Term("reserve_gib", "reserve (1 - fraction) x T", reserve.lo, reserve.hi, "GiB",
-                      _weakest(T.kind, FORMULA), "formula"))
+                      weakest(T.kind, FORMULA), "formula"))
     terms.append(Term("rest_gib", "KV budget (rest = post - reserve)", rest.lo, rest.hi, "GiB",
-                      _weakest(post.kind, T.kind), "formula"))
+                      weakest(post.kind, T.kind), "formula"))
     page = inp.page_size or 1
     if inp.page_size is None:
         notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
@@ -148,12 +120,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
     kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
 
-    concurrency = None
-    if inp.context_length:
-        c_lo, c_hi = lo // inp.context_length, hi // inp.context_length
-        if inp.max_running_requests:
-            c_lo, c_hi = min(c_lo, inp.max_running_requests), min(c_hi, inp.max_running_requests)
-        concurrency = (c_lo, c_hi)
+    concurrency = shared.concurrency(lo, hi, inp)
 
     held = calibrate.reserve_held(history, inp)
     left = None
@@ -170,7 +137,20 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     if smallest is None:
         why += "; the weights leave no room for the pool at any fraction"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
-                smallest, largest, rule.name, tuple(notes))
+                smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+def _default(inp: PlanInput) -> tuple[float, str] | None:
+    """SGLang's default mem_fraction_static for this release, card and layout (reconcile/sglang/defaults.py)."""
+    from kvaudit.reconcile.sglang.defaults import default_fraction
+
+    if inp.geometry is None:
+        return None
+    f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, inp.geometry.is_mla,
+                              inp.geometry.multimodal)
+    if f is None:
+        raise PlanError(f"give --fraction (mem_fraction_static): {how}")
+    return f, how + "; the release's default, as --mem-fraction-static is not given"
 
 
 def _starts(rest: Interval, left: Term | None, hi: int, lo: int, context: int | None) -> tuple[str, str]:

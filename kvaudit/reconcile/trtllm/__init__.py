@@ -25,4 +25,12 @@ from kvaudit.reconcile.trtllm.audit import reconcile
 from kvaudit.reconcile.trtllm.cell import cell_size
 from kvaudit.reconcile.trtllm.whatif import whatif
 
-__all__ = ["reconcile", "whatif", "cell_size"]
+
+def plan(inp, history=None):  # noqa: ANN001 - kvaudit.plan.model.PlanInput, a pandas frame
+    """kvaudit plan for this engine (reconcile/trtllm/planner.py), loaded only when a plan is asked for."""
+    from kvaudit.reconcile.trtllm.planner import plan as engine_plan
+
+    return engine_plan(inp, history)
+
+
+__all__ = ["cell_size", "plan", "reconcile", "whatif"]

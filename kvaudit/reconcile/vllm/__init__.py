@@ -10,4 +10,12 @@ from kvaudit.reconcile.vllm.audit import reconcile
 from kvaudit.reconcile.vllm.cell import cell_size
 from kvaudit.reconcile.vllm.whatif import whatif
 
-__all__ = ["reconcile", "whatif", "cell_size"]
+
+def plan(inp, history=None):  # noqa: ANN001 - kvaudit.plan.model.PlanInput, a pandas frame
+    """kvaudit plan for vLLM (reconcile/vllm/planner.py), loaded only when a plan is asked for."""
+    from kvaudit.reconcile.vllm.planner import plan as vllm_plan
+
+    return vllm_plan(inp, history)
+
+
+__all__ = ["cell_size", "plan", "reconcile", "whatif"]

@@ -1,0 +1,89 @@
+"""kvaudit plan for TensorRT-LLM's PyTorch backend (0.19+): the KV pool of a deployment that does not exist yet.
+
+``_torch/pyexecutor/_util.py::KvCacheCreator.configure_kv_cache_capacity`` (earlier ``estimate_max_tokens``)::
+
+    available_kv = (total - peak + temporary KV) x free_gpu_memory_fraction
+    tokens = ceil(floor(available_kv / bytes per token) / tokens_per_block) x tokens_per_block
+
+The fraction multiplies what the profiling run leaves free, not the total. ``peak - temporary KV`` is what stays
+in use besides the pool: the weights, the profiling run's activations, CUDA graphs warmed up at the temporary
+size, NCCL and cuBLAS workspaces, the CUDA context. The history's startups of this model give it (total - free
+after profiling); else the weights per rank (the checkpoint) plus an assumed range for the rest.
+``free_gpu_memory_fraction`` defaults to 0.9 (``kDefaultGpuMemFraction``; ``KvCacheConfig``), tokens_per_block
+to 32; --max-total-tokens is ``KvCacheConfig.max_tokens`` (the smaller wins).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvaudit.plan import calibrate
+from kvaudit.plan import terms as shared
+from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.plan.terms import weakest
+from kvaudit.reconcile.trtllm.cell import cell_size
+from kvaudit.units import GIB, Interval
+
+DEFAULT_FRACTION = 0.9  # cpp/include/tensorrt_llm/executor/executor.h kDefaultGpuMemFraction; KvCacheConfig
+DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block
+#: besides the weights, what the profiling run leaves in use (activations, CUDA graphs, NCCL, cuBLAS, the CUDA
+#: context), when no startup of the model says: assumed, wide (docs/plan.md, "TensorRT-LLM")
+PROFILING_REST_GIB = (0.8, 6.0)
+
+
+def plan(inp: PlanInput, history: Any = None) -> Plan:
+    shared.release(inp, (0, 19, 0), "kvaudit plan sizes the PyTorch backend (0.19+); a TensorRT engine's activation "
+                   "buffers are the built engine's own")
+    geom = inp.geometry
+    given_cell = shared.replayed_or_config(inp)
+    notes: list[str] = []
+    total = shared.cuda_total(inp, history, "TensorRT-LLM")
+    frac = shared.fraction(inp, "free_gpu_memory_fraction", (DEFAULT_FRACTION, "TensorRT-LLM's default "
+                                                             "(kDefaultGpuMemFraction, KvCacheConfig)"))
+    used_obs = calibrate.profiling_peak(history, inp)
+    out: list[Term] = [total, frac]
+    if used_obs is not None:
+        used = Term("profiling_used_gib", "in use after profiling (weights, activations, graphs, NCCL)",
+                    used_obs.lo, used_obs.hi, "GiB", CALIBRATED, used_obs.basis)
+        out.append(used)
+    else:
+        weights = shared.weights(inp, history)
+        rest = Term("profiling_rest_gib", "besides the weights: activations, CUDA graphs, NCCL, the CUDA context",
+                    *PROFILING_REST_GIB, "GiB", ASSUMED, "assumed: no startup of this model in the history")
+        used = shared.sum_terms("profiling_used_gib", "in use after profiling", [weights, rest], "weights + the rest")
+        out += [weights, rest, used]
+    free = shared.interval(total) - shared.interval(used)
+    out.append(Term("post_load_free_gib", "free after profiling (total - peak + temporary KV)", free.lo, free.hi,
+                    "GiB", weakest(total.kind, used.kind), "formula"))
+    available = free.scale(frac.lo)
+    if given_cell is not None:
+        cell, how, cell_kind = given_cell, "the replayed startup's own", GIVEN
+    else:
+        assert geom is not None
+        cell, how = cell_size(geom, inp.tp, shared.kv_element(inp))
+        how, cell_kind = f"KVCacheManager.get_cache_bytes_per_token: {how}", FORMULA
+    out.append(Term("bytes_per_token", "KV bytes per token per rank", cell, cell, "B", cell_kind, how))
+    if inp.max_total_tokens:
+        cap = inp.max_total_tokens * cell / GIB
+        available = Interval(min(available.lo, cap), min(available.hi, cap))
+        out.append(Term("max_tokens_gib", "max_tokens x bytes per token (the smaller wins)", cap, cap, "GiB", GIVEN,
+                        "--max-total-tokens"))
+    out.append(Term("rest_gib", "KV budget (free x fraction)", available.lo, available.hi, "GiB",
+                    weakest(total.kind, used.kind), "formula"))
+    if geom is not None and (geom.is_hybrid_swa or geom.is_mamba_hybrid):
+        notes.append("a hybrid model (sliding-window or state-space layers): the split of the pool by window is not "
+                     "modelled by plan; the tokens are the full-attention cell's")
+    block = inp.page_size or DEFAULT_TOKENS_PER_BLOCK
+    lo = math.ceil(math.floor(max(0.0, available.lo) * GIB / cell) / block) * block
+    hi = math.ceil(math.floor(max(0.0, available.hi) * GIB / cell) / block) * block
+    starts, why = shared.pool_starts(available, lo, hi, inp.context_length, "the KV cache manager gets no blocks",
+                                     context_fatal=False)
+    smallest = None
+    if inp.context_length and free.lo > 0:
+        smallest = math.ceil(inp.context_length * cell / GIB / free.lo * 1000) / 1000
+    return Plan(inp, tuple(out), lo, hi, round(lo * cell / GIB, 3), round(hi * cell / GIB, 3),
+                shared.concurrency(lo, hi, inp), None, starts, why,
+                smallest if smallest is not None and smallest < 1 else None, None,
+                f"TensorRT-LLM (PyTorch): (total - peak + temporary KV) x fraction; ceil(floor(KV / bytes per token) / "
+                f"{block}) x {block}", tuple(notes), block_size=block)

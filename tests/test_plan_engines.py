@@ -1,0 +1,196 @@
+"""kvaudit plan beyond SGLang's given fraction (issue 25): SGLang's default fraction per release, and the plans of
+vLLM, TensorRT-LLM and LMDeploy by each engine's own budget, held against real startups of the corpus."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests.conftest import CONFIGS, FIXTURES, cli
+
+CORPUS = FIXTURES / "corpus"
+GIB = 2**30
+
+
+def _model(tmp_path, config: str, total_size: int, **extra) -> str:
+    """A model directory: a fixture's config.json and an index whose total_size is the checkpoint's bytes."""
+    d = tmp_path / config.removesuffix(".json")
+    d.mkdir(exist_ok=True)
+    doc = json.loads((CONFIGS / config).read_text())
+    doc.update(extra)
+    (d / "config.json").write_text(json.dumps(doc))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total_size},
+                                                                 "weight_map": {}}))
+    return str(d)
+
+
+def _plan(*args):
+    r = cli("plan", *args, "-f", "json")
+    assert r.code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _history(tmp_path, log: str, config: str, gpu_name: str, total_mib: float):
+    """A history holding the audit of one corpus startup, as the fleet records it (kvaudit.fleet.history.record), on
+    the card the thread names, for the model whose config.json gives the startup's own bytes per token."""
+    from kvaudit.explain import audit, read_log
+    from kvaudit.fleet.history import record
+    from kvaudit.model_config import load_config
+    from kvaudit.plan.model import model_key
+    from kvaudit.plan.observe import from_audit
+    from kvaudit.reconcile.interface import AuditOptions
+
+    with (CORPUS / log).open("rb") as fh:
+        parsed = read_log(fh)
+    a = audit(parsed, AuditOptions(source=log), None, True)[-1]
+    row = from_audit(log, a, "startup 1", gpu_name, total_mib, model_key(load_config(CONFIGS / config)))
+    db = tmp_path / "history.db"
+    record(str(db), "2026-12-01T00:00:00+00:00", 0.0, 1.0, [], [], [row])
+    return db, a
+
+
+# ----------------------------------------------------------------------------------------------------------
+# SGLang's default mem_fraction_static
+
+
+@pytest.mark.parametrize("version, gpu, tp, config, expected", [
+    # docs reference, sglang-memory.md 4.3: 97,887 MiB at TP 8, computed from each release's server_args rule
+    ("0.4.6", "rtx-pro-6000", 8, "qwen3-32b.json", 0.864),
+    ("0.4.7", "rtx-pro-6000", 8, "qwen3-32b.json", 0.88),
+    ("0.4.8", "rtx-pro-6000", 8, "qwen3-32b.json", 0.833),
+    ("0.5.9", "rtx-pro-6000", 8, "qwen3-32b.json", 0.848),
+    ("0.5.10", "rtx-pro-6000", 8, "deepseek-v3.json", 0.833),  # MLA: +1.5 GiB for the piecewise graphs
+    # SGLang's own documentation build (docs/basic_usage/offline_engine_api, Feb 2026, an H100 at TP 1): its
+    # server_args line prints mem_fraction_static=0.835, chunked_prefill_size=8192
+    ("0.5.9", "h100", 1, "qwen3-32b.json", 0.835),
+    ("0.3.6", "h100", 8, "qwen3-32b.json", 0.82),
+    ("0.4.0", "h100", 2, "qwen3-32b.json", 0.87),
+])
+def test_sglangs_default_fraction_is_the_releases_own_rule(tmp_path, version, gpu, tp, config, expected):
+    p = _plan(_model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", "--gpu", gpu, "--tp", str(tp))
+    term = next(t for t in p["terms"] if t["key"] == "mem_fraction_static")
+    # 0.4.6 and 0.4.7 do not round their quotient (the reference's table shows it to three places)
+    assert round(term["low"], 3) == expected and term["low"] == term["high"] and term["kind"] == "formula", term
+    assert "default" in term["basis"] and round(p["formula"]["mem_fraction_static"], 3) == expected
+
+
+@pytest.mark.parametrize("version, config, words", [
+    ("0.5.12", "qwen3-32b.json", "piecewise CUDA graphs"),
+    ("0.5.18", "deepseek-v3.json", "memory_hook.py"),
+    ("0.5.9", "kimi-k2.5.json", "vision tower"),
+    ("0.3.5", "qwen3-32b.json", "not established"),
+])
+def test_a_default_kvaudit_has_not_established_asks_for_the_fraction(tmp_path, version, config, words):
+    r = cli("plan", _model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", "--gpu", "h100",
+            "--tp", "8")
+    assert r.code == ExitStatus.BAD_INPUT and "give --fraction" in r.stderr and words in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vLLM
+
+#: vllm_c010 (vllm#10511): Meta-Llama-3-8B on an 80 GB card, TP 1, utilisation 0.9, 53.29 GiB for the KV cache;
+#: the checkpoint is 16,060,522,496 bytes (its model.safetensors.index.json total_size); the card's CUDA total
+#: 79.22 GiB is an H100's 81,559 MiB less the driver's reserve
+LLAMA_BYTES = 16_060_522_496
+LLAMA_TOKENS = 53.29 * GIB // (131072 * 16) * 16
+
+
+def test_a_vllm_plan_without_history_holds_the_real_startup_and_says_what_it_assumed(tmp_path):
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES, vocab_size=128256)
+    p = _plan(model, "--engine", "vllm==0.6.5", "--gpu", "h100", "--fraction", "0.9", "--context-length", "8192")
+    low, high = p["formula"]["predicted_tokens"].values()
+    assert low <= LLAMA_TOKENS <= high
+    kinds = {t["key"]: t["kind"] for t in p["terms"]}
+    assert kinds == {"t_gib": "assumed", "mem_fraction_static": "given", "requested_gib": "assumed",
+                     "weights_gib": "assumed", "besides_gib": "assumed", "bytes_per_token": "formula",
+                     "rest_gib": "assumed"}
+    assert p["formula"]["bytes_per_token"] == 131072 and p["formula"]["page_size"] == 16
+    assert p["concurrency"] == {"low": low // 8192, "high": high // 8192} and p["starts"] == "yes"
+
+
+def test_a_vllm_startup_in_the_history_calibrates_the_plan_to_its_own_budget(tmp_path):
+    """The history's one audit of vllm_c010, on an H100: the plan's budget besides the weights is that startup's
+    (its release is not named in the log, so it is kept apart and widened, and said so); the interval holds the
+    startup's pool and is far narrower than the assumed one; a higher utilisation moves it by that share of T."""
+    db, a = _history(tmp_path, "vllm_c010.log", "llama3-8b.json", "NVIDIA H100 80GB HBM3", 81559)
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES)
+    p = _plan(model, "--engine", "vllm==0.6.5", "--gpu", "h100", "--fraction", "0.9", "--history", str(db))
+    low, high = p["formula"]["predicted_tokens"].values()
+    assert low <= LLAMA_TOKENS <= high
+    terms = {t["key"]: t for t in p["terms"]}
+    assert terms["t_gib"]["kind"] == terms["weights_gib"]["kind"] == terms["besides_gib"]["kind"] == "calibrated"
+    assert "other vllm releases" in terms["besides_gib"]["basis"]
+    # activation peak 1.26 + non-torch 1.79 GiB, as the startup logged them
+    assert terms["besides_gib"]["low"] < 3.05 < terms["besides_gib"]["high"]
+    free = _plan(model, "--engine", "vllm==0.6.5", "--gpu", "h100", "--fraction", "0.9")
+    assert (high - low) * 4 < free["formula"]["predicted_tokens"]["high"] - free["formula"]["predicted_tokens"]["low"]
+    more = _plan(model, "--engine", "vllm==0.6.5", "--gpu", "h100", "--fraction", "0.95", "--history", str(db))
+    shift = 0.05 * 79.22 * GIB / 131072
+    assert more["formula"]["predicted_tokens"]["low"] > low + shift * 0.98
+
+
+def test_vllm_refuses_a_pool_below_one_max_model_len_request_and_a_budget_above_the_free_memory(tmp_path):
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES)
+    p = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-4090", "--fraction", "0.9",
+              "--context-length", "1000000")
+    assert p["starts"] == "no" and "max_model_len" in p["starts_reason"]
+    p = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.999")
+    assert p["starts"] == "no" and "Free memory on device" in p["starts_reason"]
+    default = _plan(model, "--engine", "vllm==0.22.0", "--gpu", "h100")
+    term = next(t for t in default["terms"] if t["key"] == "mem_fraction_static")
+    assert term["low"] == 0.92 and term["kind"] == "formula"  # 0.21+'s default
+
+
+# ----------------------------------------------------------------------------------------------------------
+# TensorRT-LLM and LMDeploy
+
+
+def test_a_trtllm_startup_calibrates_the_plan_to_its_pool(tmp_path):
+    """trtllm_c008 (TensorRT-LLM#15734): an H200 (139.80 GiB), free after profiling 91.00 GiB, fraction 0.9,
+    163,840 B per token, 536,768 tokens. Planned again with its history, on a model of the same cell (Qwen3-14B's
+    geometry: 40 layers x 8 KV heads x 128 x 2 x 2 B), the interval holds the logged pool."""
+    db, a = _history(tmp_path, "trtllm_c008.log", "qwen3-14b.json", "NVIDIA H200", 143771)
+    p = _plan(str(CONFIGS / "qwen3-14b.json"), "--engine", "trtllm==1.2.0", "--gpu", "h200", "--history", str(db))
+    low, high = p["formula"]["predicted_tokens"].values()
+    assert p["formula"]["bytes_per_token"] == 163840
+    assert low <= a.formula.logged_tokens <= high
+    assert high - low < 0.02 * a.formula.logged_tokens  # calibrated: within the widening for another release
+    kinds = {t["key"]: t["kind"] for t in p["terms"]}
+    assert kinds["profiling_used_gib"] == "calibrated" and kinds["mem_fraction_static"] == "formula"
+
+
+def test_a_trtllm_plan_without_the_weights_says_so(tmp_path):
+    r = cli("plan", str(CONFIGS / "qwen3-14b.json"), "--engine", "trtllm==1.0.0", "--gpu", "h200")
+    assert r.code == ExitStatus.BAD_INPUT and "weights per rank are unknown" in r.stderr
+    r = cli("plan", str(CONFIGS / "qwen3-14b.json"), "--engine", "trtllm==0.18.0", "--gpu", "h200")
+    assert r.code == ExitStatus.BAD_INPUT and "PyTorch backend" in r.stderr
+
+
+def test_lmdeploy_plans_turbomind_and_the_pytorch_engine_by_their_own_rules(tmp_path):
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES, vocab_size=128256)
+    tm = _plan(model, "--engine", "lmdeploy==0.10.0", "--gpu", "h100")
+    pt = _plan(model, "--engine", "lmdeploy==0.10.0", "--gpu", "h100", "--backend", "pytorch")
+    assert tm["formula"]["page_size"] == pt["formula"]["page_size"] == 64
+    assert tm["formula"]["predicted_tokens"]["low"] % 64 == 0
+    ratio = next(t for t in tm["terms"] if t["key"] == "mem_fraction_static")
+    assert ratio["low"] == 0.8 and ratio["kind"] == "formula"
+    runtime = next(t for t in pt["terms"] if t["key"] == "runtime_gib")
+    # (max_prefill_token_num + 2 x max_batches) x vocab x 2 B, at the corpus' defaults
+    assert runtime["low"] == pytest.approx((4096 + 256) * 128256 * 2 / GIB, abs=1e-4)  # JSON: 4 places
+    assert runtime["high"] == pytest.approx((8192 + 512) * 128256 * 2 / GIB, abs=1e-4)
+    assert pt["formula"]["predicted_tokens"]["high"] < tm["formula"]["predicted_tokens"]["high"]
+    r = cli("plan", model, "--engine", "lmdeploy==0.10.0", "--gpu", "h100", "--backend", "vllm")
+    assert r.code == ExitStatus.BAD_INPUT and "turbomind and pytorch" in r.stderr
+    int8 = _plan(model, "--engine", "lmdeploy==0.10.0", "--gpu", "h100", "--kv-dtype", "int8")
+    assert int8["formula"]["bytes_per_token"] == 2 * 32 * 8 * (128 + 4)  # 2 x layers x heads x (head_dim + 4)
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_every_engines_plan_renders(tmp_path, fmt):
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES, vocab_size=128256)
+    for engine in ("vllm==0.11.0", "trtllm==1.0.0", "lmdeploy==0.10.0"):
+        r = cli("plan", model, "--engine", engine, "--gpu", "h100", "-f", fmt)
+        assert r.code == 0 and "KV tokens" in r.stdout and "Traceback" not in r.stderr, r.stderr
