@@ -790,6 +790,10 @@ def plan_cmd(
                                     help="SGLang's page, vLLM's block_size, TensorRT-LLM's tokens_per_block, "
                                          "LMDeploy's block length."),
     backend: Optional[str] = _opt(ASSUME, None, "--backend", help="LMDeploy: turbomind (default) or pytorch."),
+    draft: Optional[str] = _opt(ASSUME, None, "--draft", help="SGLang: the speculative draft model (its directory, "
+                                                              "for its weights, or its config.json)."),
+    speculative_algorithm: Optional[str] = _opt(ASSUME, None, "--speculative-algorithm",
+                                                help="EAGLE (the default with --draft), EAGLE3 or STANDALONE."),
     max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
@@ -813,7 +817,8 @@ def plan_cmd(
     from kvaudit.plan.build import PlanRequest, run
 
     p = run(PlanRequest(engine, model, gpu, gpu_memory_gib, tp, pp, dp_attention, fraction, kv_dtype,
-                        context_length, max_running_requests, page_size, max_total_tokens, history, backend))
+                        context_length, max_running_requests, page_size, max_total_tokens, history, backend, draft,
+                        speculative_algorithm))
     _env.stdout.write(chosen.plan(p))
     return 0
 

@@ -194,3 +194,78 @@ def test_every_engines_plan_renders(tmp_path, fmt):
     for engine in ("vllm==0.11.0", "trtllm==1.0.0", "lmdeploy==0.10.0"):
         r = cli("plan", model, "--engine", engine, "--gpu", "h100", "-f", fmt)
         assert r.code == 0 and "KV tokens" in r.stdout and "Traceback" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a speculative draft (SGLang)
+
+#: an EAGLE3 head as the bundled Kimi host ran one (lightseekorg/kimi-k2.5-eagle3: one Llama-style layer, 8 KV
+#: heads of 128): its KV pool at TP 8 is 1 head x (128 + 128) x 2 B = 512 B a token, what the host's log shows
+#: (159,277 tokens: "K size: 0.04 GB, V size: 0.04 GB")
+EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+          "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 7168, "head_dim": 128,
+          "torch_dtype": "bfloat16", "vocab_size": 163840}
+KIMI = ("--gpu", "rtx-pro-6000", "--tp", "8")
+
+
+def _draft(tmp_path, total_size=8 * GIB):
+    d = tmp_path / "eagle3"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(EAGLE3))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total_size},
+                                                                 "weight_map": {}}))
+    return str(d)
+
+
+def _terms(p):
+    return {t["key"]: t for t in p["terms"]}
+
+
+def test_to_0_5_13_the_draft_comes_out_of_the_reserve_and_its_default_fraction_keeps_2_gib(tmp_path):
+    model = _model(tmp_path, "deepseek-v3.json", 8 * 80 * GIB)
+    base = ("--engine", "sglang==0.5.9", *KIMI, "--context-length", "8192")
+    plain = _plan(model, *base, "--fraction", "0.88")
+    spec = _plan(model, *base, "--fraction", "0.88", "--draft", _draft(tmp_path))
+    # 0.5.7-0.5.13: no headroom and no inflation, the target's pool is the same
+    assert spec["formula"]["predicted_tokens"] == plain["formula"]["predicted_tokens"]
+    lo, hi = spec["formula"]["predicted_tokens"].values()
+    draft = _terms(spec)["draft_in_reserve_gib"]
+    weights = _terms(spec)["draft_weights_gib"]
+    assert weights["low"] == pytest.approx(1.0, abs=1e-4)  # 8 GiB over 8 ranks
+    assert draft["low"] == pytest.approx(1.0 + lo * 512 / GIB, abs=1e-3)
+    assert draft["high"] == pytest.approx(weights["high"] + hi * 512 / GIB, abs=1e-3)
+    assert spec["concurrency"]["high"] <= 48 and any("48" in n for n in spec["notes"])
+    # SGLang 0.5.9's default with a draft: 14,848 MiB (as without) + 2 GiB for EAGLE = 16,896 -> 0.827
+    auto = _plan(model, *base, "--draft", _draft(tmp_path))
+    assert _terms(auto)["mem_fraction_static"]["low"] == 0.827
+    # a reserve too small for the draft's weights does not start
+    big = _plan(model, *base, "--fraction", "0.99", "--draft", _draft(tmp_path, 8 * 12 * GIB))
+    assert big["starts"] == "no" and "draft" in big["starts_reason"]
+
+
+@pytest.mark.parametrize("version, inflate", [("0.5.14", "ratio"), ("0.5.18", "int")])
+def test_from_0_5_14_the_draft_is_counted_before_the_pool(tmp_path, version, inflate):
+    """PR #23862: the draft's weights load before the pool is sized (post is after both) and the target's cell
+    grows by L_draft / L_target: x (1 + 1/61) on 0.5.14-0.5.17, + int(cell x 1/61) from 0.5.18."""
+    model = _model(tmp_path, "deepseek-v3.json", 8 * 80 * GIB)
+    base = ("--engine", f"sglang=={version}", *KIMI, "--fraction", "0.88")
+    plain = _plan(model, *base)
+    spec = _plan(model, *base, "--draft", _draft(tmp_path))
+    t, tp = _terms(spec), _terms(plain)
+    assert t["post_load_free_gib"]["low"] == pytest.approx(tp["post_load_free_gib"]["low"] - t["draft_weights_gib"]
+                                                           ["high"], abs=1e-3)
+    cell = tp["bytes_per_token"]["low"]
+    grown = cell * (1 + 1 / 61) if inflate == "ratio" else cell + int(cell / 61)
+    assert t["bytes_per_token_with_draft"]["low"] == pytest.approx(grown, abs=0.01)
+    assert spec["formula"]["predicted_tokens"]["high"] < plain["formula"]["predicted_tokens"]["high"]
+    assert "draft_in_reserve_gib" not in t
+
+
+def test_a_draft_is_refused_where_it_is_not_modelled(tmp_path):
+    model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES)
+    r = cli("plan", model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--draft", _draft(tmp_path))
+    assert r.code == ExitStatus.BAD_INPUT and "SGLang only" in r.stderr
+    r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--speculative-algorithm", "NGRAM")
+    assert r.code == ExitStatus.BAD_INPUT and "EAGLE" in r.stderr
+    r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--speculative-algorithm", "EAGLE3")
+    assert r.code == ExitStatus.BAD_INPUT and "--draft" in r.stderr

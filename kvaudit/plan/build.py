@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.plan.model import Plan, PlanInput, model_key
+from kvaudit.plan.model import Draft, Plan, PlanInput, model_key
 
 
 @dataclass(frozen=True)
@@ -29,25 +29,48 @@ class PlanRequest:
     max_total_tokens: int | None = None
     history: str | None = None
     backend: str | None = None
+    draft: str | None = None  # the draft model: a directory or its config.json
+    speculative_algorithm: str | None = None
+
+
+SPECULATIVE = ("EAGLE", "EAGLE3", "STANDALONE")
+
+
+def _model_at(path_text: str, flag: str) -> tuple[Any, Any, Path]:
+    """(geometry, weights or None, config path) of a model directory or config.json."""
+    from kvaudit.model_config import load_config
+    from kvaudit.plan.weights import model_weights
+
+    path = Path(path_text).expanduser()
+    directory = path if path.is_dir() else None
+    config = path / "config.json" if directory else path
+    if not config.is_file():
+        raise KvauditError(f"{flag} {path_text}: no config.json there" if directory else
+                           f"{flag} {path_text}: no such file")
+    return load_config(config), (model_weights(directory) if directory else None), config
+
+
+def _draft(req: PlanRequest) -> Draft | None:
+    algorithm = (req.speculative_algorithm or ("EAGLE" if req.draft else "")).upper()
+    if not algorithm:
+        return None
+    if algorithm not in SPECULATIVE:
+        raise KvauditError(f"--speculative-algorithm {req.speculative_algorithm}: plan sizes {', '.join(SPECULATIVE)} "
+                           "drafts (a draft model of its own)")
+    if not req.draft:
+        raise KvauditError(f"--speculative-algorithm {algorithm}: give the draft model (--draft DIR or config.json)")
+    geom, weights, _ = _model_at(req.draft, "--draft")
+    return Draft(algorithm, geom, weights.total_bytes if weights else None, weights.source if weights else None)
 
 
 def plan_input(req: PlanRequest) -> PlanInput:
-    from kvaudit.model_config import load_config
     from kvaudit.plan.cards import card
-    from kvaudit.plan.weights import model_weights
 
     name, sep, version = req.engine.partition("==")
     if not sep or not version:
         raise KvauditError(f"--engine {req.engine!r}: give the engine and its release, e.g. sglang==0.5.9 (each "
                            "release has its own rules)")
-    path = Path(req.model).expanduser()
-    directory = path if path.is_dir() else None
-    config = path / "config.json" if directory else path
-    if not config.is_file():
-        raise KvauditError(f"--model {req.model}: no config.json there" if directory else
-                           f"--model {req.model}: no such file")
-    geom = load_config(config)
-    weights = model_weights(directory) if directory else None
+    geom, weights, config = _model_at(req.model, "--model")
     if req.gpu and req.gpu_memory_gib:
         raise KvauditError("give --gpu or --gpu-memory-gib, not both")
     if req.gpu:
@@ -67,7 +90,8 @@ def plan_input(req: PlanRequest) -> PlanInput:
     return PlanInput(name.strip().lower(), version.strip(), gpu_name, total_mib, req.tp, req.pp, req.dp_attention,
                      req.fraction, req.kv_dtype, req.context_length, req.max_running_requests, req.page_size,
                      req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
-                     weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend)
+                     weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend,
+                     draft=_draft(req))
 
 
 def _vocab(config: Path) -> int | None:

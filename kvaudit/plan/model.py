@@ -41,6 +41,21 @@ class Term:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A speculative draft model: its algorithm, its config's geometry and its checkpoint's bytes (None: not read)."""
+
+    algorithm: str  # EAGLE | EAGLE3 | STANDALONE
+    geometry: ModelGeometry
+    weight_bytes: int | None
+    weight_source: str | None
+
+    @property
+    def layers(self) -> int:
+        """L_draft as SGLang counts it: num_nextn_predict_layers, else the draft's own layers."""
+        return self.geometry.num_nextn_predict_layers or self.geometry.num_layers
+
+
+@dataclass(frozen=True)
 class PlanInput:
     engine: str
     version: str  # one release, "0.5.9"
@@ -64,6 +79,7 @@ class PlanInput:
     given_t: tuple[float, float] | None = None
     vocab_size: int | None = None  # config.json's, for LMDeploy's PyTorch-engine runtime estimate
     backend: str | None = None  # LMDeploy: turbomind (the default) or pytorch
+    draft: Draft | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ def release(inp: PlanInput, since: tuple[int, ...], refusal: str) -> tuple[int, 
         raise PlanError(f"--engine {inp.engine}=={inp.version}: not a release number") from None
     if version < since:
         raise PlanError(f"{inp.engine} {inp.version}: {refusal}")
+    if inp.draft is not None:
+        raise PlanError(f"--draft: a speculative draft is planned for SGLang only; {inp.engine}'s draft layers and "
+                        "their pool are not modelled by plan")
     return version
 
 

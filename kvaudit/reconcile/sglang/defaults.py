@@ -60,10 +60,14 @@ def _graph_defaults(gpu_mem: float, tp: int, v: tuple[int, ...]) -> tuple[int, i
 
 
 def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_attention: int, mla: bool,
-                     multimodal: bool) -> tuple[float | None, str]:
-    """(the default, how it was formed) or (None, why it is not modelled)."""
+                     multimodal: bool, speculative: str | None = None) -> tuple[float | None, str]:
+    """(the default, how it was formed) or (None, why it is not modelled). ``speculative``: the algorithm, when a
+    draft runs (its reserve: 0.4.7 20 GiB instead of 18, or x 0.95; 0.4.8-0.5.2 +2 GiB; 0.5.3-0.5.9 +2 GiB,
+    STANDALONE +6; 0.5.10-0.5.13 EAGLE +4 GiB, STANDALONE +6; none from 0.5.14, where the draft is counted)."""
     v = parse_version(version)
     p = tp * pp
+    if speculative and v < (0, 4, 7):
+        return None, f"SGLang {version}'s default with a speculative draft is not established"
     if multimodal and v >= (0, 3, 0):
         return None, ("a multimodal model's default is scaled by its vision tower (adjust_mem_fraction_for_vlm), "
                       "which kvaudit does not size")
@@ -83,14 +87,20 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
         if gpu_mem_mib > 180_000:
             f = 0.79
         elif gpu_mem_mib > 96 * GIB_MIB:
-            f = min(f + 48 * GIB_MIB * (1 - f) / gpu_mem_mib, (gpu_mem_mib - 18 * GIB_MIB) / gpu_mem_mib)
-        return f, f"SGLang 0.4.7's default for {gpu_mem_mib:,.0f} MiB and {p} ranks"
+            keep = (20 if speculative else 18) * GIB_MIB
+            f = min(f + 48 * GIB_MIB * (1 - f) / gpu_mem_mib, (gpu_mem_mib - keep) / gpu_mem_mib)
+        elif speculative:
+            f *= 0.95
+        return f, f"SGLang 0.4.7's default for {gpu_mem_mib:,.0f} MiB and {p} ranks" + (
+            f" with {speculative}" if speculative else "")
     if v < (0, 5, 3):
         gib = gpu_mem_mib / GIB_MIB
         reserved = ((2.8 + p / 10) if gib < 35 else (9.5 + p / 2) if gib < 90 else (12 + p / 2) if gib < 160
                     else 32) * GIB_MIB
         if dp_attention > 1:
             reserved += 4096
+        if speculative:
+            reserved += 2048
         f = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
         return f, (f"SGLang {version}: round(({gpu_mem_mib:,.0f} - {reserved:,.0f} reserved) / {gpu_mem_mib:,.0f}, 3) "
                    "(server_args.py, PR #7054)")
@@ -117,6 +127,10 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
     reserved = sum(parts)
     if gpu_mem_mib > 60 * GIB_MIB and reserved < 10 * GIB_MIB:
         reserved, words = 10 * GIB_MIB, words + ", at least 10 GiB"
+    if speculative and v < (0, 5, 14):
+        extra = 6 if speculative == "STANDALONE" else 4 if v >= (0, 5, 10) else 2
+        reserved += extra * GIB_MIB
+        words += f", + {extra} GiB for the {speculative} draft"
     f = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     return f, (f"SGLang {version}: round(({gpu_mem_mib:,.0f} - {reserved:,.0f}) / {gpu_mem_mib:,.0f}, 3), reserved = "
                f"{words} MiB (server_args.py _handle_gpu_memory_settings)")

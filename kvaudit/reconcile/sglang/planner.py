@@ -15,7 +15,7 @@ into tokens, so a plan calibrated on one startup and that startup's what-if give
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvaudit.model_config import element_bytes
@@ -68,11 +68,23 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     post_obs = calibrate.post_load_free(history, inp)
     W = shared.weights(inp, history)
     terms.append(W)
+    draft = inp.draft
+    spec_rule = rules_for(era, True)[0] if draft else None
+    # 0.5.14+: the draft's weights are loaded before the pool is sized (post is after both); before, they load after
+    # it and come out of the reserve with the draft's own KV pool
+    Wd = _draft_weights(inp) if draft else None
+    first = Wd is not None and spec_rule is not None and spec_rule.inflate is not None
+    if Wd is not None:
+        terms.append(Wd)
     # post itself is an observation only where T is one of the same family: a T given (a replayed log) or taken
     # from a nearer family is another card's or release's, and post then follows from it less the weights
-    if post_obs is not None and obs is not None and obs.level == 0 and post_obs.level == 0:
+    if post_obs is not None and obs is not None and obs.level == 0 and post_obs.level == 0 and not first:
         post = Term("post_load_free_gib", "free after the weights (post)", post_obs.lo, post_obs.hi, "GiB",
                     CALIBRATED, post_obs.basis)
+    elif first:
+        assert Wd is not None
+        post = Term("post_load_free_gib", "free after the weights and the draft's (post)", T.lo - W.hi - Wd.hi,
+                    T.hi - W.lo - Wd.lo, "GiB", weakest(T.kind, W.kind, Wd.kind), "T - weights - draft weights")
     else:
         post = Term("post_load_free_gib", "free after the weights (post)", T.lo - W.hi, T.hi - W.lo, "GiB",
                     weakest(T.kind, W.kind), "T - weights")
@@ -114,13 +126,33 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
     args = {k: v for k, v in (("max_total_tokens", inp.max_total_tokens),
                               ("max_running_requests", inp.max_running_requests)) if v is not None}
-    rule = rules_for(era, False)[0]
-    pred = predict(_Settings(era, page, args), rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None, None,
-                   None)  # type: ignore[arg-type]
+    rule = spec_rule or rules_for(era, False)[0]
+    if rule.headroom:
+        notes.append("SGLang 0.4.4-0.5.6 add max_running_requests x (steps x topk + draft tokens) + 100 to the "
+                     "target's count (the EAGLE headroom); those settings are not plan inputs, so the tokens are the "
+                     "profiled budget's and the logged count will be higher by the headroom")
+        rule = rules_for(era, False)[0]
+    draft_layers = draft.layers if draft else None
+    target_layers = geom.num_layers if geom is not None else None
+    pred = predict(_Settings(era, page, args), rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None,
+                   draft_layers, target_layers)  # type: ignore[arg-type]
     lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
     kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
+    if first and draft:
+        terms.append(Term("bytes_per_token_with_draft", "cell with the draft's layers (what the budget is divided by)",
+                          pred.cell.lo, pred.cell.hi, "B", FORMULA, f"{rule.name}: L_draft {draft.layers}, L_target "
+                          f"{target_layers}"))
+        kv_lo, kv_hi = lo * pred.cell.lo / GIB, hi * pred.cell.hi / GIB
+    in_reserve = None
+    if draft and not first:
+        in_reserve = _draft_in_reserve(inp, era, (lo, hi), Wd)
+        terms.append(in_reserve)
 
-    concurrency = shared.concurrency(lo, hi, inp)
+    run_cap = inp.max_running_requests
+    if draft and run_cap is None and (0, 4, 5) <= version <= (0, 5, 18):
+        notes.append("max_running_requests 48: SGLang's default with a speculative draft (0.4.5-0.5.18)")
+        run_cap = 48
+    concurrency = shared.concurrency(lo, hi, replace(inp, max_running_requests=run_cap))
 
     held = calibrate.reserve_held(history, inp)
     left = None
@@ -134,10 +166,47 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     need = (inp.context_length or 1) * cell.profile / GIB
     smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
     starts, why = _starts(rest, left, hi, lo, inp.context_length)
+    if in_reserve is not None and left is None and starts != "no":
+        if reserve.hi < in_reserve.lo:
+            starts, why = "no", (f"the reserve ({reserve.lo:.2f}-{reserve.hi:.2f} GiB) cannot hold the draft's weights "
+                                 "and KV pool, which come out of it after the pool is sized (OOM)")
+        elif reserve.lo < in_reserve.hi and starts == "yes":
+            starts, why = "at risk", "the reserve may not hold the draft's weights and KV pool (they come out of it)"
     if smallest is None:
         why += "; the weights leave no room for the pool at any fraction"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+def _draft_weights(inp: PlanInput) -> Term:
+    """The draft's weights per rank: its checkpoint's bytes over the ranks, plus what loads with them (assumed)."""
+    d = inp.draft
+    assert d is not None
+    if not d.weight_bytes:
+        raise PlanError("--draft: the draft's weights are unknown: give its directory (its safetensors headers or "
+                        "model.safetensors.index.json)")
+    ranks = inp.tp * inp.pp
+    even = d.weight_bytes / ranks / GIB
+    return Term("draft_weights_gib", f"{d.algorithm} draft weights per rank", even,
+                even * (1 + shared.WEIGHT_OVERHEAD_SHARE) + shared.WEIGHT_OVERHEAD_GIB, "GiB", ASSUMED,
+                f"{d.weight_bytes:,} bytes ({d.weight_source}) / {ranks} ranks = {even:.2f} GiB, plus up to "
+                f"{shared.WEIGHT_OVERHEAD_GIB} GiB + {shared.WEIGHT_OVERHEAD_SHARE:.0%} (assumed)")
+
+
+def _draft_in_reserve(inp: PlanInput, era: VersionRange, tokens: tuple[int, int], weights: Term | None) -> Term:
+    """To 0.5.13 the draft's weights and its own KV pool (the target's token count at the draft's cell) are taken
+    after the target's pool is sized: out of the reserve."""
+    d = inp.draft
+    assert d is not None and weights is not None
+    kv_elt = element_bytes(inp.kv_dtype) if inp.kv_dtype != "auto" else d.geometry.dtype_bytes
+    attn_tp = max(1, inp.tp // max(1, inp.dp_attention))
+    dcell = cell_size(d.geometry, era, attn_tp, kv_elt or d.geometry.dtype_bytes, inp.pp)
+    kv_lo, kv_hi = tokens[0] * dcell.pool / GIB, tokens[1] * dcell.pool / GIB
+    return Term("draft_in_reserve_gib", "the draft's weights and KV pool (out of the reserve)", weights.lo + kv_lo,
+                weights.hi + kv_hi, "GiB", weights.kind,
+                f"draft weights {weights.lo:.2f}-{weights.hi:.2f} GiB + the target's {tokens[0]:,}-{tokens[1]:,} "
+                f"tokens x {dcell.pool:,} B (the draft's cell: {dcell.description}); graphs and activations come on "
+                "top")
 
 
 def _default(inp: PlanInput) -> tuple[float, str] | None:
@@ -147,7 +216,7 @@ def _default(inp: PlanInput) -> tuple[float, str] | None:
     if inp.geometry is None:
         return None
     f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, inp.geometry.is_mla,
-                              inp.geometry.multimodal)
+                              inp.geometry.multimodal, inp.draft.algorithm if inp.draft else None)
     if f is None:
         raise PlanError(f"give --fraction (mem_fraction_static): {how}")
     return f, how + "; the release's default, as --mem-fraction-static is not given"
