@@ -785,7 +785,9 @@ def plan_cmd(
     kv_dtype: str = _opt(ASSUME, "auto", "--kv-dtype", help="auto (the model's dtype), fp8_e4m3, ..."),
     context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1,
                                          help="The requests' length, for the concurrency."),
-    max_running_requests: Optional[int] = _opt(ASSUME, None, "--max-running-requests", min=1),
+    max_running_requests: Optional[int] = _opt(ASSUME, None, "--max-running-requests", min=1,
+                                               help="SGLang max_running_requests, vLLM max_num_seqs, LMDeploy "
+                                                    "max_batch_size: caps the concurrency."),
     page_size: Optional[int] = _opt(ASSUME, None, "--page-size", min=1,
                                     help="SGLang's page, vLLM's block_size, TensorRT-LLM's tokens_per_block, "
                                          "LMDeploy's block length."),
@@ -794,7 +796,8 @@ def plan_cmd(
                                                               "for its weights, or its config.json)."),
     speculative_algorithm: Optional[str] = _opt(ASSUME, None, "--speculative-algorithm",
                                                 help="EAGLE (the default with --draft), EAGLE3 or STANDALONE."),
-    max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1),
+    max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1,
+                                           help="SGLang --max-total-tokens, TensorRT-LLM max_tokens: the pool's cap."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
     validate: Optional[str] = _opt(ASSUME, None, "--validate",

@@ -235,6 +235,8 @@ def test_to_0_5_13_the_draft_comes_out_of_the_reserve_and_its_default_fraction_k
     assert draft["low"] == pytest.approx(1.0 + lo * 512 / GIB, abs=1e-3)
     assert draft["high"] == pytest.approx(weights["high"] + hi * 512 / GIB, abs=1e-3)
     assert spec["concurrency"]["high"] <= 48 and any("48" in n for n in spec["notes"])
+    assert spec["draft"] == {"algorithm": "EAGLE", "layers": 1, "architecture": "LlamaForCausalLMEagle3",
+                             "weight_bytes": 8 * GIB, "weight_source": "model.safetensors.index.json total_size"}
     # SGLang 0.5.9's default with a draft: 14,848 MiB (as without) + 2 GiB for EAGLE = 16,896 -> 0.827
     auto = _plan(model, *base, "--draft", _draft(tmp_path))
     assert _terms(auto)["mem_fraction_static"]["low"] == 0.827
@@ -261,10 +263,14 @@ def test_from_0_5_14_the_draft_is_counted_before_the_pool(tmp_path, version, inf
     assert "draft_in_reserve_gib" not in t
 
 
-def test_a_draft_is_refused_where_it_is_not_modelled(tmp_path):
+def test_settings_the_engine_does_not_have_are_refused_not_ignored(tmp_path):
     model = _model(tmp_path, "llama3-8b.json", LLAMA_BYTES)
     r = cli("plan", model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--draft", _draft(tmp_path))
     assert r.code == ExitStatus.BAD_INPUT and "SGLang only" in r.stderr
+    r = cli("plan", model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--max-total-tokens", "1000")
+    assert r.code == ExitStatus.BAD_INPUT and "no such cap" in r.stderr
+    r = cli("plan", model, "--engine", "lmdeploy==0.10.0", "--gpu", "h100", "--dp-attention", "2")
+    assert r.code == ExitStatus.BAD_INPUT and "SGLang's" in r.stderr
     r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--speculative-algorithm", "NGRAM")
     assert r.code == ExitStatus.BAD_INPUT and "EAGLE" in r.stderr
     r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--speculative-algorithm", "EAGLE3")

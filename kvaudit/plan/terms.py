@@ -27,8 +27,9 @@ class PlanError(KvauditError):
     pass
 
 
-def release(inp: PlanInput, since: tuple[int, ...], refusal: str) -> tuple[int, ...]:
-    """The planned release as a version tuple; ``refusal`` says why releases before ``since`` are not planned."""
+def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = False) -> tuple[int, ...]:
+    """The planned release as a version tuple; ``refusal`` says why releases before ``since`` are not planned.
+    Settings this engine does not have are refused rather than silently ignored (``caps``: it has a token cap)."""
     from kvaudit.versions import parse_version
 
     try:
@@ -40,6 +41,10 @@ def release(inp: PlanInput, since: tuple[int, ...], refusal: str) -> tuple[int, 
     if inp.draft is not None:
         raise PlanError(f"--draft: a speculative draft is planned for SGLang only; {inp.engine}'s draft layers and "
                         "their pool are not modelled by plan")
+    if inp.dp_attention > 1:
+        raise PlanError(f"--dp-attention is SGLang's; {inp.engine} has no data-parallel attention to plan")
+    if inp.max_total_tokens and not caps:
+        raise PlanError(f"--max-total-tokens: {inp.engine} has no such cap kvaudit plans")
     return version
 
 

@@ -75,6 +75,9 @@ def as_dict(p: Plan) -> dict[str, Any]:
         "parallel": {"tp": i.tp, "pp": i.pp, "dp_attention": i.dp_attention},
         "model": {"key": i.model_key, "architecture": i.geometry.architecture, "source": i.geometry.source,
                   "weight_bytes": i.weight_bytes, "weight_source": i.weight_source},
+        "draft": None if i.draft is None else {
+            "algorithm": i.draft.algorithm, "layers": i.draft.layers, "architecture": i.draft.geometry.architecture,
+            "weight_bytes": i.draft.weight_bytes, "weight_source": i.draft.weight_source},
         "formula": {
             "mem_fraction_static": t["mem_fraction_static"].lo if "mem_fraction_static" in t else i.fraction,
             "pre_load_free_gib": mid("t_gib"),

@@ -34,7 +34,7 @@ PROFILING_REST_GIB = (0.8, 6.0)
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     shared.release(inp, (0, 19, 0), "kvaudit plan sizes the PyTorch backend (0.19+); a TensorRT engine's activation "
-                   "buffers are the built engine's own")
+                   "buffers are the built engine's own", caps=True)
     geom = inp.geometry
     given_cell = shared.replayed_or_config(inp)
     notes: list[str] = []
