@@ -275,3 +275,15 @@ def test_settings_the_engine_does_not_have_are_refused_not_ignored(tmp_path):
     assert r.code == ExitStatus.BAD_INPUT and "EAGLE" in r.stderr
     r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--speculative-algorithm", "EAGLE3")
     assert r.code == ExitStatus.BAD_INPUT and "--draft" in r.stderr
+
+
+@pytest.mark.parametrize("version, config, expected", [
+    # the reference's EAGLE column for 97,887 MiB at TP 8 (sglang-memory.md 4.3)
+    ("0.4.7", "qwen3-32b.json", 0.836),  # x 0.95 on a card under 96 GiB
+    ("0.4.8", "qwen3-32b.json", 0.812),  # +2 GiB
+    ("0.5.9", "qwen3-32b.json", 0.827),  # +2 GiB
+    ("0.5.10", "deepseek-v3.json", 0.791),  # MLA +1.5 GiB, EAGLE +4 GiB
+])
+def test_the_default_fraction_keeps_each_releases_draft_reserve(tmp_path, version, config, expected):
+    p = _plan(_model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", *KIMI, "--draft", _draft(tmp_path))
+    assert round(_terms(p)["mem_fraction_static"]["low"], 3) == expected
