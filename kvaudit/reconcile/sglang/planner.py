@@ -73,15 +73,15 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     # 0.5.14+: the draft's weights are loaded before the pool is sized (post is after both); before, they load after
     # it and come out of the reserve with the draft's own KV pool
     Wd = _draft_weights(inp) if draft else None
-    first = Wd is not None and spec_rule is not None and spec_rule.inflate is not None
+    draft_first = Wd is not None and spec_rule is not None and spec_rule.inflate is not None
     if Wd is not None:
         terms.append(Wd)
     # post itself is an observation only where T is one of the same family: a T given (a replayed log) or taken
     # from a nearer family is another card's or release's, and post then follows from it less the weights
-    if post_obs is not None and obs is not None and obs.level == 0 and post_obs.level == 0 and not first:
+    if post_obs is not None and obs is not None and obs.level == 0 and post_obs.level == 0 and not draft_first:
         post = Term("post_load_free_gib", "free after the weights (post)", post_obs.lo, post_obs.hi, "GiB",
                     CALIBRATED, post_obs.basis)
-    elif first:
+    elif draft_first:
         assert Wd is not None
         post = Term("post_load_free_gib", "free after the weights and the draft's (post)", T.lo - W.hi - Wd.hi,
                     T.hi - W.lo - Wd.lo, "GiB", weakest(T.kind, W.kind, Wd.kind), "T - weights - draft weights")
@@ -138,13 +138,13 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                    draft_layers, target_layers)  # type: ignore[arg-type]
     lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
     kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
-    if first and draft:
+    if draft_first and draft:
         terms.append(Term("bytes_per_token_with_draft", "cell with the draft's layers (what the budget is divided by)",
                           pred.cell.lo, pred.cell.hi, "B", FORMULA, f"{rule.name}: L_draft {draft.layers}, L_target "
                           f"{target_layers}"))
         kv_lo, kv_hi = lo * pred.cell.lo / GIB, hi * pred.cell.hi / GIB
     in_reserve = None
-    if draft and not first:
+    if draft and not draft_first:
         in_reserve = _draft_in_reserve(inp, era, (lo, hi), Wd)
         terms.append(in_reserve)
 
