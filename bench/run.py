@@ -6,6 +6,8 @@
 3. CLI start-up: `kvaudit --version` and `explain` of a 15 KB log vs a bare `python -c pass` (targets: 100 ms
    and 150 ms on a current machine), and the imports that cost most (`python -X importtime`).
 4. The fleet JSON report for 100 and 500 hosts, the whole document against the streamed one (bench/fleet_json.py).
+5. kvaudit plan's accuracy: leave-one-out over the corpus, and on families it has never seen
+   (bench/plan_unseen.py over bench/plan_cases.json).
 
 Each figure is the best of N runs (the least disturbed by other load). Results go to bench/out/results.json;
 bench/baseline.json holds an earlier run, printed side by side. `python bench/run.py --save-baseline`
@@ -155,6 +157,7 @@ def main() -> None:
     import fleet_json
     import fleet_scaling
     import journal_bytes
+    import plan_unseen
     import wan
 
     report = fleet_json.main()
@@ -165,11 +168,13 @@ def main() -> None:
                                   capture_output=True, check=True).stdout)
     validation = {k: v[k] for k in ("startups", "t_given", "family_seen", "family_not_seen", "not_predictable")}
     print(f"\nplan --validate fixtures/corpus: {json.dumps(validation)}")
+    print("\nplan on families it has not seen (bench/plan_cases.json):")
+    unseen = plan_unseen.main()
     fleet = fleet_scaling.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
            "check_wan": wan_check,
-           "plan_validation": validation,
+           "plan_validation": validation, "plan_unseen": unseen,
            "fleet_json": report,
            "fleet": fleet}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -287,3 +287,19 @@ def test_settings_the_engine_does_not_have_are_refused_not_ignored(tmp_path):
 def test_the_default_fraction_keeps_each_releases_draft_reserve(tmp_path, version, config, expected):
     p = _plan(_model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", *KIMI, "--draft", _draft(tmp_path))
     assert round(_terms(p)["mem_fraction_static"]["low"], 3) == expected
+
+
+def test_each_real_startup_of_an_unseen_family_is_inside_its_plans_interval(tmp_path):
+    """bench/plan_cases.json: real startups with a known card, release, settings and checkpoint, planned without
+    any history. The accuracy is measured in the benchmark; what a test holds is that each interval holds the truth
+    (the plan is honest where it assumes)."""
+    data = json.loads((FIXTURES.parent / "bench" / "plan_cases.json").read_text())
+    for c in data["cases"]:
+        ckpt = data["checkpoints"][c["model"]]
+        model = _model(tmp_path, ckpt["config"], ckpt["bytes"])
+        args = ["--engine", c["engine"], "--gpu", c["gpu"], "--tp", str(c["tp"]), "--fraction", str(c["fraction"]),
+                "--page-size", str(c["block_size"])]
+        if c["max_model_len"]:
+            args += ["--context-length", str(c["max_model_len"])]
+        rest = _terms(_plan(model, *args))["rest_gib"]
+        assert rest["low"] <= c["logged_kv_gib"] <= rest["high"], c["id"]
