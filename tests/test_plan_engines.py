@@ -303,3 +303,18 @@ def test_each_real_startup_of_an_unseen_family_is_inside_its_plans_interval(tmp_
             args += ["--context-length", str(c["max_model_len"])]
         rest = _terms(_plan(model, *args))["rest_gib"]
         assert rest["low"] <= c["logged_kv_gib"] <= rest["high"], c["id"]
+
+
+def test_the_smallest_fraction_with_a_counted_draft_divides_by_the_inflated_cell(tmp_path):
+    """From 0.5.14 one full-context request costs the inflated cell x its tokens, so the smallest fraction rises."""
+    model = _model(tmp_path, "deepseek-v3.json", 8 * 80 * GIB)
+    base = ("--engine", "sglang==0.5.14", *KIMI, "--fraction", "0.88", "--context-length", "131072")
+    spec = _plan(model, *base, "--draft", _draft(tmp_path))
+    t = _terms(spec)
+    need = 131072 * t["bytes_per_token_with_draft"]["high"] / GIB
+    import math
+
+    expected = math.ceil((1 - (t["post_load_free_gib"]["low"] - need) / t["t_gib"]["high"]) * 1000) / 1000
+    assert spec["smallest_fraction"] == pytest.approx(expected, abs=0.0011)  # the JSON rounds the terms to 4 places
+    plain_cell = 131072 * t["bytes_per_token"]["high"] / GIB
+    assert need - plain_cell > 0.1  # the draft's layer costs more than the rounding

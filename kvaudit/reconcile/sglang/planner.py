@@ -163,7 +163,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                     f"(1 - fraction) x T less what the reserve held: {held.lo:.2f}-{held.hi:.2f} GiB in {held.basis}")
         largest = math.floor((1 - held.hi / Ti.lo) * 1000) / 1000
 
-    need = (inp.context_length or 1) * cell.profile / GIB
+    need = (inp.context_length or 1) * pred.cell.hi / GIB  # the cell the budget is divided by (a draft's inflation)
     smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
     starts, why = _starts(rest, left, hi, lo, inp.context_length)
     if in_reserve is not None and left is None and starts != "no":
