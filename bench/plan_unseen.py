@@ -34,8 +34,8 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for c in data["cases"]:
             d = model_dir(Path(tmp), c["model"], data["checkpoints"][c["model"]])
-            p = run(PlanRequest(c["engine"], str(d), c["gpu"], None, c["tp"], 1, 1, c["fraction"], "auto",
-                                c["max_model_len"], None, c["block_size"], None, None))
+            p = run(PlanRequest(engine=c["engine"], model=str(d), gpu=c["gpu"], tp=c["tp"], fraction=c["fraction"],
+                                context_length=c["max_model_len"], page_size=c["block_size"]))
             # the budget the engine computed is the plan's rest term (its pool is that, less block rounding)
             rest = next(t for t in p.terms if t.key == "rest_gib")
             mid = (rest.lo + rest.hi) / 2

@@ -819,9 +819,11 @@ def plan_cmd(
         raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")
     from kvaudit.plan.build import PlanRequest, run
 
-    p = run(PlanRequest(engine, model, gpu, gpu_memory_gib, tp, pp, dp_attention, fraction, kv_dtype,
-                        context_length, max_running_requests, page_size, max_total_tokens, history, backend, draft,
-                        speculative_algorithm))
+    p = run(PlanRequest(engine=engine, model=model, gpu=gpu, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
+                        dp_attention=dp_attention, fraction=fraction, kv_dtype=kv_dtype, context_length=context_length,
+                        max_running_requests=max_running_requests, page_size=page_size,
+                        max_total_tokens=max_total_tokens, history=history, backend=backend, draft=draft,
+                        speculative_algorithm=speculative_algorithm))
     _env.stdout.write(chosen.plan(p))
     return 0
 

@@ -33,6 +33,8 @@ class PlanRequest:
     speculative_algorithm: str | None = None
 
 
+#: the speculative algorithms whose draft a plan sizes: a draft model of its own (NGRAM has none; NEXTN/MTP drafts
+#: are the target checkpoint's own layers, not a plan input)
 SPECULATIVE = ("EAGLE", "EAGLE3", "STANDALONE")
 
 

@@ -94,7 +94,8 @@ def post_load_free(df: Any, inp: PlanInput) -> Observation | None:
 
 
 def weight_memory(df: Any, inp: PlanInput) -> Observation | None:
-    """What loading this model took per rank (T - post: weights and what comes with them), at this TP."""
+    """T - post for this model, at this TP: what loading it took (SGLang: the weights and what comes with them), or
+    what TensorRT-LLM's profiling run left in use besides the temporary KV (its post is free after profiling)."""
     return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
 
 
@@ -108,12 +109,6 @@ def budget_besides_weights(df: Any, inp: PlanInput) -> Observation | None:
     """vLLM: what the budget (total x util) held besides the weights and the KV cache (activation peak, non-torch
     memory, the CUDA-graph estimate): total x util - weights - the available KV memory it logged."""
     return observe(df, inp, lambda s: s["t_gib"] * s["fraction"] - s["weights_gib"] - s["rest_gib"], by_model=True)
-
-
-def profiling_peak(df: Any, inp: PlanInput) -> Observation | None:
-    """TensorRT-LLM: what the profiling run left in use besides the temporary KV (weights, activations, graphs,
-    NCCL): total - free after profiling."""
-    return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
 
 
 def reserve_held(df: Any, inp: PlanInput) -> Observation | None:

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from kvaudit.errors import KvauditError
+from kvaudit.model_config import ModelGeometry
 from kvaudit.plan import calibrate
 from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, PlanInput, Term
 from kvaudit.units import GIB, Interval
@@ -27,9 +28,11 @@ class PlanError(KvauditError):
     pass
 
 
-def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = False) -> tuple[int, ...]:
+def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = False, drafts: bool = False,
+            dp_attention: bool = False) -> tuple[int, ...]:
     """The planned release as a version tuple; ``refusal`` says why releases before ``since`` are not planned.
-    Settings this engine does not have are refused rather than silently ignored (``caps``: it has a token cap)."""
+    Settings this engine's plan does not have are refused rather than silently ignored: ``caps`` (a token cap),
+    ``drafts`` (a speculative draft), ``dp_attention``."""
     from kvaudit.versions import parse_version
 
     try:
@@ -38,10 +41,10 @@ def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = F
         raise PlanError(f"--engine {inp.engine}=={inp.version}: not a release number") from None
     if version < since:
         raise PlanError(f"{inp.engine} {inp.version}: {refusal}")
-    if inp.draft is not None:
+    if inp.draft is not None and not drafts:
         raise PlanError(f"--draft: a speculative draft is planned for SGLang only; {inp.engine}'s draft layers and "
                         "their pool are not modelled by plan")
-    if inp.dp_attention > 1:
+    if inp.dp_attention > 1 and not dp_attention:
         raise PlanError(f"--dp-attention is SGLang's; {inp.engine} has no data-parallel attention to plan")
     if inp.max_total_tokens and not caps:
         raise PlanError(f"--max-total-tokens: {inp.engine} has no such cap kvaudit plans")
@@ -65,17 +68,23 @@ def weakest(*kinds: str) -> str:
 def cuda_total(inp: PlanInput, history: Any, engine_words: str) -> Term:
     """The card's total as the engine reads it (vLLM and TensorRT-LLM take their fraction of it, or of what it
     leaves): the history's own startups on this card, else the card's memory.total less the driver's reserve."""
-    obs = calibrate.pre_load_free(history, inp) if inp.given_t is None else None
-    label = "total GPU memory (as CUDA reports it)"
+    return card_memory(inp, history, "total GPU memory (as CUDA reports it)", CUDA_TOTAL_OFFSET_GIB,
+                       f"the driver reserves, which {engine_words} never sees")
+
+
+def card_memory(inp: PlanInput, history: Any, label: str, offset: tuple[float, float], gone: str) -> Term:
+    """The engine's first reading of the card (``t_gib``): a replayed startup's own, the history's startups on this
+    card (and release, ranks), else the card's memory.total less ``offset`` GiB, ``gone`` saying what took it."""
     if inp.given_t is not None:
         return Term("t_gib", label, *inp.given_t, "GiB", GIVEN, "the replayed startup's own")
+    obs = calibrate.pre_load_free(history, inp)
     if obs is not None:
         return Term("t_gib", label, obs.lo, obs.hi, "GiB", CALIBRATED, obs.basis)
     card = inp.gpu_total_mib / 1024
-    lo_off, hi_off = CUDA_TOTAL_OFFSET_GIB
+    lo_off, hi_off = offset
     return Term("t_gib", label, card - hi_off, card - lo_off, "GiB", ASSUMED,
-                f"the card's {card:.2f} GiB (memory.total) less {lo_off}-{hi_off} GiB the driver reserves, which "
-                f"{engine_words} never sees; no startup on this card in the history")
+                f"the card's {card:.2f} GiB (memory.total) less {lo_off}-{hi_off} GiB {gone}; no startup on this "
+                "card in the history")
 
 
 def weights(inp: PlanInput, history: Any, logged: bool = False) -> Term:
@@ -89,11 +98,15 @@ def weights(inp: PlanInput, history: Any, logged: bool = False) -> Term:
     if not inp.weight_bytes:
         raise PlanError("the weights per rank are unknown: give the model directory (its safetensors headers or "
                         "model.safetensors.index.json), or a --history with a startup of this model at this TP")
-    ranks = inp.tp * inp.pp
-    even = inp.weight_bytes / ranks / GIB
-    return Term("weights_gib", label, even, even * (1 + WEIGHT_OVERHEAD_SHARE) + WEIGHT_OVERHEAD_GIB, "GiB", ASSUMED,
-                f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
-                f"up to {WEIGHT_OVERHEAD_GIB} GiB + {WEIGHT_OVERHEAD_SHARE:.0%} loaded with them (assumed; replicated "
+    return checkpoint_weights("weights_gib", label, inp.weight_bytes, inp.weight_source, inp.tp * inp.pp)
+
+
+def checkpoint_weights(key: str, label: str, nbytes: int, source: str | None, ranks: int) -> Term:
+    """A checkpoint's bytes over the ranks (formula), plus what loads with them (assumed)."""
+    even = nbytes / ranks / GIB
+    return Term(key, label, even, even * (1 + WEIGHT_OVERHEAD_SHARE) + WEIGHT_OVERHEAD_GIB, "GiB", ASSUMED,
+                f"{nbytes:,} bytes ({source}) / {ranks} ranks = {even:.2f} GiB (formula), plus up to "
+                f"{WEIGHT_OVERHEAD_GIB} GiB + {WEIGHT_OVERHEAD_SHARE:.0%} loaded with them (assumed; replicated "
                 "embeddings and uneven expert splits not modelled)")
 
 
@@ -105,10 +118,6 @@ def fraction(inp: PlanInput, name: str, default: tuple[float, str] | None) -> Te
         raise PlanError(f"give --fraction ({name}): this release's default is not known to kvaudit")
     value, source = default
     return Term("mem_fraction_static", name, value, value, "", FORMULA, source)
-
-
-def band(label: str, key: str, lo: float, hi: float, basis: str, kind: str = ASSUMED) -> Term:
-    return Term(key, label, lo, hi, "GiB", kind, basis)
 
 
 def sum_terms(key: str, label: str, parts: list[Term], basis: str) -> Term:
@@ -128,13 +137,13 @@ def blocks_to_tokens(budget: Interval, cell: int, block: int) -> tuple[int, int]
     return lo, hi
 
 
-def concurrency(lo: int, hi: int, inp: PlanInput) -> tuple[int, int] | None:
-    """Full-context requests the pool holds at once, at most --max-running-requests."""
-    if not inp.context_length:
+def concurrency(lo: int, hi: int, context: int | None, cap: int | None) -> tuple[int, int] | None:
+    """Full-context requests the pool holds at once, at most ``cap`` (the engine's max running requests)."""
+    if not context:
         return None
-    c_lo, c_hi = lo // inp.context_length, hi // inp.context_length
-    if inp.max_running_requests:
-        c_lo, c_hi = min(c_lo, inp.max_running_requests), min(c_hi, inp.max_running_requests)
+    c_lo, c_hi = lo // context, hi // context
+    if cap:
+        c_lo, c_hi = min(c_lo, cap), min(c_hi, cap)
     return c_lo, c_hi
 
 
@@ -145,14 +154,16 @@ def replayed_cell(inp: PlanInput) -> int | None:
     return round(sum(inp.bytes_per_token) / 2)
 
 
-def kv_element(inp: PlanInput, aliases: dict[str, float] | None = None) -> float:
-    """The KV element size in bytes: the model's dtype for "auto", else the engine's name for it."""
+def kv_element(inp: PlanInput, geometry: ModelGeometry | None = None) -> float:
+    """The KV element size in bytes: the model's dtype for "auto" (``geometry``: another model's, a draft's), else
+    the engine's name for it."""
     from kvaudit.model_config import element_bytes
 
-    assert inp.geometry is not None
+    geom = geometry or inp.geometry
+    assert geom is not None
     if inp.kv_dtype == "auto":
-        return inp.geometry.dtype_bytes
-    elt = (aliases or {}).get(inp.kv_dtype.lower()) or element_bytes(inp.kv_dtype)
+        return geom.dtype_bytes
+    elt = element_bytes(inp.kv_dtype)
     if elt is None:
         raise PlanError(f"--kv-dtype {inp.kv_dtype}: not a KV dtype kvaudit knows the size of")
     return elt

@@ -90,9 +90,10 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                      context_fatal=False)
     if starts == "at risk" and inp.context_length and hi < inp.context_length:
         why += " (TurboMind truncates session_len to the blocks: 'No enough blocks for session_len')"
+    concurrency = shared.concurrency(lo, hi, inp.context_length, inp.max_running_requests)
     return Plan(inp, tuple(out), lo, hi, round(lo * block.bytes / block_len / GIB, 3),
-                round(hi * block.bytes / block_len / GIB, 3), shared.concurrency(lo, hi, inp), None, starts, why,
-                None, None, rule, tuple(notes), block_size=block_len)
+                round(hi * block.bytes / block_len / GIB, 3), concurrency, None, starts, why, None, None, rule,
+                tuple(notes), block_size=block_len)
 
 
 def _runtime(inp: PlanInput, version: tuple[int, ...]) -> Term:

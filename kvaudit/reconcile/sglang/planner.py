@@ -15,18 +15,17 @@ into tokens, so a plan calibrated on one startup and that startup's what-if give
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.model_config import element_bytes
 from kvaudit.plan import calibrate
 from kvaudit.plan import terms as shared
-from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.plan.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
 from kvaudit.plan.terms import PlanError, weakest
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
-from kvaudit.versions import VersionRange, parse_version
+from kvaudit.versions import VersionRange
 
 #: what is gone before SGLang measures T, when no startup on this card says: the memory the driver reserves, the
 #: CUDA context, NCCL's buffers. The bundled host (RTX PRO 6000, TP 8, 0.5.9) lost 1.58 GiB (32 MiB reserved, 1.55
@@ -44,25 +43,14 @@ class _Settings:
 
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
-    try:
-        version = parse_version(inp.version)
-    except ValueError:
-        raise PlanError(f"--engine sglang=={inp.version}: not a release number (e.g. sglang==0.5.9)") from None
+    version = shared.release(inp, (0, 0, 0), "", caps=True, drafts=True, dp_attention=True)
     era = VersionRange(version, version)
     notes: list[str] = []
-    total = inp.gpu_total_mib / 1024
     terms: list[Term] = []
 
-    obs = calibrate.pre_load_free(history, inp) if inp.given_t is None else None
-    if inp.given_t is not None:
-        T = Term("t_gib", "free before the weights load (T)", *inp.given_t, "GiB", GIVEN, "the replayed startup's own")
-    elif obs is not None:
-        T = Term("t_gib", "free before the weights load (T)", obs.lo, obs.hi, "GiB", CALIBRATED, obs.basis)
-    else:
-        lo_off, hi_off = T_OFFSET_GIB
-        T = Term("t_gib", "free before the weights load (T)", total - hi_off, total - lo_off, "GiB", ASSUMED,
-                 f"the card's {total:.2f} GiB less {lo_off}-{hi_off} GiB gone before SGLang measures (driver reserve, "
-                 "CUDA context, NCCL); no startup on this card in the history")
+    T = shared.card_memory(inp, history, "free before the weights load (T)", T_OFFSET_GIB,
+                           "gone before SGLang measures (driver reserve, CUDA context, NCCL)")
+    obs = calibrate.pre_load_free(history, inp) if T.kind == CALIBRATED else None
     terms.append(T)
 
     post_obs = calibrate.post_load_free(history, inp)
@@ -104,9 +92,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     elif geom is None:
         raise PlanError("the model's config.json is needed for the bytes per token")
     else:
-        kv_elt = element_bytes(inp.kv_dtype) if inp.kv_dtype != "auto" else geom.dtype_bytes
-        if kv_elt is None:
-            raise PlanError(f"--kv-dtype {inp.kv_dtype}: not a KV dtype kvaudit knows the size of")
+        kv_elt = shared.kv_element(inp)
         attn_tp = max(1, inp.tp // max(1, inp.dp_attention))
         cell = cell_size(geom, era, attn_tp, kv_elt, inp.pp)
         if geom.is_hybrid_swa or geom.is_mamba_hybrid:
@@ -152,7 +138,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     if draft and run_cap is None and (0, 4, 5) <= version <= (0, 5, 18):
         notes.append("max_running_requests 48: SGLang's default with a speculative draft (0.4.5-0.5.18)")
         run_cap = 48
-    concurrency = shared.concurrency(lo, hi, replace(inp, max_running_requests=run_cap))
+    concurrency = shared.concurrency(lo, hi, inp.context_length, run_cap)
 
     held = calibrate.reserve_held(history, inp)
     left = None
@@ -185,12 +171,8 @@ def _draft_weights(inp: PlanInput) -> Term:
     if not d.weight_bytes:
         raise PlanError("--draft: the draft's weights are unknown: give its directory (its safetensors headers or "
                         "model.safetensors.index.json)")
-    ranks = inp.tp * inp.pp
-    even = d.weight_bytes / ranks / GIB
-    return Term("draft_weights_gib", f"{d.algorithm} draft weights per rank", even,
-                even * (1 + shared.WEIGHT_OVERHEAD_SHARE) + shared.WEIGHT_OVERHEAD_GIB, "GiB", ASSUMED,
-                f"{d.weight_bytes:,} bytes ({d.weight_source}) / {ranks} ranks = {even:.2f} GiB, plus up to "
-                f"{shared.WEIGHT_OVERHEAD_GIB} GiB + {shared.WEIGHT_OVERHEAD_SHARE:.0%} (assumed)")
+    return shared.checkpoint_weights("draft_weights_gib", f"{d.algorithm} draft weights per rank", d.weight_bytes,
+                                     d.weight_source, inp.tp * inp.pp)
 
 
 def _draft_in_reserve(inp: PlanInput, era: VersionRange, tokens: tuple[int, int], weights: Term | None) -> Term:
@@ -198,9 +180,8 @@ def _draft_in_reserve(inp: PlanInput, era: VersionRange, tokens: tuple[int, int]
     after the target's pool is sized: out of the reserve."""
     d = inp.draft
     assert d is not None and weights is not None
-    kv_elt = element_bytes(inp.kv_dtype) if inp.kv_dtype != "auto" else d.geometry.dtype_bytes
     attn_tp = max(1, inp.tp // max(1, inp.dp_attention))
-    dcell = cell_size(d.geometry, era, attn_tp, kv_elt or d.geometry.dtype_bytes, inp.pp)
+    dcell = cell_size(d.geometry, era, attn_tp, shared.kv_element(inp, d.geometry), inp.pp)
     kv_lo, kv_hi = tokens[0] * dcell.pool / GIB, tokens[1] * dcell.pool / GIB
     return Term("draft_in_reserve_gib", "the draft's weights and KV pool (out of the reserve)", weights.lo + kv_lo,
                 weights.hi + kv_hi, "GiB", weights.kind,

@@ -41,7 +41,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     total = shared.cuda_total(inp, history, "TensorRT-LLM")
     frac = shared.fraction(inp, "free_gpu_memory_fraction", (DEFAULT_FRACTION, "TensorRT-LLM's default "
                                                              "(kDefaultGpuMemFraction, KvCacheConfig)"))
-    used_obs = calibrate.profiling_peak(history, inp)
+    used_obs = calibrate.weight_memory(history, inp)  # total - free after profiling
     out: list[Term] = [total, frac]
     if used_obs is not None:
         used = Term("profiling_used_gib", "in use after profiling (weights, activations, graphs, NCCL)",
@@ -83,7 +83,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     if inp.context_length and free.lo > 0:
         smallest = math.ceil(inp.context_length * cell / GIB / free.lo * 1000) / 1000
     return Plan(inp, tuple(out), lo, hi, round(lo * cell / GIB, 3), round(hi * cell / GIB, 3),
-                shared.concurrency(lo, hi, inp), None, starts, why,
+                shared.concurrency(lo, hi, inp.context_length, inp.max_running_requests), None, starts, why,
                 smallest if smallest is not None and smallest < 1 else None, None,
                 f"TensorRT-LLM (PyTorch): (total - peak + temporary KV) x fraction; ceil(floor(KV / bytes per token) / "
                 f"{block}) x {block}", tuple(notes), block_size=block)

@@ -94,7 +94,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     largest = math.floor((1 - ctx_hi / total.lo) * 1000) / 1000
     kv_lo, kv_hi = lo * cell / GIB, hi * cell / GIB
     return Plan(inp, tuple(out), lo, hi, round(kv_lo, 3), round(kv_hi, 3),
-                shared.concurrency(lo, hi, _with_length(inp, length)), None, starts, why,
+                shared.concurrency(lo, hi, length, inp.max_running_requests), None, starts, why,
                 smallest if smallest < 1 else None, largest,
                 "vLLM: total x util - (weights + activation peak + non-torch"
                 + (" + CUDA graph estimate)" if version >= (0, 20, 0) else ")")
@@ -102,12 +102,6 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                 tuple(notes), block_size=block,
                 largest_fraction_reason="the largest that leaves the CUDA context outside the budget (vLLM's "
                                         "free-memory check at start)")
-
-
-def _with_length(inp: PlanInput, length: int | None) -> PlanInput:
-    from dataclasses import replace
-
-    return replace(inp, context_length=length) if length and inp.context_length is None else inp
 
 
 def _besides(inp: PlanInput, history: Any, version: tuple[int, ...]) -> Term:
