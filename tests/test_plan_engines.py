@@ -62,8 +62,9 @@ def _history(tmp_path, log: str, config: str, gpu_name: str, total_mib: float):
     ("0.4.8", "rtx-pro-6000", 8, "qwen3-32b.json", 0.833),
     ("0.5.9", "rtx-pro-6000", 8, "qwen3-32b.json", 0.848),
     ("0.5.10", "rtx-pro-6000", 8, "deepseek-v3.json", 0.833),  # MLA: +1.5 GiB for the piecewise graphs
-    # SGLang's own documentation build (docs/basic_usage/offline_engine_api, Feb 2026, an H100 at TP 1): its
-    # server_args line prints mem_fraction_static=0.835, chunked_prefill_size=8192
+    # SGLang's own documentation build (wxsms/sgl-project.github.io markdown/basic_usage/offline_engine_api.md, the
+    # build of 2026-02-05, TP 1): its server_args line prints mem_fraction_static=0.835, chunked_prefill_size=8192.
+    # The card is not named there; an 80 GB card's figures fit, and 0.835 is the rule at an H100's 81,559 MiB
     ("0.5.9", "h100", 1, "qwen3-32b.json", 0.835),
     ("0.3.6", "h100", 8, "qwen3-32b.json", 0.82),
     ("0.4.0", "h100", 2, "qwen3-32b.json", 0.87),
