@@ -194,7 +194,7 @@ def explain(
     from kvaudit.explain import audit
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_audits
+    from kvaudit.verdict import judge_audits
 
     chosen = choose(fmt)
     if startup is not None and all_startups:
@@ -214,7 +214,7 @@ def explain(
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(chosen.audits(audits, color=_color(color) and output is None), output)
-    return int(for_audits(audits))
+    return int(judge_audits(audits))
 
 
 #: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
@@ -419,7 +419,7 @@ def check(
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_host
+    from kvaudit.verdict import judge_host
 
     chosen = choose(fmt)
     from kvaudit.health import SCALES, HEALTH_DEADLINE_S
@@ -496,7 +496,7 @@ def check(
     text = chosen.hosts([h], color=_color(color) and output is None)
     if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
-    return int(for_host(h))
+    return int(judge_host(h).exit_status)
 
 
 @app.command()
