@@ -408,8 +408,9 @@ def check(
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
     health_check: bool = _opt(OUT, False, "--health-check",
-            help="Print one JSON health verdict (node or config problems) and exit on --exit-codes' scale; "
-                 "deadline 10 s unless --timeout."),
+            help="Print a health verdict (node or config problems) and exit on --exit-codes' scale: a status "
+                 "line of <= 80 bytes (Nagios: with perfdata and one line per problem), or JSON with --format "
+                 "json; deadline 4 s unless --timeout."),
     verbose: bool = _opt(OUT, False, "--verbose", "-v",
             help="Say on stderr what was tried: each command run on the host, its exit status, bytes and seconds."),
     exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
@@ -426,8 +427,9 @@ def check(
 
     if exit_codes not in SCALES:
         raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
-    if health_check and (fmt != "text" or output is not None):
-        raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
+    if health_check and (fmt not in ("text", "json") or output is not None):
+        raise Fail("--health-check prints its verdict on stdout, as a status line or with --format json: drop "
+                   "--output and other formats")
     if container is not None:
         target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
@@ -489,7 +491,12 @@ def check(
         from kvaudit.report.json import dumps
 
         verdict = assess(own or target, h)
-        _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        if fmt == "json":
+            _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        else:
+            from kvaudit.health import render as render_health
+
+            _env.stdout.write(render_health(verdict, exit_codes, _time.time() - t0))
         return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
