@@ -16,7 +16,7 @@ SCHEMA_KEYS = {"schema", "host", "engine", "engine_version", "state", "exit_stat
 def health(site, *args):
     cfg = site.trusted_config()
     return cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
-                       "--health-check", *args, timeout=90)
+                       "--health-check", "--format", "json", *args, timeout=90)
 
 
 def test_a_healthy_host_is_ok_on_both_scales(site):
@@ -68,16 +68,16 @@ def test_a_config_warning_never_drains_the_node(site):
 
 def test_a_host_that_cannot_be_audited_is_unknown(site, tmp_path):
     cfg = site.ssh_config("closed", port=1, extra="")
-    r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", timeout=60)
+    r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", "-f", "json", timeout=60)
     assert r.code == 3 and r.json()["state"] == "unknown"
     r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", "--exit-codes", "npd", timeout=60)
-    assert r.code == 2
+    assert r.code == 2 and r.stdout.startswith("KVAUDIT UNKNOWN - ") and len(r.stdout.strip().encode()) <= 80
 
 
 def test_a_usage_error_is_unknown_on_the_scale():
     """A check that did not run says so on stderr, writes no verdict, and exits UNKNOWN (Nagios 3, npd 2),
     not 2, which the Nagios scale reads as CRITICAL (the usage error's own status elsewhere)."""
-    for args, code in ((("--format", "json"), 3), (("--exit-codes", "npd", "--timeout", "soon"), 2),
+    for args, code in ((("--format", "markdown"), 3), (("--exit-codes", "npd", "--timeout", "soon"), 2),
                        (("--exit-codes", "sometimes"), 3)):
         r = cli("check", "local", "--health-check", *args)
         assert (r.code, r.stdout) == (code, ""), args
