@@ -413,6 +413,8 @@ def check(
                  "json; deadline 4 s unless --timeout."),
     verbose: bool = _opt(OUT, False, "--verbose", "-v",
             help="Say on stderr what was tried: each command run on the host, its exit status, bytes and seconds."),
+    nvsentinel_events: Optional[Path] = _opt(OUT, None, "--nvsentinel-events",
+            help="Also write NVIDIA NVSentinel health events (HealthEvents JSON) to this file (docs/fleet.md)."),
     exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
             help="With --health-check: nagios (0 ok, 1 config warning, 2 node problem, 3 unknown) or npd (0 ok or "
                  "config only, 1 node problem, 2 unknown)."),
@@ -484,6 +486,14 @@ def check(
                              prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
+    if nvsentinel_events is not None:
+        from kvaudit.report import nvsentinel
+        from kvaudit.report.files import write_atomic
+
+        try:
+            write_atomic(nvsentinel_events, nvsentinel.render([(own or target, h)], _time.time()))
+        except OSError as exc:
+            raise Fail(f"cannot write the NVSentinel events to {nvsentinel_events}: {exc.strerror or exc}") from None
     if verbose:
         _say_what_was_tried(target, h)
     if health_check:
