@@ -16,7 +16,7 @@ SCHEMA_KEYS = {"schema", "host", "engine", "engine_version", "state", "exit_stat
 def health(site, *args):
     cfg = site.trusted_config()
     return cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
-                       "--health-check", "--format", "json", *args, timeout=90)
+                       "--health-check", "--format", "json", "--timeout", "60", *args, timeout=90)
 
 
 def test_a_healthy_host_is_ok_on_both_scales(site):
@@ -41,6 +41,10 @@ def test_a_foreign_process_on_a_gpu_is_a_node_problem(site):
         assert foreign["problem"] == "node" and "nvidia-smi" in foreign["action"]
         assert d["state"] == "critical" and d["node_problems"] >= 1
         assert health(site, "--exit-codes", "npd").code == 1
+        # the status line NPD and Nagios read (issue 37): the GPU, the amount and the pid, in 80 bytes
+        r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                        str(site.host.journal), "--health-check", "--exit-codes", "npd", "--timeout", "60", timeout=90)
+        assert r.code == 1 and r.stdout == "KVAUDIT CRITICAL - GPU 3: 4.0 GiB held by pid 9999 (not the engine)\n"
     finally:
         apps.write_text(real)
 
