@@ -811,19 +811,21 @@ def plan_cmd(
     chosen = choose(fmt, "plan")
     if validate:
         from kvaudit.plan.validate import validate_history
+        from kvaudit.plan_inputs import validation_rows
         from kvaudit.report.plan import render_validation
 
-        _env.stdout.write(render_validation(validate_history(validate), fmt))
+        _env.stdout.write(render_validation(validate_history(validate, validation_rows(validate)), fmt))
         return 0
     if model is None or engine is None:
         raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")
     from kvaudit.plan.build import PlanRequest, run
+    from kvaudit.plan_inputs import history_rows
 
     p = run(PlanRequest(engine=engine, model=model, gpu=gpu, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
                         dp_attention=dp_attention, fraction=fraction, kv_dtype=kv_dtype, context_length=context_length,
                         max_running_requests=max_running_requests, page_size=page_size,
                         max_total_tokens=max_total_tokens, history=history, backend=backend, draft=draft,
-                        speculative_algorithm=speculative_algorithm))
+                        speculative_algorithm=speculative_algorithm), history_rows(history))
     _env.stdout.write(chosen.plan(p))
     return 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.plan.model import Draft, Plan, PlanInput, model_key
+from kvaudit.planning.model import Draft, Observed, Plan, PlanInput, model_key
 
 
 @dataclass(frozen=True)
@@ -111,16 +111,17 @@ def _vocab(config: Path) -> int | None:
     return None
 
 
-def history_frame(path: str | None) -> Any:
-    if not path:
+def history_frame(rows: list[Observed] | None) -> Any:
+    """The recorded startups (read by the command layer, kvaudit.plan_inputs) as the calibration's frame."""
+    if not rows:
         return None
-    from kvaudit.fleet.history import startups
-    from kvaudit.plan.calibrate import frame
+    from kvaudit.planning.calibrate import frame
 
-    return frame(startups(path))
+    return frame(rows)
 
 
-def run(req: PlanRequest) -> Plan:
+def run(req: PlanRequest, history: list[Observed] | None = None) -> Plan:
+    """The plan of ``req``; ``history``: the startups of ``req.history`` (kvaudit.plan_inputs.history_rows)."""
     from kvaudit.engines import by_name
 
     inp = plan_input(req)
@@ -131,7 +132,7 @@ def run(req: PlanRequest) -> Plan:
     if engine is None or engine.plan is None:
         raise KvauditError(f"--engine {inp.engine}: kvaudit plan sizes "
                            f"{', '.join(e.name for e in planned_engines())} deployments in this version")
-    return engine.plan(inp, history_frame(req.history))
+    return engine.plan(inp, history_frame(history))
 
 
 def planned_engines() -> list[Any]:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.plan.model import Observed, PlanInput
+from kvaudit.planning.model import Observed, PlanInput
 
 
 @dataclass(frozen=True)
@@ -40,48 +39,10 @@ class Case:
         return self.low is not None and self.high is not None and self.low <= self.logged <= self.high
 
 
-def rows_of(path: str) -> list[Observed]:
-    p = Path(path)
-    if p.is_dir():
-        return _rows_of_logs(p)
-    from kvaudit.fleet.history import startups
-
-    return startups(path)
-
-
-def _rows_of_logs(directory: Path) -> list[Observed]:
-    """Each startup (of an engine kvaudit plans) of each log under ``directory`` (a corpus), audited as explain
-    audits it."""
-    from kvaudit.explain import audit, read_log
-    from kvaudit.parse.lines import InputError
-    from kvaudit.plan.observe import from_audit
-    from kvaudit.reconcile.interface import AuditOptions
-
-    out: list[Observed] = []
-    logs = sorted(x for x in directory.rglob("*.log") if x.is_file())
-    if not logs:
-        raise KvauditError(f"--validate {directory}: no .log files there")
-    for log in logs:
-        try:
-            with log.open("rb") as fh:
-                parsed = read_log(fh)
-        except (InputError, OSError):  # NoStartupError is an InputError
-            continue
-        if parsed.engine.plan is None:
-            continue
-        for a, s in zip(audit(parsed, AuditOptions(source=str(log)), None, True), parsed.startups):
-            if a.formula.pre_load_free_gib is None:
-                continue
-            key = f"{a.model.architecture or 'model'} @ {Path(s.model_path).name}" if s.model_path else None
-            row = from_audit(log.name, a, f"startup {a.startup_index}", None, None, key)
-            out.append(Observed(run_id=0, **{k: row[k] for k in Observed.__dataclass_fields__ if k != "run_id"}))
-    return out
-
-
 def _case(row: Observed, others: list[Observed]) -> Case:
     from kvaudit.engines import by_name
-    from kvaudit.plan import calibrate
-    from kvaudit.plan.calibrate import frame
+    from kvaudit.planning import calibrate
+    from kvaudit.planning.calibrate import frame
 
     need = (row.version, row.tp, row.fraction, row.tokens, row.bytes_per_token, row.t_gib, row.model_key)
     if any(v is None for v in need):
@@ -103,11 +64,13 @@ def _case(row: Observed, others: list[Observed]) -> Case:
     return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)  # type: ignore[arg-type]
 
 
-def validate_history(path: str) -> dict[str, Any]:
+def validate_history(path: str, observed: list[Observed]) -> dict[str, Any]:
+    """Leave-one-out over ``observed``: the startups of ``path`` (a history or a directory of logs), read by the
+    command layer (kvaudit.plan_inputs), so that plan/ imports neither the fleet's history nor explain."""
     from kvaudit.plan.build import planned_engines
 
     planned = {e.name for e in planned_engines()}
-    rows = [r for r in rows_of(path) if r.engine in planned]
+    rows = [r for r in observed if r.engine in planned]
     cases = [_case(r, rows[:i] + rows[i + 1:]) for i, r in enumerate(rows)]
 
     def summary(group: list[Case]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvaudit.plan.model import Plan, Term
+from kvaudit.planning.model import Plan, Term
 
 
 def _range(t: Term) -> str:

@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.plan import calibrate
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
-from kvaudit.plan.terms import PlanError, weakest
+from kvaudit.planning import calibrate
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.terms import PlanError, weakest
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval

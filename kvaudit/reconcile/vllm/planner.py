@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvaudit.plan import calibrate
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
-from kvaudit.plan.terms import weakest
+from kvaudit.planning import calibrate
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.terms import weakest
 from kvaudit.reconcile.vllm.cell import cell_size
 from kvaudit.reconcile.vllm.context import DEFAULT_BLOCK, default_utilization
 from kvaudit.units import GIB, Interval

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvaudit.plan.model import Observed, PlanInput
+from kvaudit.planning.model import Observed, PlanInput
 
 #: a logged GiB value is rounded to two decimals
 HALF_ULP = 0.005
