@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.planning.model import Draft, Observed, Plan, PlanInput, model_key
+from kvaudit.planning.model import Draft, ModelSizes, Observed, Plan, PlanInput, model_key
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class PlanRequest:
     max_running_requests: int | None = None
     page_size: int | None = None
     max_total_tokens: int | None = None
+    max_num_batched_tokens: int | None = None  # vLLM's --max-num-batched-tokens
     history: str | None = None
     backend: str | None = None
     draft: str | None = None  # the draft model: a directory or its config.json
@@ -93,7 +94,7 @@ def plan_input(req: PlanRequest) -> PlanInput:
                      req.fraction, req.kv_dtype, req.context_length, req.max_running_requests, req.page_size,
                      req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
                      weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend,
-                     draft=_draft(req))
+                     draft=_draft(req), sizes=model_sizes(config), max_num_batched_tokens=req.max_num_batched_tokens)
 
 
 def _vocab(config: Path) -> int | None:
@@ -109,6 +110,35 @@ def _vocab(config: Path) -> int | None:
         if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**8:
             return v
     return None
+
+
+def _positive(d: dict[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**8:
+            return v
+    return None
+
+
+def model_sizes(config: Path) -> ModelSizes | None:
+    """config.json's sizes (its text_config's, for a multimodal model): hidden, intermediate, one expert's
+    intermediate and the experts a token is routed to, the vocabulary, and whether the lm_head is tied."""
+    import json
+
+    try:
+        doc = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    text = doc.get("text_config")
+    d = text if isinstance(text, dict) and _positive(text, "hidden_size") else doc
+    tie = d.get("tie_word_embeddings", doc.get("tie_word_embeddings", False))
+    return ModelSizes(_positive(d, "hidden_size", "d_model", "n_embd"),
+                      _positive(d, "intermediate_size", "ffn_hidden_size", "n_inner"),
+                      _positive(d, "moe_intermediate_size", "expert_intermediate_size"),
+                      _positive(d, "num_experts_per_tok", "moe_topk", "num_experts_per_token"),
+                      _positive(d, "vocab_size") or _positive(doc, "vocab_size"), tie is True)
 
 
 def history_frame(rows: list[Observed] | None) -> Any:

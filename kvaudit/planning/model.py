@@ -56,6 +56,19 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class ModelSizes:
+    """The config.json sizes that the engines' profiling runs scale with (vLLM's dummy batch through the model and
+    its sampler over the vocabulary), and that tell a tied lm_head; None where the config does not say."""
+
+    hidden_size: int | None = None
+    intermediate_size: int | None = None  # a dense MLP's; a MoE model's shared or dense layers
+    moe_intermediate_size: int | None = None  # one expert's
+    experts_per_token: int | None = None  # num_experts_per_tok / moe_topk
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False
+
+
+@dataclass(frozen=True)
 class PlanInput:
     engine: str
     version: str  # one release, "0.5.9"
@@ -80,6 +93,9 @@ class PlanInput:
     vocab_size: int | None = None  # config.json's, for LMDeploy's PyTorch-engine runtime estimate
     backend: str | None = None  # LMDeploy: turbomind (the default) or pytorch
     draft: Draft | None = None
+    sizes: ModelSizes | None = None  # config.json's hidden, intermediate, vocabulary sizes
+    #: vLLM's max_num_batched_tokens (None: the release's default for the card and max_model_len)
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
