@@ -49,7 +49,8 @@ def plan_case(c: dict, d: Path) -> dict[str, Any]:
                       gpu_memory_gib=c.get("gpu_memory_gib"), tp=c.get("tp", 1), pp=c.get("pp", 1),
                       fraction=c.get("fraction"), context_length=c.get("max_model_len"),
                       page_size=c.get("block_size"), max_running_requests=c.get("max_num_seqs"),
-                      max_num_batched_tokens=c.get("max_num_batched_tokens"), kv_dtype=c.get("kv_dtype", "auto"))
+                      max_num_batched_tokens=c.get("max_num_batched_tokens"), kv_dtype=c.get("kv_dtype", "auto"),
+                      sampler=c.get("sampler"))
     try:
         p = run(req)
     except KvauditError as exc:

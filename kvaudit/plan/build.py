@@ -28,6 +28,7 @@ class PlanRequest:
     page_size: int | None = None
     max_total_tokens: int | None = None
     max_num_batched_tokens: int | None = None  # vLLM's --max-num-batched-tokens
+    sampler: str | None = None  # vLLM V1: flashinfer | native (None: not known)
     history: str | None = None
     backend: str | None = None
     draft: str | None = None  # the draft model: a directory or its config.json
@@ -94,7 +95,8 @@ def plan_input(req: PlanRequest) -> PlanInput:
                      req.fraction, req.kv_dtype, req.context_length, req.max_running_requests, req.page_size,
                      req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
                      weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend,
-                     draft=_draft(req), sizes=model_sizes(config), max_num_batched_tokens=req.max_num_batched_tokens)
+                     draft=_draft(req), sizes=model_sizes(config), max_num_batched_tokens=req.max_num_batched_tokens,
+                     sampler=_sampler(req.sampler))
 
 
 def _vocab(config: Path) -> int | None:
@@ -110,6 +112,15 @@ def _vocab(config: Path) -> int | None:
         if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**8:
             return v
     return None
+
+
+def _sampler(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if text.lower() not in ("flashinfer", "native"):
+        raise KvauditError(f"--sampler {text!r}: flashinfer (the log says 'Using FlashInfer for top-p & top-k "
+                           "sampling') or native (PyTorch's sort)")
+    return text.lower()
 
 
 def _positive(d: dict[str, Any], *keys: str) -> int | None:

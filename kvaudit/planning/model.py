@@ -96,6 +96,9 @@ class PlanInput:
     sizes: ModelSizes | None = None  # config.json's hidden, intermediate, vocabulary sizes
     #: vLLM's max_num_batched_tokens (None: the release's default for the card and max_model_len)
     max_num_batched_tokens: int | None = None
+    #: vLLM V1's top-k/top-p sampler: "flashinfer" (FlashInfer installed: the log's "Using FlashInfer for top-p &
+    #: top-k sampling"), "native" (PyTorch's sort), None: not known (the profile run's peak is either)
+    sampler: str | None = None
 
 
 @dataclass(frozen=True)

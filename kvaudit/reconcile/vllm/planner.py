@@ -36,12 +36,16 @@ from kvaudit.versions import VersionRange
 #:   forward = max_num_batched_tokens x (3 x MLP width per rank + 3 x hidden) x the dtype's bytes
 #:     (the gate/up output, the activation's output and a few hidden-sized buffers live at once; read against
 #:     vllm_c014/c015: 0.92 GiB more peak for 9,000 more tokens of Llama-3.1-8B = 109.8 KB a token)
-#:   sampler = rows x vocab_size x SAMPLER_BYTES (the bf16 logits, their float32 copy, the top-k/top-p sort's
-#:     values and int64 indices, the softmax and its masks: about 39 B an element in V1, calibrated on llm-d's
-#:     0.11.0 Llama-3.1-8B (4.76 GiB) and Qwen3-32B (5.64 GiB) at 1,024 rows; 41 B in V0 0.6.5, vllm_c010)
+#:   sampler = rows x vocab_size x SAMPLER_BYTES. PyTorch's top-k/top-p (topk_topp_sampler.forward_native: the
+#:     bf16 logits, their float32 copy, the sort's values and int64 indices, the softmax and its masks) about
+#:     39 B an element: calibrated on llm-d's 0.11.0 Llama-3.1-8B (4.76 GiB) and Qwen3-32B (5.64 GiB) at 1,024
+#:     rows, 41 B in V0 0.6.5 (vllm_c010), up to 48 B in V0 0.7.3 (vllm_c006). FlashInfer's (forward_cuda, V1's
+#:     default when FlashInfer is installed: top_k_top_p_sampling_from_logits, no sort) holds the bf16 logits,
+#:     their float32 copy, the masked logits and the probabilities: 8-16 B an element, read in the code. Which
+#:     one runs is an installation fact (--sampler); not known, the range spans both.
 #: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
 FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
-SAMPLER_BYTES = {"v0": (39.0, 48.0), "v1": (37.0, 41.0)}
+SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0)}
 #: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
 #: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
@@ -194,13 +198,19 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     t_lo, t_hi, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
     elt = geom.dtype_bytes
     per_token = FORWARD_WIDTHS * (width / inp.tp + sz.hidden_size) * elt
-    b_lo, b_hi = SAMPLER_BYTES["v0" if version < (0, 8, 0) else "v1"]
+    if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
+        kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
+        b_lo, b_hi = SAMPLER_BYTES[kind]
+    elif inp.sampler:
+        kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
+    else:
+        kind, b_lo, b_hi = "flashinfer or native: not known", SAMPLER_BYTES["flashinfer"][0], SAMPLER_BYTES["native"][1]
     fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
     smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
     lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
     return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
                     f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
-                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B) "
+                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
                     f"[{batch}]")
 
 
