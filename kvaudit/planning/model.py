@@ -66,6 +66,9 @@ class ModelSizes:
     experts_per_token: int | None = None  # num_experts_per_tok / moe_topk
     vocab_size: int | None = None
     tie_word_embeddings: bool = False
+    #: rope_scaling's factor when it lengthens the context the engines derive (yarn, dynamic, linear...); None for
+    #: none, or for Llama-3's "llama3" type, whose max_position_embeddings already states the long context
+    rope_factor: float | None = None
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         cell, how, cell_kind = given_cell, "the replayed startup's own", GIVEN
     else:
         assert geom is not None
-        cell, how = cell_size(geom, inp.tp, shared.kv_element(inp), inp.pp, split_v=version >= (0, 14, 0))
+        cell, how = cell_size(geom, inp.tp, kv_element(inp), inp.pp, split_v=version >= (0, 14, 0))
         how, cell_kind = f"vLLM {inp.version} cell_size: {how}", FORMULA
     if geom is not None and (geom.is_hybrid_swa or geom.is_mamba_hybrid):
         notes.append("a hybrid model (sliding-window or state-space layers): vLLM's grouped pool is not modelled by "
@@ -113,6 +113,18 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                              "desired GPU memory utilization)")
     elif starts == "yes" and headroom.lo < ctx_hi:
         starts, why = "at risk", "total x utilisation leaves less than a CUDA context's memory outside the budget"
+    elif version < (0, 20, 0) and starts != "no":
+        # before 0.20 the CUDA graphs are captured after the KV cache is allocated, outside total x util
+        # (gpu_worker.compile_or_warm_up_model): what is left outside must hold the context and the graphs
+        g_lo, g_hi = GRAPH_ESTIMATE_GIB
+        if headroom.hi < ctx_lo + g_lo:
+            starts, why = "no", (f"{headroom.hi:.2f} GiB outside total x utilisation cannot hold the CUDA context and "
+                                 "the CUDA graphs, which vLLM before 0.20 captures after the KV cache (out of memory "
+                                 "in graph capture; --enforce-eager or a lower utilisation)")
+        elif starts == "yes" and headroom.lo < ctx_hi + g_hi:
+            starts, why = "at risk", (f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context "
+                                      f"({ctx_lo}-{ctx_hi} GiB) and the CUDA graphs ({g_lo}-{g_hi} GiB, assumed), "
+                                      "which vLLM before 0.20 captures after the KV cache")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     largest = math.floor((1 - ctx_hi / total.lo) * 1000) / 1000
@@ -128,6 +140,14 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                         "free-memory check at start)")
 
 
+def kv_element(inp: PlanInput) -> float:
+    """The KV element size: a float32 config served with --dtype auto runs in 16 bits (vLLM's
+    config._get_and_verify_dtype downcasts float32 to bfloat16/float16), so its cache is 2 B an element."""
+    if inp.kv_dtype == "auto" and inp.geometry is not None and inp.geometry.dtype_bytes == 4:
+        return 2.0
+    return shared.kv_element(inp)
+
+
 def _weights(inp: PlanInput, history: Any) -> Term:
     """vLLM's "Model loading took": the history's, else the checkpoint's bytes per rank (a tied lm_head is loaded
     once: a checkpoint that stores it too loads one embedding fewer) plus a little (VLLM_WEIGHT_EXTRA)."""
@@ -141,6 +161,9 @@ def _weights(inp: PlanInput, history: Any) -> Term:
     if sz is not None and sz.tie_word_embeddings and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
         tied = sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / ranks / GIB
         lo, words = even - tied, f"; a tied lm_head the checkpoint may store too: down to {even - tied:.2f}"
+    if inp.geometry is not None and inp.geometry.dtype_bytes == 4:  # a float32 config, served in 16 bits
+        lo, words = lo / 2, words + ("; a float32 config is served in 16 bits (--dtype auto): a float32 checkpoint "
+                                     f"loads at half its bytes, down to {lo / 2:.2f}")
     hi = even * (1 + VLLM_WEIGHT_SHARE) + VLLM_WEIGHT_EXTRA[1]
     if inp.pp > 1 and sz is not None and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
         hi += sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / inp.tp / GIB  # the first/last stage
@@ -163,7 +186,7 @@ def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) ->
         tokens = inp.max_num_batched_tokens or (2048 if chunked else max(length, 2048))
         rows = min(inp.max_running_requests or 256, tokens)
         return tokens, tokens, rows, rows, (f"V0: {tokens:,} tokens (" + ("chunked prefill past 32K" if chunked else
-                                            "max(max_model_len, 2048)") + f"), {rows} sequences")
+                                            "max(max_model_len, 2048)") + f"), {rows:,} sequences")
     # V1 (engine/arg_utils.py _set_default_args): 8192 tokens and 1024 sequences on a card of 70 GiB or more that
     # is not an A100 (0.9+), else 2048 and 256
     big_lo = big_hi = False
@@ -183,7 +206,9 @@ def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) ->
         "the defaults for a card of 70 GiB or more, not an A100" if big_lo else
         "the defaults for this card" if big_lo == big_hi else "the defaults: an unnamed card of 70 GiB or more may "
         "be an A100 (2048 and 256) or not (8192 and 1024)")
-    return t_lo, t_hi, s_lo, s_hi, f"V1: {t_lo:,}-{t_hi:,} tokens, {s_lo}-{s_hi} sampler rows ({where})"
+    tokens = f"{t_lo:,}" if t_lo == t_hi else f"{t_lo:,}-{t_hi:,}"
+    rows = f"{s_lo:,}" if s_lo == s_hi else f"{s_lo:,}-{s_hi:,}"
+    return t_lo, t_hi, s_lo, s_hi, f"V1: {tokens} tokens, {rows} sampler rows ({where})"
 
 
 def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[float, float, str] | None:
@@ -196,7 +221,7 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     if not width:
         return None
     t_lo, t_hi, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
-    elt = geom.dtype_bytes
+    elt = 2.0 if geom.dtype_bytes == 4 else geom.dtype_bytes  # float32 configs run in 16 bits
     per_token = FORWARD_WIDTHS * (width / inp.tp + sz.hidden_size) * elt
     if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
         kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
