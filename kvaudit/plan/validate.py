@@ -48,20 +48,25 @@ def _case(row: Observed, others: list[Observed]) -> Case:
     if any(v is None for v in need):
         return Case(row.host, None, False, row.tokens or 0, None, None, "the startup lacks a term the replay needs")
     t_given = row.gpu_name is None and row.gpu_total_mib is None
-    inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,  # type: ignore
-                    row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,  # type: ignore
-                    bytes_per_token=(row.bpt_low or row.bytes_per_token, row.bpt_high or row.bytes_per_token),
-                    given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)  # type: ignore[operator]
+    assert row.version and row.tp and row.fraction and row.tokens and row.bytes_per_token and row.t_gib is not None \
+        and row.model_key  # checked just above: the narrowing mypy needs
+    bpt = (float(row.bpt_low or row.bytes_per_token), float(row.bpt_high or row.bytes_per_token))
+    inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,
+                    row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,
+                    bytes_per_token=bpt, given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)
     df = frame(others)
     w = calibrate.weight_memory(df, inp) or calibrate.logged_weights(df, inp)
     if w is None:
-        return Case(row.host, None, t_given, row.tokens, None, None,  # type: ignore[arg-type]
+        return Case(row.host, None, t_given, row.tokens, None, None,
                     "no other startup of this model, and a log names no checkpoint size")
+    planner = by_name(row.engine).plan
+    if planner is None:
+        return Case(row.host, None, t_given, row.tokens, None, None, f"kvaudit plan does not size {row.engine}")
     try:
-        p = by_name(row.engine).plan(inp, df)
+        p = planner(inp, df)
     except KvauditError as exc:
-        return Case(row.host, None, t_given, row.tokens, None, None, str(exc))  # type: ignore[arg-type]
-    return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)  # type: ignore[arg-type]
+        return Case(row.host, None, t_given, row.tokens, None, None, str(exc))
+    return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)
 
 
 def validate_history(path: str, observed: list[Observed]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def release_of(version: Any) -> Any:
 
 
 def frame(rows: list[Observed]) -> Any:
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]  # no stubs in the test environment
 
     df = pd.DataFrame([r.__dict__ for r in rows], columns=list(Observed.__dataclass_fields__))
     df["version"] = df["version"].map(release_of)

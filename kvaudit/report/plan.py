@@ -25,7 +25,8 @@ def _title(p: Plan) -> str:
     card = i.card or f"a {i.gpu_total_mib / 1024:.2f} GiB card"
     par = f"TP {i.tp}" + (f" x PP {i.pp}" if i.pp > 1 else "") + (f", DP-attention {i.dp_attention}"
                                                                   if i.dp_attention > 1 else "")
-    return f"{i.engine} {i.version} on {card}, {par}, {i.geometry.architecture or 'model'} ({i.model_key})"
+    arch = i.geometry.architecture if i.geometry is not None else None
+    return f"{i.engine} {i.version} on {card}, {par}, {arch or 'model'} ({i.model_key})"
 
 
 def render_text(p: Plan, color: bool = False) -> str:
@@ -73,7 +74,8 @@ def as_dict(p: Plan) -> dict[str, Any]:
         "engine": i.engine, "engine_version": i.version,
         "gpu": {"name": i.card, "total_mib": i.gpu_total_mib},
         "parallel": {"tp": i.tp, "pp": i.pp, "dp_attention": i.dp_attention},
-        "model": {"key": i.model_key, "architecture": i.geometry.architecture, "source": i.geometry.source,
+        "model": {"key": i.model_key, "architecture": i.geometry.architecture if i.geometry is not None else None,
+                  "source": i.geometry.source if i.geometry is not None else None,
                   "weight_bytes": i.weight_bytes, "weight_source": i.weight_source},
         "draft": None if i.draft is None else {
             "algorithm": i.draft.algorithm, "layers": i.draft.layers, "architecture": i.draft.geometry.architecture,

@@ -206,9 +206,9 @@ def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) ->
         "the defaults for a card of 70 GiB or more, not an A100" if big_lo else
         "the defaults for this card" if big_lo == big_hi else "the defaults: an unnamed card of 70 GiB or more may "
         "be an A100 (2048 and 256) or not (8192 and 1024)")
-    tokens = f"{t_lo:,}" if t_lo == t_hi else f"{t_lo:,}-{t_hi:,}"
-    rows = f"{s_lo:,}" if s_lo == s_hi else f"{s_lo:,}-{s_hi:,}"
-    return t_lo, t_hi, s_lo, s_hi, f"V1: {tokens} tokens, {rows} sampler rows ({where})"
+    t_words = f"{t_lo:,}" if t_lo == t_hi else f"{t_lo:,}-{t_hi:,}"
+    s_words = f"{s_lo:,}" if s_lo == s_hi else f"{s_lo:,}-{s_hi:,}"
+    return t_lo, t_hi, s_lo, s_hi, f"V1: {t_words} tokens, {s_words} sampler rows ({where})"
 
 
 def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[float, float, str] | None:
