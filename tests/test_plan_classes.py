@@ -109,6 +109,15 @@ def test_before_0_20_the_graphs_captured_after_the_kv_cache_need_room_outside_th
     assert fine["starts"] == "yes"
 
 
+def test_a_text_plan_without_a_context_length_counts_requests_of_the_models_own(tmp_path):
+    """vLLM's max_model_len defaults to max_position_embeddings: the text view names that length (it crashed on a
+    plan given no --context-length)."""
+    r = cli("plan", _model(tmp_path, "llama3-8b.json", 16060522496), "--engine", "vllm==0.6.5", "--gpu", "h100",
+            "--fraction", "0.9")
+    assert r.code == ExitStatus.OK and "concurrent 8,192-token requests" in r.stdout, r.stderr
+    assert "CUDA graphs captured after the KV cache" in r.stdout  # the largest fraction leaves them room (0.6.5)
+
+
 def test_a_checkpoint_larger_than_the_card_does_not_start(tmp_path):
     """llm-d's DeepSeek-R1 on one H100 (validation set): the weights alone are past the budget."""
     r, p = _plan(_model(tmp_path, "deepseek-v3.json", 688586727753), "--engine", "vllm==0.11.0", "--gpu", "h100",

@@ -52,7 +52,9 @@ def outcome(p: Plan) -> list[tuple[str, str]]:
     out = [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")]
     if p.concurrency is not None:
         c = p.concurrency
-        out.append((f"concurrent {p.input.context_length:,}-token requests",
+        # the engine's own max_model_len when --context-length was not given (vLLM: max_position_embeddings)
+        ctx = p.input.context_length or (p.input.geometry.max_position_embeddings if p.input.geometry else None)
+        out.append((f"concurrent {ctx:,}-token requests" if ctx else "concurrent full-context requests",
                     f"{c[0]:,}" if c[0] == c[1] else f"{c[0]:,}-{c[1]:,}"))
     out.append(("starts", f"{p.starts} ({p.starts_reason})"))
     if p.smallest_fraction is not None:

@@ -127,7 +127,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                       "which vLLM before 0.20 captures after the KV cache")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
-    largest = math.floor((1 - ctx_hi / total.lo) * 1000) / 1000
+    outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
+    largest = math.floor((1 - outside / total.lo) * 1000) / 1000
     kv_lo, kv_hi = lo * cell / GIB, hi * cell / GIB
     return Plan(inp, tuple(out), lo, hi, round(kv_lo, 3), round(kv_hi, 3),
                 shared.concurrency(lo, hi, length, inp.max_running_requests), None, starts, why,
@@ -137,7 +138,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                 + f"; floor(KV / ({block} x bytes per token)) x {block}",
                 tuple(notes), block_size=block,
                 largest_fraction_reason="the largest that leaves the CUDA context outside the budget (vLLM's "
-                                        "free-memory check at start)")
+                                        "free-memory check at start)" + (", and the CUDA graphs captured after the "
+                                                                         "KV cache" if version < (0, 20, 0) else ""))
 
 
 def kv_element(inp: PlanInput) -> float:
