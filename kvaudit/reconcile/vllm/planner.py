@@ -7,12 +7,15 @@
 ``v1/worker/gpu_worker.py::determine_available_memory`` 0.9.1+; the graph estimate from 0.20, when
 ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` became the default). The total is the card's as CUDA reports it; the
 weights are the checkpoint's per rank (or what the history's startups logged for this model); what the budget holds
-besides the weights and the pool (the activation peak of the profiling run, non-torch memory, the graph estimate)
-comes from the history's startups of this model, else is assumed with the ranges the corpus' startups span. The
-bytes per token are vLLM's own ``cell_size``; the utilisation is --fraction or the release's default.
+besides the weights and the pool comes from the history's startups of this model at this number of ranks, else
+from what the release's profile run does (``profile_run``): the activation peak as max(the dummy batch's forward,
+the sampler over the vocabulary), by the batch the release sets for the card (V1 from 0.8, V0 before), non-torch
+memory by release and ranks, the graph estimate from 0.20 (assumed). The bytes per token are vLLM's own
+``cell_size``; the utilisation is --fraction or the release's default.
 
 It starts when (``v1/core/kv_cache_utils.py::check_enough_kv_cache_memory``) the pool holds one request of
-max_model_len tokens, and (``gpu_worker.py::init_device``) the free memory at start is at least total x util.
+max_model_len tokens, and (``gpu_worker.py::init_device``) the free memory at start is at least total x util; before
+0.20 the CUDA graphs captured after the KV cache (``compile_or_warm_up_model``) must also fit outside the budget.
 """
 
 from __future__ import annotations
