@@ -192,10 +192,12 @@ def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) ->
         rows = min(inp.max_running_requests or 256, tokens)
         return tokens, tokens, rows, rows, (f"V0: {tokens:,} tokens (" + ("chunked prefill past 32K" if chunked else
                                             "max(max_model_len, 2048)") + f"), {rows:,} sequences")
-    # V1 (engine/arg_utils.py _set_default_args): 8192 tokens and 1024 sequences on a card of 70 GiB or more that
-    # is not an A100 (0.9+), else 2048 and 256
+    # V1 (engine/arg_utils.py _set_default_args): 8192 tokens and 1024 sequences on a card of 70 GiB or more, else
+    # 2048 and 256 (read in 0.8.5 and 0.11.0); from 0.9 an A100 keeps the small defaults (PR #17885)
     big_lo = big_hi = False
-    if version >= (0, 9, 0) and total_gib >= 70:
+    if version < (0, 9, 0) and total_gib >= 70:
+        big_lo = big_hi = True
+    elif total_gib >= 70:
         if name:
             big_lo = big_hi = "a100" not in name
         else:  # an unnamed card of that size may be an A100
@@ -208,7 +210,7 @@ def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) ->
         s_lo = s_hi = inp.max_running_requests
     s_lo, s_hi = min(s_lo, t_lo), min(s_hi, t_hi)
     where = "given" if inp.max_num_batched_tokens and inp.max_running_requests else (
-        "the defaults for a card of 70 GiB or more, not an A100" if big_lo else
+        ("the defaults for a card of 70 GiB or more" + (", not an A100" if version >= (0, 9, 0) else "")) if big_lo else
         "the defaults for this card" if big_lo == big_hi else "the defaults: an unnamed card of 70 GiB or more may "
         "be an A100 (2048 and 256) or not (8192 and 1024)")
     t_words = f"{t_lo:,}" if t_lo == t_hi else f"{t_lo:,}-{t_hi:,}"
