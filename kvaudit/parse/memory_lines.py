@@ -21,12 +21,16 @@ _AMOUNT = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?\s*(?:GiB|GB|MiB|MB|KiB|KB|
 #: a word that makes an amount a statement about memory (not a download size or a file's length)
 _MEMORY_WORD = re.compile(r"mem|cache|\bkv\b|pool|weight|free|avail|alloc|reserv|usage|capacity|budget|graph|"
                           r"activation|buffer|peak|torch|cuda|gpu|npu|device", re.I)
+#: a progress bar's frame (tqdm: "45%|####  | 9/20 [00:41<00:12, ...]"): a reading taken while a phase runs (SGLang's
+#: "Capturing batches (bs=N avail_mem=X GB)"), whose begin and end lines the grammars read; not a statement of its own
+_PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+/\d+\s*\[")
 #: at most this many lines are kept per startup (a flood of them is counted, not listed)
 KEEP = 50
 
 
 def is_memory_line(text: str) -> bool:
-    return _AMOUNT.search(text) is not None and _MEMORY_WORD.search(text) is not None
+    return (_AMOUNT.search(text) is not None and _MEMORY_WORD.search(text) is not None
+            and _PROGRESS.search(text) is None)
 
 
 def uninterpreted(lines: Iterable[Line], startup: Startup) -> tuple[tuple[tuple[int, str], ...], int]:
