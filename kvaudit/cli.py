@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, BinaryIO, Optional
+from typing import IO, Any, BinaryIO, Optional
 
 import typer
 
@@ -32,8 +32,9 @@ _env = Environment.__new__(Environment)  # replaced by run()
 
 # Typer re-exports BadParameter but not its bases; older Typer releases take them from click, newer ones
 # vendor click. Reaching them through the MRO works with both.
-_UsageError = typer.BadParameter.__mro__[1]
-_CliError = _UsageError.__mro__[1]
+#: typer's own click (typer 0.26-0.28 vendors it): its usage error and the error every click error derives from
+_UsageError: Any = typer.BadParameter.__mro__[1]
+_CliError: Any = _UsageError.__mro__[1]
 
 app = typer.Typer(
     add_completion=False,
@@ -476,7 +477,7 @@ def check(
 
     named_by_itself = is_local(target) or capture_mod.is_capture(target)
     own = h.collected.host if (h.collected and h.collected.host and named_by_itself) else None
-    h = ignores.apply(h, rules, target, own)
+    h = ignores.apply(h, rules, *((target, own) if own else (target,)))
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 

@@ -276,8 +276,8 @@ def _causes_that_hold(findings: list[Finding], ranks: tuple[RankLedger, ...]) ->
         where = f.message.split(" is not accounted", 1)[0]
         need = abs(amount) - tol
         sizes = dict(zip(worst.unmodelled, worst.unmodelled_max_gib)) if worst.unmodelled_max_gib else {}
-        able = [c for c in worst.unmodelled if sizes.get(c) is None or sizes[c] >= need]
-        unable = [(c, sizes[c]) for c in worst.unmodelled if c not in able]
+        able = [c for c in worst.unmodelled if (size := sizes.get(c)) is None or size >= need]
+        unable = [(c, size) for c in worst.unmodelled if c not in able and (size := sizes.get(c)) is not None]
         fields = {**f.fields, "settled": True, "candidates": able,
                   "candidates_too_small": {c: s for c, s in unable}}
         if amount < 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from kvaudit import __version__
 from kvaudit.results import Drift, FleetRun
@@ -85,7 +85,8 @@ def _cells_from_end(text: str, cells: int) -> str:
     return _cells_from_start(text[::-1], cells)[::-1]
 
 
-def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, indent: int = 2) -> list[tuple[str, ...]]:
+def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
+           indent: int = 2) -> list[tuple[str, ...]]:
     """The rows with the host and findings columns shortened so that one row fits ``width`` columns (no row
     wraps on an 80-column terminal); the numbers are never cut. Widths in terminal cells."""
     from rich.cells import cell_len

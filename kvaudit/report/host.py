@@ -21,7 +21,7 @@ def _f(v: float | None, signed: bool = False) -> str:
 
 
 def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in h.gpus:
         others = sum(f.gib or 0 for f in g.foreign)
         rows.append((str(g.index), g.rank or "-", _f(g.total_gib), _f(g.reserved_gib), _f(g.cuda_total_gib),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from typing import Any, Sequence
 
 from kvaudit.reconcile.interface import Audit, Formula, FormulaRow, Severity, WhatIf
 from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
@@ -33,7 +33,7 @@ def format_value(row: FormulaRow, dash: str = "-") -> str:
     return f"{row.value:.2f} GiB" if row.unit == "GiB" else f"{row.value:g}"
 
 
-def table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
+def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
     """Plain-text table: the first ``left`` columns left-aligned (names), the rest right-aligned (numbers).
     Widths are terminal cells as rich measures them (``rich.cells``: a CJK or emoji character is two cells), so a
     host named in another script keeps the columns straight. Not ``rich.table``: importing it costs ~86 ms of
@@ -111,8 +111,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     if a.uninterpreted:
         L.append("")
         L.append(colour("Not interpreted", "1", color) + " (memory lines of this startup kvaudit does not read)")
-        for n, t in a.uninterpreted:
-            L.extend(wrap(f"line {n}: {t.strip()}", "  "))
+        for number, said in a.uninterpreted:
+            L.extend(wrap(f"line {number}: {said.strip()}", "  "))
     return "\n".join(L) + "\n"
 
 
