@@ -180,10 +180,13 @@ def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
         earlier = own.get("TOKENS_MATCH")
         if formula.check_text:
             made = F.tokens_match(formula, formula.check_text)
-        elif earlier is not None and earlier.fields.get("predicted_low") == formula.predicted_tokens.low:
+        elif earlier is not None:
             made = earlier
-        else:
+        elif None not in (formula.post_load_free_gib, formula.pre_load_free_gib, formula.mem_fraction_static,
+                          formula.bytes_per_token):
             made = F.tokens_match(formula)
+        else:
+            made = F.tokens_match(formula, formula.verdict_reason)
         return [replace(made, ignored=_was_ignored(own))] + rest
     if v in (Verdict.MISMATCH, Verdict.EXPLAINED):
         made = F.tokens_mismatch(formula, v)
