@@ -214,7 +214,7 @@ def explain(
     from kvaudit import ignores
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
-    _write(chosen.audits(audits, color=_color(color) and output is None), output)
+    _write(chosen.audits(audits, color=_color(color) and output is None, width=_width(output)), output)
     return int(judge_audits(audits))
 
 
@@ -301,7 +301,7 @@ def whatif(
     audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
-    _env.stdout.write(chosen.whatif(audit, w, color=_color(color)))
+    _env.stdout.write(chosen.whatif(audit, w, color=_color(color), width=_width()))
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
@@ -511,7 +511,7 @@ def check(
         return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
-    text = chosen.hosts([h], color=_color(color) and output is None)
+    text = chosen.hosts([h], color=_color(color) and output is None, width=_width(output))
     if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
     return int(judge_host(h).exit_status)
@@ -680,17 +680,40 @@ def _say_what_was_tried(target: str, h) -> None:  # noqa: ANN001
         _env.stderr.write(f"  stopped: {h.error.reason}\n")
 
 
-def _width(output: Optional[Path]) -> int:
-    """The report's width: $COLUMNS when set (also when piped, as `COLUMNS=200 kvaudit fleet ... | less`), the
-    terminal's own width on a terminal, else 120; never under 60 (tables fit 80 columns without wrapping)."""
+def _width(output: Optional[Path] = None) -> int:
+    """The report's width, as gpustat, nvitop and kubectl take it: $COLUMNS when set (also when piped, as
+    `COLUMNS=200 kvaudit fleet ... | less`); on a terminal its own width; piped, the width of the terminal the
+    command was started from (its controlling terminal); else, and for a file (-o), 80. Never under 60."""
     cols = _env.environ.get("COLUMNS", "")
     if cols.isdigit() and int(cols) > 0:
         return max(60, int(cols))
-    if _env.stdout_isatty and output is None:
+    if output is not None:
+        return 80
+    if _env.stdout_isatty:
         import shutil
 
-        return max(60, shutil.get_terminal_size((120, 24)).columns)
-    return 120
+        return max(60, shutil.get_terminal_size((80, 24)).columns)
+    if _env.stdout is sys.stdout:  # the process's own stdout, piped: the controlling terminal says the width
+        return max(60, _controlling_terminal_columns() or 80)
+    return 80
+
+
+def _controlling_terminal_columns() -> int | None:
+    """The width of the process's controlling terminal (/dev/tty), None without one (cron, CI, a service)."""
+    import struct
+
+    try:
+        import fcntl
+        import termios
+
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            _, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+        finally:
+            os.close(fd)
+        return cols or None
+    except (OSError, ImportError, struct.error):
+        return None
 
 
 def _announce(line: str) -> None:

@@ -17,7 +17,7 @@ COLUMN_HELP = {
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
     "state": "a hybrid model's Mamba/conv state pool (same budget as the KV cache)",
-    "free@pool": "free after the KV pool (Memory pool end)",
+    "free@pool": "free after the KV pool was allocated",
     "free@end": "free at the end of startup",
     "unexpl.": "T minus every item minus free@end",
 }
