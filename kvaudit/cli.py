@@ -32,8 +32,8 @@ _env = Environment.__new__(Environment)  # replaced by run()
 
 # Typer re-exports BadParameter but not its bases; older Typer releases take them from click, newer ones
 # vendor click. Reaching them through the MRO works with both.
-_UsageError = typer.BadParameter.__mro__[1]
-_CliError = _UsageError.__mro__[1]
+_UsageError: type[typer.BadParameter] = typer.BadParameter.__mro__[1]  # type: ignore[assignment]
+_CliError: type[typer.BadParameter] = _UsageError.__mro__[1]  # type: ignore[assignment]
 
 app = typer.Typer(
     add_completion=False,
@@ -472,7 +472,7 @@ def check(
 
     named_by_itself = is_local(target) or capture_mod.is_capture(target)
     own = h.collected.host if (h.collected and h.collected.host and named_by_itself) else None
-    h = ignores.apply(h, rules, target, own)
+    h = ignores.apply(h, rules, target, *([own] if own else []))
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 
@@ -675,6 +675,19 @@ def _width(output: Optional[Path]) -> int:
     return 120
 
 
+def _text_width() -> int:
+    """A text report's width: $COLUMNS when set, the terminal's on a terminal, else 80 (as gpustat and kubectl);
+    never under 60."""
+    cols = _env.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return max(60, int(cols))
+    if _env.stdout_isatty:
+        import shutil
+
+        return max(60, shutil.get_terminal_size((80, 24)).columns)
+    return 80
+
+
 def _announce(line: str) -> None:
     _env.stderr.write(f"kvaudit: {line}\n")
 
@@ -736,7 +749,7 @@ def diff_cmd(
 
         _env.stdout.write(dumps(as_dict(d)))
     else:
-        _env.stdout.write(render_text(d))
+        _env.stdout.write(render_text(d, _text_width()))
     return 0
 
 
@@ -830,21 +843,16 @@ def plan_cmd(
 
 def _recorded_pair(history: str, a: str, b: str | None):
     """Two startups the history recorded: HOST@RUN and HOST@RUN, or HOST alone (its last two startups)."""
-    from kvaudit.diff import audit_of_record
-    from kvaudit.fleet.history import startup_at, startups
+    from kvaudit.diff import audit_of_record, recorded_at, recorded_last_two
 
     def at(ref: str):
         host, sep, run = ref.rpartition("@")
-        if not sep or not run.isdigit() or not host:
+        if not sep or not run.isdigit() or not host or len(run) > 18:
             raise Fail(f"{ref!r}: a recorded startup is HOST@RUN (the run's number, as kvaudit history lists them)")
-        return startup_at(history, host, int(run))
+        return recorded_at(history, host, int(run))
 
     if b is None and "@" not in a:
-        rows = startups(history, a)
-        if len(rows) < 2:
-            raise Fail(f"history {history}: {len(rows)} startup(s) of {a!r} recorded; a diff needs two "
-                       "(HOST@RUN HOST@RUN compares two runs of one startup)")
-        x, y = rows[-2], rows[-1]
+        x, y = recorded_last_two(history, a)
     elif b is None:
         raise Fail("give the second startup: HOST@RUN (or HOST alone for its last two startups)")
     else:
@@ -902,8 +910,9 @@ def history_cmd(
     def f(v, nd=2):  # noqa: ANN001
         return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
 
-    body = [(r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]),
-             f(r["weights_gib"]), ",".join(r["findings"]) or "-") for r in rows]
+    body: list[tuple[str, ...]] = [(str(r["started_at"]), str(r["status"]), f(r["tokens"]), str(r["verdict"] or "-"),
+                                    f(r["free_min_gib"]), f(r["weights_gib"]), ",".join(r["findings"]) or "-")
+                                   for r in rows]
     _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
     _env.stdout.write("\n".join(table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
                                        body)) + "\n")
@@ -928,12 +937,10 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         return 130
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
-            _env.stdout.write(exc.format_message() + "\n" if not getattr(exc, "ctx", None)
-                              else exc.ctx.get_help() + "\n")
+            ctx = getattr(exc, "ctx", None)
+            _env.stdout.write((ctx.get_help() if ctx is not None else exc.format_message()) + "\n")
             return 0
-        said = exc.format_message()
-        if "-c" in said and "No such option" in said:  # an older kvaudit's -c for the config
-            said += " (the model's config.json is -m/--model-config; -c is a pod's container, as in kubectl)"
+        said = _usage_words(exc)
         _env.stderr.write(f"kvaudit: error: {printable(said)}\n")
         return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except _CliError as exc:
@@ -950,6 +957,24 @@ def run(argv: list[str], env: Environment | None = None) -> int:
                           "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
         return _unless_health_check(argv, int(ExitStatus.INTERNAL_ERROR))
     return int(result) if isinstance(result, int) else 0
+
+
+#: options of other tools that people type for kvaudit's: what kvaudit calls them
+OTHER_TOOLS_OPTIONS = {"--forks": "--parallel (-j): hosts at a time (Ansible's --forks)",
+                       "-c": "-m/--model-config for the model's config.json (-c is a pod's container, as in kubectl)"}
+
+
+def _usage_words(exc: typer.BadParameter) -> str:
+    """click's usage message, with kvaudit's own hint where an option of another tool was typed: the hint only for
+    the option that was not found (issue 38, item 5: never appended to unrelated errors), in place of click's
+    guess from spelling (``--forks`` is not ``--format``)."""
+    said = exc.format_message()
+    name = getattr(exc, "option_name", None)
+    if type(exc).__name__ == "NoSuchOption" and isinstance(name, str):
+        hint = OTHER_TOOLS_OPTIONS.get(name)
+        if hint is not None:
+            return f"No such option: {name}; use {hint}"
+    return said
 
 
 def _unless_health_check(argv: list[str], status: int) -> int:
