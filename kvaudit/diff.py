@@ -19,9 +19,9 @@ The first line of the report says what changed, by how much and why: the share t
 the words of the setting behind it (``kv_cache_dtype fp8_e4m3 -> nvfp4``, ``mem_fraction_static 0.9 -> 0.92``).
 
 ``HOST@RUN`` startups come from the fleet's history file, which is input like any other (issue 39, item 7): it
-is read here with SQLite's heap bounded (a 300 MB row is refused, never loaded into Python), one row at a time,
-and a row whose terms no startup could have (1 byte per token, a 5 TiB budget) is refused with the reason,
-never attributed.
+is read here read-only, one row at a time, with SQLite's value length bounded (a 300 MB row is refused, never
+loaded), and a row whose terms no startup could have (1 byte per token, a 5 TiB budget) is refused with the
+reason, never attributed.
 """
 
 from __future__ import annotations
@@ -151,6 +151,16 @@ def _weights_phrase(ledger: tuple[Term, ...], label: str) -> str:
     return "" if w is None or w.change is None else f" (the weights on {label}: {w.change:+.2f} GiB)"
 
 
+#: torch's dtype names as the engines' --kv-cache-dtype spells them
+_DTYPE_WORDS = {"float8_e4m3fn": "fp8_e4m3", "float8_e4m3fnuz": "fp8_e4m3", "float8_e5m2": "fp8_e5m2",
+                "bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "uint8": "uint8"}
+
+
+def dtype_words(dtype: str) -> str:
+    bare = dtype.removeprefix("torch.")
+    return _DTYPE_WORDS.get(bare, bare)
+
+
 def cell_settings(a: Audit, b: Audit) -> list[str]:
     """The settings that moved the bytes per token, in the engines' own words: the KV cache's dtype, the attention
     TP size (heads per rank), the model. Only what both audits state is compared: a side that does not say is
@@ -158,7 +168,7 @@ def cell_settings(a: Audit, b: Audit) -> list[str]:
     ma, mb = a.model, b.model
     out = []
     if ma.kv_dtype and mb.kv_dtype and ma.kv_dtype != mb.kv_dtype:
-        out.append(f"kv_cache_dtype {ma.kv_dtype} -> {mb.kv_dtype}")
+        out.append(f"kv_cache_dtype {dtype_words(ma.kv_dtype)} -> {dtype_words(mb.kv_dtype)}")
     if ma.attention_tp_size and mb.attention_tp_size and ma.attention_tp_size != mb.attention_tp_size:
         out.append(f"attention TP {ma.attention_tp_size} -> {mb.attention_tp_size}")
     if ma.architecture and mb.architecture and ma.architecture != mb.architecture:
@@ -350,17 +360,18 @@ def headline(d: Diff, width: int = 80) -> str:
         return _cut(what, width)
     one = len(causes) == 1
 
-    def said(c: tuple[int, str, str], short: bool) -> str:
-        text = re.sub(r" \(.*\)$", "", c[1]) if short else c[1]
-        return text if one else f"{text} ({c[0]:+,})"
+    def said(c: tuple[int, str, str], short: bool, amount: bool) -> str:
+        text = re.sub(r" \(.*\)$", "", c[1]).split(", ")[0] if short else c[1]
+        return f"{text} ({c[0]:+,})" if amount and not one else text
 
+    bare = f"KV tokens {ta:,} -> {tb:,} ({chg:+,})" if chg else what
+    candidates = []
     for short in (False, True):
         for n in range(len(causes), 0, -1):
             more = f"; {len(causes) - n} more below" if n < len(causes) else ""
-            line = f"{what}: {'; '.join(said(c, short) for c in causes[:n])}{more}"
-            if len(line) <= width:
-                return line
-    return _cut(f"{what}: {said(causes[0], True)}", width)
+            candidates.append(f"{what}: {'; '.join(said(c, short, True) for c in causes[:n])}{more}")
+    candidates += [f"{what}: {said(causes[0], True, False)}", f"{bare}: {said(causes[0], True, False)}"]
+    return next((c for c in candidates if len(c) <= width), _cut(candidates[-1], width))
 
 
 def _cut(text: str, width: int) -> str:
@@ -462,9 +473,10 @@ def as_dict(d: Diff) -> dict[str, Any]:
 
 # --- startups the history recorded (kvaudit diff HOST@RUN --history FILE) ----------------------------------------
 
-#: SQLite's heap while a history is read: a row of more than this is refused inside SQLite, never copied into
-#: Python (issue 39, item 7: a 300 MB row cost 2.6 GB); a row kvaudit writes is a few hundred bytes
-HISTORY_HEAP_BYTES = 64 << 20
+#: the longest value diff lets SQLite read from a history (its per-connection SQLITE_LIMIT_LENGTH): a longer one is
+#: refused inside SQLite, never loaded (issue 39, item 7: a 300 MB row cost 2.6 GB); a row kvaudit writes holds
+#: values of a few hundred bytes
+HISTORY_VALUE_BYTES = 1 << 20
 #: the columns diff reads, and what each may hold (a row outside these bounds is not a startup kvaudit recorded)
 RECORD_COLUMNS = ("run_id", "host", "startup_id", "engine", "version", "tp", "fraction", "t_gib", "post_gib",
                   "reserve_gib", "rest_gib", "bytes_per_token", "tokens", "page_size", "model_key")
@@ -547,7 +559,7 @@ def _record(row: dict[str, Any]) -> Recorded | None:
 
 
 def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recorded]:
-    """``host``'s rows, latest run first, read one at a time under a bounded SQLite heap, from a file opened
+    """``host``'s rows, latest run first, read one at a time with SQLite's value length bounded, from a file opened
     read-only (diff writes nothing). A row too large or not of kvaudit's types stops the read with the reason."""
     p = Path(path)
     try:
@@ -560,40 +572,37 @@ def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recor
         db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise DiffError(f"history {path}: {exc}") from None
-    before = None
     try:
-        before = db.execute("PRAGMA hard_heap_limit").fetchone()[0]
-        db.execute(f"PRAGMA hard_heap_limit={HISTORY_HEAP_BYTES}")
+        if hasattr(db, "setlimit"):  # Python 3.11+: the bound is SQLite's own, per connection
+            db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, HISTORY_VALUE_BYTES)
         have = {r[1] for r in db.execute("PRAGMA table_info(startups)")}
         if not have:
             raise DiffError(f"history {path}: no startups recorded (not a kvaudit fleet --history file, or one "
                             "from before kvaudit recorded startups)")
         columns = ", ".join(c if c in have else f"NULL AS {c}" for c in RECORD_COLUMNS)
+        # Python 3.10 has no setlimit: SQLite measures each value (it reads it once), Python never copies it
+        sizes = " + ".join(f"COALESCE(length({c}), 0)" for c in RECORD_COLUMNS if c in have)
         where, args = ("host = ?", [host]) if up_to_run is None else ("host = ? AND run_id <= ?", [host, up_to_run])
         ids = db.execute(f"SELECT rowid, run_id FROM startups WHERE {where} ORDER BY run_id DESC", args)
         for rowid, run_id in ids:
+            too_big = f"history {path}: the row of {host!r} at run {run_id} holds a value of more than " \
+                      f"{HISTORY_VALUE_BYTES >> 20} MiB: not a row kvaudit writes (refused)"
             try:
-                cur = db.execute(f"SELECT {columns} FROM startups WHERE rowid = ?", (rowid,))
-                values = cur.fetchone()
-            except MemoryError:
-                raise DiffError(f"history {path}: the row of {host!r} at run {run_id} is larger than "
-                                f"{HISTORY_HEAP_BYTES >> 20} MiB: not a row kvaudit writes (refused)") from None
+                if not hasattr(db, "setlimit") and db.execute(f"SELECT {sizes} FROM startups WHERE rowid = ?",
+                                                              (rowid,)).fetchone()[0] > HISTORY_VALUE_BYTES:
+                    raise DiffError(too_big)
+                values = db.execute(f"SELECT {columns} FROM startups WHERE rowid = ?", (rowid,)).fetchone()
+            except sqlite3.DataError:  # SQLITE_TOOBIG: the value was not read
+                raise DiffError(too_big) from None
             record = _record(dict(zip(RECORD_COLUMNS, values)))
             if record is None:
                 raise DiffError(f"history {path}: the row of {host!r} at run {run_id} does not hold the types "
                                 "kvaudit writes (refused)")
             yield record
-    except MemoryError:
-        raise DiffError(f"history {path}: a row larger than {HISTORY_HEAP_BYTES >> 20} MiB: not a history kvaudit "
-                        "wrote (refused)") from None
     except sqlite3.Error as exc:
         raise DiffError(f"history {path}: {exc}") from None
     finally:
-        try:
-            if before is not None:
-                db.execute(f"PRAGMA hard_heap_limit={int(before)}")
-        finally:
-            db.close()
+        db.close()
 
 
 def _believed(path: str, r: Recorded) -> Recorded:
