@@ -822,6 +822,7 @@ def plan_cmd(
     from kvaudit.report.formats import choose
 
     chosen = choose(fmt, "plan")
+    _needs_pandas("--validate" if validate else "--history" if history else None)
     if validate:
         from kvaudit.plan.validate import validate_history
         from kvaudit.report.plan import render_validation
@@ -839,6 +840,15 @@ def plan_cmd(
                         speculative_algorithm=speculative_algorithm))
     _env.stdout.write(chosen.plan(p))
     return 0
+
+
+def _needs_pandas(flag: str | None) -> None:
+    """plan calibrates on the history with pandas, which the default install leaves out (157 MB; issue 38, item 7):
+    without it, one line says which extra brings it."""
+    import importlib.util
+
+    if flag is not None and importlib.util.find_spec("pandas") is None:
+        raise Fail(f"plan {flag} analyses the fleet's history with pandas: pip install 'kvaudit[history]'")
 
 
 def _recorded_pair(history: str, a: str, b: str | None):
