@@ -35,8 +35,22 @@ _env = Environment.__new__(Environment)  # replaced by run()
 _UsageError: type[typer.BadParameter] = typer.BadParameter.__mro__[1]  # type: ignore[assignment]
 _CliError: type[typer.BadParameter] = _UsageError.__mro__[1]  # type: ignore[assignment]
 
+_typer_metavar = typer.core.TyperArgument.make_metavar
+
+
+def _usage_metavar(self, ctx, *args, usage: bool = False, **kw):  # noqa: ANN001
+    """An argument in the usage line as POSIX and --help everywhere write it (``FILE``, ``[B]``), not typer 0.28's
+    ``{file}`` (issue 38, item 6)."""
+    if not usage:
+        return _typer_metavar(self, ctx, *args, usage=usage, **kw)
+    var = (self.metavar or self.name or "").upper() + ("..." if self.nargs != 1 else "")
+    return var if self.required else f"[{var}]"
+
+
+typer.core.TyperArgument.make_metavar = _usage_metavar  # type: ignore[method-assign]
+
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Explain where an LLM inference server's GPU memory went, to the digit.",
@@ -79,8 +93,9 @@ FORMAT_HELP = "Output format: text, json or markdown."
 
 
 # Options several commands share, declared once: the same flag says the same thing in every command.
-FORMAT = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP)
-COLOR = _opt(OUT, "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR).")
+FORMAT = _opt(OUT, "text", "--format", "-f", metavar="[text|json|markdown]", help=FORMAT_HELP)
+COLOR = _opt(OUT, "auto", "--color", metavar="[auto|always|never]",
+             help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR).")
 OUTPUT = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout.")
 THRESHOLD = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE.")
 IGNORE = _opt(OUT, [], "--ignore", help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted).")
@@ -244,9 +259,11 @@ def whatif(
     log_mem_fraction_static: Optional[float] = typer.Option(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
         help="The fraction the logged startup used, when the log has no server_args."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
     startup: Optional[int] = STARTUP,
+    threshold: list[str] = THRESHOLD,
     color: str = COLOR,
+    output: Optional[Path] = OUTPUT,
 ) -> int:
     """Rerun the formula on the same log with other settings: tokens, reserve, and OOM risk."""
     from dataclasses import replace
@@ -282,7 +299,7 @@ def whatif(
         raise Fail("--kv-cache-dtype and --tp-size need --model-config (bytes per token come from the model's "
                    "geometry)")
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
-                        mem_fraction_static=log_mem_fraction_static)
+                        mem_fraction_static=log_mem_fraction_static, thresholds=_thresholds(threshold))
     new = replace(base, mem_fraction_static=fraction or log_mem_fraction_static,
                   kv_cache_dtype=kv_cache_dtype or ({8: "int8", 4: "int4", 0: "auto"}.get(quant_policy)
                                                     if quant_policy is not None else None),
@@ -300,7 +317,7 @@ def whatif(
     audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
-    _env.stdout.write(chosen.whatif(audit, w, color=_color(color)))
+    _write(chosen.whatif(audit, w, color=_color(color) and output is None), output)
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
@@ -732,7 +749,7 @@ def diff_cmd(
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history: A and B are startups it recorded (HOST@RUN)."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
 ) -> int:
     """Two startups side by side: every formula term and ledger item, and which terms moved the KV tokens."""
     from kvaudit.diff import as_dict, diff, render_text
@@ -815,7 +832,7 @@ def plan_cmd(
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
     validate: Optional[str] = _opt(ASSUME, None, "--validate",
                                    help="Leave-one-out over a history's startups: the error of each prediction."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text, json or markdown."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json|markdown]", help="text, json or markdown."),
 ) -> int:
     """Size a deployment before it exists: KV tokens, concurrency, and whether it starts, by the engine's own
     formula, every term calibrated on the fleet's history or said to be assumed."""
@@ -877,7 +894,7 @@ def history_cmd(
     history: Optional[Path] = _opt(OUT, None, "--history",
                                    help="The SQLite file fleet --history writes (default: kvaudit.toml's history)."),
     limit: int = _opt(OUT, 30, "--limit", min=1, help="How many runs back."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
 ) -> int:
