@@ -209,7 +209,7 @@ def explain(
     from kvaudit.explain import audit
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_audits
+    from kvaudit.verdict import judge_audits
 
     chosen = choose(fmt)
     if startup is not None and all_startups:
@@ -229,7 +229,7 @@ def explain(
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(chosen.audits(audits, color=_color(color) and output is None), output)
-    return int(for_audits(audits))
+    return int(judge_audits(audits))
 
 
 #: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
@@ -425,10 +425,13 @@ def check(
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
     health_check: bool = _opt(OUT, False, "--health-check",
-            help="Print one JSON health verdict (node or config problems) and exit on --exit-codes' scale; "
-                 "deadline 10 s unless --timeout."),
+            help="Print a health verdict (node or config problems) and exit on --exit-codes' scale: a status "
+                 "line of <= 80 bytes (Nagios: with perfdata and one line per problem), or JSON with --format "
+                 "json; deadline 4 s unless --timeout."),
     verbose: bool = _opt(OUT, False, "--verbose", "-v",
             help="Say on stderr what was tried: each command run on the host, its exit status, bytes and seconds."),
+    nvsentinel_events: Optional[Path] = _opt(OUT, None, "--nvsentinel-events",
+            help="Also write NVIDIA NVSentinel health events (HealthEvents JSON) to this file (docs/fleet.md)."),
     exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
             help="With --health-check: nagios (0 ok, 1 config warning, 2 node problem, 3 unknown) or npd (0 ok or "
                  "config only, 1 node problem, 2 unknown)."),
@@ -436,15 +439,16 @@ def check(
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_host
+    from kvaudit.verdict import judge_host
 
     chosen = choose(fmt)
     from kvaudit.health import SCALES, HEALTH_DEADLINE_S
 
     if exit_codes not in SCALES:
         raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
-    if health_check and (fmt != "text" or output is not None):
-        raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
+    if health_check and (fmt not in ("text", "json") or output is not None):
+        raise Fail("--health-check prints its verdict on stdout, as a status line or with --format json: drop "
+                   "--output and other formats")
     if container is not None:
         target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
@@ -499,6 +503,14 @@ def check(
                              prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
+    if nvsentinel_events is not None:
+        from kvaudit.report import nvsentinel
+        from kvaudit.report.files import write_atomic
+
+        try:
+            write_atomic(nvsentinel_events, nvsentinel.render([(own or target, h)], _time.time()))
+        except OSError as exc:
+            raise Fail(f"cannot write the NVSentinel events to {nvsentinel_events}: {exc.strerror or exc}") from None
     if verbose:
         _say_what_was_tried(target, h)
     if health_check:
@@ -506,14 +518,19 @@ def check(
         from kvaudit.report.json import dumps
 
         verdict = assess(own or target, h)
-        _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        if fmt == "json":
+            _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        else:
+            from kvaudit.health import render as render_health
+
+            _env.stdout.write(render_health(verdict, exit_codes, _time.time() - t0))
         return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
     text = chosen.hosts([h], color=_color(color) and output is None)
     if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
-    return int(for_host(h))
+    return int(judge_host(h).exit_status)
 
 
 @app.command()

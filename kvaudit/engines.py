@@ -61,7 +61,7 @@ class Engine:
     def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
         """The engine's audit of one startup, its findings settled by the shared verdict rules."""
         return settle(unprefixed_note(on_platform(self.reconcile(startup, opts, startups_total), opts), startup,
-                                      self.display))
+                                      self.display), opts.model_geometry)
 
 
 def unprefixed_note(a: Audit, startup: Startup, display: str) -> Audit:
@@ -137,7 +137,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         if e.endpoint is not None:
             a = e.endpoint(documents, url, opts)
             if a is not None:
-                return settle(a)
+                return settle(a, opts.model_geometry)
     return None
 
 

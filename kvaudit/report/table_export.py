@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from kvaudit.check import HostAudit
 from kvaudit.errors import KvauditError
-from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, status, why
+from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, why
+from kvaudit.results import HostAudit
+from kvaudit.verdict import judge_host
 from kvaudit.textsafe import csv_cell
 
 #: the table's columns: the run's start, one GPU's figures, the host's findings that count and why it is not ok
@@ -26,7 +27,7 @@ def table_rows(hosts: Iterable[tuple[str, HostAudit]], run_at: str | None = None
     rows = []
     for name, h in hosts:
         # every host is in the table: one without GPU rows (failed, or nothing read) is one row saying why
-        mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": status(h)}]
+        mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": judge_host(h).label}]
         reason = why(h)
         codes = ";".join(sorted({f.code for f in findings(h) if not f.ignored}))
         rows += [{"run_at": run_at, **r, "findings": codes, "why": reason} for r in mine]

@@ -67,7 +67,7 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     L: list[str] = []
     engine = a.engine_display or a.engine
     j = judge(a, extra, partial)
-    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.split(":")[0], "1"), color))
+    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.value, "1"), color))
     L.append(colour(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
