@@ -978,7 +978,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         return int(getattr(exc, "exit_code", 0))
     except typer.Abort:
         _env.stderr.write("kvaudit: aborted\n")
-        return 130
+        return int(ExitStatus.INTERRUPTED)
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             ctx = getattr(exc, "ctx", None)
@@ -991,7 +991,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
         return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except KeyboardInterrupt:
-        return 130
+        return int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: one line, unless debugging
