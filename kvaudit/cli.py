@@ -154,11 +154,19 @@ def _open_log(file: str):
 
     try:
         if file == "-":
+            if _isatty(_env.stdin):  # a person at a terminal would otherwise wait for a prompt that never comes
+                _env.stderr.write("kvaudit: reading the log from standard input (end it with Ctrl-D; "
+                                  "kvaudit explain FILE reads a file)\n")
             return read_log(_env.stdin)
         p = Path(file)
         if p.is_dir():
             raise Fail(f"{file}: is a directory, not a log file")
         with p.open("rb") as fh:
+            if fh.read(2) == b"\x1f\x8b" and p.is_file():  # a rotated log (logrotate's .gz): read through gzip
+                from kvaudit.rotated import read_gzipped
+
+                return read_gzipped(file, fh)
+            fh.seek(0)
             return read_log(fh)
     except OSError as exc:
         raise Fail(f"cannot read {file}: {exc.strerror or exc}") from None
@@ -166,11 +174,23 @@ def _open_log(file: str):
         raise Fail(f"{'stdin' if file == '-' else file}: {exc}") from None
 
 
+def _isatty(stream) -> bool:  # noqa: ANN001
+    try:
+        return os.isatty(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # an in-memory stream (tests), a closed one
+        return False
+
+
 def _geometry(path: Optional[Path]):
     if path is None:
         return None
     from kvaudit.model_config import load_config
 
+    if path.is_dir():  # the model's directory, as plan takes it: its config.json
+        if not (path / "config.json").is_file():
+            raise Fail(f"--model-config {path}: a directory without config.json; give the model's directory or its "
+                       "config.json")
+        path = path / "config.json"
     return load_config(path)
 
 
@@ -351,6 +371,10 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
     from kvaudit.collect.kube import is_pod_target, parse_target
 
     if is_pod_target(target) and not endpoint_only:
+        bare = target[len("k8s:"):]
+        if selector is None and bare and "/" not in bare:  # k8s:sglang-0: a namespace, with no pod and no -l
+            raise Fail(f"{target} names the namespace {bare!r}, which needs -l SELECTOR; the pod {bare} is "
+                       f"k8s:/{bare} (in the context's namespace, or -n NAMESPACE) or k8s:NAMESPACE/{bare}")
         try:
             parse_target(target, selector, namespace)
         except ValueError as exc:
@@ -564,6 +588,7 @@ def capture(
     if container is not None:
         target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
+    _not_another_hosts_capture(output, target)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
                         timeout=timeout, connect_timeout=connect_timeout)
@@ -583,6 +608,24 @@ def capture(
     for p in c.partial:
         _env.stdout.write(f"  partial: {p}\n")
     return int(ExitStatus.PARTIAL_DATA if c.partial else ExitStatus.OK)
+
+
+def _not_another_hosts_capture(output: Path, target: str) -> None:
+    """``capture -o DIR`` replaces an earlier capture of the same target (a refresh), never another host's: that one
+    may be the evidence attached to a ticket (issue 38, item 5). Said before the host is contacted."""
+    import json
+
+    meta = output / "capture.json"
+    if output.is_symlink() or not meta.is_file():
+        return  # a new or empty directory; anything else is the capture writer's to refuse
+    try:
+        with meta.open("rb") as fh:
+            earlier = json.loads(fh.read(1 << 20)).get("target")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    if earlier != target:
+        said = f"the capture of {printable(str(earlier))[:200]}" if isinstance(earlier, str) else "another capture"
+        raise Fail(f"-o {output}: holds {said}; capture {target} into another directory (or remove that one)")
 
 
 @app.command()

@@ -4,6 +4,7 @@ the SPDX licence, an image for the Kubernetes manifests)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shlex
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FIXTURES, KIMI_CONFIG, cli
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli, cli_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRIB = ROOT / "contrib"
@@ -150,3 +151,150 @@ def test_the_image_installs_a_pinned_release_and_the_manifests_run_it_without_pi
     ctx = sub.make_context(argv[0], [str(a) for a in argv[1:]])
     assert ctx.params["textfile_dir"] is not None and ctx.params["parallel"] == 8
     assert shlex.join(argv)  # plain strings
+
+
+# --- item 5: everyday mistakes, each one line in kvaudit's words and its exit code --------------------------------
+
+
+def _one_line(r) -> str:
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("kvaudit: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return r.stderr
+
+
+def test_a_model_directory_given_to_model_config_is_taken(tmp_path):
+    model = tmp_path / "Kimi-K2.5"
+    model.mkdir()
+    (model / "config.json").write_bytes(KIMI_CONFIG.read_bytes())
+    by_dir, by_file = cli("explain", KIMI_LOG, "-m", model), cli("explain", KIMI_LOG, "-m", KIMI_CONFIG)
+    assert by_dir.code == by_file.code == 0, by_dir.stderr
+    assert by_dir.stdout == by_file.stdout  # the same geometry, the same audit
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = cli("explain", KIMI_LOG, "-m", empty)
+    assert r.code == 2 and "a directory without config.json" in _one_line(r)
+
+
+def test_a_rotated_gz_log_is_read(tmp_path):
+    rotated = tmp_path / "sglang.log.1.gz"
+    rotated.write_bytes(gzip.compress(KIMI_LOG.read_bytes()))
+    r, plain = cli_process("explain", rotated, "-m", KIMI_CONFIG), cli_process("explain", KIMI_LOG, "-m", KIMI_CONFIG)
+    assert r.code == plain.code == 0, r.stderr
+    assert r.stdout.replace(str(rotated), "LOG") == plain.stdout.replace(str(KIMI_LOG), "LOG")
+    cut = tmp_path / "cut.log.gz"
+    data = gzip.compress(KIMI_LOG.read_bytes() * 50)
+    cut.write_bytes(data[:len(data) // 2])  # a rotation caught half written
+    r = cli("explain", cut)
+    assert r.code == 2 and "not a whole gzip file" in _one_line(r)
+
+
+def test_a_gzip_bomb_is_cut_at_the_bound(tmp_path):
+    from kvaudit.rotated import RotatedLogError, read_gzipped
+
+    bomb = tmp_path / "bomb.log.gz"
+    bomb.write_bytes(gzip.compress(KIMI_LOG.read_bytes() + b"x" * (4 << 20)))
+    with bomb.open("rb") as fh, pytest.raises(RotatedLogError, match="decompresses to more than 1,048,576 bytes"):
+        read_gzipped(str(bomb), fh, limit=1 << 20)
+
+
+def test_explain_dash_on_a_terminal_says_it_is_reading_stdin():
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    exe = Path(sys.executable).with_name("kvaudit")
+    p = subprocess.Popen([str(exe), "explain", "-"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(slave)
+    try:
+        first = p.stderr.readline().decode()  # said before the first byte arrives
+        assert "reading the log from standard input" in first and "Ctrl-D" in first, first
+        os.write(master, b"\x04")  # end of input, as Ctrl-D
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    assert p.returncode == 2  # nothing was typed: no startup
+
+
+def test_usage_hints_only_for_the_option_they_are_about():
+    r = cli("fleet", "hosts.txt", "--forks", "16")
+    said = _one_line(r)
+    assert r.code == 2 and "--parallel" in said and "--format" not in said  # Ansible's word, not a spelling guess
+    r = cli("fleet", "hosts.txt", "--colour", "never")
+    assert r.code == 2 and "--color" in _one_line(r) and "model-config" not in r.stderr  # no -c hint here
+    r = cli("explain", KIMI_LOG, "-c", "config.json")
+    assert r.code == 2 and "-m/--model-config" in _one_line(r)
+
+
+def test_a_k8s_target_that_is_only_a_namespace_gets_the_pod_spelling():
+    r = cli("check", "k8s:sglang-0")
+    assert r.code == 2 and "k8s:/sglang-0" in _one_line(r) and "-l SELECTOR" in r.stderr
+
+
+def test_capture_refuses_to_replace_another_hosts_capture(tmp_path):
+    import shutil
+
+    earlier = tmp_path / "ticket-4711"
+    shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", earlier)
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    r = cli("capture", "gpu-99", "-o", earlier, "--timeout", "5")
+    assert r.code == 2 and "holds the capture of local" in _one_line(r)
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before  # untouched
+
+
+def test_one_host_is_one_host(tmp_path):
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{FIXTURES / 'hosts' / 'kimi-k25-tp8'}\n")
+    r = cli("fleet", inv, "-q")
+    assert r.code == 0 and r.stdout.startswith("kvaudit fleet: 1 host in "), r.stdout[:200]
+    md = cli("fleet", inv, "-q", "-f", "markdown")
+    assert "\n1 host (" in md.stdout
+
+
+# --- item 6: conventions ----------------------------------------------------------------------------------------
+
+
+def test_help_shows_the_choices_and_posix_usage():
+    r = cli_process("explain", "--help")
+    assert r.code == 0
+    assert "Usage: kvaudit explain [OPTIONS] FILE" in r.stdout and "{file}" not in r.stdout
+    assert "[text|json|markdown]" in r.stdout and "[auto|always|never]" in r.stdout
+    d = cli_process("diff", "--help")
+    assert "Usage: kvaudit diff [OPTIONS] A [B]" in d.stdout and "[text|json]" in d.stdout
+
+
+def test_shell_completion_completes_commands_and_options():
+    import os
+
+    exe = Path(sys.executable).with_name("kvaudit")
+    env = {**os.environ, "_KVAUDIT_COMPLETE": "complete_bash", "COMP_WORDS": "kvaudit wh", "COMP_CWORD": "1"}
+    p = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.stdout.split() == ["whatif"], (p.stdout, p.stderr)
+    env.update(COMP_WORDS="kvaudit whatif --thr", COMP_CWORD="2")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.stdout.split() == ["--threshold"], (p.stdout, p.stderr)
+    assert "--install-completion" in cli_process("--help").stdout
+
+
+def test_whatif_takes_output_and_threshold(tmp_path):
+    """The Kimi startup at mem_fraction_static 0.91 keeps 4.09 GiB for activations: ok by default, low headroom
+    when the operator's threshold says 5 GiB (exit 1); -o writes the report, stdout stays empty."""
+    out = tmp_path / "whatif.txt"
+    r = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.91", "-o", out)
+    assert r.code == 0 and r.stdout == "" and "ok: the reserve still covers" in out.read_text()
+    r = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.91", "-o", out, "--threshold", "low_headroom_gib=5")
+    assert r.code == 1 and r.stdout == "" and "LOW HEADROOM" in out.read_text()
+    r = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.91", "--threshold", "low_headroom=5")
+    assert r.code == 2 and "unknown threshold(s): low_headroom; known:" in _one_line(r)
+
+
+def test_exit_codes_doc_names_every_commands_codes_and_130():
+    text = (ROOT / "docs" / "exit-codes.md").read_text()
+    assert "| 130 | `INTERRUPTED` |" in text
+    for command in ("`diff`", "`plan`", "`whatif`", "`capture`", "`history`"):
+        assert f"| {command} |" in text, command
+    from kvaudit.status import ExitStatus
+
+    assert ExitStatus.INTERRUPTED == 130
+    assert "return 130" not in (ROOT / "kvaudit" / "cli.py").read_text()
