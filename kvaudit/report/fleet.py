@@ -109,7 +109,8 @@ def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, ind
 def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False,
                 width: int = 120) -> str:
     rows = summary_rows(run)
-    L = [colour(f"kvaudit fleet: {len(rows)} host{'s' * (len(rows) != 1)} in {run.duration_s:.1f} s (parallel {run.parallel}) - "
+    hosts = f"{len(rows)} host{'s' * (len(rows) != 1)}"
+    L = [colour(f"kvaudit fleet: {hosts} in {run.duration_s:.1f} s (parallel {run.parallel}) - "
                 + counts_text(rows), "1", color)]
     if run.deadline_hit:
         L.append(colour("  the run deadline passed before every host finished", "31", color))
@@ -150,7 +151,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
 def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: bool = False) -> str:
     rows = summary_rows(run)
     L = ["# kvaudit fleet report", "",
-         f"{len(rows)} host{'s' * (len(rows) != 1)} ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
+         f"{len(rows)} host{'s' * (len(rows) != 1)} ({counts_text(rows)}), {run.started_at}, "
+         f"{run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
         L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "
