@@ -169,7 +169,7 @@ def main() -> None:
                                   capture_output=True, check=True).stdout)
     validation = {k: v[k] for k in ("startups", "t_given", "family_seen", "family_not_seen", "not_predictable")}
     print(f"\nplan --validate fixtures/corpus: {json.dumps(validation)}")
-    print("\nplan on families it has not seen (bench/plan_cases.json):")
+    print("\nplan on families it has not seen (calibration: bench/plan_cases.json; validation: plan_validation.json):")
     unseen = plan_unseen.main()
     fleet = fleet_scaling.main()
     health = health_check.main()  # issue 37: the health check's time against NPD's 5 s

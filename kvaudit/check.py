@@ -275,7 +275,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions,
             notes.append(f"remote config.json unusable: {exc}")
     if aopts.platform is None:  # the GPUs' own names (nvidia-smi, NVML), else the log's lines
         aopts = replace(aopts, platform=detect(g.name for g in c.gpus) or log.platform)
-    audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log)
+    audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log, startup)
     if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
             p.startswith(NO_CONFIG) for p in c.partial):
         # the log itself states bytes per token (TensorRT-LLM's "kv size per token"): the config is not needed

@@ -861,8 +861,8 @@ def plan_cmd(
     model: Optional[str] = typer.Argument(None, help="The model: its directory (config.json and the safetensors "
                                                      "headers, read for the exact weight bytes) or its config.json."),
     engine: Optional[str] = _opt(ASSUME, None, "--engine", help="The engine and its release, e.g. sglang==0.5.9."),
-    gpu: Optional[str] = _opt(ASSUME, None, "--gpu", help="The card (h100, h200, b200, a100-80g, a100-40g, l40s, "
-                                                         "rtx-4090, rtx-pro-6000) or nvidia-smi's name for it."),
+    gpu: Optional[str] = _opt(ASSUME, None, "--gpu", help="The card: a key (h100, a10g, l4, mi300x, ...) or its "
+                                                         "nvidia-smi name; an unknown one names the keys."),
     gpu_memory_gib: Optional[float] = _opt(ASSUME, None, "--gpu-memory-gib",
                                            help="A card not in the list: its memory.total / 1024."),
     tp: int = _opt(ASSUME, 1, "--tp", help="Tensor-parallel size."),
@@ -888,6 +888,15 @@ def plan_cmd(
                                                 help="EAGLE (the default with --draft), EAGLE3 or STANDALONE."),
     max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1,
                                            help="SGLang --max-total-tokens, TensorRT-LLM max_tokens: the pool's cap."),
+    max_num_batched_tokens: Optional[int] = _opt(ASSUME, None, "--max-num-batched-tokens", min=1,
+                                                 help="vLLM: the profile run's dummy batch (default: the release's)."),
+    sampler: Optional[str] = _opt(ASSUME, None, "--sampler",
+                                  help="vLLM: flashinfer or native (the sampler the profile run peaks in)."),
+    dtype: Optional[str] = _opt(ASSUME, None, "--dtype", help="The engine's --dtype (16-bit types are planned)."),
+    quantization: Optional[str] = _opt(ASSUME, None, "--quantization",
+                                       help="Runtime quantization: not modelled, refused by name."),
+    cpu_offload_gib: Optional[float] = _opt(ASSUME, None, "--cpu-offload-gib",
+                                            help="CPU offload of the weights: not modelled, refused by name."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
     validate: Optional[str] = _opt(ASSUME, None, "--validate",
@@ -902,21 +911,25 @@ def plan_cmd(
     _needs_pandas("--validate" if validate else "--history" if history else None)
     if validate:
         from kvaudit.plan.validate import validate_history
+        from kvaudit.plan_inputs import validation_rows
         from kvaudit.report.plan import render_validation
 
-        _env.stdout.write(render_validation(validate_history(validate), fmt))
+        _env.stdout.write(render_validation(validate_history(validate, validation_rows(validate)), fmt))
         return 0
     if model is None or engine is None:
         raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")
-    from kvaudit.plan.build import PlanRequest, run
+    from kvaudit.plan.build import PlanRequest, exit_status, run
+    from kvaudit.plan_inputs import history_rows
 
     p = run(PlanRequest(engine=engine, model=model, gpu=gpu, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
                         dp_attention=dp_attention, fraction=fraction, kv_dtype=kv_dtype, context_length=context_length,
                         max_running_requests=max_running_requests, page_size=page_size,
                         max_total_tokens=max_total_tokens, history=history, backend=backend, draft=draft,
-                        speculative_algorithm=speculative_algorithm))
+                        speculative_algorithm=speculative_algorithm, max_num_batched_tokens=max_num_batched_tokens,
+                        sampler=sampler, dtype=dtype, quantization=quantization, cpu_offload_gib=cpu_offload_gib),
+            history_rows(history))
     _env.stdout.write(chosen.plan(p))
-    return 0
+    return exit_status(p)  # 0 starts, 1 at risk or unknown, 3 will not start (docs/plan.md, "Exit status")
 
 
 def _needs_pandas(flag: str | None) -> None:

@@ -405,6 +405,23 @@ def inputs_of(f: Formula, m: Any) -> list[Input]:
     return [Input(n, v, src, input_kind(src)) for n, v, src in rows if v is not None]
 
 
+def unread(a: Audit, lines: tuple[tuple[int, str], ...], total: int) -> Audit:
+    """Rule 9. The memory lines of the startup that no grammar read are listed with the audit; where the audit
+    says the log lacks a value, it says that such lines exist (the value may stand in one of them)."""
+    if not lines:
+        return a
+    more = f" ({total:,} in all, the first {len(lines)} listed)" if total > len(lines) else ""
+    said = (f"; {total:,} memory line{'s' if total != 1 else ''} of this startup {'were' if total != 1 else 'was'} "
+            f"not interpreted{more} (listed under 'Not interpreted'): what it lacks may stand there")
+    findings = tuple(replace(f, message=f.message + said, fields={**f.fields, "uninterpreted_lines": total})
+                     if f.code == "INCOMPLETE_LOG" and "uninterpreted_lines" not in f.fields else f
+                     for f in a.findings)
+    formula = a.formula
+    if formula.verdict == Verdict.UNKNOWN and "not interpreted" not in formula.verdict_reason:
+        formula = replace(formula, verdict_reason=formula.verdict_reason + said)
+    return replace(a, uninterpreted=lines, findings=findings, formula=formula)
+
+
 # --- the judgement and its headline -----------------------------------------------------------------------
 
 

@@ -326,7 +326,7 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
 
 
 def _observed(r: dict):
-    from kvaudit.plan.model import Observed
+    from kvaudit.planning.model import Observed
 
     return Observed(**{k: r[k] for k in Observed.__dataclass_fields__})
 

@@ -108,6 +108,11 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
         L.append(colour("Notes", "1", color))
         for n in a.notes:
             L.extend(wrap("- " + n))
+    if a.uninterpreted:
+        L.append("")
+        L.append(colour("Not interpreted", "1", color) + " (memory lines of this startup kvaudit does not read)")
+        for n, t in a.uninterpreted:
+            L.extend(wrap(f"line {n}: {t.strip()}", "  "))
     return "\n".join(L) + "\n"
 
 
