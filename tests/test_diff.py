@@ -266,3 +266,50 @@ def test_a_300_mb_history_row_is_refused_without_loading_it(tmp_path):
     code, err = cli_limited("diff", "gpu-1@1", "gpu-1@2", "--history", db, address_space=1 << 30)
     assert code == 2, err
     assert "more than 1 MiB" in err and err.count("\n") == 1, err
+
+
+def _on_a_terminal(columns: int, *args) -> str:
+    """kvaudit diff with its stdout a pseudo-terminal of ``columns`` columns (no $COLUMNS): what it printed."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    from pathlib import Path
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    exe = Path(sys.executable).with_name("kvaudit")
+    p = subprocess.Popen([str(exe), "diff", *map(str, args)], stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            block = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not block:
+            break
+        chunks.append(block)
+    os.close(master)
+    assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_diff_fits_the_terminal_it_runs_on_and_80_columns_piped():
+    """Issue 38, items 1 and 2: on a terminal the report takes its width, piped it takes 80 columns; the ledger's
+    long labels (the request table's formula, the CUDA-graph item) lose their detail, never wrap."""
+    from tests.conftest import FIXTURES
+
+    pair = (FIXTURES / "corpus" / "sglang_c016.log", FIXTURES / "corpus" / "sglang_c017.log")
+    for columns in (80, 120):
+        out = _on_a_terminal(columns, *pair)
+        lines = out.splitlines()
+        assert lines[0].startswith("KV tokens 202,093 -> 214,107"), lines[:2]
+        assert max(len(x) for x in lines) <= columns, [x for x in lines if len(x) > columns]
+    piped = cli("diff", *pair)
+    assert max(len(x) for x in piped.stdout.splitlines()) <= 80
+    assert "  request table  " in piped.stdout  # its formula dropped to fit
