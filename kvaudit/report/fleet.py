@@ -187,7 +187,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
 def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: bool = False) -> str:
     rows = summary_rows(run)
     L = ["# kvaudit fleet report", "",
-         f"{len(rows)} hosts ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
+         f"{len(rows)} host{'s' * (len(rows) != 1)} ({counts_text(rows)}), {run.started_at}, "
+         f"{run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
         L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "

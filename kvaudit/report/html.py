@@ -142,7 +142,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
     H = ["<!doctype html><html><head><meta charset='utf-8'>"
          "<meta name='viewport' content='width=device-width, initial-scale=1'><title>kvaudit fleet report</title>",
          f"<style>{CSS}</style></head><body>",
-         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts ({escape(counts_text(summaries))}), started "
+         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} host{'s' * (len(summaries) != 1)} ({escape(counts_text(summaries))}), started "
          f"{escape(run.started_at)}, {run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
          "<p class='prov'>" + " · ".join(f"{escape(k)}: <code>{escape(v)}</code>"
                                          for k, v in (provenance or {}).items()) + "</p>",
