@@ -59,6 +59,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"mamba page",
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
+    b"Mamba cache mode",
+    b"max_num_batched_tokens",
 )
 
 MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
@@ -106,6 +108,19 @@ class HybridLayout(Event):
 
     block_size: int | None = None
     mamba_padding_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Setting(Event):
+    """A setting the engine states on a line of its own rather than in the args: ``mamba_cache_mode``
+    ("Mamba cache mode is set to 'align' ...", ``config/vllm.py`` 0.2x), ``max_num_batched_tokens`` ("Chunked
+    prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
+    padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
+    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X)."""
+
+    key: str = ""
+    value: str = ""
+    extra: float | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +195,9 @@ _AUTOFIT_FULL = lazy(r"Auto-fit max_model_len: full model context length (\d+) f
 _HYBRID_BLOCK = lazy(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
                            r"mamba page size")
 _MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
+_MAMBA_MODE = lazy(r"Mamba cache mode is set to '(\w+)'")
+_CHUNKED = lazy(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+_PADDING_LAYERS = lazy(r"Add (\d+) padding layers, may waste at most " + NUM + r"% KV cache memory")
 _ESTIMATED_LEN = lazy(r"the estimated maximum model length is (\d+)")
 _KV_IN_USE = lazy(r"Current kv cache memory in use is " + NUM + " GiB")
 # the two budgets the suggestion line offers, in bytes (gpu_worker.py compile_or_warm_up_model, 0.10.2+)
@@ -446,6 +464,15 @@ def parse_line(line: Line) -> _Parsed:
     m = _MAMBA_PAD.search(t) if "Padding mamba page" in t else None
     if m:
         return _Parsed([HybridLayout(n, t, None, float(m.group(1)))], [])
+    m = _MAMBA_MODE.search(t) if "Mamba cache mode" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "mamba_cache_mode", m.group(1))], [])
+    m = _CHUNKED.search(t) if "Chunked prefill" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "max_num_batched_tokens", m.group(1))], [])
+    m = _PADDING_LAYERS.search(t) if "padding layers" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "padding_layers", m.group(1), float(m.group(2)))], [])
     m = _KV_BYTES.search(t) if "kv_cache_memory_bytes" in t else None
     if m:
         read(m, (("kv_bytes_config_gib", 1),))
@@ -617,8 +644,8 @@ class VLLMParser:
             clues.extend(p.clues)
             if banner is not None:
                 config.update(banner.config)
-            else:
-                seen_memory = True
+            elif not all(isinstance(e, Setting) for e in p.events):
+                seen_memory = True  # a setting the API server states before the engine's banner starts nothing
         flush()
         if events and startups and all(isinstance(e, Banner) for e in events) and not any(
                 "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):
