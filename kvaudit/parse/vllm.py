@@ -566,10 +566,34 @@ def _message(text: str, start: int) -> str:
     return quote(_PASTE_BAR.sub("", text[prefix + 2 if prefix >= 0 else 0:], count=1))
 
 
-def _config(text: str) -> dict[str, Any]:
-    """The banner's ``key=value, ...`` config (model='...', dtype=torch.bfloat16, tensor_parallel_size=8...)."""
+_NESTED_CONFIG = lazy(r"(\w+)=[A-Z]\w*\(")
+
+
+def _config(text: str, depth: int = 0) -> dict[str, Any]:
+    """The banner's ``key=value, ...`` config (model='...', dtype=torch.bfloat16, tensor_parallel_size=8...).
+    A nested ``key=Name(...)`` value (``speculative_config=SpeculativeConfig(method='dflash',
+    model='/models/drafter', num_spec_tokens=15)``, 0.10+) is read as its own dict: its ``model`` is the draft's,
+    never the engine's."""
     out: dict[str, Any] = {}
+    flat, i = [], 0
+    while depth < 3:
+        m = _NESTED_CONFIG.search(text, i)
+        if m is None:
+            break
+        level, end = 0, len(text)
+        for k in range(m.end() - 1, len(text)):
+            level += {"(": 1, ")": -1}.get(text[k], 0)
+            if level == 0:
+                end = k
+                break
+        out[m.group(1)] = _config(text[m.end():end], depth + 1)
+        flat.append(text[i:m.start()])
+        i = end + 1
+    flat.append(text[i:])
+    text = "".join(flat)
     for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", text):
+        if k in out:
+            continue
         v = v.strip()
         try:
             out[k] = literal(v)

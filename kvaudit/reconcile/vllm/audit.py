@@ -3,6 +3,7 @@ findings, assembled into an :class:`Audit`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens, Setting
@@ -40,7 +41,6 @@ from kvaudit.reconcile.vllm.context import Context, build_context
 from kvaudit.reconcile.vllm.facts import first
 from kvaudit.reconcile.vllm.formula import (
     Budget,
-    Candidate,
     Prediction,
     block_interval,
     budget,
@@ -84,7 +84,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         formula=formula,
         ranks=ledgers,
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
-        speculative=None,
+        speculative=_speculative_summary(ctx.args),
         hicache_host_gb=None,
         notes=tuple(ctx.notes + ([f"bytes per token: {cells.description}"] if cells.description else [])),
         engine_display="vLLM",
@@ -128,6 +128,7 @@ class KVBudgets:
     T: float | None
     T_note: float | None  # a total recovered from the CUDA-graph note, when no line states it
     budgets: tuple[Budget, ...]
+    T_note_range: tuple[float, float] | None = None  # what the note's rounding allows of that total
 
 
 @dataclass(frozen=True)
@@ -178,12 +179,21 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     if setter is not None:
         T = setter.r["total_gib"]
     T_note = None
+    T_range = None
     if T is None:
         est, u_note, equiv = first(facts, "graph_estimate_gib"), first(facts, "util"), first(facts, "equiv_util")
-        if None not in (est, u_note, equiv) and u_note > equiv:  # type: ignore[operator]
+        if None not in (est, u_note, equiv) and u_note > equiv and est > 0:  # type: ignore[operator]
             T_note = est / (u_note - equiv)  # type: ignore[operator]
-            notes.append(f"total GPU memory ~{T_note:.1f} GiB recovered from the CUDA-graph note: estimate {est} GiB = "
-                         f"({u_note} - {equiv}) x total (approximate: the estimate is rounded to 0.01 GiB)")
+            # gpu_worker.py: equiv = round(util - estimate / total, 4), the estimate printed to 0.01 GiB: both
+            # roundings carry into the total (0.04 / 0.0003 is anything from 116 to 180 GiB)
+            d_lo, d_hi = u_note - equiv - 0.00005, u_note - equiv + 0.00005  # type: ignore[operator]
+            lo = max(0.0, est - LOG_HALF_ULP) / d_hi  # type: ignore[operator]
+            hi = (est + LOG_HALF_ULP) / d_lo if d_lo > 0 else float("inf")  # type: ignore[operator]
+            T_range = (lo, hi)
+            hi_text = f"{hi:.1f}" if hi != float("inf") else "unbounded"
+            notes.append(f"total GPU memory {lo:.1f}..{hi_text} GiB (about {T_note:.1f}) recovered from the CUDA-graph "
+                         f"note: estimate {est} GiB = ({u_note} - {equiv}) x total, both rounded: every figure "
+                         "derived from it carries that interval")
     peers = list(facts.values())
     budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
                                 if b is not None]
@@ -193,7 +203,7 @@ def kv_budgets(ctx: Context) -> KVBudgets:
                          f"process (0.32+): of the {rr.r.get('budget_gib', 0):.2f} GiB budget, "
                          f"{rr.r.get('engine_budget_gib', 0):.2f} GiB remained for the engine")
             break
-    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets))
+    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range)
 
 
 def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: list[Finding]) -> Cells:
@@ -213,6 +223,10 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
         swa = sliding_window_pool(geom, ctx.tp, ctx.kv_elt, ctx.block_size) if unmodelled is None else None
         if geom.is_hybrid_swa and not geom.is_mamba_hybrid and swa is None and unmodelled is None:
             unmodelled = "the sliding and full layers' pages cannot be unified (vLLM raises NotImplementedError)"
+        if (pool is not None or swa is not None) and unmodelled is None:
+            unmodelled = _grouped_layers_unknown(ctx, pool, swa)
+            if unmodelled is not None:
+                pool = swa = None
         if pool is not None:
             cell, description = pool.bytes_per_token, pool.describe()
         elif swa is not None:
@@ -242,6 +256,52 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
     if cell is None and line_cell is not None:
         cell, source = int(round(line_cell.mid)), "kv_line"
     return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled)
+
+
+#: speculative methods whose drafter has no attention layers of its own (``config/speculative.py``)
+DRAFTS_WITHOUT_KV = ("ngram", "ngram_gpu", "suffix")
+
+
+def _draft(args) -> dict | None:
+    spec = args.get("speculative_config")
+    return spec if isinstance(spec, dict) and spec else None
+
+
+def _speculative_summary(args) -> str | None:
+    """The draft as the log names it: its method, its model (never taken for the engine's model) and tokens."""
+    spec = _draft(args)
+    if spec is None:
+        return None
+    method = spec.get("method") or "draft model"
+    parts = [f"draft {spec['model']}" if isinstance(spec.get("model"), str) else "",
+             f"{_speculative_tokens(args)} speculative tokens" if _speculative_tokens(args) else ""]
+    inner = ", ".join(p for p in parts if p)
+    return f"{method}" + (f" ({inner})" if inner else "")
+
+
+def _grouped_layers_unknown(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool | None) -> str | None:
+    """Why the config's layers are not the pool's groups: a drafter's attention layers join the target's KV
+    groups (``kv_cache_utils.get_kv_cache_groups`` sees every layer's spec: EAGLE, DFlash, MTP, draft models), or
+    the log's "Add N padding layers" warnings show other groups than the config's layers make."""
+    spec = _draft(ctx.args)
+    if spec is not None and str(spec.get("method") or "") not in DRAFTS_WITHOUT_KV:
+        return (f"the {spec.get('method') or 'draft'} drafter's attention layers join the KV groups, and its "
+                "layers are not in the model config")
+    logged = sorted({int(e.value) for e in ctx.startup.of(Setting) if e.key == "padding_layers"})
+    if pool is not None:
+        g = pool.group_size
+        mine = sorted({n for n in (g * math.ceil(pool.full_layers / g) - pool.full_layers,
+                                   g * pool.other_groups - pool.other_layers) if n})
+    else:
+        assert swa is not None
+        g = swa.group_size
+        mine = sorted({n for n in (g * swa.full_groups - swa.full_layers, g * swa.swa_groups - swa.swa_layers) if n})
+    if logged != mine:
+        said = ", ".join(f"Add {n} padding layers" for n in logged) or "no padding warning"
+        counts = (pool.full_layers, pool.other_layers) if pool is not None else (swa.full_layers, swa.swa_layers)  # type: ignore[union-attr]
+        return (f"the log's grouping ({said}) is not the one the config's {counts[0]} + {counts[1]} layers give "
+                f"({', '.join(f'{n} padding' for n in mine) or 'no padding'}): other layers share the pool")
+    return None
 
 
 def _swa_unmodelled(ctx: Context, geom) -> str | None:
@@ -288,7 +348,7 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += budget_findings(list(kv.budgets))
     out += rank_findings(ctx, ledgers, T, cell, th)
     out += failure_findings(ctx, kv.K, T, cell, logged, kv.fixed)
-    out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib)
+    out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
     out += suggestion_findings(ctx, applied, T_any)
     out += headroom_findings(ctx, ledgers, T, th)
     out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None)
@@ -320,7 +380,7 @@ def _model_summary(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool
     attention = "unknown"
     if geom is not None:
         attention = "mla" if geom.is_mla else "hybrid" if pool is not None else (
-            "sliding-window" if swa is not None or geom.is_hybrid_swa else "mha")
+            "hybrid" if geom.is_mamba_hybrid else "sliding-window" if geom.is_hybrid_swa else "mha")
     return ModelSummary(str(arch) if arch else None, attention,
                         geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
                         (None if geom.is_mla else max(1, (geom.num_kv_heads or 1) // ctx.tp)) if geom else None,
@@ -442,7 +502,7 @@ def _predict_grouped(ctx: Context, K: float, logged: int, pool: HybridPool | Non
 def _speculative_tokens(args) -> int:
     spec = args.get("speculative_config")
     if isinstance(spec, dict):
-        return as_int(spec.get("num_speculative_tokens")) or 0
+        return as_int(spec.get("num_speculative_tokens")) or as_int(spec.get("num_spec_tokens")) or 0
     return as_int(args.get("num_speculative_tokens")) or 0
 
 

@@ -3,9 +3,11 @@ that cost KV memory, imbalance between workers, headroom. Codes and severities a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvaudit.parse.vllm import Concurrency, Failure
 from kvaudit.reconcile import findings as F
-from kvaudit.reconcile.interface import Finding, RankLedger, Thresholds
+from kvaudit.reconcile.interface import Finding, RankLedger, Severity, Thresholds
 from kvaudit.reconcile.vllm.context import Context
 from kvaudit.reconcile.vllm.facts import graph_estimate
 from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
@@ -29,7 +31,7 @@ def budget_findings(budgets: list[Budget]) -> list[Finding]:
 
 
 def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int | None,
-                   low_headroom_gib: float = 1.0) -> list[Finding]:
+                   low_headroom_gib: float = 1.0, total_range: tuple[float, float] | None = None) -> list[Finding]:
     """The CUDA-graph estimate against what the capture took, both ways: reserved and never used
     (GRAPH_ESTIMATE_HIGH), or too little, so the rest of the capture comes out of the (1 - util) headroom after
     the KV pool is allocated (GRAPH_ESTIMATE_LOW: the estimate is measured with a minimal KV cache, vllm#57475)."""
@@ -38,13 +40,58 @@ def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int |
     peers = list(ctx.facts.values())
     for rr in peers:
         est, act = graph_estimate(rr, rr.r.get("total_gib") or total, peers), rr.r.get("graph_gib")
+        if (est is not None and est.gib < 0) or (act is not None and act < 0):
+            # capture_model / profile_cudagraph_memory measure free-before minus free-after
+            # (v1/worker/gpu_model_runner.py, 0.18+): a negative reading is memory released during the capture
+            # (common on unified memory, where the page cache moves), not a size: neither side is compared
+            neg = ", ".join(f"{name} {v:.2f} GiB" for name, v in (("estimate", est.gib if est else None),
+                                                                   ("capture", act)) if v is not None and v < 0)
+            note = (f"{rr.rank.display}: the CUDA-graph {neg} is negative: memory was released while it was "
+                    "measured (free before minus free after), not a size; the estimate is not compared")
+            if note not in ctx.notes:
+                ctx.notes.append(note)
+            return []
         if est is not None and act is not None and est.gib > 1.5 * act + 0.25:
             return [F.graph_estimate_high(rr.rank.display, est.gib, act, cell, ctx.block_size, est.source)]
         if est is not None and act is not None and act > est.gib + 2 * LOG_HALF_ULP * 2:
-            t, util = rr.r.get("total_gib") or total, rr.r.get("util") or ctx.util
-            headroom = (1 - util) * t if t and util else None
-            return [F.graph_estimate_low(rr.rank.display, est.gib, act, headroom, low_headroom_gib)]
+            util = rr.r.get("util") or ctx.util
+            if rr.r.get("total_gib"):
+                return [F.graph_estimate_low(rr.rank.display, est.gib, act, (1 - util) * rr.r["total_gib"]
+                                             if util else None, low_headroom_gib)]
+            return [_graph_low_bounded(rr, ctx, est.gib, act, util, total_range, low_headroom_gib)]
     return []
+
+
+def _graph_low_bounded(rr, ctx: Context, est: float, act: float, util: float | None,
+                       total_range: tuple[float, float] | None, threshold: float) -> Finding:
+    """GRAPH_ESTIMATE_LOW when no line states the card's total: the headroom is only bounded, from below, by
+    the total the CUDA-graph note allows (its rounding interval), or by the budget the log's own lines fill
+    (total x util >= weights + KV + estimate, so (1 - util) x total >= (1 - util) / util x that); it warns
+    only when even that leaves too little, and says "at least"."""
+    bounds: list[tuple[float, str]] = []
+    if util and total_range is not None:
+        bounds.append(((1 - util) * total_range[0],
+                       f"the total the CUDA-graph note allows ({total_range[0]:.1f}+ GiB)"))
+    w, kv = rr.r.get("weights_gib") or rr.r.get("consumed_gib"), rr.r.get("kv_gib")
+    if util and 0 < util < 1 and w is not None and kv is not None:
+        used = w + kv + max(0.0, est)
+        bounds.append(((1 - util) / util * used, f"the budget's own weights + KV + estimate ({used:.2f} GiB = "
+                                                  f"at most {util:g} x total)"))
+    f = F.graph_estimate_low(rr.rank.display, est, act, None, threshold)
+    if not bounds:
+        return f
+    head, why = max(bounds, key=lambda b: b[0])
+    left = head - (act - est)
+    if left < threshold:
+        return replace(f, message=f.message.replace(
+            "(1 - util) headroom", f"(1 - util) headroom, at least {head:.2f} GiB (from {why}; the log states no "
+                                   f"total), leaving at least {left:.2f} GiB"))
+    return replace(f, severity=Severity.INFO, message=(
+        f"{rr.rank.display}: the CUDA graphs took {act:.2f} GiB, {act - est:.2f} GiB more than the {est:.2f} GiB "
+        f"estimate taken out of the KV budget (it is measured with a minimal KV cache); that comes out of the "
+        f"(1 - util) headroom, which is at least {head:.2f} GiB (from {why}; the log states no total), leaving at "
+        f"least {left:.2f} GiB"), fields={**f.fields, "headroom_at_least_gib": round(head, 3),
+                                          "headroom_left_at_least_gib": round(left, 3)})
 
 
 SPARE_GIB = 150 / 1024  # gpu_worker.py redundancy_buffer_memory = 150 * (1 << 20), kept out of both suggestions
