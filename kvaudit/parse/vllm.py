@@ -43,6 +43,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"GiB",
     b"KV ",
     b"Error",
+    b"ERROR",  # an engine core ERROR line, even one cut short before its message
     b"profiling results",
     b"memory_utilization",
     b"memory-utilization",
@@ -60,6 +61,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
     b"Mamba cache mode",
+    b"Worker_",  # a worker's tag on any line (a compiler's, a progress bar's) names a rank: TP at least n + 1
     b"max_num_batched_tokens",
 )
 
@@ -186,7 +188,7 @@ _ACTUAL = lazy(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB f
 _ACTUAL_CONSUMED = lazy(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + NUM
                               + r" GiB for peak activation, and " + NUM + r" GiB for CUDAGraph memory")
 _ACTUAL_PLUGIN = lazy(r"Actual usage: " + NUM + r" GiB for weights, " + NUM + r" GiB for peak activation, " + NUM
-                            + r" GiB for non-torch memory")
+                            + r" GiB for non-torch memory(?:, " + NUM + r" GiB for [A-Z]+ graph memory)?")
 _EXTERNAL = lazy(r"Weights are held outside this process: of the " + NUM + r" GiB utilization budget, " + NUM
                        + r" GiB is externally held and " + NUM + r" GiB remains")
 _AUTOFIT = lazy(r"Auto-fit max_model_len: reduced from (\d+) to (\d+) to fit in available (?:GPU|KV cache) memory "
@@ -199,14 +201,17 @@ _MAMBA_MODE = lazy(r"Mamba cache mode is set to '(\w+)'")
 _CHUNKED = lazy(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _PADDING_LAYERS = lazy(r"Add (\d+) padding layers, may waste at most " + NUM + r"% KV cache memory")
 _ESTIMATED_LEN = lazy(r"the estimated maximum model length is (\d+)")
-_KV_IN_USE = lazy(r"Current kv cache memory in use is " + NUM + " GiB")
+#: 0.26+ "Current kv cache memory in use is X GiB." (gpu_worker.py); vllm-ascend's worker.py "Current KV cache
+#: memory: X GiB." (its 0.26+-style summary, corpus vllm_c018)
+_KV_IN_USE = lazy(r"Current (?:kv|KV) cache memory(?: in use is|:) " + NUM + " GiB")
 # the two budgets the suggestion line offers, in bytes (gpu_worker.py compile_or_warm_up_model, 0.10.2+)
-_SUGGESTED = lazy(r"`--kv-cache-memory=(\d{1,16})`(?: \([\d.]+ GiB\))? to fit into requested memory, or "
-                        r"`--kv-cache-memory=(\d{1,16})`")
+# (the first can be negative: 0.26+ counts the captured graphs twice, vllm#57936; corpus vllm_c019)
+_SUGGESTED = lazy(r"`--kv-cache-memory=(-?\d{1,16})`(?: \(-?[\d.]+ GiB\))? to fit into requested memory, or "
+                        r"`--kv-cache-memory=(-?\d{1,16})`")
 _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
-_GRAPH_POOL = lazy(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+_GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
 #: | exception (a traceback's final line; fatal only before the KV pool was sized)
@@ -281,7 +286,7 @@ OWN_PREFIX = OwnPrefix(
     _OWN,
     bare=lambda e: isinstance(e, Reading) and any(rx.search(e.text) is not None
                                                   for rx in (_V0_TABLE, _V0_CAN_USE, _V0_TAKE)),
-    anywhere=lambda e: isinstance(e, Failure),
+    anywhere=lambda e: isinstance(e, Failure) or (isinstance(e, Setting) and e.key == "worker_tag"),
 )
 
 
@@ -424,8 +429,9 @@ def parse_line(line: Line) -> _Parsed:
             read(a, (("weights_gib", 1), ("activation_printed_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
             clues.append(_clue((0, 10, 2), (0, 27, 0), "'Actual usage is ... for weight' (0.10.2-0.27.0)"))
         a = _ACTUAL_PLUGIN.search(t)
-        if a:  # hardware plugins (vllm-ascend): no CUDA-graph term
-            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+        if a:  # hardware plugins (vllm-ascend): the graph memory captured (vllm-ascend: "NPU graph memory") last
+            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3),
+                    ("graph_gib", 4)))
         a = _ACTUAL_CONSUMED.search(t)
         if a:
             read(a, (("consumed_gib", 1), ("activation_printed_gib", 2), ("graph_gib", 3)))
@@ -439,8 +445,8 @@ def parse_line(line: Line) -> _Parsed:
             read(k, (("suggest_fit_bytes", 1), ("suggest_full_bytes", 2)))
         return _Parsed(ev, clues or [_clue((0, 9, 1), None, "'Free memory on device' line")])
     m = _ACTUAL_PLUGIN.search(t) if "Actual usage: " in t else None
-    if m:  # hardware plugins (vllm-ascend): no CUDA-graph term; no version of vLLM itself follows from it
-        read(m, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+    if m:  # hardware plugins (vllm-ascend): the graph memory captured (vllm-ascend: "NPU graph memory") last; no version of vLLM itself follows from it
+        read(m, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
         return _Parsed(ev, [])
     m = _EXTERNAL.search(t) if "held outside this process" in t else None
     if m:
@@ -481,7 +487,7 @@ def parse_line(line: Line) -> _Parsed:
     if m:
         read(m, (("graph_gib", 2),))
         return _Parsed(ev, [])
-    m = _GRAPH_POOL.search(t) if "CUDA graph pool memory" in t else None
+    m = _GRAPH_POOL.search(t) if "graph pool memory" in t else None
     if m:
         read(m, (("graph_gib", 1), ("graph_estimate_gib", 2)))
         return _Parsed(ev, [_clue((0, 18, 0), None, "CUDA graph pool memory line")])
@@ -534,10 +540,26 @@ def parse_line(line: Line) -> _Parsed:
         msg = m.group("msg")
         return _Parsed([Failure(n, t, _rank(t, len(t)), "target", "exception",
                                 quote(f"{m.group('exc')}: {msg}"), {"generic": float(_generic_wrapper(msg))})], [])
+    m = _CORE_ERROR.search(t) if "ERROR" in t and "EngineCore" in t else None
+    if m:
+        # the engine core logs at ERROR from core.py only when it dies (run_engine_core's handler: "EngineCore
+        # failed to start." / "EngineCore encountered a fatal error.", then the traceback): a line of it, even cut
+        # short where an excerpt ends, is the failure; traceback frames are not quoted
+        msg = t[m.end():].strip()
+        if not msg.startswith(("File ", "Traceback", "^", "~", "raise ", "return ", "self.", "|")) and not t[
+                m.end():m.end() + 2].startswith("  "):
+            return _Parsed([Failure(n, t, _rank(t, len(t)), "target", "engine_failed",
+                                    quote(msg or "(an EngineCore ERROR line, cut short)"), {"generic": 1.0})], [])
+    if "Worker_" in t and has_process_tag(t):
+        r = rank_of(t)
+        if "TP" in r.label:  # any line of a tagged worker: the rank exists, whatever the line says
+            return _Parsed([Setting(n, t, "worker_tag", r.label)], [])
     return _Parsed([], [])
 
 
 #: the exception a Python traceback ends with, as vLLM's processes print it (after the process tag and level)
+#: an ERROR line of the engine core's own handler (v1/engine/core.py run_engine_core, 0.8+)
+_CORE_ERROR = lazy(r"\(EngineCore[^()]*" + _PID_KEY + r"=\d+\)\s+ERROR\s+[\d-]+ [\d:.]+ \[core\.py:\d+\]")
 _EXCEPTION = lazy(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
 _LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
@@ -625,6 +647,7 @@ class VLLMParser:
         first = last = 0
         config: dict[str, Any] = {}
         seen_memory = False
+        tags_seen: set[str] = set()
 
         def flush() -> None:
             # a traceback's exception is any Python program's: it makes a vLLM startup only beside vLLM's banner
@@ -647,6 +670,11 @@ class VLLMParser:
             if not kept:
                 continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
             p.events = kept
+            tags = [e for e in kept if isinstance(e, Setting) and e.key == "worker_tag"]
+            if tags and len(tags) == len(kept):
+                if all(e.value in tags_seen for e in tags):
+                    continue  # a rank already named: one line per rank is enough
+                tags_seen.update(e.value for e in tags)
             banner = next((e for e in p.events if isinstance(e, Banner)), None)
             # a new start: a banner once memory lines were seen, or a second weight load on the same rank
             restart = banner is not None and seen_memory

@@ -102,7 +102,8 @@ def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> lis
     recomputed from that line's own parts (0.27+ "consumed", before it weights + non-torch)."""
     peers = list(ctx.facts.values())
     rows = [rr for rr in peers if "suggest_fit_bytes" in rr.r and "suggest_full_bytes" in rr.r
-            and "requested_gib" in rr.r and "activation_printed_gib" in rr.r and "graph_gib" in rr.r]
+            and "requested_gib" in rr.r and ("activation_printed_gib" in rr.r or "activation_gib" in rr.r)
+            and "graph_gib" in rr.r]
     if not rows:
         return []
     rr = min(rows, key=lambda f: f.r["suggest_fit_bytes"])
@@ -113,7 +114,10 @@ def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> lis
         terms = [("weights", r["weights_gib"]), ("non-torch", r["non_torch_gib"])]
     else:
         return []
-    terms += [("peak activation as printed", r["activation_printed_gib"]), ("CUDA graphs captured", r["graph_gib"])]
+    # vllm-ascend's "Actual usage: ... for peak activation" (its worker.py) is the plain peak: the same sum
+    peak = ("peak activation as printed", r["activation_printed_gib"]) if "activation_printed_gib" in r else (
+        "peak activation", r["activation_gib"])
+    terms += [peak, ("graphs captured", r["graph_gib"])]
     recomputed = r["requested_gib"] - sum(v for _, v in terms) - SPARE_GIB
     fit = r["suggest_fit_bytes"] / GIB
     agrees = abs(recomputed - fit) <= LOG_HALF_ULP * (len(terms) + 2)

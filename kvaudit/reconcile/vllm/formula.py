@@ -113,6 +113,13 @@ def budget(rr: RankFacts, ctx: Context, total: float | None, peers: list[RankFac
         est = graph_estimate(rr, total, peers) if estimate_applied(ctx) else None
         if est is not None:
             terms.append(("CUDA graph estimate", est.gib))
+        elif "graph_estimate_gib" in r and "kv_gib" in r:
+            # a release the log does not pin (a hardware plugin's summary, vllm-ascend worker.py) that logged its
+            # graph estimate: whether the budget paid it is not known from the era; take the reading that adds up
+            # and say which (corpus vllm_c018: 57.91 - 51.68 - 0.29 - 0.51 - 0.29 = 5.14 ~ 5.15)
+            without = make(terms)
+            paid = make(terms + [("graph estimate", r["graph_estimate_gib"])], "the budget paid the graph estimate")
+            return paid if abs(paid.residual) < abs(without.residual) else without
         return make(terms)
     return None
 
@@ -166,13 +173,24 @@ class Candidate:
 def count_eras(ctx: Context, logged: int | None, min_block: int) -> tuple[bool, bool, str]:
     """Whether the 0.20.0 and the 0.20.1+ counting rules apply, and why one was ruled out: the era first; then
     a count that is not a multiple of the block cannot be ``num_blocks // groups x block`` (the old rule)."""
-    old = ctx.era.lo < CONCURRENCY_COUNT_SINCE
+    old = ctx.era.lo < CONCURRENCY_COUNT_SINCE or _prerelease_of(ctx, CONCURRENCY_COUNT_SINCE)
     new = ctx.era.hi is None or ctx.era.hi >= CONCURRENCY_COUNT_SINCE
     why = ""
     if old and new and logged is not None and min_block > 0 and logged % min_block:
         old, why = False, (f"{logged:,} is not a multiple of the {min_block}-token block, so it is the 0.20.1+ count "
                            "int(max_concurrency x max_model_len), not the 0.20.0 num_blocks // groups x block")
     return old, new, why
+
+
+def _prerelease_of(ctx: Context, release: tuple[int, int, int]) -> bool:
+    """A ``0.20.1.dev0`` / ``0.20.1rc1`` build: it precedes the release, and may not hold its change (a real
+    0.20.1.dev0+g101584af0 startup still counts blocks // groups x block: corpus vllm_c020)."""
+    from kvaudit.parse.vllm import Banner
+
+    import re
+
+    pre = re.compile(r"v?" + re.escape(".".join(str(x) for x in release)) + r"(?![\d])\S*(?:dev|rc)")
+    return any(isinstance(b.version, str) and pre.match(b.version) for b in ctx.startup.of(Banner))
 
 
 def mamba_state_pages(ctx: Context, spec_tokens: int) -> list[tuple[int, str, str]]:
