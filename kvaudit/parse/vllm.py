@@ -61,6 +61,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
     b"Mamba cache mode",
+    b"data type to store kv cache",
     b"Worker_",  # a worker's tag on any line (a compiler's, a progress bar's) names a rank: TP at least n + 1
     b"max_num_batched_tokens",
 )
@@ -197,6 +198,18 @@ _AUTOFIT_FULL = lazy(r"Auto-fit max_model_len: full model context length (\d+) f
 _HYBRID_BLOCK = lazy(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
                            r"mamba page size")
 _MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
+#: config/cache.py (0.6+): "Using fp8_e4m3 data type to store kv cache. It reduces the GPU memory footprint ..."
+_KV_DTYPE_LINE = lazy(r"Using (\w+) data type to store kv cache")
+#: V1 gpu_worker.py determine_available_memory at DEBUG (0.9-0.2x, read in the 0.19.0 wheel): the request, the
+#: init snapshot (utils/mem_utils.py MemorySnapshot.__repr__: "... free_memory=F GiB, total_memory=T GiB, ...") and
+#: MemoryProfilingResult.__repr__ ("Memory profiling takes S seconds. Total non KV cache memory: A GiB; torch peak
+#: memory increase: B GiB; non-torch forward increase memory: C GiB; weights memory: D GiB.")
+_DEBUG_REQUESTED = lazy(r"Initial free memory: " + NUM + r" GiB; Requested memory: " + NUM + r" \(util\), " + NUM
+                        + r" GiB")
+_SNAPSHOT_TOTAL = lazy(r"free_memory=" + NUM + r"\s?GiB, total_memory=" + NUM + r"\s?GiB")
+_PROFILE_RESULT = lazy(r"Total non KV cache memory: " + NUM + r"\s?GiB; torch peak memory increase: " + NUM
+                       + r"\s?GiB; non-torch forward increase memory: " + NUM + r"\s?GiB; weights memory: " + NUM
+                       + r"\s?GiB")
 _MAMBA_MODE = lazy(r"Mamba cache mode is set to '(\w+)'")
 _CHUNKED = lazy(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _PADDING_LAYERS = lazy(r"Add (\d+) padding layers, may waste at most " + NUM + r"% KV cache memory")
@@ -401,6 +414,21 @@ def parse_line(line: Line) -> _Parsed:
             return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 5), "comma-separated 'Memory profiling results: duration=' "
                                                             "(0.6.4.post1-0.6.5 builds)")])
         return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 4), "0.6.4 'Memory profiling results:' line")])
+    m = _PROFILE_RESULT.search(t) if "Total non KV cache memory" in t else None
+    if m:
+        read(m, (("non_kv_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("weights_gib", 4)))
+        return _Parsed(ev, [_clue((0, 9, 0), None, "V1 'Total non KV cache memory' (DEBUG)")])
+    m = _DEBUG_REQUESTED.search(t) if "Requested memory" in t else None
+    if m:
+        read(m, (("init_free_gib", 1), ("util", 2), ("requested_gib", 3)))
+        return _Parsed(ev, [_clue((0, 9, 0), None, "V1 'Requested memory: u (util)' (DEBUG)")])
+    m = _SNAPSHOT_TOTAL.search(t) if "total_memory=" in t and "free_memory=" in t else None
+    if m:
+        read(m, (("total_gib", 2),))
+        return _Parsed(ev, [])
+    m = _KV_DTYPE_LINE.search(t) if "data type to store kv cache" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
     m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
     if m:
         read(m, (("profile_s", 1),))
