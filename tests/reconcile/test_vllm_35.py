@@ -177,3 +177,32 @@ def test_an_engine_core_error_line_cut_short_is_a_failure():
     assert cut.endswith("EngineCore fai")
     a = text_audit(cut)
     assert "STARTUP_FAILED" in codes(a) and judge(a).status == "error"
+
+
+# 6. whatif honesty ---------------------------------------------------------------------------------------------
+
+
+def test_whatif_names_what_the_log_lacks_one_by_one():
+    """vllm_c018 states the total, the utilisation and the KV memory: what it lacks is bytes per token."""
+    from tests.conftest import cli
+
+    d = cli("whatif", CORPUS / "vllm_c018.log", "--gpu-memory-utilization", "0.9", "-f", "json").json()["whatif"]
+    assert d["risk"] == "unknown" and d["tokens_after"] is None
+    said = " ".join(d["explanation"])
+    assert "bytes per token" in said and "total" not in said and "utilization" not in said
+
+
+def test_whatif_recounts_a_sliding_window_pool_and_carries_the_total_interval():
+    """vllm_c016 at 0.8: the budget moves by 0.08 x (114.0..124.4 GiB), the pool is recounted by the 0.20.1+ rule
+    (1,221 blocks per request), and the total's interval is said."""
+    from tests.conftest import cli
+
+    d = cli("whatif", CORPUS / "vllm_c016.log", "--model-config", CONFIGS / "gemma-4-31b-it.json",
+            "--gpu-memory-utilization", "0.8", "-f", "json").json()["whatif"]
+    geom = load_config(CONFIGS / "gemma-4-31b-it.json")
+    pool = sliding_window_pool(geom, 1, 1.0, 16)
+    assert pool is not None
+    lo = pool.tokens_by_concurrency(pool.blocks((23.13 - 0.005 + 0.08 * 114.0) * GIB), 8192, 2048)
+    assert d["tokens_after"]["low"] in range(lo - 200, lo + 200)
+    assert d["tokens_after"]["high"] - d["tokens_after"]["low"] > 1_000  # the interval is not hidden
+    assert any("114.0..124.4 GiB" in x for x in d["explanation"])
