@@ -104,8 +104,8 @@ def _tokens(base: Audit, cells, ctx, kv_lo: float, kv_hi: float, cell: int, expl
             return None
         return TokenInterval(cells.swa.tokens_by_concurrency(lo_b, mml, mnbt),
                              cells.swa.tokens_by_concurrency(hi_b, mml, mnbt))
-    pages = next((p for p, mode, _ in mamba_state_pages(ctx, _speculative_tokens(ctx.args)) if f"({mode} mode)" in reason),
-                 None)
+    states = mamba_state_pages(ctx, _speculative_tokens(ctx.args))
+    pages = next((p for p, mode, _ in states if f"({mode} mode)" in reason), None)
     if pages is None:
         return None
     return TokenInterval(cells.pool.tokens_by_concurrency(lo_b, mml, pages),
