@@ -126,7 +126,7 @@ class KVAllocation(RankEvent):
     """``[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N).``: the pool the C++ manager
     allocated (the PyTorch backend logs it twice: the temporary profiling cache, then the final one)."""
 
-    gib: float = 0.0
+    gib: float | None = None  # None: the line states tokens only ("Using N tokens in paged KV cache", pre-0.9)
     tokens: int = 0
 
 
@@ -454,7 +454,7 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         return ev, [_clue((0, 1, 0), (0, 8, 99), "'Allocate N bytes for k/v cache' (pre-0.9 batch manager)")]
     m = _OLD_TOKENS.search(t) if "tokens in paged KV cache" in t else None
     if m:
-        ev.append(KVAllocation(n, t, rank, "target", 0.0, int(m.group(1))))
+        ev.append(KVAllocation(n, t, rank, "target", None, int(m.group(1))))
         if m.group(2):
             read("blocks_per_sequence", m.group(2))
             return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]

@@ -110,6 +110,8 @@ class Formula:
     #: the bytes per token as an interval (from the KV line's rounded sizes; one value from config.json): a plan
     #: that replays this startup divides by the same interval the audit did
     bytes_per_token_range: tuple[float, float] | None = None
+    #: where page_size came from ("log", "engine args", "default (16 on CUDA)"); None: the log
+    page_size_source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,3 +26,11 @@ def test_whatif_does_not_rerun_an_encoder_decoder_split():
     d = cli("whatif", CORPUS / "trtllm_c009.log", "--free-gpu-memory-fraction", "0.5", "-f", "json").json()["whatif"]
     assert d["risk"] == "unknown" and d["tokens_after"] is None
     assert "crossKvCacheFraction" in " ".join(d["explanation"])
+
+
+def test_a_pool_never_sized_in_gib_records_no_gib():
+    """trtllm_103 ('Using 10718 tokens in paged KV cache.'): logged.kv_pool_gib is absent, not 0.0."""
+    d = cli("explain", SAMPLES / "trtllm_103.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    logged = a["ranks"][0]["logged"]
+    assert logged["kv_pool_tokens"] == 10718 and "kv_pool_gib" not in logged

@@ -206,3 +206,20 @@ def test_whatif_recounts_a_sliding_window_pool_and_carries_the_total_interval():
     assert d["tokens_after"]["low"] in range(lo - 200, lo + 200)
     assert d["tokens_after"]["high"] - d["tokens_after"]["low"] > 1_000  # the interval is not hidden
     assert any("114.0..124.4 GiB" in x for x in d["explanation"])
+
+
+# 7. JSON honesty -----------------------------------------------------------------------------------------------
+
+
+def test_the_default_block_size_is_not_labelled_as_read_from_the_log():
+    """vllm_c016 states no block size: the JSON input says "default", of kind "assumed"."""
+    from tests.conftest import cli
+
+    d = cli("explain", CORPUS / "vllm_c016.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    page = next(i for i in a["inputs"] if i["name"] == "page_size")
+    assert (page["value"], page["source"], page["kind"]) == (16, "default", "assumed")
+    d = cli("explain", CORPUS / "vllm_c017.log", "-f", "json").json()  # the hybrid layout line states 3728
+    a = d["audits"][0] if "audits" in d else d
+    page = next(i for i in a["inputs"] if i["name"] == "page_size")
+    assert (page["value"], page["kind"]) == (3728, "log")

@@ -198,8 +198,9 @@ def _encoder_decoder(ctx: Context, b: Budget, pool: Pool) -> str:
     own, cross = pool.self_pool, pool.smallest
     assert own is not None and cross is not None
     said = ctx.first("cross_fraction")
-    text = (f"an encoder-decoder model: two KV caches, self-attention ({own.tokens:,} tokens, {own.gib:.2f} GiB, line "
-            f"{own.line}) and cross-attention ({cross.tokens:,} tokens, {cross.gib:.2f} GiB, line {cross.line}), "
+    text = (f"an encoder-decoder model: two KV caches, self-attention ({own.tokens:,} tokens, {own.gib or 0:.2f} GiB, "
+            f"line {own.line}) and cross-attention ({cross.tokens:,} tokens, {cross.gib or 0:.2f} GiB, line "
+            f"{cross.line}), "
             "split by crossKvCacheFraction")
     if said is not None:
         return text + f" ({said:g}); the bytes per token of each cache are not in the log"

@@ -333,6 +333,9 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         rule=rule_text(ctx, list(kv.budgets), applied),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
+        # "default (16 on CUDA)" when neither the args nor a hybrid layout line set it: not "log"
+        page_size_source=("default" if ctx.block_source.startswith("default") else
+                          "engine args" if ctx.block_source == "engine args" else "log"),
         max_total_tokens_cap=None,
         speculative_headroom_tokens=None,
         kv_bytes_per_token_logged=round(cells.line_cell.mid, 1) if cells.line_cell else None,
