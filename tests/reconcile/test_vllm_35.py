@@ -223,3 +223,33 @@ def test_the_default_block_size_is_not_labelled_as_read_from_the_log():
     a = d["audits"][0] if "audits" in d else d
     page = next(i for i in a["inputs"] if i["name"] == "page_size")
     assert (page["value"], page["kind"]) == (3728, "log")
+
+
+# 5. unified memory ---------------------------------------------------------------------------------------------
+
+
+def test_unified_memory_page_cache_charged_as_non_torch_is_said_with_the_pin():
+    """No public GB10 startup with the per-term line was found (the threads quote only the result: a KV cache cut
+    from 40+ GiB to 9.5 GiB, eugr/spark-vllm-docker#286); this is the 0.10.2-0.27 summary line's real shape
+    (fixtures/vllm_classes/negative-available-0.25.log) with GB10 numbers of that size."""
+    log = (
+        "(APIServer pid=1) INFO 06-07 13:18:43 [utils.py:299] device_name=NVIDIA_GB10\n"
+        "(EngineCore pid=42) INFO 06-07 13:19:25 [gpu_model_runner.py:4960] Model loading took 48.50 GiB memory "
+        "and 10.401122 seconds\n"
+        "(EngineCore pid=42) INFO 06-07 13:20:46 [gpu_worker.py:460] Available KV cache memory: 9.50 GiB\n"
+        "(EngineCore pid=42) INFO 06-07 13:20:46 [gpu_worker.py:612] Free memory on device (110.0/121.69 GiB) on "
+        "startup. Desired GPU memory utilization is (0.8, 97.35 GiB). Actual usage is 48.5 GiB for weight, 2.1 GiB "
+        "for peak activation, 37.25 GiB for non-torch memory, and 1.69 GiB for CUDAGraph memory. Current kv cache "
+        "memory in use is 9.5 GiB.\n")
+    a = text_audit(log)
+    f = codes(a)["NON_TORCH_HIGH"]
+    assert "unified memory" in f.message and "page cache" in f.message
+    assert f.fields["kv_cache_memory_bytes"] == int((9.5 + 37.25 - 2.0) * 2**30)
+    plain = text_audit(log.replace("device_name=NVIDIA_GB10", "device_name=NVIDIA_H100"))
+    assert "page cache" not in codes(plain)["NON_TORCH_HIGH"].message
+
+
+def test_the_padding_warning_is_said_where_it_explains_a_small_pool():
+    """vllm_c020: 'Add 6 padding layers, may waste at most 60.00% KV cache memory' is named in the notes."""
+    a = entry("vllm_c020")
+    assert any("6 padding layers, up to 60.00%" in n for n in a.notes)

@@ -371,6 +371,14 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             f"attention block size {h.block_size} tokens (set so an attention page holds a Mamba page)"
             if h.block_size else "",
             f"Mamba page padded by {h.mamba_padding_pct:g}%" if h.mamba_padding_pct is not None else "") if x))
+    pads = sorted({(int(e.value), e.extra) for e in ctx.startup.of(Setting) if e.key == "padding_layers"})
+    if pads:
+        # _get_kv_cache_groups_uniform_page_size pads the last group of a layer type; a padded layer takes its
+        # share of every block, so the pool holds fewer tokens than its memory suggests
+        notes.append("vLLM padded its KV cache groups (" + "; ".join(
+            f"{n} padding layers, up to {pct:.2f}% of the KV memory unused" for n, pct in pads) +
+            ", its warning): a padded layer takes its share of every block, which is why the pool holds fewer "
+            "tokens than its GiB suggest")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
     if ctx.block_source.startswith("default") and (kv.K is not None or seen.logged is not None):

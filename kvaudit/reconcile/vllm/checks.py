@@ -237,10 +237,12 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
 def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, cell: int | None,
                   th: Thresholds) -> list[Finding]:
     out: list[Finding] = []
+    unified = ctx.opts.platform is not None and getattr(ctx.opts.platform, "unified_memory", False)
     for rr in ctx.facts.values():
         nt, tot = rr.r.get("non_torch_gib"), rr.r.get("total_gib") or T
         if nt is not None and tot and nt > max(2.0, 0.05 * tot):
-            out.append(F.non_torch_high(rr.rank.display, nt, tot))
+            f = F.non_torch_high(rr.rank.display, nt, tot)
+            out.append(_unified_non_torch(f, rr, nt) if unified else f)
             break
     kv_by_rank = {rr.rank.display: rr.r["kv_gib"] for rr in ctx.facts.values() if "kv_gib" in rr.r}
     if len(kv_by_rank) >= 2:
@@ -249,6 +251,33 @@ def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None
         if hi[1] - lo[1] > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * (T or hi[1])):
             out.append(F.rank_imbalance("available KV cache memory", lo, hi, hi[1] - lo[1], cell))
     return out
+
+
+#: what non-torch memory holds on a discrete card (CUDA context, NCCL, cuBLAS workspaces): the cap the DGX Spark
+#: community applies to non_torch_increase (eugr/spark-vllm-docker#286), and kvaudit's line between the two
+UNIFIED_NON_TORCH_GIB = 2.0
+
+
+def _unified_non_torch(f: Finding, rr, nt: float) -> Finding:
+    """On unified memory (GB10, Jetson) vLLM's profiler reads the system's available memory
+    (``utils/mem_utils.py`` MemorySnapshot on an integrated device), so the page cache of the checkpoint just read
+    and the compiler's transient heap during ``profile_run`` are charged as non-torch memory and taken from the KV
+    budget; they are gone once the server runs. Say so, and give the ``--kv-cache-memory-bytes`` (0.10.2+) that
+    sizes the pool without that charge."""
+    kv = rr.r.get("kv_gib")
+    extra = nt - UNIFIED_NON_TORCH_GIB
+    pin = ""
+    fields = dict(f.fields)
+    if kv is not None and extra > 0:
+        want = int((kv + extra) * 2**30)
+        pin = (f"; --kv-cache-memory-bytes {want} ({kv:.2f} + {extra:.2f} GiB: the pool without the charge beyond "
+               f"{UNIFIED_NON_TORCH_GIB:g} GiB) sizes it from the profile's other terms, or drop the page cache "
+               "(sync; echo 3 > /proc/sys/vm/drop_caches) before the start")
+        fields["kv_cache_memory_bytes"] = want
+    return replace(f, message=(
+        f"{rr.rank.display}: non-torch memory {nt:.2f} GiB was counted against the KV budget on unified memory, "
+        "where the profiler reads the system's available memory: the page cache (the checkpoint just read) and the "
+        f"compiler's heap during profiling count as non-torch and leave the KV cache smaller{pin}"), fields=fields)
 
 
 def headroom_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, th: Thresholds) -> list[Finding]:
