@@ -253,3 +253,26 @@ def test_the_padding_warning_is_said_where_it_explains_a_small_pool():
     """vllm_c020: 'Add 6 padding layers, may waste at most 60.00% KV cache memory' is named in the notes."""
     a = entry("vllm_c020")
     assert any("6 padding layers, up to 60.00%" in n for n in a.notes)
+
+
+def test_debug_memory_lines_give_the_total_and_the_budget():
+    """vllm_c028 (a 0.2x build at DEBUG): 'total_memory=119.63GiB' and 'Requested memory: 0.850000 (util),
+    101.69 GiB' give the card's total, so the budget reconciles: 101.69 - (51.54 + 1.72 + 0.09 + 3.73) = 44.61."""
+    a = entry("vllm_c028")
+    assert a.formula.pre_load_free_gib == 119.63
+    assert "BUDGET_RECONCILES" in codes(a) and a.formula.verdict == Verdict.MATCH
+
+
+def test_prefix_caching_off_means_one_state_page():
+    """vllm_c031: enable_prefix_caching=False, so mamba_cache_mode stays 'none' (1 state page): 8,388,608."""
+    a = entry("vllm_c031")
+    assert a.formula.verdict == Verdict.MATCH and "(none mode)" in a.formula.verdict_reason
+    assert not any("not stated" in n for n in a.notes)
+
+
+def test_gemma4_bf16_and_nvfp4_follow_the_same_layout():
+    """vllm_c023 (bf16, 61,711) and vllm_c024 (nvfp4, 221,754): the page scales with the element, the groups do
+    not."""
+    for name, tokens in (("vllm_c023", 61_711), ("vllm_c024", 221_754)):
+        a = entry(name)
+        assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == tokens

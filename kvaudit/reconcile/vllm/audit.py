@@ -352,7 +352,7 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += rank_findings(ctx, ledgers, T, cell, th)
     out += failure_findings(ctx, kv.K, T, cell, logged, kv.fixed)
     out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
-    out += suggestion_findings(ctx, applied, T_any)
+    out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
     out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None)
     return out

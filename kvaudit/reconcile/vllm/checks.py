@@ -97,7 +97,8 @@ def _graph_low_bounded(rr, ctx: Context, est: float, act: float, util: float | N
 SPARE_GIB = 150 / 1024  # gpu_worker.py redundancy_buffer_memory = 150 * (1 << 20), kept out of both suggestions
 
 
-def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> list[Finding]:
+def suggestion_findings(ctx: Context, applied: bool, total: float | None,
+                        budgets: list[Budget] | None = None) -> list[Finding]:
     """The suggestion line's two ``--kv-cache-memory`` values (0.10.2+), for the worker whose value is smallest,
     recomputed from that line's own parts (0.27+ "consumed", before it weights + non-torch)."""
     peers = list(ctx.facts.values())
@@ -122,6 +123,8 @@ def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> lis
     fit = r["suggest_fit_bytes"] / GIB
     agrees = abs(recomputed - fit) <= LOG_HALF_ULP * (len(terms) + 2)
     est = graph_estimate(rr, r.get("total_gib") or total, peers) if applied else None
+    if any(b.rank == rr.rank.display and "excludes the graph estimate" in b.note for b in budgets or []):
+        est = None  # the budget adds up with the printed peak outside the estimate: no double count to report
     full = min(int(f.r["suggest_full_bytes"]) for f in rows)  # the card with the least free memory
     return [F.kv_memory_suggested(rr.rank.display, int(r["suggest_fit_bytes"]), full,
                                   r["requested_gib"], terms, recomputed, agrees, est.gib if est else None, len(rows))]

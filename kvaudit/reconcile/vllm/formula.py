@@ -199,6 +199,8 @@ def mamba_state_pages(ctx: Context, spec_tokens: int) -> list[tuple[int, str, st
     ``hybrid_candidates``). The mode is the log's ("Mamba cache mode is set to 'align'") or the args'; when
     neither states it, both are tried, each named."""
     mode = setting(ctx, "mamba_cache_mode") or ctx.args.get("mamba_cache_mode")
+    if mode is None and ctx.args.get("enable_prefix_caching") is False:
+        mode = "none"  # config/vllm.py turns 'align' on only with prefix caching; off, the default 'none' holds
     pages = {"align": 2 + spec_tokens, "none": 1 + spec_tokens}
     if isinstance(mode, str) and mode in pages:
         return [(pages[mode], mode, "")]
@@ -266,8 +268,12 @@ def sliding_candidates(K: float, pool: SlidingWindowPool, ctx: Context, max_mode
             if not out:
                 return [], "the 0.20.1+ count needs max_model_len (the Maximum concurrency line)"
         else:
+            seen: set[int] = set()
             for mnbt, assumed in batched_tokens(ctx):
                 per = pool.blocks_per_request(max_model_len, mnbt)
+                if per in seen:
+                    continue  # a default the max_model_len cap makes the same as one already tried
+                seen.add(per)
                 lo, hi = (pool.tokens_by_concurrency(b, max_model_len, mnbt) for b in (lo_b, hi_b))
                 out.append(Candidate(TokenInterval(lo, hi), (
                     f"0.20.1+: int({lo_b:,}..{hi_b:,} blocks / {per:,} blocks per request x {max_model_len:,}); "
