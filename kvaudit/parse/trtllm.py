@@ -43,8 +43,9 @@ stripped: every pattern is searched anywhere in the line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank, quote,
@@ -249,7 +250,7 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 #: (anywhere: the path is used only when it is the only one), the executor's OOM table rows (one logger call
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
                                                or _PERCENTAGE.search(e.text) is not None),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPrefix, Rank, RankEvent, Startup,
@@ -296,7 +296,7 @@ class _Parsed:
 #: multi-line profiling message (worker.py 0.6.x "Memory profiling takes ...\nthe current vLLM instance can use
 #: ...\nmodel weights take ...", and the table rows of 0.6.4-0.7): one logger call, its first line prefixed
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, Reading) and any(rx.search(e.text) is not None
                                                   for rx in (_V0_TABLE, _V0_CAN_USE, _V0_TAKE)),
     anywhere=lambda e: isinstance(e, Failure) or (isinstance(e, Setting) and e.key == "worker_tag"),
@@ -435,12 +435,12 @@ def parse_line(line: Line) -> _Parsed:
         return _Parsed(ev, [])
     m = _V0_TABLE.search(t) if len(t) < 400 and _TABLE_WORDS.search(t) else None
     if m:
-        key = {"total_gpu_memory": "total_gib", "gpu_memory_utilization": "util",
-               "the current vLLM instance can use": "requested_gib", "model weights take": "weights_gib",
-               "available_kv_cache_memory": "kv_gib", "duration": "profile_s"}.get(m.group("k"))
-        if key is None:
-            key = "non_torch_gib" if m.group("k").startswith("non_torch") else "activation_gib"
-        read(m, ((key, 2),))
+        row_key = {"total_gpu_memory": "total_gib", "gpu_memory_utilization": "util",
+                   "the current vLLM instance can use": "requested_gib", "model weights take": "weights_gib",
+                   "available_kv_cache_memory": "kv_gib", "duration": "profile_s"}.get(m.group("k"))
+        if row_key is None:
+            row_key = "non_torch_gib" if m.group("k").startswith("non_torch") else "activation_gib"
+        read(m, ((row_key, 2),))
         return _Parsed(ev, [])
     m = _AVAILABLE.search(t) if "Available KV cache memory" in t else None
     if m:
@@ -482,8 +482,8 @@ def parse_line(line: Line) -> _Parsed:
         return _Parsed(ev, [_clue((0, 32, 0), None, "'Weights are held outside this process' (0.32+)")])
     m = _AUTOFIT.search(t) if "Auto-fit" in t else None
     if m:
-        kv = m.group(3) or m.group(4)
-        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(2)), float(kv) if kv else None,
+        fit_gib = m.group(3) or m.group(4)
+        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(2)), float(fit_gib) if fit_gib else None,
                           float(m.group(5)) if m.group(5) else None))
         clue = (_clue((0, 33, 0), None, "'Auto-fit ... available KV cache memory' (0.33)") if m.group(4) is not None
                 else _clue((0, 14, 0), (0, 30, 99), "'Auto-fit ... available GPU memory' (0.14-0.30)"))
@@ -551,12 +551,12 @@ def parse_line(line: Line) -> _Parsed:
     # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
     # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
     num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None
-    line = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
-    m = num or line
+    blocks_m = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
+    m = num or blocks_m
     if m:
-        cpu = int(line.group(2)) if line is not None and line.group(2) else None
+        cpu = int(blocks_m.group(2)) if blocks_m is not None and blocks_m.group(2) else None
         ev.append(Blocks(n, t, rank_at(m), "target", int(m.group(1)), cpu))
-        if line is not None and "CPU blocks" not in t:
+        if blocks_m is not None and "CPU blocks" not in t:
             clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
         elif "# cuda blocks" in t:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
@@ -600,7 +600,8 @@ def _after_prefix(text: str) -> str:
     """The message after a paste's quote bar (``▎``, ``│``, ``>``), the process tag, the level and the
     ``[file.py:N]`` location (a traceback's exception line has nothing before it but these)."""
     text = _PASTE_BAR.sub("", text, count=1)
-    return text[_LINE_PREFIX.match(text).end():]
+    m = _LINE_PREFIX.match(text)
+    return text[m.end() if m else 0:]
 
 
 _PASTE_BAR = lazy(r"^[\s\u258e\u2502\u2503|>]+")
@@ -732,7 +733,7 @@ class VLLMParser:
             # a pasted excerpt with the args line after the memory lines (no version banner): the args belong
             # to the startup above; keys it already has stay as they are
             prev = startups[-1]
-            merged = {**config, **prev.server_args}
+            merged = {**config, **(prev.server_args or {})}
             path = merged.get("model")
             startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
         return with_unprefixed(startups, dropped)

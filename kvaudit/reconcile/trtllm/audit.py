@@ -45,7 +45,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     if pool.self_pool is not None:
         pred = Prediction(None, Verdict.UNKNOWN, _encoder_decoder(ctx, budget, pool))
     elif (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
-            and budget.smallest is not None and budget.smallest.cpp and pool.gib < 0.8 * budget.lo):
+            and budget.mid is not None and budget.smallest is not None and budget.smallest.cpp
+            and pool.gib < 0.8 * budget.lo):
         # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
         findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
         pred = Prediction(None, Verdict.UNKNOWN, f"the pool ({pool.gib:.2f} GiB) is far below the fraction's "

@@ -89,7 +89,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         notes=tuple(ctx.notes + ([f"bytes per token: {cells.description}"] if cells.description else [])),
         engine_display="vLLM",
         # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
-        formula_text=(f"KV = {formula.rule.split(': ', 1)[-1]};  " + (
+        formula_text=(f"KV = {(formula.rule or '').split(': ', 1)[-1]};  " + (
             "tokens = floor(KV / (bytes per token x block)) x block" if cells.pool is None and cells.swa is None
             else "blocks = KV // page // group size; tokens per the release's count (see the predicted row)")),
         formula_rows=(
@@ -449,6 +449,7 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     block = ctx.block_size
     if pool is not None or swa is not None:
         return _predict_grouped(ctx, K, logged, pool, swa)
+    assert cell is not None  # bpt_source "config" above: the config gave bytes per token
     interval = block_interval(K, cell, block)
     # V1 >= 0.21 reports int(concurrency x max_model_len), not blocks x block_size: allow one block
     slack = block if ctx.era.hi is None or ctx.era.hi >= (0, 21, 0) else 0

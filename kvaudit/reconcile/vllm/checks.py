@@ -163,11 +163,11 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
         # one of the fatal lines above says the engine died
         raised = [f for f in failures if f.kind == "exception"]
-        cause = [f for f in raised if not f.numbers.get("generic")] or raised
-        if cause and not fatal:
-            fatal = [cause[-1]]
-        elif cause and fatal and fatal[-1].kind == "engine_failed":
-            fatal = fatal[:-1] + [cause[-1]] if cause[-1].line < fatal[-1].line else fatal
+        causes = [f for f in raised if not f.numbers.get("generic")] or raised
+        if causes and not fatal:
+            fatal = [causes[-1]]
+        elif causes and fatal and fatal[-1].kind == "engine_failed":
+            fatal = fatal[:-1] + [causes[-1]] if causes[-1].line < fatal[-1].line else fatal
     if fatal:
         last = fatal[-1]
         if last.line in quoted:
