@@ -155,8 +155,17 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
                  and (peak_line is None or c.line > peak_line)]
     est = ctx.first("estimated_tokens")
-    free, total = ctx.first("both_free_gib"), ctx.first("both_total_gib")
-    both = next((c for c in ctx.caps if c.kind == "both_set"), None)
+    # the free and total memory of the same warning line as the cap it names (the profiling cache's line and the
+    # final one each carry their own); the last such line before the pool, which is the one that sized it
+    from kvaudit.parse.trtllm import Reading
+
+    on_line = {(r.line, r.key): r.value for r in ctx.startup.of(Reading)
+               if r.key in ("both_free_gib", "both_total_gib")}
+    boths = [c for c in ctx.caps if c.kind == "both_set" and (c.line, "both_free_gib") in on_line
+             and (final is None or c.line < final.line)]
+    both = boths[-1] if boths else None
+    free = on_line.get((both.line, "both_free_gib")) if both else None
+    total = on_line.get((both.line, "both_total_gib")) if both else None
     if both is not None and free is not None and total is not None:
         notes.append(f"line {both.line}: both the fraction and max_tokens were set; {free:.2f} GiB of {total:.2f} GiB "
                      f"was free there, so the fraction allowed {both.fraction or ctx.fraction:g} x {free:.2f} = "
