@@ -276,3 +276,17 @@ def test_gemma4_bf16_and_nvfp4_follow_the_same_layout():
     for name, tokens in (("vllm_c023", 61_711), ("vllm_c024", 221_754)):
         a = entry(name)
         assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == tokens
+
+
+def test_the_0_20_0_count_is_modelled_per_release():
+    """vLLM 0.20.0 counts num_blocks // len(groups) x min block: Gemma-4 26B-A4B (fixtures/configs
+    gemma-4-26b-a4b-it.json) gives 192,368 (vllm_c033) and 177,440 (fixtures/samples vllm_206) exactly, with the
+    same layout that 0.22 counts by concurrency."""
+    geom = load_config(CONFIGS / "gemma-4-26b-a4b-it.json")
+    a = entry("vllm_c033")
+    assert a.formula.verdict == Verdict.MATCH and "to 0.20.0" in a.formula.verdict_reason
+    assert "CONCURRENCY_MISMATCH" not in codes(a)
+    b = audit(read_log(io.BytesIO((ROOT / "fixtures" / "samples" / "vllm_206.log").read_bytes())),
+              AuditOptions(model_geometry=geom))[-1]
+    assert b.formula.verdict == Verdict.MATCH and b.formula.logged_tokens == 177_440
+    assert "to 0.20.0" in b.formula.verdict_reason

@@ -354,7 +354,7 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
     out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
-    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None)
+    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None)
     return out
 
 
