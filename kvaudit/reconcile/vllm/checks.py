@@ -263,7 +263,8 @@ UNIFIED_NON_TORCH_GIB = 2.0
 
 def _unified_non_torch(f: Finding, rr, nt: float) -> Finding:
     """On unified memory (GB10, Jetson) vLLM's profiler reads the system's available memory
-    (``utils/mem_utils.py`` MemorySnapshot on an integrated device), so the page cache of the checkpoint just read
+    (``utils/mem_utils.py`` MemorySnapshot: ``psutil.virtual_memory().available`` when ``is_integrated_gpu``, read in
+    the 0.22.0 wheel), so the page cache of the checkpoint just read
     and the compiler's transient heap during ``profile_run`` are charged as non-torch memory and taken from the KV
     budget; they are gone once the server runs. Say so, and give the ``--kv-cache-memory-bytes`` (0.10.2+) that
     sizes the pool without that charge."""
