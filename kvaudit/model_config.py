@@ -80,6 +80,12 @@ class ModelGeometry:
     swa_kv_heads: int | None = None
     swa_head_dim: int | None = None
     swa_v_head_dim: int | None = None
+    #: the window of the sliding layers (tokens), Gemma-4's ``attention_k_eq_v`` (its full layers keep
+    #: ``num_global_key_value_heads`` only when set, vLLM ``models/gemma4.py``) and the layers that reuse an earlier
+    #: layer's KV (``num_kv_shared_layers``): what vLLM's sliding-window groups are sized from
+    sliding_window: int | None = None
+    attention_k_eq_v: bool | None = None
+    num_kv_shared_layers: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -239,4 +245,7 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         swa_kv_heads=_int(cfg, "swa_num_key_value_heads", source=source),
         swa_head_dim=_int(cfg, "swa_head_dim", source=source),
         swa_v_head_dim=_int(cfg, "swa_v_head_dim", source=source),
+        sliding_window=_int(cfg, "sliding_window", source=source),
+        attention_k_eq_v=cfg["attention_k_eq_v"] if isinstance(cfg.get("attention_k_eq_v"), bool) else None,
+        num_kv_shared_layers=_int(cfg, "num_kv_shared_layers", source=source),
     )
