@@ -179,8 +179,10 @@ def _why_not(ctx: Context, b: Budget, cell: Cell, logged: int | None, pool: Pool
         return ("cannot check: the log has neither the profiling peak line nor the C++ 'Memory usage when "
                 "calculating max tokens' line")
     if cell.source == "kv_line":
-        return ("bytes per token were derived from the pool line itself (no --model-config and no 'kv size' in the "
-                "log), so the token count cannot be checked independently")
+        why = ("the config's were not used and the log has no 'kv size'" if ctx.opts.model_geometry is not None
+               else "no --model-config and no 'kv size' in the log")
+        return (f"bytes per token were derived from the pool line itself ({why}), so the token count cannot be "
+                "checked independently")
     if ctx.block is None:
         return "the log does not state the tokens per block ('Number of tokens per block')"
     return ""

@@ -443,8 +443,10 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")
+        why = ("the config's bytes per token were not used (see GEOMETRY_MISMATCH)" if ctx.opts.model_geometry
+               is not None else "no --model-config")
         return Prediction(None, Verdict.UNKNOWN,
-                          "bytes per token were derived from this same line (no --model-config), so the token count "
+                          f"bytes per token were derived from this same line ({why}), so the token count "
                           "cannot be checked independently")
     block = ctx.block_size
     if pool is not None or swa is not None:
