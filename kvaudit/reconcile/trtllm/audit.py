@@ -56,10 +56,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         text = f"({budget.smallest.text}) x {ctx.fraction:g}" if budget.smallest else "the available KV memory"
         if budget.capped:
             text = f"min({text}, the configured cap)"
-        findings.append(F.tokens_match(formula, f"{text} -> floor(/ {cell.bytes:,} B) rounded up to blocks of "
-                                                f"{ctx.block}"))
-    elif pred.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
-        findings.append(F.tokens_mismatch(formula, pred.verdict))
+        # the worked formula; the verdict raises TOKENS_* from the formula's verdict (kvaudit.verdict, rule 6)
+        formula = dataclasses.replace(formula, check_text=f"{text} -> floor(/ {cell.bytes:,} B) rounded up to "
+                                                          f"blocks of {ctx.block}")
 
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx.fraction, pool.finals.get(r), ctx.multimodal_gib,
                                 (ctx.facts[r].encoder_decoder_pair() or (None, None))[0])

@@ -4,6 +4,7 @@ findings, assembled into an :class:`Audit`."""
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens, Setting
@@ -66,10 +67,9 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     cells = bytes_per_token(ctx, kv, pool_seen, findings)
     pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs)
     formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
-    if pred.verdict == Verdict.MATCH:
-        findings.append(F.tokens_match(formula, _match_text(kv.K, cells.cell, ctx.block_size, cells.pool, cells.swa)))
-    elif pred.verdict == Verdict.MISMATCH:
-        findings.append(F.tokens_mismatch(formula, pred.verdict))
+    if pred.verdict == Verdict.MATCH:  # the worked formula; the verdict raises TOKENS_* (kvaudit.verdict, rule 6)
+        formula = dataclasses.replace(formula, check_text=_match_text(kv.K, cells.cell, ctx.block_size, cells.pool,
+                                                                       cells.swa))
     peers = list(ctx.facts.values())
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
