@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, BinaryIO, Optional
+from typing import IO, Any, BinaryIO, Optional
 
 import typer
 
@@ -910,11 +910,55 @@ def history_cmd(
     return 0
 
 
+class _Deferred(type):
+    """A class standing in for one of rich's in typer.rich_utils (see :func:`_help_renderer`): calling it, or
+    reading any attribute of it (``Traceback.from_exception``), loads the real class and hands over to it."""
+
+    module: str
+
+    def _real(cls) -> Any:
+        from importlib import import_module
+
+        return getattr(import_module(cls.module), cls.__name__)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, attr: str) -> Any:
+        return getattr(cls._real(), attr)
+
+
+def _help_renderer() -> None:
+    """typer renders --help through typer.rich_utils, whose first lines import rich.markdown (markdown_it) and
+    rich.traceback (pygments, rich.pretty) for markdown markup and pretty tracebacks: kvaudit uses neither (rich
+    markup; pretty_exceptions_enable=False), and they were most of --help's start. rich_utils is imported here with
+    stand-ins for those two classes, each loading the real one when first used; the help is the same."""
+    if "typer.rich_utils" in sys.modules:
+        return
+    from types import ModuleType
+
+    placed = []
+    for module, name in (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback")):
+        if module not in sys.modules:
+            stand_in = ModuleType(module)
+            setattr(stand_in, name, _Deferred(name, (), {"module": module}))
+            sys.modules[module] = stand_in
+            placed.append((module, stand_in))
+    try:
+        import typer.rich_utils  # noqa: F401
+    finally:
+        for module, stand_in in placed:
+            if sys.modules.get(module) is stand_in:
+                del sys.modules[module]  # a later import of it loads the real module
+
+
 def run(argv: list[str], env: Environment | None = None) -> int:
     """Run the CLI in-process and return its exit status; never raises, never prints a traceback
     (set KVAUDIT_DEBUG=1 to see one)."""
     global _env
     _env = env or Environment()
+    if not argv or "--help" in argv:
+        _help_renderer()
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)

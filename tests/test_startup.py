@@ -68,3 +68,12 @@ def test_a_capture_loads_no_ssh_library():
     out, mods = _loaded("check", str(FIXTURES / "hosts" / "kimi-k25-tp8"), "--format", "json")
     assert out.lstrip().startswith("{"), out
     assert not {m for m in mods if m.split(".")[0] in ("paramiko", "invoke")}
+
+
+def test_help_loads_neither_markdown_nor_pygments():
+    """typer.rich_utils imports rich.markdown and rich.traceback for markdown markup and pretty tracebacks, which
+    kvaudit does not use: --help renders with stand-ins for them (the help itself: tests/test_cli.py)."""
+    out, mods = _loaded("--help")
+    assert "Usage" in out and "typer.rich_utils" in mods
+    assert not {m for m in mods if m.split(".")[0] in ("markdown_it", "pygments")}
+    assert not {"rich.markdown", "rich.traceback"} & mods
