@@ -210,9 +210,10 @@ def explain(
     log = _open_log(file)
     rules = _ignore_rules(ignore, baseline)
     audits = audit(log, opts, startup, all_startups)
-    from kvaudit import ignores
+    if rules:
+        from kvaudit import ignores
 
-    audits = [ignores.apply_audit(a, rules) for a in audits]
+        audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(chosen.audits(audits, color=_color(color) and output is None), output)
     return int(for_audits(audits))
 
@@ -696,6 +697,8 @@ def _host_settings(config: Optional[Path], no_config: bool, **flags):
 
 
 def _ignore_rules(ignore: list[str], baseline: Optional[Path]):
+    if not ignore and not baseline:
+        return ()  # nothing acknowledged: kvaudit.ignores (and the findings' codes) need not load
     from kvaudit import ignores
 
     return ignores.parse(list(ignore), str(baseline) if baseline else None)

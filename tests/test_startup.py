@@ -46,6 +46,7 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.reconcile.sglang.audit" in mods
     assert not {m for m in mods if m.startswith(("kvaudit.reconcile.vllm", "kvaudit.reconcile.trtllm",
                                                   "kvaudit.reconcile.lmdeploy"))}
+    assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
 
 
 def test_an_ssh_check_loads_paramiko_without_invoke(tmp_path):
