@@ -331,10 +331,11 @@ TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a
 def _check_target(target: str, endpoint_only: bool = False, selector: str | None = None,
                   namespace: str | None = None) -> None:
     """A target that cannot be one, said before anything is contacted."""
-    from kvaudit.collect.endpoint import base_url, is_endpoint
-    from kvaudit.collect.kube import is_pod_target, parse_target
+    from kvaudit.targets import is_endpoint, is_pod_target
 
     if is_pod_target(target) and not endpoint_only:
+        from kvaudit.collect.kube import parse_target
+
         try:
             parse_target(target, selector, namespace)
         except ValueError as exc:
@@ -346,6 +347,8 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
         raise Fail("-n/--namespace goes with a k8s: target")
 
     if is_endpoint(target):
+        from kvaudit.collect.endpoint import base_url
+
         try:
             base_url(target)
         except ValueError as exc:
@@ -521,9 +524,9 @@ def capture(
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
-    from kvaudit.collect.endpoint import is_endpoint
     from kvaudit.collect.interface import CollectError
     from kvaudit.status import for_error
+    from kvaudit.targets import is_endpoint
 
     if is_endpoint(target):
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "

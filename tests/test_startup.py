@@ -63,12 +63,14 @@ def test_an_ssh_check_loads_paramiko_without_invoke(tmp_path):
     _, mods = _loaded("check", "refused", "--ssh-config", str(cfg), "--timeout", "10", "--format", "json")
     assert "paramiko.transport" in mods  # it did connect (or try to)
     assert not {m for m in mods if m.split(".")[0] in ("invoke", "unittest", "asyncio")}
+    assert not {"kvaudit.collect.endpoint", "kvaudit.collect.kube"} & mods  # neither is this target's collector
 
 
 def test_a_capture_loads_no_ssh_library():
     out, mods = _loaded("check", str(FIXTURES / "hosts" / "kimi-k25-tp8"), "--format", "json")
     assert out.lstrip().startswith("{"), out
     assert not {m for m in mods if m.split(".")[0] in ("paramiko", "invoke")}
+    assert not {"kvaudit.collect.endpoint", "kvaudit.collect.kube"} & mods
 
 
 def test_help_loads_neither_markdown_nor_pygments():
