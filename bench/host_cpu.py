@@ -1,12 +1,14 @@
 """kvaudit's CPU per added host (issue 40, item 2): `kvaudit fleet` over N loopback hosts (real sshd instances, each
 with its own journal and replayed nvidia-smi; bench/fleet_scaling.py builds them) against the same command over one
-host. The kvaudit process's own CPU seconds (user + system, its threads included), so the simulated hosts' sshd,
-shells and journalctl on the same machine do not count: (CPU of N hosts - CPU of 1 host) / (N - 1). Target: 20 ms.
+host. The kvaudit process's CPU seconds (user + system: its threads, and the children it waited for, `ssh -G` and
+`ansible-inventory`), so the simulated hosts' sshd, shells and journalctl on the same machine do not count:
+(CPU of N hosts - CPU of 1 host) / (N - 1). Target: 20 ms.
 
 Side by side with an earlier tree: ``BENCH_BEFORE_TREE=DIR`` (a checkout whose ``kvaudit`` package is run with this
 venv, ``python -m kvaudit`` from that directory). ``BENCH_HOSTS`` (default 16) hosts at ``--parallel 4``, best of
 ``BENCH_RUNS`` (default 3). ``--profile``: the costliest functions of one host's ``check``, run in this process 20
-times over (cProfile: the main thread only, so the hosts are checked one after the other here).
+times over (cProfile: the main thread only, so the hosts are checked one after the other here;
+``BENCH_PROFILE_SORT=tottime`` sorts by each function's own time).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def profile(root: Path) -> None:
     for _ in range(20):
         check(target, opts)
     prof.disable()
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(prof).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "cumulative")).print_stats(40)
 
 
 def main() -> dict:

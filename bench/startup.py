@@ -61,33 +61,38 @@ def _modules(args: list[str], cwd: Path) -> int:
     return sum(1 for line in p.stderr.splitlines() if line.startswith("import time:") and "|" in line) - 1
 
 
-def measure(tree: Path) -> dict[str, dict]:
-    """Each command run from ``tree``: ``python -m kvaudit`` finds the package in its working directory first."""
-    rows: dict[str, dict] = {}
+def measure(trees: dict[str, Path]) -> dict[str, dict[str, dict]]:
+    """Each command run from each tree (``python -m kvaudit`` finds the package in its working directory first),
+    the trees and commands interleaved, so that a burst of other load touches every row alike."""
+    res: dict[str, dict[str, dict]] = {label: {} for label in trees}
     cmds = commands()
-    for _ in range(RUNS):  # interleaved, so a burst of other load touches every row alike
+    for _ in range(RUNS):
+        for label, tree in trees.items():
+            for name, args in cmds.items():
+                wall, cpu = _run(args, tree)
+                r = res[label].setdefault(name, {"seconds": wall, "cpu_s": cpu})
+                r["seconds"], r["cpu_s"] = min(r["seconds"], wall), min(r["cpu_s"], cpu)
+    for label, tree in trees.items():
         for name, args in cmds.items():
-            wall, cpu = _run(args, tree)
-            r = rows.setdefault(name, {"seconds": wall, "cpu_s": cpu})
-            r["seconds"], r["cpu_s"] = min(r["seconds"], wall), min(r["cpu_s"], cpu)
-    for name, args in cmds.items():
-        rows[name]["modules"] = _modules(args, tree)
-        rows[name] = {k: round(v, 4) if isinstance(v, float) else v for k, v in rows[name].items()}
-    return rows
+            r = res[label][name]
+            r["modules"] = _modules(args, tree)
+            res[label][name] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+    return res
 
 
 def main() -> dict:
     before = os.environ.get("BENCH_BEFORE_TREE")
     trees = {"now": ROOT, **({"before": Path(before)} if before else {})}
-    res = {label: measure(tree) for label, tree in trees.items()}
-    bare = {label: rows["python_bare"] for label, rows in res.items()}
+    res = measure(trees)
+    # `python -c pass` does not depend on the tree: the least disturbed of its runs is every row's yardstick
+    b = {k: min(rows["python_bare"][k] for rows in res.values()) for k in ("seconds", "cpu_s")}
     print(f"\nstart-up, min of {RUNS} (ratio: to a bare `python -c pass`, wall / CPU)")
     head = "".join(f" {label + ' s':>9} {'ratio':>11} {'modules':>8}" for label in res)
     print(f"{'':20}{head}")
     for name in res["now"]:
         cells = ""
-        for label, rows in res.items():
-            r, b = rows[name], bare[label]
+        for rows in res.values():
+            r = rows[name]
             wall, cpu = r["seconds"] / b["seconds"], r["cpu_s"] / max(b["cpu_s"], 1e-3)
             cells += f" {r['seconds']:9.3f} {wall:5.1f}/{cpu:<5.1f} {r['modules']:8}"
         print(f"{name:20}{cells}")

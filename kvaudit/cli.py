@@ -32,8 +32,8 @@ _env = Environment.__new__(Environment)  # replaced by run()
 
 # Typer re-exports BadParameter but not its bases; older Typer releases take them from click, newer ones
 # vendor click. Reaching them through the MRO works with both.
-_UsageError = typer.BadParameter.__mro__[1]
-_CliError = _UsageError.__mro__[1]
+_UsageError: Any = typer.BadParameter.__mro__[1]
+_CliError: Any = _UsageError.__mro__[1]
 
 app = typer.Typer(
     add_completion=False,
@@ -476,7 +476,7 @@ def check(
 
     named_by_itself = is_local(target) or capture_mod.is_capture(target)
     own = h.collected.host if (h.collected and h.collected.host and named_by_itself) else None
-    h = ignores.apply(h, rules, target, own)
+    h = ignores.apply(h, rules, target, own or "")  # a name that is empty matches nothing
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 
@@ -908,8 +908,9 @@ def history_cmd(
     def f(v, nd=2):  # noqa: ANN001
         return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
 
-    body = [(r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]),
-             f(r["weights_gib"]), ",".join(r["findings"]) or "-") for r in rows]
+    body: list[tuple[str, ...]] = [
+        (r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]), f(r["weights_gib"]),
+         ",".join(r["findings"]) or "-") for r in rows]
     _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
     _env.stdout.write("\n".join(table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
                                        body)) + "\n")
