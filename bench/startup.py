@@ -5,13 +5,17 @@ whose ``kvaudit`` package is run with this venv, ``python -m kvaudit`` from that
 Rows: ``--version``, ``--help``, ``explain`` of a 15 KB log, ``check`` of a capture directory, and ``check`` of an
 SSH target whose port refuses the connection (the start-up of an SSH check up to its first packet, plus the error
 report). Each is the minimum of ``BENCH_STARTUP_RUNS`` (default 10) runs, wall and CPU (user + system: less
-disturbed by other load on a shared box); the modules each loads are counted with ``python -X importtime``.
+disturbed by other load on a shared box); the modules each loads are counted with ``python -X importtime``, and,
+where valgrind is installed (``BENCH_STARTUP_INSTRUCTIONS=0`` skips it), the instructions each executes: the one
+figure here that other load does not move.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +27,8 @@ ROOT = HERE.parent
 SMALL_LOG = ROOT / "fixtures" / "samples" / "sglang_029.log"
 CAPTURE = ROOT / "fixtures" / "hosts" / "kimi-k25-tp8"
 RUNS = int(os.environ.get("BENCH_STARTUP_RUNS", "10"))
+#: also count each command's instructions under valgrind (~50x slower, once per command and tree)
+IREFS = os.environ.get("BENCH_STARTUP_INSTRUCTIONS", "1") != "0"
 
 
 def _closed_port() -> int:
@@ -61,6 +67,22 @@ def _modules(args: list[str], cwd: Path) -> int:
     return sum(1 for line in p.stderr.splitlines() if line.startswith("import time:") and "|" in line) - 1
 
 
+_IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def instructions(args: list[str], cwd: Path) -> int | None:
+    """The instructions the command's Python process executes (valgrind's cachegrind, no cache simulation;
+    children such as ``ssh -G`` are not followed): a count that other load on the machine does not move, where
+    wall and CPU seconds on a shared box do. None without valgrind."""
+    if not shutil.which("valgrind"):
+        return None
+    p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                        sys.executable, *args], capture_output=True, text=True, cwd=cwd,
+                       env=dict(os.environ, PYTHONHASHSEED="0"))
+    m = _IREFS.search(p.stderr)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
 def measure(trees: dict[str, Path]) -> dict[str, dict[str, dict]]:
     """Each command run from each tree (``python -m kvaudit`` finds the package in its working directory first),
     the trees and commands interleaved, so that a burst of other load touches every row alike."""
@@ -76,6 +98,8 @@ def measure(trees: dict[str, Path]) -> dict[str, dict[str, dict]]:
         for name, args in cmds.items():
             r = res[label][name]
             r["modules"] = _modules(args, tree)
+            if IREFS:
+                r["instructions"] = instructions(args, tree)
             res[label][name] = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
     return res
 
@@ -96,6 +120,14 @@ def main() -> dict:
             wall, cpu = r["seconds"] / b["seconds"], r["cpu_s"] / max(b["cpu_s"], 1e-3)
             cells += f" {r['seconds']:9.3f} {wall:5.1f}/{cpu:<5.1f} {r['modules']:8}"
         print(f"{name:20}{cells}")
+    bare_i = min((rows["python_bare"].get("instructions") or 0) for rows in res.values())
+    if bare_i:
+        print("\ninstructions executed (valgrind; ratio to `python -c pass`, which does not move with other load)")
+        print(f"{'':20}" + "".join(f" {label + ' (M)':>12} {'ratio':>6}" for label in res))
+        for name in res["now"]:
+            print(f"{name:20}" + "".join(f" {(rows[name].get('instructions') or 0) / 1e6:12.1f} "
+                                         f"{(rows[name].get('instructions') or 0) / bare_i:6.2f}"
+                                         for rows in res.values()))
     return res
 
 
