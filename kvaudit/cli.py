@@ -940,8 +940,9 @@ def _help_renderer() -> None:
     rich.traceback (pygments, rich.pretty) for markdown markup and pretty tracebacks: kvaudit uses neither (rich
     markup; pretty_exceptions_enable=False), and they were most of --help's start. rich_utils is imported here with
     stand-ins for those two classes, each loading the real one when first used; the help is the same."""
-    if "typer.rich_utils" in sys.modules:
+    if "typer.rich_utils" in sys.modules or not typer.core.HAS_RICH:
         return
+    from importlib import import_module
     from types import ModuleType
 
     placed = []
@@ -952,7 +953,9 @@ def _help_renderer() -> None:
             sys.modules[module] = stand_in
             placed.append((module, stand_in))
     try:
-        import typer.rich_utils  # noqa: F401
+        import_module("typer.rich_utils")
+    except ImportError:
+        pass  # a typer that takes more from them: it imports the real modules when it renders, as without this
     finally:
         for module, stand_in in placed:
             if sys.modules.get(module) is stand_in:
