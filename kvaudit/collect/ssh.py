@@ -188,8 +188,6 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
     """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias: with
     OpenSSH's own ``ssh -G`` when the client is installed (exactly what ``ssh`` would do), else paramiko's
     reader (no Match, no Include of globs, no canonicalisation)."""
-    paramiko = _paramiko()
-
     t = Target.parse(target)
     if ssh_config and not Path(ssh_config).expanduser().exists():
         raise SshConfigError(f"ssh config {ssh_config} does not exist")
