@@ -938,8 +938,9 @@ class _Deferred(type):
 def _help_renderer() -> None:
     """typer renders --help through typer.rich_utils, whose first lines import rich.markdown (markdown_it) and
     rich.traceback (pygments, rich.pretty) for markdown markup and pretty tracebacks: kvaudit uses neither (rich
-    markup; pretty_exceptions_enable=False), and they were most of --help's start. rich_utils is imported here with
-    stand-ins for those two classes, each loading the real one when first used; the help is the same."""
+    markup; pretty_exceptions_enable=False), and they were a quarter of what --help executes (bench/README.md).
+    rich_utils is imported here with stand-ins for those two classes, each loading the real one when first used; the
+    help is the same."""
     if "typer.rich_utils" in sys.modules or not typer.core.HAS_RICH:
         return
     from importlib import import_module
