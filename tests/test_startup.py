@@ -5,8 +5,11 @@ time (the bench measures the time: `make bench`, bench/startup.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import FIXTURES, SAMPLES
 
@@ -49,6 +52,8 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
 
 
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="without OpenSSH's client, paramiko reads ssh_config itself "
+                    "and invoke is loaded for its Match exec, as before")
 def test_an_ssh_check_loads_paramiko_without_invoke(tmp_path):
     """paramiko.config imports ``invoke`` (unittest.mock, asyncio, a vendored yaml) only for ssh_config's
     ``Match exec``: kvaudit keeps it out; the check still goes as far as the connection (refused here)."""
