@@ -51,7 +51,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     if capture_mod.is_capture(target):
         c = capture_mod.read(target)
         return c, _parse(c), []
-    from kvaudit.collect.kube import is_pod_target
+    from kvaudit.targets import is_pod_target
 
     if is_pod_target(target):
         return _collect_pod(target, opts)
@@ -344,7 +344,7 @@ def cross_check(h: HostAudit, endpoint: str, opts: CheckOptions) -> HostAudit:
 
 def check(target: str, opts: CheckOptions) -> HostAudit:
     """One host, start to finish; a host that cannot be audited comes back as data (``error``), not raised."""
-    from kvaudit.collect.endpoint import is_endpoint
+    from kvaudit.targets import is_endpoint
 
     if is_endpoint(target):
         return check_endpoint(target, opts)

@@ -257,50 +257,56 @@ _PROGRAMS = {
 }
 
 
+#: what _stages steps over at a time outside quotes: a run of plain characters, a quoted string (a double-quoted one
+#: with its backslash escapes), a backslash and the character it escapes, the pipe `` | ``, or one character (a lone
+#: quote here is one left open: no closing quote follows it)
+_TOKEN = re.compile(r"""[^'"\\ ]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.?| \| |.""", re.S)
+
+
 def _stages(command: str) -> list[str] | None:
     """The pipeline's stages: split at each `` | `` outside quotes (a model path may hold `` | ``; quoted by
     ``shlex.join`` it is one argument, not a pipe). None when a quote is left open."""
-    stages, start, quote, i = [], 0, "", 0
-    while i < len(command):
-        c = command[i]
-        if quote:
-            if c == quote:
-                quote = ""
-            elif c == "\\" and quote == '"':
-                i += 1
-        elif c in ("'", '"'):
-            quote = c
-        elif c == "\\":
-            i += 1
-        elif command.startswith(" | ", i):
-            stages.append(command[start:i])
-            start = i = i + 3
-            continue
-        i += 1
-    if quote:
-        return None
+    stages, start = [], 0
+    for m in _TOKEN.finditer(command):
+        tok = m.group()
+        if tok == " | ":
+            stages.append(command[start:m.start()])
+            start = m.end()
+        elif tok in ("'", '"'):
+            return None
     stages.append(command[start:])
     return stages
 
 
-@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
 def is_allowed(command: str) -> bool:
     """True when every stage of the pipeline is a read-only program from the list, with exactly the options
     kvaudit's builders use, and quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``,
-    redirection or glob can hide in it)."""
+    redirection or glob can hide in it). The host script's nonce is new for every host; the answer does not
+    depend on which nonce it is (16 hex digits, quoted by nothing, checked only for its form), so the script is
+    checked with a placeholder in its place and a fleet's hosts share one parse of it."""
+    if command.startswith(_SCRIPT_HEAD):
+        at = len(_SCRIPT_HEAD)
+        nonce, rest = command[at:at + 16], command[at + 16:]
+        if _NONCE.fullmatch(nonce) and rest[:1] in ("", " "):
+            command = _SCRIPT_HEAD + _PLACEHOLDER_NONCE + rest
+    return _is_allowed(command)
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
+def _is_allowed(command: str) -> bool:
     stages = _stages(command)
-    if stages is None:
+    return stages is not None and all(_stage_allowed(stage, i == 0) for i, stage in enumerate(stages))
+
+
+@functools.lru_cache(maxsize=4096)  # a host's journal_lines differs from the next one's only in its first stage
+def _stage_allowed(stage: str, first: bool) -> bool:
+    if first and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
+        stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
+    try:
+        argv = shlex.split(stage)
+    except ValueError:
         return False
-    for i, stage in enumerate(stages):
-        if i == 0 and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
-            stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
-        try:
-            argv = shlex.split(stage)
-        except ValueError:
-            return False
-        if not argv or shlex.join(argv) != stage or not _argv_ok(argv):
-            return False
-    return True
+    return bool(argv) and shlex.join(argv) == stage and _argv_ok(argv)
 
 
 # --- the whole collection in one exec -----------------------------------------------------------------------
@@ -408,6 +414,12 @@ exit 0"""
 HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
                     .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))
                     .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)))
+
+
+#: the host script's command up to its nonce, as :func:`host_script` writes it, and the nonce :func:`is_allowed`
+#: checks it with
+_SCRIPT_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT, "sh"]) + " "
+_PLACEHOLDER_NONCE = "0" * 16
 
 
 def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, source: str | None,

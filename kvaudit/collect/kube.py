@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kvaudit.collect.interface import (AuthFailed, CollectError, Collected, CommandRecord, HostTimeout,
                                        NoEngineFound, Unreachable)
 from kvaudit.collect.watchdog import Watchdog
+from kvaudit.targets import is_pod_target  # noqa: F401  (defined where telling it loads nothing: kvaudit.targets)
 from kvaudit.textsafe import printable
 
 #: the head of each container's log that is read (the startup is at the head; the API bounds it server-side)
@@ -73,10 +74,6 @@ class PodTarget:
         if self.pod:
             return f"k8s:{self.namespace}/{self.pod}" + (f"/{self.container}" if self.container else "")
         return f"k8s:{self.namespace} -l {self.selector}"
-
-
-def is_pod_target(target: str) -> bool:
-    return target.startswith("k8s:")
 
 
 def parse_target(target: str, selector: str | None = None, namespace: str | None = None) -> PodTarget:

@@ -47,6 +47,35 @@ _append_lock = threading.Lock()
 _plog = logging.getLogger("paramiko")
 _plog.addHandler(logging.NullHandler())
 _plog.propagate = False
+_paramiko_lock = threading.Lock()
+
+
+def _paramiko(match_exec: bool = False):
+    """paramiko, imported without ``invoke``: paramiko.config imports it (with unittest.mock, asyncio and a vendored
+    yaml: ~50 ms of every SSH check's start) for ssh_config's ``Match exec`` alone, and tolerates its absence until
+    a ``Match exec`` is evaluated (``invoke_import_error`` is raised there). ``match_exec``: paramiko is about to
+    evaluate ssh_config itself (no OpenSSH client): invoke is loaded back first, so ``Match exec`` runs as before."""
+    import sys
+
+    with _paramiko_lock:
+        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
+            try:
+                import paramiko  # type: ignore[import-untyped]  # noqa: F401
+            finally:
+                if sys.modules.get("invoke", 0) is None:
+                    del sys.modules["invoke"]
+    import paramiko
+    import paramiko.config  # type: ignore[import-untyped]
+
+    if match_exec and paramiko.config.invoke is None:
+        try:
+            import invoke
+        except ImportError as exc:
+            paramiko.config.invoke_import_error = exc
+        else:
+            paramiko.config.invoke = invoke
+    return paramiko
 
 
 @dataclass(frozen=True)
@@ -159,8 +188,6 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
     """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias: with
     OpenSSH's own ``ssh -G`` when the client is installed (exactly what ``ssh`` would do), else paramiko's
     reader (no Match, no Include of globs, no canonicalisation)."""
-    import paramiko
-
     t = Target.parse(target)
     if ssh_config and not Path(ssh_config).expanduser().exists():
         raise SshConfigError(f"ssh config {ssh_config} does not exist")
@@ -168,6 +195,7 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
     if g is not None:
         return _from_ssh_g(t, g)
     path = Path(ssh_config).expanduser() if ssh_config else Path("~/.ssh/config").expanduser()
+    paramiko = _paramiko(match_exec=True)
     cfg = paramiko.SSHConfig()
     if path.exists():
         try:
@@ -382,7 +410,7 @@ class SSHRunner:
 
     def _connect(self, hc: HostConfig, accept_new: bool, connect_timeout: float | None, depth: int,
                  ssh_config: str | None, sock=None):
-        import paramiko
+        paramiko = _paramiko()
 
         if depth > 5:
             raise CollectError(f"{hc.alias}: more than 5 ProxyJump hops")
@@ -480,7 +508,7 @@ class SSHRunner:
         """Run one command; drain stdout and stderr as they come (never wait for the exit status first,
         which can deadlock on a full window); stop at the command timeout, the host deadline, or
         ``max_bytes`` of output."""
-        import paramiko
+        paramiko = _paramiko()
 
         start = time.monotonic()
         limit = min(timeout, self._remaining())
@@ -579,7 +607,7 @@ def bounded(command: str, limit: float) -> str:
 
 def _said(exc: BaseException) -> str:
     """An SSH library error in kvaudit's words (paramiko's own text is kept after them, in quotes)."""
-    import paramiko
+    paramiko = _paramiko()
 
     if isinstance(exc, paramiko.ChannelException):
         return (f"the server refused to open a session channel: '{getattr(exc, 'text', '') or exc}' (its MaxSessions, "
