@@ -536,6 +536,12 @@ class PodExecRunner:
                         status += payload[:max(0, (64 << 10) - len(status))]
             rc = _exit_code(bytes(status), err) if status or (closed and not dog.fired) else None
         finally:
+            if not closed or dog.fired:
+                # websocket-client's close() waits up to 3 s for the server's close frame and reads whatever comes
+                # first, a refused frame's payload included (its length is already read, so the bound above no
+                # longer sees it: a frame announcing 16 GiB was read whole, 5 GB past the deadline): an exchange
+                # that did not end cleanly is cut at the socket, with no closing handshake
+                _abort(sock)
             ws.close()
         return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
 
@@ -596,6 +602,15 @@ def _shut(sock: Any) -> None:
     try:
         sock.sock.shutdown(socket.SHUT_RDWR)
     except (OSError, AttributeError):
+        pass
+
+
+def _abort(sock: Any) -> None:
+    """Drop the exec websocket at once: no close frame is awaited, nothing more is read."""
+    _shut(sock)
+    try:
+        sock.shutdown()  # websocket-client: closes the socket and marks it not connected (close() then reads nothing)
+    except Exception:  # noqa: BLE001 - a socket already gone
         pass
 
 

@@ -340,6 +340,13 @@ class HostSession:
         for path in candidates:
             res = self.run(C.read_config(path))
             if res.rc == 0 and res.stdout.strip():
+                if not is_model_config(res.stdout):
+                    # a forged or stray path (a request's text naming ~/.docker): its config.json is not a
+                    # model's and reaches neither the report nor a capture
+                    self.partial.append(f"{NO_CONFIG}: {printable(path)!r} is not a model's config.json (a JSON "
+                                        "object with model_type, architectures or the model's dimensions): not "
+                                        "used; bytes per token from the KV line")
+                    return None, None
                 self.raw["config"] = res.stdout
                 return res.stdout.decode("utf-8", "replace"), path
         self.partial.append(f"{NO_CONFIG} found for model_path {model_path!r}; bytes per token from the KV line")
@@ -358,6 +365,28 @@ class HostSession:
             collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
         )
+
+
+#: keys one of which every model config has (Hugging Face's config.json, a multimodal one's nested language model,
+#: a TensorRT-LLM checkpoint's or engine's config.json); a registry's auth file, a package.json, a tool's settings
+#: have none of them
+MODEL_CONFIG_KEYS = frozenset({
+    "model_type", "architectures", "architecture", "num_hidden_layers", "hidden_size", "num_attention_heads",
+    "n_layer", "num_layers", "text_config", "llm_config", "language_config", "thinker_config", "pretrained_config"})
+
+
+def is_model_config(data: bytes) -> bool:
+    """Whether ``data`` (a config.json read from a host, at most CONFIG_MAX_BYTES) parses as a model config: a
+    JSON object with a model config's keys. Only such a file reaches a report or a capture."""
+    import json
+
+    if len(data) > C.CONFIG_MAX_BYTES:
+        return False
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return isinstance(doc, dict) and not MODEL_CONFIG_KEYS.isdisjoint(doc)
 
 
 @dataclass(frozen=True)

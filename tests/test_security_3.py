@@ -1,0 +1,226 @@
+"""Hostile inputs 3 (issue 39) on real files, FIFOs and the real CLI: the working directory's kvaudit.toml and a
+baseline are bounded and never echoed, a working-directory file cannot silence a node problem, deadlines are
+finite, inventories and model directories are bounded before anything is expanded or parsed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+KIMI_HOST = FIXTURES / "hosts" / "kimi-k25-tp8"
+SECRET = "ghp_0123456789abcdefSECRET"
+
+
+def _run(cwd: Path, *args: object, timeout: float = 90, limit: int | None = None
+         ) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("kvaudit")
+
+    def cap() -> None:  # the address space, so that a read without a bound fails instead of passing unnoticed
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    env = {**{k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}, "MALLOC_ARENA_MAX": "2"}
+    return subprocess.run([str(exe), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env, preexec_fn=cap if limit else None)
+
+
+def _one_line_error(r: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r.stderr
+
+
+# --- 1. the working directory's kvaudit.toml, a baseline, the deadlines ----------------------------------------
+
+def test_a_fifo_kvaudit_toml_is_refused_without_blocking(tmp_path):
+    """A FIFO blocked every command run in the directory forever (even an offline check of a capture)."""
+    os.mkfifo(tmp_path / "kvaudit.toml")
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST, timeout=60))
+    assert "kvaudit.toml" in err and "FIFO" in err and "not a regular file" in err
+
+
+def test_a_kvaudit_toml_linked_to_a_device_or_too_large_is_refused(tmp_path):
+    """A symlink to /dev/zero was read until the process was killed (2-3 GB in 4-6 s)."""
+    (tmp_path / "kvaudit.toml").symlink_to("/dev/zero")
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST, timeout=60, limit=1 << 30))
+    assert "a device, not a regular file" in err
+    (tmp_path / "kvaudit.toml").unlink()
+    (tmp_path / "kvaudit.toml").write_text("# " + "x" * (2 << 20) + "\n")
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST))
+    assert "over kvaudit's bound" in err
+
+
+@pytest.mark.parametrize("how", ["settings", "flag"])
+def test_a_baseline_that_is_not_one_is_refused_by_its_line_number_never_its_text(tmp_path, how):
+    """`baseline = <any file>` printed the file's first line in the error (a credentials URL, /etc/shadow)."""
+    secret = tmp_path / "git-credentials"
+    secret.write_text(f"https://bob:{SECRET}@github.com\n")
+    if how == "settings":
+        (tmp_path / "kvaudit.toml").write_text(f'baseline = "{secret}"\n')
+        r = _run(tmp_path, "check", KIMI_HOST)
+    else:
+        r = _run(tmp_path, "check", KIMI_HOST, "--baseline", secret)
+    err = _one_line_error(r)
+    assert f"{secret}:1" in err and "not a baseline" in err
+    assert SECRET not in err and "github.com" not in err and SECRET not in r.stdout
+    os.mkfifo(tmp_path / "fifo")
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST, "--baseline", tmp_path / "fifo", "--no-config",
+                               timeout=60))
+    assert "FIFO" in err
+
+
+def test_a_settings_value_of_the_wrong_type_is_not_echoed(tmp_path):
+    (tmp_path / "kvaudit.toml").write_text(f'unit = ["{SECRET}"]\n')
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST))
+    assert "unit must be a string, not a list" in err and SECRET not in err
+
+
+def _capture_with_a_foreign_process(tmp_path: Path) -> Path:
+    cap = tmp_path / "cap"
+    shutil.copytree(KIMI_HOST, cap)
+    apps = cap / "nvidia-smi-apps.csv"
+    gpus = (cap / "nvidia-smi-gpus.csv").read_text().splitlines()
+    uuid = gpus[3].split(",")[1].strip()
+    apps.write_text(apps.read_text() + f"9999, {uuid}, python3 train.py, 4096\n")
+    return cap
+
+
+def test_a_working_directory_file_cannot_turn_a_node_problem_into_ok(tmp_path):
+    """`ignore = ["FOREIGN_PROCESS"]` in ./kvaudit.toml turned the node's critical health check into ok, said only as
+    'using ./kvaudit.toml'. The rule: a file found in the working directory acknowledges config-level findings
+    only; named with --config it is trusted, and what it acknowledges is said."""
+    cap = _capture_with_a_foreign_process(tmp_path)
+    work = tmp_path / "repo"
+    work.mkdir()
+    assert _run(work, "check", cap, "--health-check").returncode == 2  # critical, as it should be
+    (work / "kvaudit.toml").write_text('ignore = ["FOREIGN_PROCESS"]\n')
+    r = _run(work, "check", cap, "--health-check")
+    assert r.returncode == 3 and '"ok"' not in r.stdout, (r.stdout, r.stderr)  # unknown: the check did not run
+    assert "may not acknowledge FOREIGN_PROCESS" in r.stderr and "--config ./kvaudit.toml" in r.stderr
+    for rule in ("NO_GPU_READINGS", "GPU_COUNT_MISMATCH@*"):
+        (work / "kvaudit.toml").write_text(f'ignore = ["{rule}"]\n')
+        assert "may not acknowledge" in _one_line_error(_run(work, "check", cap))
+    (work / "base.txt").write_text("OCCUPIED_AT_STARTUP\n")
+    (work / "kvaudit.toml").write_text('baseline = "base.txt"\n')
+    assert "may not acknowledge OCCUPIED_AT_STARTUP" in _one_line_error(_run(work, "check", cap))
+    # the user names it: trusted
+    (work / "kvaudit.toml").write_text('ignore = ["FOREIGN_PROCESS"]\n')
+    r = _run(work, "check", cap, "--health-check", "--config", "./kvaudit.toml")
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ok", (r.stdout, r.stderr)
+
+
+def test_what_a_working_directory_file_acknowledges_is_said(tmp_path):
+    (tmp_path / "kvaudit.toml").write_text('ignore = ["RESERVE_EXPLAINS_FREE"]\n')
+    r = _run(tmp_path, "check", KIMI_HOST, "-f", "json")
+    assert r.returncode == 0, r.stderr
+    assert "using ./kvaudit.toml; it acknowledges RESERVE_EXPLAINS_FREE" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "90000"])
+def test_a_deadline_is_finite_and_bounded(tmp_path, value):
+    """`--timeout inf` passed typer's min=1: the watchdog thread died with OverflowError, nothing had a deadline."""
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST, "--timeout", value, "--no-config"))
+    assert err.count("\n") == 1 and "--timeout" in err and "at most 86,400" in err
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{KIMI_HOST}\n")
+    run = value if value != "90000" else "1e7"  # a run may take a week, a host a day
+    err = _one_line_error(_run(tmp_path, "fleet", inv, "--run-timeout", run, "--no-config"))
+    assert "--run-timeout" in err and "at most 604,800" in err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300"])
+def test_a_deadline_from_the_settings_file_is_finite(tmp_path, value):
+    (tmp_path / "kvaudit.toml").write_text(f"timeout = {value}\n")
+    err = _one_line_error(_run(tmp_path, "check", KIMI_HOST))
+    assert "timeout must be a number of seconds above 0 and at most 86,400" in err
+
+
+# --- 3. inventories and model directories: counted and sized before use ----------------------------------------
+
+def test_an_inventory_of_many_ranges_is_refused_before_expanding(tmp_path):
+    """1,000 lines of `hN-[0:9999]` (14 KB, each line under the per-line bound) reached 3 GB in kvaudit's reader
+    and in ansible-core; the whole inventory's ranges are now counted first."""
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[gpus]\n" + "".join(f"h{i}-[0:9999]\n" for i in range(1000)))
+    err = _one_line_error(_run(tmp_path, "fleet", inv, "--no-config", timeout=60, limit=1 << 30))
+    assert "more than 20,000 hosts" in err and "refused before expanding" in err
+
+
+def test_an_inventory_that_is_a_fifo_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "hosts.txt")
+    err = _one_line_error(_run(tmp_path, "fleet", tmp_path / "hosts.txt", "--no-config", timeout=60))
+    assert "FIFO" in err
+
+
+def _safetensors(path: Path, tensors: int = 3, header_pad: int = 0) -> int:
+    """A real safetensors file of ``tensors`` float16 tensors of 8 elements; returns its tensor bytes."""
+    header = {f"t{i}": {"dtype": "F16", "shape": [8], "data_offsets": [16 * i, 16 * (i + 1)]} for i in range(tensors)}
+    if header_pad:
+        header["__metadata__"] = {"pad": "x" * header_pad}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * (16 * tensors))
+    return 16 * tensors
+
+
+def test_a_shard_reached_by_several_names_is_counted_once(tmp_path):
+    """eight symlinks to one header were counted eight times (and read eight times: 82 s for 100 MiB)."""
+    from kvaudit.plan.weights import model_weights
+
+    one = _safetensors(tmp_path / "model-00001.safetensors")
+    for i in range(2, 9):
+        (tmp_path / f"model-0000{i}.safetensors").symlink_to(tmp_path / "model-00001.safetensors")
+    w = model_weights(tmp_path)
+    assert w is not None and w.total_bytes == one and w.files == 1
+
+
+def test_a_large_header_is_refused_by_its_announced_size(tmp_path):
+    from kvaudit.plan.weights import WeightsError, model_weights
+
+    _safetensors(tmp_path / "model.safetensors", header_pad=17 << 20)
+    with pytest.raises(WeightsError, match="over kvaudit's bound"):
+        model_weights(tmp_path)
+
+
+_PROBE = ("import sys; from pathlib import Path; from kvaudit.plan.weights import model_weights, WeightsError\n"
+          "try:\n    print(model_weights(Path(sys.argv[1])))\nexcept WeightsError as e:\n    print('refused:', e)\n")
+
+
+def _weights_in_a_child(directory: Path, limit: int = 1 << 30) -> str:
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(directory)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=cap)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_a_fifo_named_safetensors_does_not_block(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors")
+    assert "refused:" in _weights_in_a_child(tmp_path) and "not a regular file" in _weights_in_a_child(tmp_path)
+
+
+def test_a_sparse_index_is_refused_by_its_size_before_it_is_read(tmp_path):
+    """an 8 GiB sparse model.safetensors.index.json was read whole before the 64 MiB cut (3 GB), and an index
+    over 64 MiB was then said to have no total_size."""
+    index = tmp_path / "model.safetensors.index.json"
+    with index.open("wb") as fh:
+        fh.write(json.dumps({"metadata": {"total_size": 1000}}).encode())
+        fh.truncate(8 << 30)
+    out = _weights_in_a_child(tmp_path)
+    assert "refused:" in out and "over kvaudit's bound" in out and "total_size" not in out
+    os.unlink(index)
+    os.mkfifo(index)
+    assert "FIFO" in _weights_in_a_child(tmp_path)
