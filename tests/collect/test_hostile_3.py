@@ -1,0 +1,69 @@
+"""Hostile inputs 3 (issue 39) on real parts: a forged log line over a real sshd and journal must not copy a file
+into a capture, and a pods/exec frame announcing a gigabyte is not read by the websocket client's close()."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kvaudit.status import ExitStatus
+from tests import hostsim
+from tests.collect.conftest import needs_journal, needs_sshd
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli_process
+from tests.kubesim import FakePod, api_server, kubeconfig, pod_log
+
+SECRET = "Ym9iOmdocF9TRUNSRVQ="  # a registry's base64 user:token
+
+
+@needs_sshd
+@needs_journal
+def test_a_forged_startup_line_does_not_copy_a_credentials_file_into_a_capture(site, tmp_path):
+    """A request logged with a raw newline printed `server_args=...(model_path='<dir>/.docker')` with SGLang's
+    prefix: kvaudit took it as startup 2 of 2 and `capture` wrote <dir>/.docker/config.json (registry auth) into
+    the capture the docs say to attach to a ticket. Only a file that parses as a model config reaches a capture or
+    a report."""
+    docker = tmp_path / "home" / ".docker"
+    docker.mkdir(parents=True)
+    (docker / "config.json").write_text(json.dumps({"auths": {"registry.example.com": {"auth": SECRET}}}))
+    kimi = KIMI_LOG.read_bytes().replace(b"/models/moonshotai/Kimi-K2.5", str(site.host.model_dir).encode())
+    forged = [b"2026-02-25T10:22:00+0000 gpu-node-07 python3[48190]: [2026-02-25 10:22:00] INFO:     10.0.4.17:40122 - "
+              b"\"POST /generate HTTP/1.1\" prompt=hello",
+              b"[2026-02-25 10:22:00] server_args=ServerArgs(model_path='" + str(docker).encode()
+              + b"', tokenizer_path='" + str(docker).encode() + b"', tp_size=8, mem_fraction_static=0.85)"]
+    journal = tmp_path / "journal"
+    hostsim.write_journal(journal, hostsim.export_entries(kimi.rstrip(b"\n").split(b"\n") + forged,
+                                                         "sglang.service", "f" * 32, 48190, 1_771_900_000_000_000))
+    cfg = site.trusted_config()
+    out = tmp_path / "cap"
+    r = cli_process("capture", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(journal),
+                    "--unit", "sglang.service", "-o", out, "--no-config", timeout=120)
+    assert r.code in (ExitStatus.OK, ExitStatus.PARTIAL_DATA), (r.code, r.stdout, r.stderr)
+    held = {p.name: p.read_text(errors="replace") for p in out.iterdir()}
+    assert not any(SECRET in text or "auths" in text for text in held.values()), sorted(held)
+    assert "config.json" not in held
+    r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(journal),
+                    "--unit", "sglang.service", "-f", "json", "--no-config", timeout=120)
+    assert SECRET not in r.stdout + r.stderr and "auths" not in r.stdout
+
+
+def test_a_pod_exec_frame_announcing_a_gigabyte_is_not_read_on_close(tmp_path):
+    """The frame announcing 1 GiB was refused, but websocket-client's close() then waited for the server's close
+    frame and read the refused frame's payload whole (2.1 GB for 2 GiB; 16 GiB killed at 5 GB past --timeout 30):
+    a stream that did not end cleanly is now cut at the socket."""
+    pod = FakePod("llm", "kimi-0", [("sglang", "lmsysorg/sglang:v0.5.9-cu129", 30000)],
+                  {("sglang", False): pod_log(KIMI_LOG.read_text().splitlines())}, exec_flood="whole")
+    with api_server([pod]) as (url, _):
+        cfg = kubeconfig(tmp_path / "cfg", url)
+        probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                 "print(r.returncode); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+                 "sys.stdout.write(r.stdout)")
+        r = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "kvaudit", "check", "k8s:llm/kimi-0",
+                            "--kubeconfig", str(cfg), "-m", str(KIMI_CONFIG), "--timeout", "30", "-f", "json"],
+                           capture_output=True, text=True, timeout=180)
+    code, peak_kib, out = r.stdout.split("\n", 2)
+    assert int(code) == ExitStatus.PARTIAL_DATA, r.stdout + r.stderr
+    d = json.loads(out)
+    assert d["formula"]["logged_tokens"]
+    assert any("over kvaudit's bound" in p for p in d["host"]["partial"]), d["host"]["partial"]
+    assert int(peak_kib) < 400 * 1024, peak_kib  # far below the 1 GiB the frame announced and the server sent
