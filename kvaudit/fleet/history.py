@@ -110,6 +110,13 @@ _REALS = ("weights_gib", "free_min_gib", "unexplained_gib", "kv_gib", "free_now_
           "bpt_high", "rest_gib")
 
 
+#: the largest magnitude a number kvaudit writes can have: counts (tokens, bytes per token) stay exact in a float
+#: below 2**53; seconds since 1970, MiB and GiB stay far below 1e12. A larger one (1e308 in a row: diff and plan
+#: overflowed, exit 70) is not a row kvaudit wrote
+MAX_INT = 1 << 53
+MAX_REAL = 1e12
+
+
 def clean_row(row: dict) -> dict | None:
     """The row with each column of the type kvaudit writes (text printable, numbers finite, findings a list of
     codes), or None when a required one is not (a host row without a host name or status, findings not a list)."""
@@ -122,10 +129,11 @@ def clean_row(row: dict) -> dict | None:
                 return None
             out[k] = printable(v)[:300] if isinstance(v, str) else None
         elif k in _INTS:
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or abs(v) > MAX_INT):
                 return None
         elif k in _REALS:
-            if v is not None and (not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf"))):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v != v
+                                  or abs(v) > MAX_REAL):
                 return None
         elif k in ("started_at", "last_run"):
             out[k] = printable(v)[:64] if isinstance(v, str) else None

@@ -67,3 +67,25 @@ def test_a_pod_exec_frame_announcing_a_gigabyte_is_not_read_on_close(tmp_path):
     assert d["formula"]["logged_tokens"]
     assert any("over kvaudit's bound" in p for p in d["host"]["partial"]), d["host"]["partial"]
     assert int(peak_kib) < 400 * 1024, peak_kib  # far below the 1 GiB the frame announced and the server sent
+
+
+@needs_sshd
+@needs_journal
+def test_a_hung_nvidia_smi_is_a_node_problem_not_a_lost_audit(site):
+    """issue 39, item 5: a hung nvidia-smi lost the whole audit (exit 4 after the full host deadline, the log already
+    read) and the health check said unknown; the node's driver is what is wrong, so it is a node problem."""
+    import time
+
+    site.host.set_smi_mode("hang")
+    try:
+        t = time.monotonic()
+        r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                        str(site.host.journal), "--health-check", "--timeout", "20", timeout=90)
+        took = time.monotonic() - t
+    finally:
+        site.host.set_smi_mode("ok")
+    d = r.json()
+    assert r.code == 2 and d["state"] == "critical", (r.code, r.stdout, r.stderr)  # Nagios CRITICAL
+    (p,) = [p for p in d["problems"] if p["code"] == "GPU_READINGS_MISSING"]
+    assert p["problem"] == "node" and "no answer within" in p["message"]
+    assert took < 20 + 15, took
