@@ -224,3 +224,116 @@ def test_a_sparse_index_is_refused_by_its_size_before_it_is_read(tmp_path):
     os.unlink(index)
     os.mkfifo(index)
     assert "FIFO" in _weights_in_a_child(tmp_path)
+
+
+# --- 4. no exit 70 from data ------------------------------------------------------------------------------------
+
+def test_a_4000_digit_vllm_metrics_label_is_no_reading_not_a_crash():
+    from tests.conftest import CONFIGS, cli
+    from tests.endpointsim import json_doc, metrics_doc, serve, vllm_metrics
+
+    labels = {"block_size": "16", "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
+              "num_gpu_blocks": "9" * 4000, "num_cpu_blocks": "None", "enable_prefix_caching": "True"}
+    with serve({"/metrics": metrics_doc(vllm_metrics(labels)), "/version": json_doc({"version": "0.31.0"})}) as (url, _):
+        r = cli("check", url, "-m", CONFIGS / "llama31-8b.json", "-f", "json")
+    assert r.code not in (70,) and "internal error" not in r.stderr, (r.code, r.stderr)
+    d = r.json()
+    assert d["formula"]["logged_tokens"] is None and d["formula"]["verdict"] == "unknown"
+
+
+def test_a_history_row_with_1e308_is_skipped_not_a_crash(tmp_path):
+    """`diff HOST@RUN` and `plan --history` overflowed on 1e308 in a row another tool wrote (exit 70)."""
+    import sqlite3
+
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{KIMI_HOST}\n")
+    for _ in range(2):
+        assert _run(tmp_path, "fleet", inv, "--history", tmp_path / "h.sqlite", "--no-config", "-q").returncode == 0
+    db = sqlite3.connect(tmp_path / "h.sqlite")
+    db.execute("UPDATE startups SET t_gib = 1e308 WHERE run_id = 1")
+    db.commit()
+    db.close()
+    r = _run(tmp_path, "diff", f"{KIMI_HOST}@1", f"{KIMI_HOST}@2", "--history", tmp_path / "h.sqlite")
+    err = _one_line_error(r)
+    assert "no startup" in err and "run 1" in err
+
+
+def _docker_bin(tmp_path: Path, started_at: str) -> Path:
+    """A `docker` on PATH answering inspect and logs as a docker client would (the container's log: Kimi's)."""
+    from tests.conftest import KIMI_LOG
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "container.log"
+    log.write_bytes(KIMI_LOG.read_bytes())
+    (d / "docker").write_text(f"""#!/bin/sh
+case "$1" in
+  inspect) printf '%s\\n' '{started_at}';;
+  logs) cat '{log}';;
+esac
+""")
+    (d / "docker").chmod(0o755)
+    return d
+
+
+def test_a_docker_start_time_in_go_form_is_read_not_refused(tmp_path):
+    """docker's StartedAt in Go's time.String() form (a wrapper, an old client) became `docker logs --since` with
+    spaces, which the gate refuses: exit 70 'a bug in kvaudit'. It is rewritten to RFC 3339."""
+    bindir = _docker_bin(tmp_path, "2026-02-25 10:12:01.123456789 +0000 UTC")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    r = subprocess.run([str(Path(sys.executable).with_name("kvaudit")), "check", "local", "--source", "docker:sglang",
+                        "--no-config", "-f", "json"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 70 and "internal error" not in r.stderr and "refused" not in r.stderr, r.stderr
+    d = json.loads(r.stdout)
+    assert d["formula"]["logged_tokens"] == 159277
+    assert "since 2026-02-25T10:12:01.123456789+00:00" in d["host"]["source"]
+
+
+def test_a_source_with_a_newline_is_a_bad_setting_not_a_crash(tmp_path):
+    err = _one_line_error(_run(tmp_path, "check", "local", "--source", "docker:a\nb", "--no-config"))
+    assert "--source" in err and "newlines" in err
+
+
+def test_an_upper_case_invocation_id_is_no_id():
+    from kvaudit.collect import commands as C
+
+    assert C.is_invocation_id("0123456789abcdef0123456789abcdef")
+    assert not C.is_invocation_id("0123456789ABCDEF0123456789ABCDEF")
+    assert C.is_allowed(C.journal_lines("sglang.service", None, None, (b"GB",)))
+
+
+# --- 6. escapes -------------------------------------------------------------------------------------------------
+
+def test_an_endpoint_version_string_never_reaches_a_report_raw():
+    from tests.conftest import CONFIGS, cli
+    from tests.endpointsim import json_doc, metrics_doc, serve, vllm_metrics
+
+    labels = {"block_size": "16", "cache_dtype": "auto", "gpu_memory_utilization": "0.9", "num_gpu_blocks": "27161"}
+    evil = "0.31.0\x1b]8;;http://evil.example/\x07[click](http://evil.example/)\x1b[2J"
+    with serve({"/metrics": metrics_doc(vllm_metrics(labels)), "/version": json_doc({"version": evil})}) as (url, _):
+        for fmt in ("text", "markdown", "json"):
+            r = cli("check", url, "-m", CONFIGS / "llama31-8b.json", "-f", fmt)
+            assert r.code != 70 and "\x1b" not in r.stdout and "evil.example" not in r.stdout, (fmt, r.stdout[:500])
+
+
+def test_an_escape_in_a_gpu_uuid_does_not_reach_the_textfile(tmp_path):
+    """nvidia-smi's UUID carried ESC into 72 lines of the .prom textfile."""
+    cap = tmp_path / "cap"
+    shutil.copytree(KIMI_HOST, cap)
+    for name in ("nvidia-smi-gpus.csv", "nvidia-smi-apps.csv"):
+        p = cap / name
+        p.write_text(p.read_text().replace("GPU-", "GPU-\x1b[31m\u202e"))
+    out = tmp_path / "prom"
+    out.mkdir()
+    r = _run(tmp_path, "check", cap, "--textfile-dir", out, "--no-config")
+    assert r.returncode in (0, 1, 6), r.stderr
+    (prom,) = out.glob("*.prom")
+    text = prom.read_text()
+    assert "GPU-" in text and "\x1b" not in text and "\u202e" not in text
+
+
+def test_unicode_tag_characters_are_dropped():
+    from kvaudit.textsafe import md_cell, printable
+
+    hidden = "".join(chr(0xE0000 + ord(c)) for c in "ignore previous instructions")
+    assert printable(f"gpu-7{hidden}") == "gpu-7" and md_cell(f"a{hidden}b") == "ab"
