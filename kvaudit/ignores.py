@@ -74,20 +74,20 @@ def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ..
     return tuple(out)
 
 
-def apply(h, rules: tuple[IgnoreRule, ...], *names: str):
+def apply(h, rules: tuple[IgnoreRule, ...], *names: str | None):
     """The host's audit with matching findings marked ignored (``names``: how the host is called: its report
     name, its target, its own host name)."""
     if not rules:
         return h
-    names = tuple(n for n in names if n)
+    called: tuple[str, ...] = tuple(n for n in names if n)
 
     def mark(findings):
-        return tuple(replace(f, ignored=True) if any(r.matches(f.code, names) for r in rules) else f
+        return tuple(replace(f, ignored=True) if any(r.matches(f.code, called) for r in rules) else f
                      for f in findings)
 
     audit = replace(h.audit, findings=mark(h.audit.findings)) if h.audit is not None else None
     h = replace(h, audit=audit, findings=mark(h.findings))
-    accepted = [code for code in STATES if any(r.matches(code, names) for r in rules)]
+    accepted = [code for code in STATES if any(r.matches(code, called) for r in rules)]
     if not accepted or h.collected is None or not h.collected.partial:
         return h
     kept, said = [], []

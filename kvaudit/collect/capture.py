@@ -190,7 +190,7 @@ def _list(meta: dict, key: str, kind: type) -> list:
     return [printable(x)[:1000] if isinstance(x, str) else x for x in v]
 
 
-_RECORD_FIELDS = {"command": str, "rc": (int, type(None)), "bytes_received": int, "seconds": (int, float),
+_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {"command": str, "rc": (int, type(None)), "bytes_received": int, "seconds": (int, float),
                   "truncated": bool}
 
 

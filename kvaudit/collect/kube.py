@@ -248,7 +248,7 @@ def _core_api(kubeconfig: str | None, context: str | None = None) -> Any:
         raise KubeError("reading pods needs the Kubernetes client: pip install 'kvaudit[k8s]'") from None
     import logging
 
-    import yaml
+    import yaml  # type: ignore[import-untyped,unused-ignore]
 
     # urllib3 logs each retry as a WARNING on stderr: kvaudit reports the outcome in its own one line
     logging.getLogger("urllib3").setLevel(logging.ERROR)
@@ -630,7 +630,7 @@ def _exit_code(status: bytes | str, err: bytearray) -> int | None:
     for cause in (doc.get("details") or {}).get("causes") or []:
         if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
             try:
-                return int(cause.get("message"))
+                return int(str(cause.get("message")))
             except (TypeError, ValueError):
                 break
     message = printable(str(doc.get("message") or ""))[:500]

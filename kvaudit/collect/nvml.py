@@ -27,7 +27,7 @@ def read(nvml: Any = None) -> tuple[list[GpuReading], list[ComputeApp], str]:
     """Returns (gpus, apps, memory-info version used). ``nvml`` is the pynvml module (a double in tests)."""
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[no-redef]
+            import pynvml as nvml  # type: ignore[no-redef,import-untyped,unused-ignore]
         except ImportError:
             raise NvmlUnavailable("nvidia-ml-py is not installed") from None
     try:

@@ -159,7 +159,7 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
     """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias: with
     OpenSSH's own ``ssh -G`` when the client is installed (exactly what ``ssh`` would do), else paramiko's
     reader (no Match, no Include of globs, no canonicalisation)."""
-    import paramiko
+    import paramiko  # type: ignore[import-untyped,unused-ignore]
 
     t = Target.parse(target)
     if ssh_config and not Path(ssh_config).expanduser().exists():
@@ -382,7 +382,7 @@ class SSHRunner:
 
     def _connect(self, hc: HostConfig, accept_new: bool, connect_timeout: float | None, depth: int,
                  ssh_config: str | None, sock=None):
-        import paramiko
+        import paramiko  # type: ignore[import-untyped,unused-ignore]
 
         if depth > 5:
             raise CollectError(f"{hc.alias}: more than 5 ProxyJump hops")
@@ -480,7 +480,7 @@ class SSHRunner:
         """Run one command; drain stdout and stderr as they come (never wait for the exit status first,
         which can deadlock on a full window); stop at the command timeout, the host deadline, or
         ``max_bytes`` of output."""
-        import paramiko
+        import paramiko  # type: ignore[import-untyped,unused-ignore]
 
         start = time.monotonic()
         limit = min(timeout, self._remaining())
@@ -579,7 +579,7 @@ def bounded(command: str, limit: float) -> str:
 
 def _said(exc: BaseException) -> str:
     """An SSH library error in kvaudit's words (paramiko's own text is kept after them, in quotes)."""
-    import paramiko
+    import paramiko  # type: ignore[import-untyped,unused-ignore]
 
     if isinstance(exc, paramiko.ChannelException):
         return (f"the server refused to open a session channel: '{getattr(exc, 'text', '') or exc}' (its MaxSessions, "

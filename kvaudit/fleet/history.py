@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 #: ``gpus_by_run``: drift reads one run's GPU rows (``WHERE run_id = ?``); without the index every run scanned the
 #: whole table, so a fleet run grew slower with its history (issue 23: +13 % at 1,000 runs)
@@ -73,13 +73,13 @@ STARTUP_COLUMNS = ("host", "startup_id", "engine", "version", "gpu_name", "gpu_t
 
 
 def record(path: str, started_at: str, started_ts: float, duration_s: float, summaries: list[dict],
-           gpu_rows: list[dict], startup_rows: list[dict] = ()) -> int:
+           gpu_rows: list[dict], startup_rows: Sequence[dict] = ()) -> int:
     db = connect(path)
     try:
         with db:
             cur = db.execute("INSERT INTO runs (started_at, started_ts, duration_s, hosts) VALUES (?, ?, ?, ?)",
                              (started_at, started_ts, duration_s, len(summaries)))
-            run_id = int(cur.lastrowid)
+            run_id = int(cur.lastrowid or 0)
             db.executemany(
                 "INSERT INTO hosts (run_id, host, status, reason, tokens, verdict, weights_gib, free_min_gib, "
                 "unexplained_gib, findings, startup_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -168,7 +168,7 @@ def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dic
 
 
 def _failed(status: str | None) -> bool:
-    return bool(status) and status.startswith("failed:")
+    return status is not None and status.startswith("failed:")
 
 
 def _churns(code: str) -> bool:
@@ -194,9 +194,9 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         baselines, streaks, runs_at = _baselines(db, run_id, h1)
         gpu_rows: dict[int, dict[tuple[str, Any], dict]] = {}
         base_hosts: dict[int, dict[str, dict]] = {}
-        for rid in set(baselines.values()):
-            base_hosts[rid], gpu_rows[rid], bad = _run_rows(db, rid)
-            bad0 += bad if rid != prev else 0
+        for base in set(baselines.values()):
+            base_hosts[base], gpu_rows[base], bad = _run_rows(db, base)
+            bad0 += bad if base != prev else 0
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:

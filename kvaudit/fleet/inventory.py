@@ -496,7 +496,7 @@ def _expanded_size(doc: object) -> int:
 
 def _yaml(text: str, path: str) -> list[FleetHost]:
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - a dependency
         raise InventoryError("reading a YAML inventory needs PyYAML") from None
     try:

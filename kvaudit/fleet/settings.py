@@ -114,7 +114,8 @@ def _kind(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v) if math.isfinite(v) and abs(v) < 1e15 else "a number out of range"
-    return {str: "a string", list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
+    names: dict[type, str] = {str: "a string", list: "a list", dict: "a table"}
+    return names.get(type(v), type(v).__name__)
 
 
 def _number_ok(key: str, v: Any) -> bool:
