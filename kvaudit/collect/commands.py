@@ -14,6 +14,7 @@ import shlex
 
 #: the most seconds one nvidia-smi may take (it answers in about a second; a hung driver never does)
 SMI_TIMEOUT_S = 20
+SMI_MIN_S = 3
 #: largest line we keep from a log (a 50 MB journal line is cut on the host, never shipped)
 MAX_LINE = 1 << 20
 CONFIG_MAX_BYTES = 4 << 20
@@ -432,7 +433,7 @@ for x in $cands; do
   fi
 done
 val 1 gpus smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits
-val 1 apps smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
+[ "$rc" = 124 ] || val 1 apps smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
 exit 0"""
 HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
                     .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))

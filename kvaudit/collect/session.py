@@ -297,16 +297,17 @@ class HostSession:
 
     # --- GPUs ---------------------------------------------------------------------------------------------
     def _smi_timeout(self) -> int:
-        """The seconds one nvidia-smi may take: SMI_TIMEOUT_S, and at most a quarter of what is left of the host's
-        deadline (a runner that has one; the two calls: half), so that a hung driver costs the readings, never the
-        audit of the log already read (the health check then says a node problem, not unknown)."""
+        """The seconds one nvidia-smi may take: SMI_TIMEOUT_S, and at most a third of what is left of the host's
+        deadline (a runner that has one), never under SMI_MIN_S (nvidia-smi answers in about a second on a healthy
+        node), so that a hung driver costs the readings, never the audit of the log already read (the health check
+        then says a node problem, not unknown). The process list is not asked for when the GPU query hung."""
         import time
 
         t = float(C.SMI_TIMEOUT_S)
         deadline = getattr(self.runner, "deadline", None)
         if isinstance(deadline, (int, float)):
-            t = min(t, (deadline - time.monotonic()) / 4)
-        return max(1, int(t))
+            t = min(t, (deadline - time.monotonic()) / 3)
+        return max(C.SMI_MIN_S, int(t))
 
     def gpus(self) -> tuple[list[GpuReading], list[ComputeApp]]:
         smi_t = self._smi_timeout()
