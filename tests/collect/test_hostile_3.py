@@ -89,3 +89,40 @@ def test_a_hung_nvidia_smi_is_a_node_problem_not_a_lost_audit(site):
     (p,) = [p for p in d["problems"] if p["code"] == "GPU_READINGS_MISSING"]
     assert p["problem"] == "node" and "no answer within" in p["message"]
     assert took < 20 + 15, took
+
+
+def _kvaudit(*args, env=None, cwd=None, timeout=120):
+    import os
+
+    exe = [sys.executable, "-m", "kvaudit"]
+    return subprocess.run([*exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**{k: v for k, v in os.environ.items() if k != "KVAUDIT_DEBUG"}, **(env or {})})
+
+
+@needs_sshd
+def test_shell_syntax_in_a_host_name_never_reaches_a_proxy_command(site, tmp_path):
+    """issue 39, item 6: with KVAUDIT_NO_SSH_G=1 (paramiko's reader), %h in a ProxyCommand still expanded an
+    inventory's host name holding shell syntax into a command a shell ran."""
+    marker = tmp_path / "pwned"
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text('Host *\n    ProxyCommand sh -c "true %h"\n    ConnectTimeout 5\n')
+    for no_g in ("1", ""):
+        r = _kvaudit("check", "gpu;touch pwned", "--ssh-config", cfg, "--no-config", "--timeout", "20",
+                     env={"KVAUDIT_NO_SSH_G": no_g}, cwd=tmp_path)
+        assert r.returncode == 2 and "shell syntax" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not marker.exists()
+
+
+@needs_sshd
+@needs_journal
+def test_hash_known_hosts_yes_records_a_hashed_entry(site, tmp_path):
+    """issue 39, item 6: HashKnownHosts yes still wrote a plain known_hosts entry (the host's name in clear)."""
+    kh = tmp_path / "known_hosts"
+    cfg = site.ssh_config("hashed", known_hosts=str(kh), extra="    StrictHostKeyChecking accept-new\n"
+                                                               "    HashKnownHosts yes\n")
+    for _ in range(2):  # the second run finds the host by its hashed entry
+        r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
+                        "--no-config", timeout=120)
+        assert r.code in (ExitStatus.OK, ExitStatus.WARNINGS), (r.code, r.stderr)
+    (line,) = kh.read_text().splitlines()
+    assert line.startswith("|1|") and "127.0.0.1" not in line
