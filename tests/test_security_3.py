@@ -337,3 +337,25 @@ def test_unicode_tag_characters_are_dropped():
 
     hidden = "".join(chr(0xE0000 + ord(c)) for c in "ignore previous instructions")
     assert printable(f"gpu-7{hidden}") == "gpu-7" and md_cell(f"a{hidden}b") == "ab"
+
+
+# --- 7. hostile histories ---------------------------------------------------------------------------------------
+
+def test_a_300_mb_history_value_is_cut_inside_sqlite(tmp_path):
+    """A 300 MB value in a row cost `history`, `diff` and `plan` 1.2-2.6 GB (measured: 1,196,012 KB and 12 s for
+    `history HOST`; now 314,780 KB and 1.6 s): every text value is cut in SQLite before Python holds it."""
+    import sqlite3
+
+    from tests.conftest import cli_limited
+
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{KIMI_HOST}\n")
+    for _ in range(2):
+        assert _run(tmp_path, "fleet", inv, "--history", tmp_path / "h.sqlite", "--no-config", "-q").returncode == 0
+    db = sqlite3.connect(tmp_path / "h.sqlite")
+    db.execute("UPDATE hosts SET reason = hex(zeroblob(150000000)) WHERE run_id = 1")
+    db.commit()
+    db.close()
+    rc, err = cli_limited("history", KIMI_HOST, "--history", tmp_path / "h.sqlite", "-f", "json",
+                          address_space=900 << 20)
+    assert rc == 0, err

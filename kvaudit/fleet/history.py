@@ -161,8 +161,10 @@ def _cleaned(rows) -> tuple[list[dict], int]:
 def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict], int]:
     """A run's host and GPU rows, checked (``clean_row``), and how many were skipped as malformed."""
     db.row_factory = sqlite3.Row
-    hosts, bad_hosts = _cleaned(db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,)).fetchall())
-    gpus, bad_gpus = _cleaned(db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,)).fetchall())
+    hosts, bad_hosts = _cleaned(db.execute(f"SELECT {_bounded(HOST_COLUMNS)} FROM hosts WHERE run_id = ?",
+                                           (run_id,)).fetchall())
+    gpus, bad_gpus = _cleaned(db.execute(f"SELECT {_bounded(GPU_COLUMNS)} FROM gpus WHERE run_id = ?",
+                                         (run_id,)).fetchall())
     return ({h["host"]: h for h in hosts},
             {(g["host"], g["gpu"] if g["gpu"] is not None else g["rank"]): g for g in gpus}, bad_hosts + bad_gpus)
 
@@ -297,9 +299,11 @@ def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
     try:
         db.row_factory = sqlite3.Row
         rows = db.execute(
-            "SELECT r.id AS run_id, r.started_at, h.status, h.reason, h.tokens, h.verdict, h.weights_gib, "
-            "h.free_min_gib, h.unexplained_gib, h.findings FROM hosts h JOIN runs r ON r.id = h.run_id "
-            "WHERE h.host = ? ORDER BY r.id DESC LIMIT ?", (host, limit)).fetchall()
+            "SELECT r.id AS run_id, substr(r.started_at, 1, 64) AS started_at, "
+            + _bounded(("status", "reason", "tokens", "verdict", "weights_gib", "free_min_gib", "unexplained_gib",
+                        "findings"), "h.")
+            + " FROM hosts h JOIN runs r ON r.id = h.run_id WHERE h.host = ? ORDER BY r.id DESC LIMIT ?",
+            (host, limit)).fetchall()
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
@@ -325,6 +329,29 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     return hosts, runs
 
 
+#: a value longer than this is cut inside SQLite, before Python holds it (a 300 MB row cost diff and plan 2.6 GB);
+#: a column of kvaudit's is far shorter (``findings``, a JSON list of codes, gets more), so a cut value then fails
+#: ``clean_row``'s check (a number column, a JSON list) or is the text cut at 300 characters that it keeps anyway
+MAX_VALUE_CHARS = 1000
+MAX_FINDINGS_CHARS = 64 << 10
+#: the most startup rows ``plan --history`` and ``diff`` read: the latest ones (each is a startup a fleet run saw;
+#: a million rows cost plan 46-89 s and 1.8 GB)
+MAX_STARTUP_ROWS = 100_000
+HOST_COLUMNS = ("run_id", "host", "status", "reason", "tokens", "verdict", "weights_gib", "free_min_gib",
+                "unexplained_gib", "findings", "startup_id")
+GPU_COLUMNS = ("run_id", "host", "gpu", "rank", "tokens", "kv_gib", "weights_gib", "free_now_gib", "free_at_end_gib",
+               "unexplained_gib")
+
+
+def _bounded(columns: tuple[str, ...], prefix: str = "") -> str:
+    """A SELECT list whose text and blob values are cut in SQLite (numbers pass as they are)."""
+    def one(c: str) -> str:
+        n = MAX_FINDINGS_CHARS if c == "findings" else MAX_VALUE_CHARS
+        return (f"CASE WHEN typeof({prefix}{c}) IN ('text', 'blob') THEN substr({prefix}{c}, 1, {n}) "
+                f"ELSE {prefix}{c} END AS {c}")
+    return ", ".join(one(c) for c in columns)
+
+
 def _startup_rows(path: str, host: str | None) -> list[dict]:
     """The ``startups`` rows (of ``host``), in run order, each checked into the types kvaudit writes (``clean_row``);
     a row that is not is skipped."""
@@ -335,7 +362,9 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
         db.row_factory = sqlite3.Row
         where, args = ("WHERE host = ?", (host,)) if host is not None else ("", ())
         rows = [dict(r) for r in db.execute(
-            f"SELECT run_id, {', '.join(STARTUP_COLUMNS)} FROM startups {where} ORDER BY run_id", args)]
+            f"SELECT {_bounded(('run_id',) + STARTUP_COLUMNS)} FROM startups {where} ORDER BY run_id DESC LIMIT ?",
+            (*args, MAX_STARTUP_ROWS))]
+        rows.reverse()
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
