@@ -294,6 +294,17 @@ def test_a_source_with_a_newline_is_a_bad_setting_not_a_crash(tmp_path):
     assert "--source" in err and "newlines" in err
 
 
+def test_one_hosts_source_with_a_newline_fails_that_host_not_the_fleet(tmp_path):
+    """`kvaudit_source` with a newline in one host's variables made the whole fleet exit 70."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text(f'all:\n  hosts:\n    {KIMI_HOST}: {{}}\n    local:\n      kvaudit_source: "docker:a\\nb"\n')
+    r = _run(tmp_path, "fleet", inv, "--no-config", "-q", "-f", "json")
+    assert r.returncode == 2 and "internal error" not in r.stderr, (r.returncode, r.stderr)  # a bad setting
+    hosts = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["local"]["host"]["error"]["reason"] == "bad_setting"
+    assert hosts[str(KIMI_HOST)]["formula"]["logged_tokens"] == 159277
+
+
 def test_an_upper_case_invocation_id_is_no_id():
     from kvaudit.collect import commands as C
 
