@@ -22,7 +22,7 @@ def read_regular(path: str | os.PathLike[str], limit: int, what: str,
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise error(f"{where}: cannot read it ({exc.strerror or exc})") from None
+        raise error(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -37,7 +37,7 @@ def read_regular(path: str | os.PathLike[str], limit: int, what: str,
             try:
                 b = os.read(fd, min(1 << 20, limit + 1 - got))
             except OSError as exc:
-                raise error(f"{where}: cannot read it ({exc.strerror or exc})") from None
+                raise error(f"cannot read {where}: {exc.strerror or exc}") from None
             if not b:
                 break
             chunks.append(b)
