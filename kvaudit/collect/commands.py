@@ -448,3 +448,14 @@ def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, 
             str(cap), str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout)))),
             *(a.decode("latin-1") for a in anchors)]
     return shlex.join(argv)
+
+
+_SCRIPT_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT])[:60]
+
+
+def shown(command: str, limit: int = 80) -> str:
+    """A command as a message names it: the host script by what it is (its text, 3 KB of shell, helps nobody in a
+    health-check headline or a fleet report), any other command by its first ``limit`` characters."""
+    if command.startswith(_SCRIPT_HEAD):
+        return "kvaudit's collection script (the log, the config, nvidia-smi: one exec)"
+    return command[:limit]

@@ -71,7 +71,7 @@ class HostSession:
     def _gate(self, command: str) -> None:
         if not C.is_allowed(command):  # a programming error, never user input: refuse loudly
             raise CommandRefused(f"kvaudit refused to run a command that is not on its read-only list (a bug in "
-                                 f"kvaudit; nothing was run on the host): {command[:200]}")
+                                 f"kvaudit; nothing was run on the host): {C.shown(command, 200)}")
 
     def _record(self, res: CommandResult) -> None:
         self.records.append(CommandRecord(res.command, res.rc, len(res.stdout) + len(res.stderr),

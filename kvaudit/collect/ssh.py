@@ -36,6 +36,7 @@ from kvaudit.collect.interface import (
     HostTimeout,
     Unreachable,
 )
+from kvaudit.collect.commands import shown
 from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
 
@@ -526,7 +527,7 @@ class SSHRunner:
                 if dog.fired:
                     self.close()
                     raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
-                                      f"(the server did not answer the request to run: {command[:80]})") from None
+                                      f"(the server did not answer the request to run: {shown(command)})") from None
                 raise ConnectionDropped(f"{self.target}: could not start a command ({_said(exc)})") from None
         out, err = bytearray(), bytearray()
         truncated = False
@@ -537,7 +538,7 @@ class SSHRunner:
                 if time.monotonic() >= self.deadline:
                     self.close()
                     raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
-                                      f"(while running: {command[:80]})")
+                                      f"(while running: {shown(command)})")
                 return CommandResult(command, None, bytes(out), bytes(err) + b"\n[kvaudit: timed out]",
                                      now - start, truncated)
             got = False
@@ -567,14 +568,14 @@ class SSHRunner:
                     if not transport.is_active():
                         raise ConnectionDropped(
                             f"{self.target}: the connection dropped in the middle of a command's output "
-                            f"({len(out):,} bytes received of: {command[:80]})")
+                            f"({len(out):,} bytes received of: {shown(command)})")
                     return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, truncated)
                 return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
             if got:
                 continue
             if not transport.is_active():
                 raise ConnectionDropped(f"{self.target}: the connection dropped in the middle of a command's output "
-                                        f"({len(out):,} bytes received of: {command[:80]})")
+                                        f"({len(out):,} bytes received of: {shown(command)})")
             if chan.eof_received:
                 chan.status_event.wait(0.1)  # output is complete; the exit status is on its way
             else:

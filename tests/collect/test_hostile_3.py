@@ -126,3 +126,19 @@ def test_hash_known_hosts_yes_records_a_hashed_entry(site, tmp_path):
         assert r.code in (ExitStatus.OK, ExitStatus.WARNINGS), (r.code, r.stderr)
     (line,) = kh.read_text().splitlines()
     assert line.startswith("|1|") and "127.0.0.1" not in line
+
+
+@needs_sshd
+@needs_journal
+def test_messages_name_the_host_script_never_quote_it(site):
+    """issue 39, item 8: a host past its deadline was said 'while running: sh -c 'n=$1 kind=$2 ...'' in the
+    health-check headline and the fleet report."""
+    site.host.set_smi_mode("hang")
+    try:
+        r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                        str(site.host.journal), "--health-check", "--timeout", "3", timeout=90)
+    finally:
+        site.host.set_smi_mode("ok")
+    d = r.json()
+    assert d["state"] == "unknown" and "deadline" in d["headline"], d  # 3 s: less than nvidia-smi's own 3 s bound
+    assert "kvaudit's collection script" in d["headline"] and "n=$1" not in r.stdout + r.stderr, d["headline"]
