@@ -339,8 +339,10 @@ def is_allowed(command: str) -> bool:
 # session rebuilds each command with the builders above and keeps the output as that command's result, so that
 # its own logic runs unchanged on them. A decision the script took differently (or a part it did not reach, or
 # framing a hostile host broke) only means a command the session asks for is not among them: it then runs on
-# its own, as before. The config.json candidates are the absolute paths and Hugging Face ids the selected lines
-# quote: every path quoted in the lines is tried (a stat, no exec), and at most four config.json files are read.
+# its own, as before. The config.json candidates are the absolute paths and Hugging Face ids quoted by the
+# selected lines that name a model (``model_path=``, ``'model':``, ``models--org--name``: every engine's line that
+# says where the model is has the word): each is tried (a stat, no exec), and at most four config.json files are
+# read; the session keeps only the one at the selected startup's model path, and only if it parses as a model config.
 # The GPU readings come last: an nvidia-smi that hangs costs only itself (the parts before it are kept).
 #
 # $1 nonce  $2 kind: journal | dir | docker | file | none  $3 unit ('' = find it)  $4 journal directory
@@ -361,7 +363,8 @@ val() { open "$@"; shift "$(($1+1))"; out=$("$@"; printf ' %s' "$?"); rc=${out##
   close "$rc"; }
 flow() { open "$@"; shift "$(($1+1))"; "$@"; close "$?"; }
 lines() { open "$@"; shift "$(($1+1))"
-  cands=$( { "$@" | head -c "$cap" | tee /dev/fd/4 >&3; } 4>&1 | grep -aoE -e "['\"=: (]/[A-Za-z0-9._@+~/-]+" \
+  cands=$( { "$@" | head -c "$cap" | tee /dev/fd/4 >&3; } 4>&1 | grep -aiF -e model \
+    | grep -aoE -e "['\"=: (]/[A-Za-z0-9._@+~/-]+" \
     -e "'[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+'" | awk 'c < 64 && !s[$0]++ { c++; print }'); close 0; }
 hexid() { v=${1%%[!0-9a-f]*}; case $v in ????????????????????????????????) printf '%s' "$v";; esac; }
 pick() { printf '%s\n' "$1" | awk -v f="$frags" -v sys="$2" 'BEGIN { nf = split(f, F, " ") }

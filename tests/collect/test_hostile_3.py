@@ -142,3 +142,23 @@ def test_messages_name_the_host_script_never_quote_it(site):
     d = r.json()
     assert d["state"] == "unknown" and "deadline" in d["headline"], d  # 3 s: less than nvidia-smi's own 3 s bound
     assert "kvaudit's collection script" in d["headline"] and "n=$1" not in r.stdout + r.stderr, d["headline"]
+
+
+def test_the_host_script_reads_config_json_only_where_a_line_names_a_model(tmp_path):
+    """issue 39, item 2: the host script read the config.json of up to four paths any selected line quoted (an
+    error message, a prompt); now only paths on lines that name a model (model_path=, 'model':, models--...)."""
+    from kvaudit.collect import commands as C
+    from kvaudit.collect.local import LocalRunner
+    from kvaudit.collect.session import script_parts
+
+    docker, model = tmp_path / ".docker", tmp_path / "models" / "m"
+    for d in (docker, model):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text('{"model_type": "llama"}')
+    log = tmp_path / "server.log"
+    log.write_text(f"[2026-01-01] KV Cache is allocated. #tokens: 1, K size: 1.00 GB, dir='{docker}'\n"
+                   f"[2026-01-01] server_args=ServerArgs(model_path='{model}', K size 1.00 GB)\n")
+    cmd = C.host_script("0123456789abcdef", "file", None, None, str(log), None, 1 << 20, ("sglang",), (b"GB",))
+    parts = script_parts(LocalRunner().run(cmd, 30, 1 << 20), b"0123456789abcdef")
+    read = [p.args[0] for p in parts if p.kind == "config"]
+    assert read == [f"{model}/config.json"], read
