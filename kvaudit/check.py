@@ -3,6 +3,7 @@ reconcile it with the GPUs' live readings. Orchestration only."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,7 +59,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     from kvaudit.collect.commands import setting_problem
     from kvaudit.collect.interface import BadSetting
 
-    problem = setting_problem(opts.unit, opts.journal_directory)
+    problem = setting_problem(opts.unit, opts.journal_directory, opts.source)
     if problem is not None:
         raise BadSetting(problem)
     notes: list[str] = []
@@ -294,6 +295,10 @@ NO_GPU_READINGS_ENDPOINT = ("no GPU readings: an HTTP endpoint does not give the
                             "over SSH)")
 
 
+#: what an engine's release string is made of (0.5.9, 0.6.3.post1, 0.10.1+cu128, 0.6.4.dev12+g1a2b3c)
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+
+
 def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCapture"]:
     """Fetch a live server's documents and audit them with the engine they belong to."""
     from kvaudit.collect.endpoint import NotAnEndpoint, fetch
@@ -302,6 +307,10 @@ def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCap
     cap = fetch(target, endpoint_paths(), opts.deadline_s)
     docs = {d.path: d.body for d in cap.documents if d.status == 200}
     a = audit_endpoint(docs, cap.url, opts.audit)
+    if a is not None and not _VERSION.fullmatch(a.engine_version or "unknown"):
+        # the server's words are data (issue 39): a version string with an escape or Markdown is no version
+        a = replace(a, engine_version="unknown", version_evidence=(
+            "the endpoint's version string is not a version (letters, digits and . + _ - only): not shown",))
     if a is None:
         answered = ", ".join(sorted(docs)) or "nothing"
         raise NotAnEndpoint(f"{cap.url}: answers {answered}, but none of it is an engine's KV pool ("

@@ -702,7 +702,7 @@ def fleet(
     elif node is not None:
         raise Fail("--node goes with a k8s:NAMESPACE -l SELECTOR inventory")
     elif inventory:
-        fleet_hosts = inv.load(inventory, hosts)
+        fleet_hosts = inv.load(inventory, hosts, timeout=st.run_timeout)
     elif st.ssh_config and hosts:
         fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
     else:
