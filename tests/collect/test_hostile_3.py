@@ -80,7 +80,7 @@ def test_a_hung_nvidia_smi_is_a_node_problem_not_a_lost_audit(site):
     try:
         t = time.monotonic()
         r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
-                        str(site.host.journal), "--health-check", "--timeout", "20", timeout=90)
+                        str(site.host.journal), "--health-check", "--format", "json", "--timeout", "20", timeout=90)
         took = time.monotonic() - t
     finally:
         site.host.set_smi_mode("ok")
@@ -136,7 +136,7 @@ def test_messages_name_the_host_script_never_quote_it(site):
     site.host.set_smi_mode("hang")
     try:
         r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
-                        str(site.host.journal), "--health-check", "--timeout", "3", timeout=90)
+                        str(site.host.journal), "--health-check", "--format", "json", "--timeout", "3", timeout=90)
     finally:
         site.host.set_smi_mode("ok")
     d = r.json()
