@@ -31,7 +31,9 @@ from kvaudit.reconcile.sglang.context import (
     logged_token_count,
     rounded,
 )
-from kvaudit.reconcile.sglang.formula import Prediction, explain_mismatch, min_interval, predict_stages, rules_for
+from kvaudit.reconcile.sglang import dsv4 as DSV4
+from kvaudit.reconcile.sglang.formula import (Prediction, Rule, explain_mismatch, min_interval, predict_stages,
+                                          rules_for)
 from kvaudit.reconcile.sglang.pool import components, state_gib
 from kvaudit.reconcile.sglang.ledger import rank_ledger, request_table
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
@@ -45,11 +47,19 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     free = free_memory(ctx)
     fraction = fraction_of(ctx, opts)
     cells = bytes_per_token(ctx, opts, findings)
+    pools4 = DSV4.check(startup, ctx.args, free.T, free.post, fraction.value)
+    if pools4 is not None:
+        # DeepSeek-V4: one coefficient over the full/SWA/compressed pools, printed by the engine (reconcile/sglang/
+        # dsv4.py); the KV lines of other models do not exist here
+        cells = Cells(None, pools4.cell, "DSv4 memory calculation (bytes per full token)", None, pools4.logged, False)
+        ctx.notes.extend(pools4.notes)
     state = state_pool(ctx)
     budget = PoolBudget(cells.iv, state)
     cap = cap_of(ctx, cells, budget, findings)
     free, fraction = solve_unknowns(ctx, free, fraction, cells, budget, cap, findings)
     outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
+    if pools4 is not None:
+        outcome = dsv4_outcome(pools4)
     if cap.cap and cells.logged is not None and cells.logged == cap.cap:
         findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
@@ -150,6 +160,12 @@ def free_memory(ctx: Context) -> FreeMemory:
     pres = [rf.pre for rf in facts.values() if rf.pre is not None]
     T = min_interval(pres)
     post = min_interval([rf.post for rf in facts.values() if rf.post is not None])
+    prof = DSV4.memory_profile(ctx.startup)
+    if prof is not None and (T is None or post is None):
+        # DeepSeek-V4 launch builds print the two readings the budget is made of (reconcile/sglang/dsv4.py):
+        # total_gpu_memory is the model runner's pre-load free memory, available_gpu_memory the free memory now
+        return FreeMemory(T or Interval.logged(prof.total_gib), post or Interval.logged(prof.available_gib),
+                          "Load weight begin" if T is not None else "Memory profiling (total_gpu_memory)")
     if T is not None and len(pres) < len(facts):
         ctx.notes.append(f"T is the minimum over the {len(pres)} of {len(facts)} ranks whose lines are in the log")
     return FreeMemory(T, post, next((rf.pre_source for rf in facts.values() if rf.pre_source), None))
@@ -163,6 +179,9 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
         if mfs is not None and abs(mfs - opts.mem_fraction_static) > 1e-9:
             ctx.notes.append(f"--mem-fraction-static {opts.mem_fraction_static} overrides server_args' {mfs}")
         mfs, source = opts.mem_fraction_static, "cli"
+    prof = DSV4.memory_profile(ctx.startup)
+    if mfs is None and prof is not None:
+        mfs, source = prof.mem_fraction_static, "Memory profiling line (two decimals)"
     adjust = ctx.startup.of(MfsAdjust)
     if adjust and source != "cli":
         mfs, source = adjust[-1].mem_fraction_static, "log (multimodal reduction)"
@@ -301,6 +320,19 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     return Outcome(first, verdict, reason, eff_mfs, negative)
 
 
+def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
+    """The DeepSeek-V4 verdict: the engine's division checked to the page, and the budget it started from checked
+    against post - (1 - mfs) x T (a budget off the formula is a mismatch even when the division is right)."""
+    rule = Rule(DSV4.RULE, (0, 5, 10), None)
+    pred = Prediction(c.tokens, rule, None, c.cell)
+    reason = c.reason + (f"; {c.budget_note}" if c.budget_note else "")
+    verdict = c.verdict
+    if c.budget_off and verdict == Verdict.MATCH:
+        verdict = Verdict.MISMATCH
+        reason = f"{c.budget_note}; the division itself is right ({c.reason})"
+    return Outcome(pred, verdict, reason, None, ())
+
+
 def shortfall_of(ctx: Context, free: FreeMemory, budget: PoolBudget, outcome: Outcome
                  ) -> tuple[dict[str, float], float | None]:
     """A memory error: the fraction that would have worked, and what the engine's own (negative) count implies."""
@@ -382,7 +414,9 @@ def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
     return (
         FormulaRow("T (free before weights, min over ranks)", f.pre_load_free_gib, "GiB", f.pre_load_free_source or ""),
         FormulaRow("post (free after weights, min)", f.post_load_free_gib, "GiB",
-                   "Load weight end" if f.post_load_free_gib else ""),
+                   ("Memory profiling (available_gpu_memory)"
+                    if (f.pre_load_free_source or "").startswith("Memory profiling")
+                    else "Load weight end") if f.post_load_free_gib else ""),
         FormulaRow("mem_fraction_static", f.mem_fraction_static, "", f.mem_fraction_static_source or ""),
         FormulaRow("reserve = (1 - mfs) x T", f.reserve_gib, "GiB"),
         FormulaRow("rest = post - reserve", f.rest_gib, "GiB", "the KV budget"),
