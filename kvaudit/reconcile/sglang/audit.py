@@ -40,6 +40,16 @@ from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 ENGINE = "sglang"
 
+#: On unified memory (GB10 / DGX Spark, Jetson: kvaudit.platforms) SGLang's T is the free memory it reads at the end
+#: of ``init_torch_distributed`` (model_runner.py ``init_torch_distributed`` -> ``get_available_gpu_memory``, all
+#: 0.4.x-0.5.x releases), and the ``Load weight begin`` line prints a second reading taken later; on a card the two
+#: agree to the rounding, on unified memory the host's own allocations between them (the same pool of system
+#: memory) lower the printed one. Measured on the real GB10 startups (corpus sglang_c026/c027, samples sglang_212):
+#: every pool lies 0.03-0.05 GiB of budget below the formula with the exact cell, T about 0.08 GiB above the printed
+#: line at (1 - mfs) = 0.6 and 0.4; the issue's own sample reached 0.063 GiB of budget at (1 - mfs) = 0.4, i.e.
+#: 0.16 GiB of T. The prediction therefore takes T in [printed, printed + 0.16] there, and says so.
+UNIFIED_T_DRIFT_GIB = 0.16
+
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
@@ -210,6 +220,9 @@ def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -
         iv, source = line_cell, "kv_line"
     if cell_note:
         ctx.notes.append(cell_note)
+    if geom is not None and geom.defaults_used and cell is not None:
+        ctx.notes.append(f"the config leaves out {', '.join(geom.defaults_used)}: taken from its model family's "
+                         f"defaults ({geom.model_type}), as SGLang's AutoConfig does")
     return Cells(cell, iv, source, line_mid, logged, approx)
 
 
@@ -279,8 +292,9 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         geom = opts.model_geometry
         draft_layers = (geom.num_nextn_predict_layers or 1) if geom is not None else None
         stages = _stage_inputs(ctx, post, cell_iv, cells.source)
-        preds = [predict_stages(ctx, r, T, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
-                 for r in rules_for(ctx.era, ctx.spec_algo is not None)]
+        t_pred = _platform_T(ctx, opts, T, free.pre_source)
+        preds = [predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
+                 for r in _spec_rules(ctx)]
     first = preds[0] if preds else None
     if cap.probable:
         reason = (f"the pool looks capped ({cap.probable}); a capped pool does not follow from the formula, "
@@ -331,6 +345,42 @@ def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
         verdict = Verdict.MISMATCH
         reason = f"{c.budget_note}; the division itself is right ({c.reason})"
     return Outcome(pred, verdict, reason, None, ())
+
+
+#: Frozen-KV MTP (0.5.14+, speculative/frozen_kv_mtp_worker_v2.py): the draft reads the target's KV and has no pool of
+#: its own. 0.5.14-0.5.17 ``scheduler.py::init_model_worker`` allocates the target pool *before* building the draft
+#: worker (``if self.spec_algorithm.is_frozen_kv_mtp(): self.init_target_memory_pool()``), so the draft's weights are
+#: not in the memory the pool was sized from; ``is_eagle()`` includes FROZEN_KV_MTP there, which inflates the cell
+#: only in ``DefaultPoolConfigurator`` (pool_configurator.py); ``HybridSWAPoolConfigurator`` (the Gemma-4 models
+#: this draft exists for) adds no draft term in 0.5.14-0.5.17.
+FROZEN_KV_HYBRID_RULE = Rule("0.5.14-0.5.17 Frozen-KV MTP on a sliding-window hybrid: target pool sized before the "
+                             "draft loads, no draft term (HybridSWAPoolConfigurator)", (0, 5, 14), (0, 5, 17))
+
+
+def _spec_rules(ctx: Context) -> list[Rule]:
+    rules = rules_for(ctx.era, ctx.spec_algo is not None)
+    if (ctx.spec_algo or "").upper() != "FROZEN_KV_MTP":
+        return rules
+    hybrid = any(rf.swa_summary is not None for rf in ctx.facts.values()) or bool(
+        ctx.opts.model_geometry is not None and ctx.opts.model_geometry.is_hybrid_swa)
+    if not hybrid:
+        return rules
+    return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
+
+
+def _platform_T(ctx: Context, opts: AuditOptions, T: Interval, pre_source: str | None) -> Interval:
+    """T as the engine read it: on a unified-memory platform up to UNIFIED_T_DRIFT_GIB above the printed
+    'Load weight begin' reading (see the constant); elsewhere the printed reading itself."""
+    platform = opts.platform
+    if platform is None or not getattr(platform, "unified_memory", False) or pre_source != "Load weight begin":
+        return T
+    note = (f"unified memory ({platform.name}): SGLang's T is read at the end of init_torch_distributed, and the "
+            "host's own allocations before the printed 'Load weight begin' reading lower that one; the prediction "
+            f"takes T up to {UNIFIED_T_DRIFT_GIB} GiB above it (measured on GB10 startups), so a pool up to "
+            f"{UNIFIED_T_DRIFT_GIB} x (1 - mfs) GiB below the printed numbers' formula is not a mismatch")
+    if note not in ctx.notes:
+        ctx.notes.append(note)
+    return Interval(T.lo, T.hi + UNIFIED_T_DRIFT_GIB)
 
 
 def shortfall_of(ctx: Context, free: FreeMemory, budget: PoolBudget, outcome: Outcome

@@ -96,6 +96,14 @@ def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: floa
     if kv_heads < attn_tp:
         split += " (replicated: 1 per rank)"
     desc = f"MHA/GQA {h} head(s) ({split}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
+    if kv_elt == 0.5:
+        # FP4 (float4_e2m1fn_x2, 0.5.x): two values a byte plus one scale byte per 16 elements of K and of V
+        # (pool_configurator.py _compute_cell_size "kv_scale_buffer", scale_block_size 16; MHATokenToKVPool's
+        # k/v_scale_buffer): the pool holds the scales too, and the KV line's K/V sizes include them
+        scale = h * hd // 16
+        desc += f" + scales 2 x {scale} B x {layers} layers (1 B per 16 elements)"
+        buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers + [scale] * (2 * layers))
+        return CellSize(profile, profile, buffers, desc)
     buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers)
     return CellSize(profile, int((k_bytes + v_bytes) * layers), buffers, desc)
 
@@ -114,6 +122,9 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
     geom: ModelGeometry | None = ctx.opts.model_geometry
     if geom is None or ctx.kv_elt is None:
         return None, None
+    if geom.incomplete:
+        # a config kvaudit reads incompletely proves nothing about the pool: no cell, no geometry finding
+        return None, f"{geom.incomplete}; bytes per token from the KV lines"
     if geom.is_hybrid_swa:
         ratio = ctx.args.get("swa_full_tokens_ratio")
         if ctx.era.lo >= (0, 5, 9) and isinstance(ratio, (int, float)) and not isinstance(ratio, bool) \
