@@ -8,7 +8,7 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightEnd
+from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightBegin, WeightEnd
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -63,6 +63,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         # dsv4.py); the KV lines of other models do not exist here
         cells = Cells(None, pools4.cell, "DSv4 memory calculation (bytes per full token)", None, pools4.logged, False)
         ctx.notes.extend(pools4.notes)
+    elif DSV4.has_dsv4(startup):
+        ctx.notes.append("DeepSeek-V4 pools (DeepSeekV4TokenToKVPool): checked from the engine's 'DSv4 memory "
+                         "calculation' line, which this excerpt lacks; their sizes are not derived from a config")
     state = state_pool(ctx)
     budget = PoolBudget(cells.iv, state)
     cap = cap_of(ctx, cells, budget, findings)
@@ -306,7 +309,7 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         wants = missing + ([] if logged is not None else ["the KV pool's token count"])
         if first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
-                      + _how_to_check(wants, opts.model_geometry is not None))
+                      + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
         else:
             reason = (f"the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens; the log does not say "
                       "what the engine allocated (no KV line or scheduler summary)")
@@ -489,15 +492,25 @@ def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
                         ctx.attn_tp, geom.source, **tp_bits)
 
 
-def _how_to_check(missing: list[str], have_config: bool) -> str:
-    """What the user can add so that the check runs."""
+def _how_to_check(missing: list[str], have_config: bool, startup: Startup) -> str:
+    """What the user can add so that the check runs: only what would help, said truly of this log."""
     hints = []
+    dsv4 = DSV4.has_dsv4(startup)
     if "mem_fraction_static" in missing:
         hints.append("--mem-fraction-static (the value the server ran with)")
-    if "bytes per token" in missing and not have_config:
+    if "bytes per token" in missing and dsv4:
+        # DeepSeek-V4's coefficient is the engine's own (DSv4 memory calculation); a config does not give it here
+        hints.append("the log's 'DSv4 memory calculation' line (DeepSeek-V4 pools are checked from it)")
+    elif "bytes per token" in missing and not have_config:
         hints.append("--model-config (the model's config.json)")
-    if any(m.startswith("T ") or m.startswith("free memory") for m in missing):
-        hints.append("the log from 'Load weight begin' on (the excerpt starts after it)")
+    begins = [e for e in startup.of(WeightBegin) if e.role == "target"]
+    if any(m.startswith("T ") for m in missing):
+        if not begins:
+            hints.append("the log from 'Load weight begin' on (the excerpt starts after it)")
+        elif all(e.avail_gib is None for e in begins):
+            hints.append("a release that prints 'Load weight begin. avail mem=' (this line carries no reading)")
+    if any(m.startswith("free memory") for m in missing) and not startup.of(WeightEnd):
+        hints.append("the log's 'Load weight end' line")
     if "the KV pool's token count" in missing:
         hints.append("the log up to the scheduler summary (max_total_num_tokens=...)")
     return ("; to check it, pass " + ", ".join(hints)) if hints else ""
