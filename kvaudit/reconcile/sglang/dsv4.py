@@ -162,7 +162,6 @@ def _pool_sizes(startup: Startup, args: dict, full: int, pages: tuple[int, ...])
     if not pools:
         return []
     d = pools[0].detail
-    out: list[str] = []
     c4, c128, swa = d.get("c4_size"), d.get("c128_size"), d.get("swa_size")
     if c4 == 0 and c128 == 0:
         return [f"the pool line (line {pools[0].line}) states no compressed pools (c4_size=0, c128_size=0): a "

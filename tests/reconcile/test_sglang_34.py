@@ -1,0 +1,177 @@
+"""Issue 34's classes (SGLang 2026: unified memory, DeepSeek-V4 pools, printed versions, FP4 cells, Gemma configs,
+bare exceptions, cut lines, true advice) on the real startups of fixtures/corpus (provenance in corpus.json), each
+held to what the release's code gives."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from kvaudit.explain import audit, read_log
+from kvaudit.model_config import geometry_from_dict, load_config
+from kvaudit.parse.lines import Line
+from kvaudit.parse.sglang import WeightEnd, parse_line
+from kvaudit.reconcile.interface import AuditOptions, Verdict
+from kvaudit.verdict import judge
+from tests.conftest import CONFIGS, ROOT
+
+CORPUS = ROOT / "fixtures" / "corpus"
+NVSMI_FALLBACK = "Failed to get GPU memory capacity from nvidia-smi"
+
+
+def run(data: bytes, **opts):
+    return audit(read_log(io.BytesIO(data)), AuditOptions(**opts), all_startups=True)
+
+
+def corpus(name: str) -> bytes:
+    return (CORPUS / f"{name}.log").read_bytes()
+
+
+def without(data: bytes, *needles: str) -> bytes:
+    """The same log with some of its lines dropped (never edited)."""
+    return b"".join(line for line in data.splitlines(keepends=True)
+                    if not any(n.encode() in line for n in needles))
+
+
+def codes(a):
+    return {f.code for f in a.findings if not f.ignored}
+
+
+# --- item 3: DeepSeek-V4 pools -------------------------------------------------------------------------------
+
+
+def test_a_deepseek_v4_excerpt_of_its_memory_lines_is_audited_not_refused():
+    """sglang_c028 (sglang#24523): two engine lines and a cut third. rest = 17.94 - 138.17 x 0.1 = 4.12 (4.13
+    printed, within the prints' rounding); int(4.13 GiB / 23,749.84 B) // 256 x 256 = 186,368."""
+    (a,) = run(corpus("sglang_c028"))
+    assert a.formula.verdict == Verdict.MATCH, a.formula.verdict_reason
+    assert a.formula.logged_tokens == 186368 and a.formula.predicted_tokens.contains(186368)
+    assert a.formula.mem_fraction_static == 0.9 and a.formula.pre_load_free_gib == 138.17
+    assert "rest_memory" in a.formula.verdict_reason
+
+
+def test_the_deepseek_v4_division_can_fail():
+    """The same two lines with another page's worth of tokens: the engine's own division does not give it."""
+    text = corpus("sglang_c028").replace(b"full_token=186368", b"full_token=187392")
+    (a,) = run(text)
+    assert a.formula.verdict == Verdict.MISMATCH and "TOKENS_MISMATCH" in codes(a)
+
+
+def test_a_deepseek_v4_budget_that_does_not_follow_from_the_readings_is_a_mismatch():
+    text = corpus("sglang_c028").replace(b"available_bytes=4.13 GB, full_token=186368",
+                                         b"available_bytes=5.13 GB, full_token=231936")
+    (a,) = run(text)
+    assert a.formula.verdict == Verdict.MISMATCH and "rest_memory" in a.formula.verdict_reason
+
+
+def test_the_rocm_store_dtype_assertion_is_a_configuration_failure_after_a_correct_sizing():
+    """sglang_c029 (sglang#25118): the pool's sizing is right to the page (529,408 = 2,068 x 256; c4 = // 4,
+    c128 = // 128), then DeepSeekV4SingleKVPool asserts a uint8 store that float8_e4m3fnuz is not."""
+    (a,) = run(corpus("sglang_c029"))
+    j = judge(a)
+    assert j.status == "error" and "configuration failure, not memory" in j.headline
+    assert "ends before" not in j.headline and "AssertionError" in j.headline
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == 529408
+    assert "NOT_ENOUGH_MEMORY" not in codes(a)
+    assert any("c4 132,352 = full // 4" in n and "c128 4,136" in n for n in a.notes)
+
+
+def test_a_deepseek_v4_pool_line_alone_asks_for_the_engines_line_not_a_config():
+    """sglang_c031 (sglang#32830): no budget, no division: unchecked, and the advice is what would help."""
+    (a,) = run(corpus("sglang_c031"))
+    reason = a.formula.verdict_reason
+    assert a.formula.verdict == Verdict.UNKNOWN
+    assert "DSv4 memory calculation" in reason and "--model-config" not in reason
+    assert "GEOMETRY_MISMATCH" not in codes(a) and "TOKENS_MISMATCH" not in codes(a)
+
+
+# --- item 4: an exception line without a message -------------------------------------------------------------
+
+
+def test_a_bare_exception_line_is_the_exception():
+    (a,) = run(corpus("sglang_c029"))
+    failed = next(f for f in a.findings if f.code == "STARTUP_FAILED")
+    assert failed.fields["line"] == 57
+
+
+# --- item 6: the version the log prints wins -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sglang_c026", "sglang_c027", "sglang_c030"])
+def test_the_printed_version_wins_over_line_shapes(name):
+    (a,) = run(corpus(name))
+    assert a.engine_version == "0.5.11"
+    (b,) = run(without(corpus(name), "SGLang Version"))
+    assert b.engine_version != "0.5.11"  # the shapes alone point later (0.5.13..0.5.18)
+
+
+# --- items 1 and 2: unified memory -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,config,logged", [("sglang_c030", "qwen2-1.5b.json", 5519481),
+                                                ("sglang_c027", "gemma-3-27b-it.json", 76384)])
+def test_on_unified_memory_the_printed_T_is_widened_not_a_mismatch(name, config, logged):
+    """GB10 startups: every pool is 0.03-0.06 GiB of budget below the formula from the printed numbers with the
+    exact cell (SGLang's T is read before the printed 'Load weight begin'). The nvidia-smi fallback line names
+    the platform; without it (a card) the same numbers are a mismatch."""
+    geom = load_config(CONFIGS / config)
+    (a,) = run(corpus(name), model_geometry=geom)
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == logged
+    assert any("unified memory" in n for n in a.notes)
+    (card,) = run(without(corpus(name), NVSMI_FALLBACK), model_geometry=geom)
+    assert card.formula.verdict == Verdict.MISMATCH and "TOKENS_MISMATCH" in codes(card)
+
+
+def test_the_unified_widening_still_fails_far_outside_it():
+    """T 0.4 GiB below the sample's: the budget moves by 0.24 GiB, beyond the 0.16 x 0.6 GiB the platform allows."""
+    text = corpus("sglang_c030").replace(b"Load weight begin. avail mem=111.92 GB", b"Load weight begin. avail mem=111.52 GB")
+    (a,) = run(text, model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
+    assert a.formula.verdict == Verdict.MISMATCH
+
+
+# --- item 9: config geometry -------------------------------------------------------------------------------------
+
+
+def test_fp4_mha_cells_carry_their_scale_bytes():
+    """Qwen2.5-1.5B at fp4_e2m1 (0.5.11 pool_configurator.py): 7,168 B of packed values + 896 B of scales."""
+    (a,) = run(corpus("sglang_c030"), model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
+    assert a.formula.bytes_per_token == 8064 and a.formula.bytes_per_token_source == "config"
+    assert "GEOMETRY_MISMATCH" not in codes(a)
+
+
+def test_a_gemma3_text_config_takes_its_family_defaults():
+    """A gemma-3-4b-style config leaves heads, head_dim and the pattern to transformers' Gemma3TextConfig."""
+    g = geometry_from_dict({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                            "text_config": {"hidden_size": 2560, "model_type": "gemma3_text",
+                                            "num_hidden_layers": 34, "sliding_window": 1024},
+                            "vision_config": {}}, "gemma-3-4b")
+    assert (g.num_kv_heads, g.head_dim, g.full_attention_layers, g.sliding_window_layers) == (4, 256, 5, 29)
+    assert "sliding_window_pattern" in g.defaults_used and g.incomplete is None
+
+
+def test_a_sliding_window_config_read_incompletely_gives_no_geometry_finding():
+    """The Gemma-3 sample with a config stripped of its layer split: kvaudit cannot tell full from sliding layers,
+    so it says the pools are not modelled instead of calling the model's geometry wrong."""
+    import json
+
+    raw = json.loads((CONFIGS / "gemma-3-27b-it.json").read_text())
+    raw["model_type"] = "gemma3_custom"
+    raw["text_config"].pop("sliding_window_pattern")
+    raw["text_config"]["model_type"] = "gemma3_custom_text"
+    g = geometry_from_dict(raw, "stripped")
+    assert g.incomplete
+    (a,) = run(corpus("sglang_c027"), model_geometry=g)
+    assert "GEOMETRY_MISMATCH" not in codes(a)
+    assert any("not modelled" in n for n in a.notes)
+
+
+# --- item 7: a value from a cut line ---------------------------------------------------------------------------
+
+
+def test_a_type_cut_by_the_end_of_an_excerpt_is_not_a_model_name():
+    line = "[2026-06-08 04:18:16] Load weight end. elapsed=22.69 s, type=Q"
+    assert parse_line(Line(1, line)).event is None
+    whole = parse_line(Line(1, "[2026-06-08 04:18:16] Load weight end. elapsed=22.69 s, type=Qwen2ForCausalLM, "
+                                "avail mem=108.66 GB, mem usage=3.26 GB.")).event
+    assert isinstance(whole, WeightEnd) and whole.model_type == "Qwen2ForCausalLM"
