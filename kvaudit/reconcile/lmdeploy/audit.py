@@ -4,6 +4,7 @@ and the findings, assembled into an :class:`Audit`."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from kvaudit.parse.interface import SINGLE_RANK, Failure, Rank, Startup
@@ -22,6 +23,27 @@ MB2_HALF_ULP_MIB = 0.005
 #: how the log level hides the sizing lines (lmdeploy/cli: --log-level defaults to ERROR before 0.10, WARNING after)
 LOG_LEVEL_HINT = ("LMDeploy prints its sizing lines at INFO and its default log level hides them: start the server "
                   "with --log-level INFO (DEBUG adds the PyTorch engine's free-memory lines)")
+#: the level a line was logged at: the Python logger's ``%(asctime)s - lmdeploy - LEVEL - ...`` (lmdeploy/utils.py
+#: get_logger, all releases) and TurboMind's ``[TM][LEVEL]`` (src/turbomind/utils/logger.h, all releases). api_server
+#: copies --log-level into TM_LOG_LEVEL, so a log that shows INFO lines had the sizing lines enabled
+_LEVEL = re.compile(r" - lmdeploy - (INFO|DEBUG) - |\[TM\]\[(INFO|DEBUG)\]")
+
+
+def log_level_seen(startup: Startup) -> str | None:
+    """The most verbose level the startup's own lines show (DEBUG over INFO), None when none shows."""
+    seen = {g for e in startup.events for m in [_LEVEL.search(e.text)] if m for g in m.groups() if g}
+    return "DEBUG" if "DEBUG" in seen else ("INFO" if "INFO" in seen else None)
+
+
+def missing_pool_hint(startup: Startup) -> str:
+    """Why the pool line is missing, said truly: a log already at INFO/DEBUG was cut before it (the excerpt ends
+    before TurboMind's '[BlockManager]' lines), not hidden by the level."""
+    level = log_level_seen(startup)
+    if level is None:
+        return LOG_LEVEL_HINT
+    return (f"the log is already at {level} (its lines show it), so the level did not hide them: the excerpt ends "
+            "before them; pass the log up to TurboMind's '[BlockManager] max_block_count' line (or the PyTorch "
+            "engine's CacheConfig)")
 
 
 @dataclass(frozen=True)
@@ -54,8 +76,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         mem_fraction_static=s.ratio, mem_fraction_static_source=s.ratio_source,
         pre_load_free_gib=None, pre_load_free_source=None,
         post_load_free_gib=_free_gib(s), reserve_gib=_reserve(s), rest_gib=_budget_gib(s),
-        bytes_per_token=(cell.bytes // s.block) if cell.bytes else None,
-        bytes_per_token_source=cell.source if cell.bytes else None,
+        bytes_per_token=(cell.bytes // s.block) if cell.bytes else _line_bytes_per_token(s, cell),
+        bytes_per_token_source=cell.source if cell.bytes else (
+            "the block line / the tokens per block the log states" if _line_bytes_per_token(s, cell) else None),
         predicted_tokens=pred, logged_tokens=tokens, verdict=verdict, verdict_reason=reason, rule=rule,
         page_size=s.block,
         kv_bytes_per_token_logged=round(cell.lo / s.block, 1) if cell.lo and not cell.bytes else None,
@@ -72,7 +95,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                                                                           for f in findings):
         findings.append(F.incomplete_log(startup.last_line, "KV pool line (TurboMind's '[BlockManager] "
                                          "max_block_count = N' or 'Object cache budget', the PyTorch engine's "
-                                         f"CacheConfig(... num_gpu_blocks=N)); {LOG_LEVEL_HINT}"))
+                                         f"CacheConfig(... num_gpu_blocks=N)); {missing_pool_hint(startup)}"))
     notes = _notes(s, cell, blocks, kv_gib)
     return Audit(
         engine=ENGINE,
@@ -90,6 +113,15 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         formula_rows=_rows(s, cell, blocks, kv_gib),
         pre_load_label="free after the weights",
     )
+
+
+def _line_bytes_per_token(s: Settings, cell: Cell) -> int | None:
+    """Bytes per token from the block line when the log states both the block's size and its length (TurboMind
+    BlockManager ``block_size`` in MiB and ``cache_block_seq_len``, or the truncation line): the block line's
+    MiB / tokens per block; a default length the log does not state gives none."""
+    if cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default"):
+        return None
+    return round((cell.lo + cell.hi) / 2 / s.block)
 
 
 def _model(s: Settings, startup: Startup) -> ModelSummary:
@@ -196,7 +228,7 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
         return (None, Verdict.UNKNOWN, _object_cache(s, findings), "object cache: floor(free x ratio) bytes (0.15+)",
                 ())
     if blocks is None:
-        why = "no pool line in the log" + ("" if s.startup.of(Failure) else f" ({LOG_LEVEL_HINT})")
+        why = "no pool line in the log" + ("" if s.startup.of(Failure) else f" ({missing_pool_hint(s.startup)})")
         return None, Verdict.UNKNOWN, why, None, ()
     if s.block_source.startswith("default"):
         unsaid = (f"{blocks:,} blocks (the log does not state the tokens per block: at the default {s.block}, "
