@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank,
@@ -183,7 +183,7 @@ _OWN = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - |\[TM\]\[(?:D
 #: what it prints without one: a traceback's exception (anywhere), the model-config dump's lines (one logger
 #: call, ``model_config:`` and the INI or JSON text on the lines after it) and the PyTorch engine's
 #: ``CacheConfig(...)`` repr on the line after "Building CacheEngine with config:" (engine/cache_engine.py)
-OWN_PREFIX = OwnPrefix(_OWN, bare=lambda e: _dump_line([e]) or e.text.lstrip().startswith("CacheConfig("),
+OWN_PREFIX = OwnPrefix(cast("re.Pattern[str]", _OWN), bare=lambda e: _dump_line([e]) or e.text.lstrip().startswith("CacheConfig("),
                        anywhere=lambda e: isinstance(e, Failure))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (oom_numbers, SINGLE_RANK, literal, Event, OwnPrefix, Rank, RankEvent, Startup,
@@ -443,7 +443,7 @@ _OWN = lazy(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-
 #: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), and
 #: bench_one_batch's ``print(f"max_total_num_tokens={...}")`` (after the scheduler's prefixed lines)
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, the same search/match
     bare=lambda e: isinstance(e, SchedulerSummary) and re.fullmatch(r"max_total_num_tokens=\d+", e.text.strip()) is not None,
     anywhere=lambda e: isinstance(e, Failure),
 )
@@ -660,19 +660,19 @@ def parse_line(line: Line) -> _Parsed:
     m = _SUMMARY.search(text) if "max_total_num_tokens=" in text else None
     if m:
         rank, clues = at(m)
-        kv = dict(re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)(?![\d.])", m.group("rest")))
-        avail = kv.get("available_gpu_mem") or kv.get("available_cpu_mem")
-        if avail is not None:
+        fields = dict(re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)(?![\d.])", m.group("rest")))
+        avail_text = fields.get("available_gpu_mem") or fields.get("available_cpu_mem")
+        if avail_text is not None:
             clues.append(_clue((0, 4, 7), None, "scheduler summary with available_gpu_mem"))
-        elif "chunked_prefill_size" in kv:
+        elif "chunked_prefill_size" in fields:
             clues.append(_clue((0, 4, 2), (0, 4, 6), "scheduler summary without available_gpu_mem"))
         else:
             clues.append(_clue(OLDEST, (0, 4, 1), "scheduler summary without chunked_prefill_size"))
         return _Parsed(
             SchedulerSummary(
-                n, text, int(m.group(1)), _int(kv.get("chunked_prefill_size")), _int(kv.get("max_prefill_tokens")),
-                _int(kv.get("max_running_requests")), _int(kv.get("context_len")),
-                float(avail) if avail is not None else None,
+                n, text, int(m.group(1)), _int(fields.get("chunked_prefill_size")),
+                _int(fields.get("max_prefill_tokens")), _int(fields.get("max_running_requests")),
+                _int(fields.get("context_len")), float(avail_text) if avail_text is not None else None,
             ),
             clues,
         )

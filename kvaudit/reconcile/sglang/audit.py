@@ -254,7 +254,7 @@ def cap_of(ctx: Context, cells: Cells, budget: PoolBudget, findings: list[Findin
         elif logged % 1000 == 0:
             probable = f"{logged:,} is a round number, not what a memory budget divides into"
     capped = (cap is not None and cap == logged) or bool(ctx.startup.of(CapWarning)) or probable is not None
-    if probable:
+    if probable and logged:
         findings.append(F.tokens_capped_probably(logged, probable))
     return Cap(cap, probable, capped, engine_rest)
 
@@ -272,7 +272,8 @@ def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Ce
         inferred = 1 - (post.mid - budget.gib(logged)) / T.mid
         if 0 < inferred < 1:
             fraction = Fraction(round(inferred, 4), "inferred")
-            findings.append(F.mfs_inferred(fraction.value, budget.state.mid if budget.state is not None else None))
+            findings.append(F.mfs_inferred(round(inferred, 4),
+                                           budget.state.mid if budget.state is not None else None))
     mfs = fraction.value
     if T is None and mfs is not None and mfs < 1 and post is not None and logged and cells.iv is not None \
             and not cells.approx:
@@ -480,7 +481,8 @@ def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
 
 def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
     types = [e.model_type for e in ctx.startup.of(WeightEnd) if e.role == "target" and e.model_type]
-    tp_bits = dict(attention_tp_size_at_least=ctx.tp_at_least, attention_tp_size_source=ctx.attn_tp_source)
+    tp_bits: dict[str, Any] = dict(attention_tp_size_at_least=ctx.tp_at_least,
+                                   attention_tp_size_source=ctx.attn_tp_source)
     if geom is None:
         kvs = [kv for rf in ctx.facts.values() for kv in rf.kv]
         attention = "mla" if any(k.kv_gib is not None for k in kvs) else ("mha" if kvs else "unknown")

@@ -92,10 +92,10 @@ def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: floa
         profile = int(h * (hd + vhd) * layers * kv_elt)
     else:
         profile = int(h * hd * layers * 2 * kv_elt)
-    split = f"{kv_heads} KV heads / attention-TP {attn_tp}" if attn_tp > 1 else f"{kv_heads} KV heads"
+    heads_note = f"{kv_heads} KV heads / attention-TP {attn_tp}" if attn_tp > 1 else f"{kv_heads} KV heads"
     if kv_heads < attn_tp:
-        split += " (replicated: 1 per rank)"
-    desc = f"MHA/GQA {h} head(s) ({split}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
+        heads_note += " (replicated: 1 per rank)"
+    desc = f"MHA/GQA {h} head(s) ({heads_note}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
     if kv_elt == 0.5:
         # FP4 (float4_e2m1fn_x2, 0.5.x): two values a byte plus one scale byte per 16 elements of K and of V
         # (pool_configurator.py _compute_cell_size "kv_scale_buffer", scale_block_size 16; MHATokenToKVPool's
