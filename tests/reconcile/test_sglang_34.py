@@ -175,3 +175,22 @@ def test_a_type_cut_by_the_end_of_an_excerpt_is_not_a_model_name():
     whole = parse_line(Line(1, "[2026-06-08 04:18:16] Load weight end. elapsed=22.69 s, type=Qwen2ForCausalLM, "
                                 "avail mem=108.66 GB, mem usage=3.26 GB.")).event
     assert isinstance(whole, WeightEnd) and whole.model_type == "Qwen2ForCausalLM"
+
+
+def test_an_fp4_kv_line_without_its_scales_is_still_the_fp4_cell():
+    """sglang_c032: this build's KV line counts the packed values only (3,584 B for K: get_kv_size_bytes up to
+    0.5.14), the budget divides by values + scales (8,064 B). With the config: no geometry finding, a match; from
+    the line alone, its x 9/8 reading is checked too (else an 11% false mismatch)."""
+    data = corpus("sglang_c032")
+    (a,) = run(data, model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
+    assert a.formula.verdict == Verdict.MATCH and a.formula.bytes_per_token == 8064
+    assert "GEOMETRY_MISMATCH" not in codes(a) and any("without their scales" in n for n in a.notes)
+    (b,) = run(data)
+    assert b.formula.verdict == Verdict.MATCH and "x 9/8" in (b.formula.rule or "")
+
+
+def test_a_small_pool_on_unified_memory_is_not_called_a_match():
+    """sglang_c035: rest is 0.28 GiB; T's drift on unified memory spans half the pool: unknown, not a match."""
+    (a,) = run(corpus("sglang_c035"), model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
+    assert a.formula.verdict == Verdict.UNKNOWN and "not checked" in a.formula.verdict_reason
+    assert "TOKENS_MATCH" not in codes(a) and "TOKENS_MISMATCH" not in codes(a)

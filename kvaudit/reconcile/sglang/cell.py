@@ -27,6 +27,10 @@ class CellSize:
     pool: int  # bytes per token the pool tensors really hold
     buffers: tuple[int, ...]  # per-layer tensor bytes per token (for allocator rounding)
     description: str
+    #: FP4: the packed values alone. MHATokenToKVPool.get_kv_size_bytes (mem_cache/memory_pool.py) counts only
+    #: k_buffer/v_buffer up to 0.5.14 and adds k/v_scale_buffer from 0.5.16 (forks differ): the KV line may
+    #: state either
+    pool_without_scales: int | None = None
 
 
 def element_bytes(dtype: str | None) -> float | None:
@@ -103,7 +107,7 @@ def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: floa
         scale = h * hd // 16
         desc += f" + scales 2 x {scale} B x {layers} layers (1 B per 16 elements)"
         buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers + [scale] * (2 * layers))
-        return CellSize(profile, profile, buffers, desc)
+        return CellSize(profile, profile, buffers, desc, int((k_bytes + v_bytes) * layers))
     buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers)
     return CellSize(profile, int((k_bytes + v_bytes) * layers), buffers, desc)
 
