@@ -194,3 +194,16 @@ def test_a_small_pool_on_unified_memory_is_not_called_a_match():
     (a,) = run(corpus("sglang_c035"), model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
     assert a.formula.verdict == Verdict.UNKNOWN and "not checked" in a.formula.verdict_reason
     assert "TOKENS_MATCH" not in codes(a) and "TOKENS_MISMATCH" not in codes(a)
+
+
+# --- item 8: advice about what is missing must be true --------------------------------------------------------
+
+
+def test_a_startup_that_died_before_its_pool_is_not_asked_for_more_log():
+    """sglang_c037: 'Not enough memory' before any pool: no scheduler summary will ever follow, and a config
+    would not make a pool appear: the reason says the pool was never made."""
+    (a,) = run(corpus("sglang_c037"))
+    reason = a.formula.verdict_reason
+    assert a.formula.verdict == Verdict.UNKNOWN and "failed before the KV pool was allocated" in reason
+    assert "scheduler summary" not in reason and "--model-config" not in reason
+    assert "NOT_ENOUGH_MEMORY" in codes(a) and "INCOMPLETE_LOG" not in codes(a)

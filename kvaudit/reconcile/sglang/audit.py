@@ -327,6 +327,13 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
     if missing or logged is None:
         wants = missing + ([] if logged is not None else ["the KV pool's token count"])
+        died = _failed_before_pool(ctx)
+        if died is not None and logged is None:
+            # the server never made a pool: nothing is missing from the log, and no more of it would help
+            reason = f"no pool to check: the startup failed before the KV pool was allocated (line {died})"
+            if first is not None:
+                reason += f"; the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens"
+            return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
         if first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
                       + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
@@ -518,6 +525,19 @@ def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
     return ModelSummary(geom.architecture or (types[0] if types else None), "mla" if geom.is_mla else "mha",
                         geom.num_layers, geom.num_kv_heads, per_rank, geom.head_dim, ctx.kv_dtype, ctx.kv_elt,
                         ctx.attn_tp, geom.source, **tp_bits)
+
+
+def _failed_before_pool(ctx: Context) -> int | None:
+    """The line of a fatal failure logged before any KV pool line (the target's), None when the pool came first
+    or nothing failed."""
+    from kvaudit.reconcile.sglang.checks import FATAL
+
+    first_kv = min((k.line for rf in ctx.facts.values() for k in rf.kv), default=None)
+    fails = [f.line for f in ctx.startup.of(Failure) if f.kind in FATAL and f.kind != "unbalanced"]
+    if not fails:
+        return None
+    line = min(fails)
+    return line if first_kv is None or line < first_kv else None
 
 
 def _how_to_check(missing: list[str], have_config: bool, startup: Startup) -> str:
