@@ -207,3 +207,29 @@ def test_a_startup_that_died_before_its_pool_is_not_asked_for_more_log():
     assert a.formula.verdict == Verdict.UNKNOWN and "failed before the KV pool was allocated" in reason
     assert "scheduler summary" not in reason and "--model-config" not in reason
     assert "NOT_ENOUGH_MEMORY" in codes(a) and "INCOMPLETE_LOG" not in codes(a)
+
+
+def test_mixed_k_and_v_dtypes_are_not_a_geometry_mismatch():
+    """sglang_c042: the fork's FP8 K / NVFP4 V cache logs K 7.40 GB and V 4.17 GB; the config gives one head
+    size. kvaudit does not model mixed dtypes: no geometry finding, the lines' bytes per token, a match."""
+    (a,) = run(corpus("sglang_c042"), model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    assert "GEOMETRY_MISMATCH" not in codes(a) and any("different dtypes" in n for n in a.notes)
+    assert a.formula.verdict == Verdict.MATCH
+
+
+def test_memory_another_program_takes_on_unified_memory_is_still_a_mismatch():
+    """sglang_c043: 7.7 GiB taken by another process while the weights loaded, 0.29 GiB of T beyond the
+    platform's drift: the widening does not hide it."""
+    (a,) = run(corpus("sglang_c043"), model_geometry=load_config(CONFIGS / "qwen2-1.5b.json"))
+    assert a.formula.verdict == Verdict.MISMATCH and "TOKENS_MISMATCH" in codes(a)
+
+
+def test_a_frozen_kv_mtp_draft_after_the_target_pool():
+    """sglang_c041: the draft loads after the target's 'Memory pool end'; the target's pool matches the formula
+    without any draft term, and the draft's weights are the draft's."""
+    (a,) = run(corpus("sglang_c041"))
+    assert a.speculative == "FROZEN_KV_MTP" and a.formula.verdict == Verdict.MATCH
+    assert "draft" not in (a.formula.rule or "") or "no headroom" in (a.formula.rule or "")
+    r = a.ranks[0]
+    draft = [i for i in r.items if i.key.startswith("draft")]
+    assert draft and abs(sum(i.gib or 0 for i in draft) - 0.17) < 0.02

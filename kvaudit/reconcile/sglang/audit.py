@@ -225,7 +225,12 @@ def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -
             ctx.notes.append(f"the KV line counts the FP4 values without their scales ({cell.pool_without_scales:,} "
                              f"of the {cell.pool:,} B a token holds): SGLang up to 0.5.14 logs k/v_buffer only")
             cell = replace(cell, pool=cell.pool_without_scales)
-        if line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
+        mixed = _mixed_kv(ctx, geom)
+        if mixed and line_cell is not None:
+            # the config gives K and V one size; the lines do not: a layout kvaudit does not model, not a wrong model
+            ctx.notes.append(mixed)
+            iv, source = line_cell, "kv_line"
+        elif line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
             findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
             iv, source = line_cell, "kv_line (config disagrees)"
     elif line_cell is not None:
@@ -525,6 +530,22 @@ def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
     return ModelSummary(geom.architecture or (types[0] if types else None), "mla" if geom.is_mla else "mha",
                         geom.num_layers, geom.num_kv_heads, per_rank, geom.head_dim, ctx.kv_dtype, ctx.kv_elt,
                         ctx.attn_tp, geom.source, **tp_bits)
+
+
+def _mixed_kv(ctx: Context, geom: ModelGeometry | None) -> str | None:
+    """K and V logged at different sizes where the config gives them the same head size: the cache stores K and
+    V in different dtypes (a fork's FP8 K with NVFP4 V, 2026) or layouts; kvaudit models one dtype for both."""
+    if geom is None or geom.is_mla or (geom.v_head_dim and geom.v_head_dim != geom.head_dim) \
+            or geom.swa_v_head_dim or geom.full_head_dim:
+        return None
+    for rf in ctx.facts.values():
+        for kv in rf.kv:
+            k, v = kv.k_gib, kv.v_gib
+            if k is not None and v is not None and min(k, v) > 0.05 and abs(k - v) > 0.1 * max(k, v):
+                return (f"K and V are logged at different sizes (line {kv.line}: K {k:.2f} GB, V {v:.2f} GB) where "
+                        "the config gives them one head size: the cache stores K and V in different dtypes or layouts "
+                        "(e.g. FP8 K with NVFP4 V), which kvaudit does not model; bytes per token from the KV lines")
+    return None
 
 
 def _failed_before_pool(ctx: Context) -> int | None:
