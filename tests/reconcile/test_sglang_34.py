@@ -233,3 +233,27 @@ def test_a_frozen_kv_mtp_draft_after_the_target_pool():
     r = a.ranks[0]
     draft = [i for i in r.items if i.key.startswith("draft")]
     assert draft and abs(sum(i.gib or 0 for i in draft) - 0.17) < 0.02
+
+
+# --- item 10: AMD aiter's x 0.85, read where the release applies it -----------------------------------------------
+
+_AITER = """SGLang Version {version}
+[2025-10-01 10:00:00] server_args=ServerArgs(model_path='m', mem_fraction_static={mfs}, attention_backend='aiter', \
+context_length=32768, page_size=1)
+[2025-10-01 10:00:01 TP0] Load weight begin. avail mem=190.00 GB
+[2025-10-01 10:00:02 TP0] Load weight end. type=M, dtype=torch.bfloat16, avail mem=150.00 GB, mem usage=40.00 GB.
+[2025-10-01 10:00:03 TP0] KV Cache is allocated. #tokens: 730726, K size: 44.60 GB, V size: 44.60 GB
+[2025-10-01 10:00:04 TP0] max_total_num_tokens=730726, chunked_prefill_size=8192, max_prefill_tokens=16384, \
+max_running_requests=4096, context_len=32768, available_gpu_mem=50.00 GB
+"""
+
+
+@pytest.mark.parametrize("version,printed", [("0.5.4", "0.8"), ("0.5.11", "0.68")])
+def test_aiters_reserve_is_applied_once_where_the_release_applies_it(version, printed):
+    """No public aiter startup is in the corpus yet: the lines follow the releases' format strings. Up to 0.5.4
+    ModelRunner scales the printed 0.8 to 0.68 (model_runner.py); from 0.5.5 ServerArgs prints 0.68 already
+    (server_args.py _handle_attention_backend_compatibility). (150 - 0.32 x 190) GiB / 131,072 B = 730,726."""
+    (a,) = run(_AITER.format(version=version, mfs=printed).encode())
+    assert a.engine_version == version
+    assert a.formula.verdict == Verdict.MATCH, a.formula.verdict_reason
+    assert abs(a.formula.mem_fraction_static - 0.68) < 1e-9

@@ -201,11 +201,25 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
     adjust = ctx.startup.of(MfsAdjust)
     if adjust and source != "cli":
         mfs, source = adjust[-1].mem_fraction_static, "log (multimodal reduction)"
-    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and source != "cli":
+    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and source == "server_args":
+        # AMD aiter with a context above 8192 scales the fraction by 0.85. 0.4.9-0.5.4 do it in ModelRunner, after
+        # server_args is printed (model_runner.py model_specific_adjustment): the printed value is scaled here.
+        # From 0.5.5 ServerArgs.__post_init__ does it (server_args.py _handle_attention_backend_compatibility;
+        # arg_groups/attention_hook.py from 0.5.20, also on an explicit fraction unless
+        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION): the printed value already includes it.
         ctx_len = context_length_of(ctx)
-        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), None):
-            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang uses {mfs} x 0.85")
-            mfs, source = round(mfs * 0.85, 6), f"{source} x 0.85 (aiter)"
+        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
+            if ctx.era.within((0, 4, 9), (0, 5, 4)):
+                ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang <=0.5.4 uses {mfs} x 0.85 "
+                                 "(ModelRunner, after server_args is printed)")
+                mfs, source = round(mfs * 0.85, 6), f"{source} x 0.85 (aiter)"
+            else:
+                ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang 0.4.9-0.5.4 scales the "
+                                 "printed fraction by 0.85, 0.5.5+ prints it already scaled; this log's release "
+                                 f"range ({ctx.era}) spans both, so the printed {mfs} is used")
+        elif ctx_len and ctx_len > 8192 and ctx.era.lo >= (0, 5, 5):
+            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: the printed fraction {mfs} already "
+                             "includes SGLang's x 0.85 (ServerArgs post-processing, 0.5.5+)")
     return Fraction(mfs, source)
 
 
