@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m compileall -q kvaudit  # byte-compiled once: every start reads the .pyc
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP) scripts/system-deps.sh
+$(TEST_STAMP): $(STAMP) scripts/system-deps.sh pyproject.toml
 	sh scripts/system-deps.sh
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet -e '.[journal]' || echo "NOTE: systemd-python did not build; its tests will be skipped"
@@ -37,6 +37,7 @@ explain-demo: $(STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check kvaudit tests scripts bench
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 # Regenerate golden report files after a reviewed change of the output.

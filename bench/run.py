@@ -156,6 +156,7 @@ def main() -> None:
     print_import_costs()
     import fleet_json
     import fleet_scaling
+    import health_check
     import journal_bytes
     import plan_unseen
     import wan
@@ -168,15 +169,16 @@ def main() -> None:
                                   capture_output=True, check=True).stdout)
     validation = {k: v[k] for k in ("startups", "t_given", "family_seen", "family_not_seen", "not_predictable")}
     print(f"\nplan --validate fixtures/corpus: {json.dumps(validation)}")
-    print("\nplan on families it has not seen (bench/plan_cases.json):")
+    print("\nplan on families it has not seen (calibration: bench/plan_cases.json; validation: plan_validation.json):")
     unseen = plan_unseen.main()
     fleet = fleet_scaling.main()
+    health = health_check.main()  # issue 37: the health check's time against NPD's 5 s
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
            "check_wan": wan_check,
            "plan_validation": validation, "plan_unseen": unseen,
            "fleet_json": report,
-           "fleet": fleet}
+           "fleet": fleet, "health_check": health}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     if "--save-baseline" in sys.argv:
         baseline_path.write_text(json.dumps(doc, indent=2) + "\n")

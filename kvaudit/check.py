@@ -15,8 +15,9 @@ from kvaudit.platforms import detect
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
-from kvaudit.reconcile.interface import Audit, AuditOptions, Finding
-from kvaudit.reconcile.live import GpuLedger, reconcile_gpus
+from kvaudit.reconcile.interface import Audit, AuditOptions
+from kvaudit.reconcile.live import reconcile_gpus
+from kvaudit.results import HostAudit
 
 if TYPE_CHECKING:
     from kvaudit.collect.endpoint import EndpointCapture
@@ -39,21 +40,6 @@ class CheckOptions:
     selector: str | None = None  # k8s:NAMESPACE -l SELECTOR
     context: str | None = None  # k8s: the kubeconfig context (kubectl's --context)
     namespace: str | None = None  # k8s:/POD: the namespace (kubectl's -n); else the context's
-
-
-@dataclass(frozen=True)
-class HostAudit:
-    target: str
-    collected: Collected | None
-    audit: Audit | None
-    gpus: tuple[GpuLedger, ...]
-    findings: tuple[Finding, ...]  # live findings (the audit's own are in audit.findings)
-    error: CollectError | None = None
-    notes: tuple[str, ...] = ()
-
-    @property
-    def partial(self) -> tuple[str, ...]:
-        return self.collected.partial if self.collected else ()
 
 
 def is_local(target: str) -> bool:
@@ -289,7 +275,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions,
             notes.append(f"remote config.json unusable: {exc}")
     if aopts.platform is None:  # the GPUs' own names (nvidia-smi, NVML), else the log's lines
         aopts = replace(aopts, platform=detect(g.name for g in c.gpus) or log.platform)
-    audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log)
+    audit = with_input_notes(log.engine.audit(startup, aopts, len(log.startups)), log, startup)
     if (audit.formula.bytes_per_token_source or "").startswith("log") and any(
             p.startswith(NO_CONFIG) for p in c.partial):
         # the log itself states bytes per token (TensorRT-LLM's "kv size per token"): the config is not needed

@@ -194,7 +194,7 @@ def explain(
     from kvaudit.explain import audit
     from kvaudit.reconcile.interface import AuditOptions
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_audits
+    from kvaudit.verdict import judge_audits
 
     chosen = choose(fmt)
     if startup is not None and all_startups:
@@ -214,7 +214,7 @@ def explain(
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(chosen.audits(audits, color=_color(color) and output is None), output)
-    return int(for_audits(audits))
+    return int(judge_audits(audits))
 
 
 #: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
@@ -408,10 +408,13 @@ def check(
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
     health_check: bool = _opt(OUT, False, "--health-check",
-            help="Print one JSON health verdict (node or config problems) and exit on --exit-codes' scale; "
-                 "deadline 10 s unless --timeout."),
+            help="Print a health verdict (node or config problems) and exit on --exit-codes' scale: a status "
+                 "line of <= 80 bytes (Nagios: with perfdata and one line per problem), or JSON with --format "
+                 "json; deadline 4 s unless --timeout."),
     verbose: bool = _opt(OUT, False, "--verbose", "-v",
             help="Say on stderr what was tried: each command run on the host, its exit status, bytes and seconds."),
+    nvsentinel_events: Optional[Path] = _opt(OUT, None, "--nvsentinel-events",
+            help="Also write NVIDIA NVSentinel health events (HealthEvents JSON) to this file (docs/fleet.md)."),
     exit_codes: str = _opt(OUT, "nagios", "--exit-codes",
             help="With --health-check: nagios (0 ok, 1 config warning, 2 node problem, 3 unknown) or npd (0 ok or "
                  "config only, 1 node problem, 2 unknown)."),
@@ -419,15 +422,16 @@ def check(
     """Audit a live server: its startup log, its GPUs now, and what does not add up."""
     from kvaudit.check import check as run_check
     from kvaudit.report.formats import choose
-    from kvaudit.status import for_host
+    from kvaudit.verdict import judge_host
 
     chosen = choose(fmt)
     from kvaudit.health import SCALES, HEALTH_DEADLINE_S
 
     if exit_codes not in SCALES:
         raise Fail(f"--exit-codes {exit_codes!r}: choose one of {', '.join(SCALES)}")
-    if health_check and (fmt != "text" or output is not None):
-        raise Fail("--health-check prints its own JSON verdict on stdout: drop --format/--output")
+    if health_check and (fmt not in ("text", "json") or output is not None):
+        raise Fail("--health-check prints its verdict on stdout, as a status line or with --format json: drop "
+                   "--output and other formats")
     if container is not None:
         target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
@@ -482,6 +486,14 @@ def check(
                              prometheus.filename("check", name))
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
+    if nvsentinel_events is not None:
+        from kvaudit.report import nvsentinel
+        from kvaudit.report.files import write_atomic
+
+        try:
+            write_atomic(nvsentinel_events, nvsentinel.render([(own or target, h)], _time.time()))
+        except OSError as exc:
+            raise Fail(f"cannot write the NVSentinel events to {nvsentinel_events}: {exc.strerror or exc}") from None
     if verbose:
         _say_what_was_tried(target, h)
     if health_check:
@@ -489,14 +501,19 @@ def check(
         from kvaudit.report.json import dumps
 
         verdict = assess(own or target, h)
-        _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        if fmt == "json":
+            _env.stdout.write(dumps(verdict.as_dict(exit_codes)))
+        else:
+            from kvaudit.health import render as render_health
+
+            _env.stdout.write(render_health(verdict, exit_codes, _time.time() - t0))
         return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
     text = chosen.hosts([h], color=_color(color) and output is None)
     if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
-    return int(for_host(h))
+    return int(judge_host(h).exit_status)
 
 
 @app.command()
@@ -771,8 +788,8 @@ def plan_cmd(
     model: Optional[str] = typer.Argument(None, help="The model: its directory (config.json and the safetensors "
                                                      "headers, read for the exact weight bytes) or its config.json."),
     engine: Optional[str] = _opt(ASSUME, None, "--engine", help="The engine and its release, e.g. sglang==0.5.9."),
-    gpu: Optional[str] = _opt(ASSUME, None, "--gpu", help="The card (h100, h200, b200, a100-80g, a100-40g, l40s, "
-                                                         "rtx-4090, rtx-pro-6000) or nvidia-smi's name for it."),
+    gpu: Optional[str] = _opt(ASSUME, None, "--gpu", help="The card: a key (h100, a10g, l4, mi300x, ...) or its "
+                                                         "nvidia-smi name; an unknown one names the keys."),
     gpu_memory_gib: Optional[float] = _opt(ASSUME, None, "--gpu-memory-gib",
                                            help="A card not in the list: its memory.total / 1024."),
     tp: int = _opt(ASSUME, 1, "--tp", help="Tensor-parallel size."),
@@ -798,6 +815,15 @@ def plan_cmd(
                                                 help="EAGLE (the default with --draft), EAGLE3 or STANDALONE."),
     max_total_tokens: Optional[int] = _opt(ASSUME, None, "--max-total-tokens", min=1,
                                            help="SGLang --max-total-tokens, TensorRT-LLM max_tokens: the pool's cap."),
+    max_num_batched_tokens: Optional[int] = _opt(ASSUME, None, "--max-num-batched-tokens", min=1,
+                                                 help="vLLM: the profile run's dummy batch (default: the release's)."),
+    sampler: Optional[str] = _opt(ASSUME, None, "--sampler",
+                                  help="vLLM: flashinfer or native (the sampler the profile run peaks in)."),
+    dtype: Optional[str] = _opt(ASSUME, None, "--dtype", help="The engine's --dtype (16-bit types are planned)."),
+    quantization: Optional[str] = _opt(ASSUME, None, "--quantization",
+                                       help="Runtime quantization: not modelled, refused by name."),
+    cpu_offload_gib: Optional[float] = _opt(ASSUME, None, "--cpu-offload-gib",
+                                            help="CPU offload of the weights: not modelled, refused by name."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
     validate: Optional[str] = _opt(ASSUME, None, "--validate",
@@ -811,21 +837,25 @@ def plan_cmd(
     chosen = choose(fmt, "plan")
     if validate:
         from kvaudit.plan.validate import validate_history
+        from kvaudit.plan_inputs import validation_rows
         from kvaudit.report.plan import render_validation
 
-        _env.stdout.write(render_validation(validate_history(validate), fmt))
+        _env.stdout.write(render_validation(validate_history(validate, validation_rows(validate)), fmt))
         return 0
     if model is None or engine is None:
         raise Fail("plan needs the model (a directory or its config.json) and --engine NAME==RELEASE")
-    from kvaudit.plan.build import PlanRequest, run
+    from kvaudit.plan.build import PlanRequest, exit_status, run
+    from kvaudit.plan_inputs import history_rows
 
     p = run(PlanRequest(engine=engine, model=model, gpu=gpu, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
                         dp_attention=dp_attention, fraction=fraction, kv_dtype=kv_dtype, context_length=context_length,
                         max_running_requests=max_running_requests, page_size=page_size,
                         max_total_tokens=max_total_tokens, history=history, backend=backend, draft=draft,
-                        speculative_algorithm=speculative_algorithm))
+                        speculative_algorithm=speculative_algorithm, max_num_batched_tokens=max_num_batched_tokens,
+                        sampler=sampler, dtype=dtype, quantization=quantization, cpu_offload_gib=cpu_offload_gib),
+            history_rows(history))
     _env.stdout.write(chosen.plan(p))
-    return 0
+    return exit_status(p)  # 0 starts, 1 at risk or unknown, 3 will not start (docs/plan.md, "Exit status")
 
 
 def _recorded_pair(history: str, a: str, b: str | None):

@@ -14,6 +14,7 @@ from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.lmdeploy import LMDeployParser
 from kvaudit.parse.sglang import SGLangParser
 from kvaudit.parse.trtllm import TRTLLMParser
+from kvaudit.parse.memory_lines import ANCHORS as MEMORY_ANCHORS
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
@@ -61,7 +62,7 @@ class Engine:
     def audit(self, startup: Startup, opts: AuditOptions, startups_total: int) -> Audit:
         """The engine's audit of one startup, its findings settled by the shared verdict rules."""
         return settle(unprefixed_note(on_platform(self.reconcile(startup, opts, startups_total), opts), startup,
-                                      self.display))
+                                      self.display), opts.model_geometry)
 
 
 def unprefixed_note(a: Audit, startup: Startup, display: str) -> Audit:
@@ -112,6 +113,8 @@ def all_anchors() -> tuple[bytes, ...]:
             seen[a] = None
     for a in PLATFORM_ANCHORS:  # the lines that name a unified-memory platform
         seen[a] = None
+    for a in MEMORY_ANCHORS:  # any line stating an amount of memory: read, or listed as not interpreted
+        seen[a] = None
     return tuple(seen)
 
 
@@ -137,7 +140,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         if e.endpoint is not None:
             a = e.endpoint(documents, url, opts)
             if a is not None:
-                return settle(a)
+                return settle(a, opts.model_geometry)
     return None
 
 

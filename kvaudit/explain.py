@@ -8,10 +8,12 @@ from typing import BinaryIO
 
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
+from kvaudit.parse.memory_lines import is_memory_line, uninterpreted
 from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
                                  read_pipe_head, scan_fast, scan_pipe)
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
+from kvaudit.verdict import unread
 
 
 class NoStartupError(InputError):
@@ -25,6 +27,8 @@ class ParsedLog:
     stats: ScanStats
     #: a unified-memory platform the lines name (kvaudit.platforms), None when they name none
     platform: Platform | None = None
+    #: the selected lines that state an amount of memory (kvaudit.parse.memory_lines), read by a grammar or not
+    memory: tuple[Line, ...] = ()
 
 
 #: how much of a seekable input's head tells which engine wrote it
@@ -143,9 +147,15 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
             what += f", {stats.absurd_lines} line(s) with an absurd number skipped"
         if stats.flooded_lines:
             what += f", {stats.flooded_lines:,} memory line(s) in the middle of a flood skipped"
+        memory = [ln for ln in lines if is_memory_line(ln.text)]
+        if memory:  # said, never passed over: which lines state memory in shapes no grammar reads (issue 33)
+            first = memory[0]
+            what += (f"; {len(memory):,} line{'s' if len(memory) != 1 else ''} state memory in shapes kvaudit does not "
+                     f"read, e.g. line {first.number}: {first.text.strip()[:160]!r}")
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
-    return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines))
+    return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines),
+                     tuple(ln for ln in lines if is_memory_line(ln.text)))
 
 
 def engine_names(last: str = " and ") -> str:
@@ -167,7 +177,7 @@ def select(log: ParsedLog, startup: int | None) -> list[Startup]:
 def audit(log: ParsedLog, opts: AuditOptions, startup: int | None = None, all_startups: bool = False) -> list[Audit]:
     chosen = list(log.startups) if all_startups else select(log, startup)
     opts = with_platform(opts, log)
-    return [with_input_notes(log.engine.audit(s, opts, len(log.startups)), log) for s in chosen]
+    return [with_input_notes(log.engine.audit(s, opts, len(log.startups)), log, s) for s in chosen]
 
 
 def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
@@ -175,8 +185,10 @@ def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
     return opts if opts.platform is not None or log.platform is None else replace(opts, platform=log.platform)
 
 
-def with_input_notes(a: Audit, log: ParsedLog) -> Audit:
-    """What the reading of the input skipped, said in the audit (a skipped line may have held a reading)."""
+def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
+    """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
+    the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
+    a = unread(a, *uninterpreted(log.memory, startup))
     notes = []
     if log.stats.absurd_lines:
         notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "

@@ -2,6 +2,16 @@
 scheduler's node health checker understands (Slurm's HealthCheckProgram / NHC, Kubernetes Node Problem
 Detector's custom plugins, Nagios-style monitors). Documented in docs/json.md and docs/fleet.md.
 
+Three renderings of one verdict, each in the contract its reader keeps (issue 37, item 1):
+
+- ``--exit-codes nagios`` (Nagios, Icinga, NHC, Slurm): the Nagios plugin output of the Monitoring Plugins
+  Development Guidelines: a first line ``KVAUDIT <STATE> - <what> | <perfdata>`` whose text before ``|`` is at most
+  80 bytes, then one line per problem (Nagios' "long output");
+- ``--exit-codes npd`` (Kubernetes Node Problem Detector's custom plugins): that first line's text alone, because
+  NPD keeps the whole stdout, trimmed, cut at ``max_output_length`` bytes (80 in its examples;
+  pkg/custompluginmonitor/plugin/plugin.go, ``Plugin.run``) as the condition's message;
+- ``--format json``: the JSON document (schema ``kvaudit.health/1``, docs/schemas/health.schema.json).
+
 The rule that makes it safe to drain on: only a **node** problem may be critical. A node problem is one the node
 itself has, whatever the engine's settings: memory on its GPUs held by another process, memory occupied before
 the engine started, GPUs missing or unreadable. Everything about the engine's own settings (a pool that does not
@@ -11,17 +21,25 @@ never drains a node. A host that could not be audited is **unknown**.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvaudit.collect.interface import SMI_FAILED, SMI_MISSING
 from kvaudit.reconcile.interface import Finding, Severity
+from kvaudit.textsafe import printable
 from kvaudit.verdict import counted, judge_host
 
 SCHEMA = "kvaudit.health/1"
-#: a health check answers within this many seconds unless --timeout says otherwise (schedulers run it often
-#: and bound it themselves: NHC's default timeout is 30 s, NPD's plugin timeout 5-60 s)
-HEALTH_DEADLINE_S = 10.0
+#: a health check answers within this many seconds unless --timeout says otherwise. Schedulers run it often and
+#: bound it themselves: NPD's custom plugins default to (and its examples use) a 5 s timeout
+#: (pkg/custompluginmonitor/types/config.go, defaultGlobalTimeout), NHC's default is 30 s. 4 s for the host leaves
+#: a second of NPD's 5 for the interpreter's start and the verdict (bench/health_check.py measures the whole run)
+HEALTH_DEADLINE_S = 4.0
+#: NPD's default plugin timeout, the one its examples use: the health check's time is measured against it
+NPD_TIMEOUT_S = 5.0
+#: NPD's default max_output_length (pkg/custompluginmonitor/types/config.go, defaultMaxOutputLength): the status
+#: text is cut to this many bytes there, so kvaudit writes it no longer
+STATUS_TEXT_BYTES = 80
 
 #: findings about the node itself (kvaudit.reconcile.live): the GPUs and what else runs on them
 NODE_CODES = ("FOREIGN_PROCESS", "OCCUPIED_AT_STARTUP", "GPU_COUNT_MISMATCH", "UNATTRIBUTED_GPU_MEMORY")
@@ -59,6 +77,7 @@ class Problem:
     problem: str  # node | config
     message: str
     action: str
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict[str, str]:
         return {"code": self.code, "severity": self.severity, "problem": self.problem, "message": self.message,
@@ -76,6 +95,7 @@ class Health:
     headline: str
     problems: tuple[Problem, ...]
     ignored: int
+    kv_tokens: int | None = None
 
     def exit_status(self, scale: str) -> int:
         ok, warning, critical, unknown = SCALES[scale]
@@ -91,7 +111,7 @@ class Health:
 
 def _problem(f: Finding) -> Problem:
     kind = "node" if f.code in NODE_CODES else "config"
-    return Problem(f.code, f.severity.value, kind, f.message, ACTIONS.get(f.code, CONFIG_ACTION))
+    return Problem(f.code, f.severity.value, kind, f.message, ACTIONS.get(f.code, CONFIG_ACTION), dict(f.fields))
 
 
 def assess(host: str, h: Any) -> Health:
@@ -118,4 +138,89 @@ def assess(host: str, h: Any) -> Health:
         state = "warning"
     else:
         state = "ok"
-    return Health(host, engine, version, state, j.headline, tuple(problems), ignored)
+    # node problems first: the status line names the one that decides the state
+    ordered = sorted(problems, key=lambda p: p.problem != "node")
+    tokens = audit.formula.logged_tokens if audit is not None else None
+    return Health(host, engine, version, state, j.headline, tuple(ordered), ignored, tokens)
+
+
+# --- the status line (Nagios' first line, NPD's condition message) ------------------------------------------
+
+_STATUS_WORDS = ("OK", "UNCHECKED", "PARTIAL", "WARNING", "ERROR", "FAILED")
+
+
+def _gib(v: Any) -> str:
+    return f"{v:.1f} GiB" if isinstance(v, (int, float)) else "? GiB"
+
+
+def what(p: Problem) -> str:
+    """A problem in a few words, the GPU and the amount first (the finding's message has the whole story)."""
+    f = p.fields
+    if p.code == "FOREIGN_PROCESS":
+        procs = f.get("processes") or []
+        pids = ", ".join(str(x.get("pid")) for x in procs[:3]) + (", ..." if len(procs) > 3 else "")
+        return f"GPU {f.get('gpu')}: {_gib(f.get('gib'))} held by pid {pids} (not the engine)"
+    if p.code == "OCCUPIED_AT_STARTUP":
+        return f"GPU {f.get('gpu')}: {_gib(f.get('before_t_gib'))} held before the engine started"
+    if p.code == "GPU_COUNT_MISMATCH":
+        return f"{f.get('mapped')} of {f.get('gpus')} GPUs match the log's {f.get('ranks')} ranks"
+    if p.code == NO_GPU_READINGS:
+        return f"GPUs unreadable: {p.message}"
+    return f"{p.code}: {p.message}"
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` UTF-8 bytes: whole clauses ("; ") when they fit, else words, then "..."."""
+    if len(text.encode()) <= limit:
+        return text
+    clauses = text.split("; ")
+    for n in range(len(clauses) - 1, 0, -1):
+        head = "; ".join(clauses[:n])
+        if len(head.encode()) <= limit:
+            return head
+    room = limit - 3
+    cut = text.encode()[:room].decode("utf-8", "ignore")
+    if " " in cut[room // 2:]:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip(" ,;:(") + "..."
+
+
+def status_text(v: Health, limit: int = STATUS_TEXT_BYTES) -> str:
+    """``KVAUDIT <STATE> - <what>`` in at most ``limit`` bytes, one line, no ``|`` (Nagios' perfdata separator)."""
+    prefix = f"KVAUDIT {v.state.upper()} - "
+    if v.problems:
+        more = f" (+{len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
+        body = what(v.problems[0])
+    else:
+        more = ""
+        word, _, rest = v.headline.partition(" ")
+        body = (rest if word == "OK" else f"{word.lower()}: {rest}") if word in _STATUS_WORDS else v.headline
+    body = " ".join(printable(body).replace("|", "/").split())
+    room = limit - len(prefix.encode()) - len(more.encode())
+    return prefix + _cut(body, room) + more
+
+
+def perfdata(v: Health, seconds: float | None = None) -> str:
+    """Nagios performance data (``label=value[UOM];warn;crit;min;max``): the problem counts with the thresholds
+    that decide the state (a node problem is critical, a config problem a warning: Nagios' range ``0`` alerts
+    above 0), the KV tokens, and how long the check took against NPD's 5 s."""
+    node = sum(p.problem == "node" for p in v.problems)
+    config = len(v.problems) - node
+    items = [f"node_problems={node};;0;0;", f"config_problems={config};0;;0;", f"ignored={v.ignored};;;0;"]
+    if v.kv_tokens is not None:
+        items.append(f"kv_tokens={v.kv_tokens};;;0;")
+    if seconds is not None:
+        items.append(f"time={seconds:.3f}s;;{NPD_TIMEOUT_S:g};0;")
+    return " ".join(items)
+
+
+def render(v: Health, scale: str, seconds: float | None = None) -> str:
+    """The verdict as its reader takes it: Nagios plugin output (``nagios``) or NPD's one message (``npd``)."""
+    line = status_text(v)
+    if scale == "npd":
+        return line + "\n"
+    out = [f"{line} | {perfdata(v, seconds)}"]
+    for p in v.problems:
+        out.append(" ".join(printable(f"{p.code} ({p.problem}): {p.message}; do: {p.action}").replace("|", "/")
+                            .split()))
+    return "\n".join(out) + "\n"

@@ -1,14 +1,16 @@
-"""Process exit statuses: what scripts and cron branch on. Documented in docs/exit-codes.md."""
+"""The vocabulary of a judgement: the one :class:`Status` every output shows, in one order, and the process
+exit statuses scripts and cron branch on (docs/exit-codes.md). Data only: which status a host or an audit
+has is decided in one place, :mod:`kvaudit.verdict`; every report, the history, the Prometheus textfile
+and the health check read it from the :class:`kvaudit.verdict.Judgement` they are handed.
+"""
 
 from __future__ import annotations
 
-from enum import IntEnum
-
-from kvaudit.reconcile.interface import Audit, Severity
+from enum import Enum, IntEnum
 
 
 class ExitStatus(IntEnum):
-    OK = 0  # audited; nothing above info
+    OK = 0  # audited; nothing above info (the status ok or unchecked)
     WARNINGS = 1  # audited; at least one warning finding
     BAD_INPUT = 2  # unreadable input, or a usage error (same code click uses for usage errors)
     LOG_ERRORS = 3  # audited; the log shows the startup failed or ran out of memory (error findings)
@@ -16,56 +18,86 @@ class ExitStatus(IntEnum):
     AUTH_REFUSED = 5  # check: authentication refused, or the host key unknown (no opt-in) or changed
     PARTIAL_DATA = 6  # check: audited what could be read; something was missing (no GPU readings, no engine log...)
     INTERNAL_ERROR = 70  # a bug in kvaudit (EX_SOFTWARE); the message asks for a report
+    INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
-def for_audits(audits: list[Audit]) -> ExitStatus:
-    worst = max((a.worst.rank for a in audits if a.worst is not None), default=0)
-    if worst >= Severity.ERROR.rank:
-        return ExitStatus.LOG_ERRORS
-    if worst >= Severity.WARNING.rank:
-        return ExitStatus.WARNINGS
-    return ExitStatus.OK
+class Status(str, Enum):
+    """What kvaudit concluded about an audit, a host or a fleet, from the worst to the best (the declaration
+    order is the order every report sorts and counts by).
+
+    - ``failed``: the host could not be audited (its reason says why: unreachable, auth, ...);
+    - ``error``: the log shows the startup failed or ran out of memory;
+    - ``warning``: a finding a person should act on;
+    - ``partial``: audited, but something was missing (no GPU readings, no config, no engine log);
+    - ``unchecked``: read, but nothing kvaudit models could be checked (said why in the headline);
+    - ``ok``: a check ran and held, and nothing above info was found.
+    """
+
+    FAILED = "failed"
+    ERROR = "error"
+    WARNING = "warning"
+    PARTIAL = "partial"
+    UNCHECKED = "unchecked"
+    OK = "ok"
+
+    @property
+    def rank(self) -> int:
+        """0 for the worst (failed) ... 5 for ok."""
+        return ORDER.index(self)
+
+    @classmethod
+    def of(cls, label: str | None) -> "Status | None":
+        """The status of a label as the reports write it (``failed:unreachable`` is ``failed``); None for
+        anything else (an old history row, a hand-edited file)."""
+        if not isinstance(label, str):
+            return None
+        try:
+            return cls(label.split(":", 1)[0])
+        except ValueError:
+            return None
 
 
+#: every status from the worst to the best
+ORDER: tuple[Status, ...] = tuple(Status)
+
+
+def label_rank(label: str | None) -> int:
+    """Where a status label sorts (``failed:unreachable`` as ``failed``), the worst first; unknown labels last."""
+    s = Status.of(label)
+    return s.rank if s is not None else len(ORDER)
+
+
+#: a host that could not be audited: its CollectError reason -> the exit status
 _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
-           "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
-           "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA,
-           "refused_command": ExitStatus.INTERNAL_ERROR, "bad_capture": ExitStatus.BAD_INPUT,
-           "bad_setting": ExitStatus.BAD_INPUT,
-           "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
-           "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
-           "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT,
-           "interrupted": ExitStatus.UNREACHABLE, "bad_answer": ExitStatus.UNREACHABLE}
+              "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,
+              "host_key": ExitStatus.AUTH_REFUSED, "no_engine": ExitStatus.PARTIAL_DATA,
+              "refused_command": ExitStatus.INTERNAL_ERROR, "internal": ExitStatus.INTERNAL_ERROR,
+              "bad_capture": ExitStatus.BAD_INPUT, "bad_setting": ExitStatus.BAD_INPUT,
+              "not_inference_server": ExitStatus.PARTIAL_DATA, "kubernetes": ExitStatus.BAD_INPUT,
+              "not_found": ExitStatus.BAD_INPUT, "forbidden": ExitStatus.AUTH_REFUSED,
+              "journal_denied": ExitStatus.AUTH_REFUSED, "ssh_config": ExitStatus.BAD_INPUT,
+              "interrupted": ExitStatus.UNREACHABLE, "bad_answer": ExitStatus.UNREACHABLE}
+
+#: the exit status of each audited status (``failed`` takes its reason's, above)
+_BY_STATUS = {Status.ERROR: ExitStatus.LOG_ERRORS, Status.WARNING: ExitStatus.WARNINGS,
+              Status.PARTIAL: ExitStatus.PARTIAL_DATA, Status.UNCHECKED: ExitStatus.OK, Status.OK: ExitStatus.OK}
+
+
+def exit_status(status: Status, reason: str | None = None) -> ExitStatus:
+    """The one exit status of a status (and, for ``failed``, of its reason)."""
+    if status is Status.FAILED:
+        return _BY_REASON.get(reason or "", ExitStatus.UNREACHABLE)
+    return _BY_STATUS[status]
 
 
 def for_error(reason: str) -> ExitStatus:
     """A host that could not be audited: its CollectError reason -> the exit status."""
-    return _BY_REASON.get(reason, ExitStatus.UNREACHABLE)
-
-
-def for_host(h) -> ExitStatus:
-    """A checked host: transport failures first, then what the log says, then missing data, then warnings."""
-    if h.error is not None:
-        return for_error(h.error.reason)
-    findings = [f for f in list(h.audit.findings if h.audit else ()) + list(h.findings) if not f.ignored]
-    worst = max((f.severity.rank for f in findings), default=0)
-    if worst >= Severity.ERROR.rank:
-        return ExitStatus.LOG_ERRORS
-    if h.partial:
-        return ExitStatus.PARTIAL_DATA
-    if worst >= Severity.WARNING.rank:
-        return ExitStatus.WARNINGS
-    return ExitStatus.OK
+    return exit_status(Status.FAILED, reason)
 
 
 #: a fleet's exit status: the first class any host falls in, in this order. The classes stay apart: a bug
 #: (70), a host that could not be reached (4), one that refused us (5: auth, host key, RBAC, journal
-#: permission), one whose settings are wrong (2), then what the audited hosts show (3, 6, 1)
+#: permission), one whose settings are wrong (2), then what the audited hosts show, in the statuses' own order
+#: (3 error, 1 warning, 6 partial)
 FLEET_ORDER = (ExitStatus.INTERNAL_ERROR, ExitStatus.UNREACHABLE, ExitStatus.AUTH_REFUSED, ExitStatus.BAD_INPUT,
-               ExitStatus.LOG_ERRORS, ExitStatus.PARTIAL_DATA, ExitStatus.WARNINGS)
-
-
-def for_fleet(hosts) -> ExitStatus:
-    """A fleet run: the most pressing class among its hosts (FLEET_ORDER), OK when every host is clean."""
-    codes = {for_host(h) for h in hosts}
-    return next((c for c in FLEET_ORDER if c in codes), ExitStatus.OK)
+               ExitStatus.LOG_ERRORS, ExitStatus.WARNINGS, ExitStatus.PARTIAL_DATA)

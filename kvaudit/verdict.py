@@ -15,10 +15,14 @@ The rules are stated in docs/findings.md ("The verdict's rules"); each function 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from kvaudit import support
+from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Audit, Finding, Formula, RankLedger, Severity, Verdict
+from kvaudit.results import HostAudit
+from kvaudit.status import ORDER, ExitStatus, Status, exit_status, FLEET_ORDER
 
 #: findings that say "the startup failed": their message carries the cause quoted from the log
 FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")
@@ -29,28 +33,166 @@ VIOLATION_CODES = ("TOKENS_MISMATCH", "LIVE_POOL_MISMATCH", "BUDGET_MISMATCH", "
 ASSUMED_PREFIXES = ("default", "assumed")
 
 
+#: the findings that say a check ran: the verdict derives them from the formula (rule 6), never an engine
+TOKEN_CODES = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "TOKENS_MISMATCH")
+#: info findings that say a check ran and its numbers held
+CHECKS_THAT_HELD = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "RESERVE_EXPLAINS_FREE", "BUDGET_RECONCILES")
+#: findings that judge the pool against kvaudit's model of it: none is emitted where the model does not reach
+#: (rule 7, the support table). Failures quoted from the log, the log's own numbers (headroom, ranks, budgets
+#: that add up as logged) and live readings stay: they do not rest on the model
+MODEL_JUDGEMENTS = TOKEN_CODES + ("GEOMETRY_MISMATCH", "UNEXPLAINED_MEMORY", "RESERVE_EXPLAINS_FREE",
+                                  "ASSUMPTION_CONTRADICTED", "MFS_INFERRED")
+#: the widest predicted interval that is still a check, relative to its middle: wider, it cannot fail (rule 8).
+#: The logs' own rounding (2 decimals of GiB on T and post, whole blocks or pages) gives every corpus pool an
+#: interval of 0.03-1.9 %; the union of two eras' rules is several times wider than the pool itself
+MAX_CHECK_WIDTH = 0.05
+
+
 @dataclass(frozen=True)
 class Judgement:
-    """What every report relays: the status, the one-line headline, the findings that count."""
+    """What every report relays: the status, the one-line headline, the findings that count, and the exit
+    status that follows from them. Decided here, for an audit (:func:`judge`) and a host (:func:`judge_host`);
+    a fleet's counts and exit status come from its hosts' judgements (:func:`judge_fleet`)."""
 
-    status: str  # ok | unchecked | warning | error | partial | failed:<reason>
+    status: Status
     headline: str
     findings: tuple[Finding, ...]
+    reason: str | None = None  # failed: the collector's reason (unreachable, auth, ...)
+
+    @property
+    def label(self) -> str:
+        """The status as every output writes it: ``failed:<reason>`` for a host that could not be audited."""
+        return f"{self.status.value}:{self.reason}" if self.status is Status.FAILED else self.status.value
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return exit_status(self.status, self.reason)
+
+    @property
+    def word(self) -> str:
+        """The headline's first word (OK, UNCHECKED, WARNING, ERROR, PARTIAL, FAILED)."""
+        return self.status.value.upper()
+
+
+@dataclass(frozen=True)
+class FleetJudgement:
+    """A fleet run's judgement: how many hosts have each status (worst first) and the run's exit status."""
+
+    counts: dict[Status, int] = field(default_factory=dict)
+    exit_status: ExitStatus = ExitStatus.OK
+
+    @property
+    def worst(self) -> Status | None:
+        return next((s for s in ORDER if self.counts.get(s)), None)
 
 
 # --- settling an engine's findings --------------------------------------------------------------------------
 
 
-def settle(a: Audit) -> Audit:
-    """The audit with its findings made consistent (rules 1-4). Idempotent: settling twice changes nothing."""
-    findings = list(a.findings)
-    findings = _advice_for_the_platform(findings, a.platform is not None)
+def settle(a: Audit, geometry: Any = None) -> Audit:
+    """The audit with its findings made consistent (rules 1-8). Idempotent: settling twice changes nothing.
+    ``geometry``: the model's config (kvaudit.model_config.ModelGeometry), which tells the pool kinds."""
+    a = _within_the_model(a, geometry)
+    a = _checks_that_can_fail(a)
+    findings = _token_findings(list(a.findings), a.formula)
+    findings = _advice_for_the_platform(findings, a.platform is not None, a.coverage)
     findings = _one_account_per_gib(findings)
     findings = _causes_that_hold(findings, a.ranks)
     findings = _assumptions_said(findings, a.formula, a.model)
     findings = _not_a_check_of_itself(findings, a.formula)
     findings = _violations_are_findings(findings, a.formula)
+    findings.sort(key=lambda f: -f.severity.rank)
     return replace(a, findings=tuple(findings))
+
+
+def subject_of(a: Audit, geometry: Any = None) -> support.Subject:
+    """What the audit is, for the support table: the pool kinds the engine declared (``Audit.pool_kinds``), else
+    what the model's config or the audit shows; its KV dtype and platform."""
+    kinds = list(a.pool_kinds)
+    if not kinds:
+        arch = (a.model.architecture or "") + " " + str(getattr(geometry, "architecture", "") or "")
+        if "DeepseekV4" in arch or "DeepSeekV4" in arch:
+            kinds.append("dsv4")
+        elif geometry is not None and getattr(geometry, "is_mla", False) or a.model.attention == "mla":
+            kinds.append("mla")
+            if geometry is not None and getattr(geometry, "index_head_dim", None):
+                kinds.append("nsa")
+        else:
+            kinds.append("dense")
+        if geometry is not None and getattr(geometry, "is_hybrid_swa", False):
+            kinds.append("swa")
+        if (geometry is not None and getattr(geometry, "is_mamba_hybrid", False)) or a.formula.state_pool_gib:
+            kinds.append("mamba")
+    if a.speculative and "draft" not in kinds:
+        kinds.append("draft")
+    return support.Subject(a.engine, support.release_range(a.engine_version), tuple(dict.fromkeys(kinds)),
+                           support.kv_dtype_kind(a.model.kv_dtype), "unified" if a.platform else "discrete")
+
+
+def _within_the_model(a: Audit, geometry: Any) -> Audit:
+    """Rule 7. What the support table does not mark modelled is not judged: the pool's verdict is unknown ("not
+    modelled here: X in release Y"), and no mismatch, geometry finding or advice rests on it. What is only partly
+    modelled is said as a note."""
+    if a.coverage is not None:  # settled before
+        return a
+    cov = support.coverage(subject_of(a, geometry))
+    if cov.level == "modelled":
+        return replace(a, coverage=cov)
+    said = "; ".join(cov.limits)
+    if cov.level == "partly":
+        return replace(a, coverage=cov, notes=a.notes + (f"partly modelled here: {said}",))
+    f = a.formula
+    formula = f
+    if f.verdict != Verdict.UNKNOWN:
+        formula = replace(f, verdict=Verdict.UNKNOWN,
+                          verdict_reason=f"not modelled here: {said}; the pool size is not judged")
+    findings = tuple(x for x in a.findings if x.code not in MODEL_JUDGEMENTS)
+    return replace(a, coverage=cov, formula=formula, findings=findings,
+                   notes=a.notes + (f"not modelled here: {said}. kvaudit reports what the log states and judges "
+                                    "nothing that rests on its model of the pool",))
+
+
+def _checks_that_can_fail(a: Audit) -> Audit:
+    """Rule 8. A predicted interval is a check only when it is narrow enough to fail: a match over an interval
+    wider than MAX_CHECK_WIDTH of its middle (two eras' rules united, an input known only to a wide range) is
+    not a match; the verdict is unknown, and says why."""
+    f = a.formula
+    p = f.predicted_tokens
+    if f.verdict != Verdict.MATCH or p is None or p.high <= 0:
+        return a
+    width = (p.high - p.low) / ((p.high + p.low) / 2)
+    if width <= MAX_CHECK_WIDTH:
+        return a
+    reason = (f"the predicted interval {p.low:,}..{p.high:,} is {width:.0%} wide (a check must be at most "
+              f"{MAX_CHECK_WIDTH:.0%}): any pool in it would pass, so it does not check the pool"
+              + (f" ({f.rule})" if f.rule else ""))
+    return replace(a, formula=replace(f, verdict=Verdict.UNKNOWN, verdict_reason=reason))
+
+
+def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
+    """Rule 6. The pool check's finding follows from the formula's verdict, here, for every engine: an engine
+    states its verdict and the worked formula (``Formula.check_text``); TOKENS_MATCH, TOKENS_EXPLAINED and
+    TOKENS_MISMATCH are this layer's. (An engine's own, older message for a match is kept as the worked text.)"""
+    own = {f.code: f for f in findings if f.code in TOKEN_CODES}
+    rest = [f for f in findings if f.code not in TOKEN_CODES]
+    v = formula.verdict
+    if v == Verdict.MATCH and formula.predicted_tokens is not None and formula.logged_tokens is not None:
+        earlier = own.get("TOKENS_MATCH")
+        if formula.check_text:
+            made = F.tokens_match(formula, formula.check_text)
+        elif earlier is not None and earlier.fields.get("predicted_low") == formula.predicted_tokens.low:
+            made = earlier
+        else:
+            made = F.tokens_match(formula)
+        return [replace(made, ignored=_was_ignored(own))] + rest
+    if v in (Verdict.MISMATCH, Verdict.EXPLAINED):
+        made = F.tokens_mismatch(formula, v)
+        return [replace(made, ignored=_was_ignored(own))] + rest
+    return rest
+
+
+def _was_ignored(own: dict[str, Finding]) -> bool:
+    return any(f.ignored for f in own.values())
 
 
 #: what idle memory is on a unified-memory device (kvaudit.platforms): the host's own RAM
@@ -58,15 +200,23 @@ UNIFIED_ADVICE = ("this device shares system memory with the host: the idle part
                   "other programs also draw on, so no larger fraction is suggested; size it by what the host can spare")
 
 
-def _advice_for_the_platform(findings: list[Finding], unified: bool) -> list[Finding]:
+#: what idle memory is where kvaudit does not model the pool: no fraction can be computed for it
+UNMODELLED_ADVICE = ("the pool is not modelled here, so no fraction is suggested")
+
+
+def _advice_for_the_platform(findings: list[Finding], unified: bool, coverage: Any = None) -> list[Finding]:
     """The advice an UNUSED_MEMORY carries (a fraction that would use the idle memory) is given on a card of its own;
-    on a unified-memory platform a fraction of system memory is not a GPU's to take, and the finding says so."""
+    on a unified-memory platform a fraction of system memory is not a GPU's to take, and the finding says so;
+    where the pool is not modelled (rule 7) no fraction is computed for it."""
     out = []
     for f in findings:
         if f.code != "UNUSED_MEMORY" or f.fields.get("settled"):
             out.append(f)
             continue
-        advice = UNIFIED_ADVICE if unified else f.fields.get("advice")
+        if coverage is not None and not coverage.judged:
+            advice: str | None = UNMODELLED_ADVICE
+        else:
+            advice = UNIFIED_ADVICE if unified else f.fields.get("advice")
         msg = f.message + (f"; {advice}" if advice else "")
         out.append(replace(f, message=msg, fields={**f.fields, "settled": True, "advice": advice}))
     return out
@@ -255,6 +405,23 @@ def inputs_of(f: Formula, m: Any) -> list[Input]:
     return [Input(n, v, src, input_kind(src)) for n, v, src in rows if v is not None]
 
 
+def unread(a: Audit, lines: tuple[tuple[int, str], ...], total: int) -> Audit:
+    """Rule 9. The memory lines of the startup that no grammar read are listed with the audit; where the audit
+    says the log lacks a value, it says that such lines exist (the value may stand in one of them)."""
+    if not lines:
+        return a
+    more = f" ({total:,} in all, the first {len(lines)} listed)" if total > len(lines) else ""
+    said = (f"; {total:,} memory line{'s' if total != 1 else ''} of this startup {'were' if total != 1 else 'was'} "
+            f"not interpreted{more} (listed under 'Not interpreted'): what it lacks may stand there")
+    findings = tuple(replace(f, message=f.message + said, fields={**f.fields, "uninterpreted_lines": total})
+                     if f.code == "INCOMPLETE_LOG" and "uninterpreted_lines" not in f.fields else f
+                     for f in a.findings)
+    formula = a.formula
+    if formula.verdict == Verdict.UNKNOWN and "not interpreted" not in formula.verdict_reason:
+        formula = replace(formula, verdict_reason=formula.verdict_reason + said)
+    return replace(a, uninterpreted=lines, findings=findings, formula=formula)
+
+
 # --- the judgement and its headline -----------------------------------------------------------------------
 
 
@@ -297,9 +464,26 @@ _OOM_ASKED = re.compile(r"out of memory\. Tried to allocate \d+(?:\.\d+)? [KMG]i
 _SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ")
 
 
-def _first_sentence(text: str, limit: int = 160) -> str:
-    from kvaudit.report.view import brief
+BRIEF_CHARS = 240
 
+
+def brief(message: str) -> str:
+    """A finding's message for a summary: whole when short; else its first sentences up to a sentence end
+    (an error quoted from the log is printed whole once, in the findings, not twice)."""
+    message = message.rstrip(".")
+    if len(message) <= BRIEF_CHARS:
+        return message
+    ends = [m.start() for m in re.finditer(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ", message[:BRIEF_CHARS])]
+    cut = ends[-1] if ends else -1
+    if cut < 40:
+        cut = message.rfind("; ", 0, BRIEF_CHARS)
+    if cut < 40:
+        cut = message.rfind(" ", 0, BRIEF_CHARS)
+        return message[:cut] + " ... (whole under Findings)"
+    return message[:cut] + " (whole under Findings)"
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
     s = brief(text).replace(" (whole under Findings)", "").replace(" ... (whole under Findings)", "")
     return s if len(s) <= limit else s[:limit - 1].rsplit(" ", 1)[0] + " ..."
 
@@ -331,15 +515,14 @@ def _ok_answer(a: Audit) -> str:
 
 def checked(a: Audit) -> bool:
     """Did a check run and hold (the pool against the formula, or a budget that adds up)?"""
-    from kvaudit.report.view import CHECKS_THAT_HELD
-
     return a.formula.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(
         f.code in CHECKS_THAT_HELD and not f.ignored for f in a.findings)
 
 
 def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()) -> Judgement:
     """Status and headline of one audit (``extra``: a host's live findings; ``partial``: what a check could
-    not read). Rule 5: the headline says the status, the root cause or the answer, and where it is."""
+    not read). Rule 5: the headline says the status, the root cause or the answer, and where it is. The order
+    is :data:`kvaudit.status.ORDER`'s: error, then warning, then partial, then ok (a check held) or unchecked."""
     allf = list(a.findings) + list(extra)
     active = counted(allf)
     ign = _ignored_note(allf)
@@ -358,31 +541,57 @@ def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()
             head = f"ERROR startup failed: {cause}{where}"
         else:
             head = f"ERROR {errors[0].code}: {_first_sentence(errors[0].message)}"
-        return Judgement("error", head + ign, tuple(allf))
+        return Judgement(Status.ERROR, head + ign, tuple(allf))
     warnings = [f for f in active if f.severity == Severity.WARNING]
     if warnings:
         first = warnings[0]
         more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
-        return Judgement("warning", f"WARNING {first.code}: {_first_sentence(first.message)}{more}{ign}", tuple(allf))
+        return Judgement(Status.WARNING, f"WARNING {first.code}: {_first_sentence(first.message)}{more}{ign}",
+                         tuple(allf))
     if partial:
-        return Judgement("partial", f"PARTIAL {_ok_answer(a) if checked(a) else 'nothing checked'}; missing: "
+        return Judgement(Status.PARTIAL, f"PARTIAL {_ok_answer(a) if checked(a) else 'nothing checked'}; missing: "
                          f"{_first_sentence(partial[0], 100)}{ign}", tuple(allf))
     if checked(a):
         where = " (live numbers)" if a.from_endpoint else ""
-        return Judgement("ok", f"OK {_ok_answer(a)}{where}{ign}", tuple(allf))
+        return Judgement(Status.OK, f"OK {_ok_answer(a)}{where}{ign}", tuple(allf))
     tokens = f"{a.formula.logged_tokens:,} tokens; " if a.formula.logged_tokens else ""
-    return Judgement("unchecked", f"UNCHECKED {tokens}the pool size could not be checked: "
+    return Judgement(Status.UNCHECKED, f"UNCHECKED {tokens}the pool size could not be checked: "
                      f"{_first_sentence(a.formula.verdict_reason, 140)}{ign}", tuple(allf))
 
 
-def judge_host(h: Any) -> Judgement:
-    """A checked host (kvaudit.check.HostAudit): a transport failure first, then its audit's judgement."""
+def judge_host(h: HostAudit) -> Judgement:
+    """A checked host: a transport failure first, then its audit's judgement (with its live findings and what
+    could not be read)."""
     if h.error is not None:
-        return Judgement(f"failed:{h.error.reason}", f"FAILED {h.error.reason}: {h.error}", tuple(h.findings))
+        return Judgement(Status.FAILED, f"FAILED {h.error.reason}: {h.error}", tuple(h.findings), h.error.reason)
     if h.audit is None:
         active = counted(h.findings)
         worst = max((f.severity.rank for f in active), default=0)
-        status = "error" if worst >= 2 else "partial"
-        return Judgement(status, f"{status.upper()} no engine startup audited"
-                         + (f"; missing: {h.partial[0]}" if h.partial else ""), tuple(h.findings))
+        status = Status.ERROR if worst >= Severity.ERROR.rank else (
+            Status.WARNING if worst >= Severity.WARNING.rank else Status.PARTIAL)
+        head = f"{status.value.upper()} no engine startup audited"
+        first = next((f for f in active if f.severity.rank == worst and worst > 0), None)
+        if first is not None:
+            head += f"; {first.code}: {_first_sentence(first.message, 120)}"
+        return Judgement(status, head + (f"; missing: {h.partial[0]}" if h.partial else ""), tuple(h.findings))
     return judge(h.audit, h.findings, tuple(h.partial))
+
+
+def judge_audits(audits: Iterable[Audit]) -> ExitStatus:
+    """The exit status of ``explain`` over one or more startups: the worst of their judgements'."""
+    statuses = [judge(a).status for a in audits]
+    worst = min(statuses, key=lambda s: s.rank, default=Status.OK)
+    return exit_status(worst)
+
+
+def judge_fleet(hosts: Iterable[HostAudit]) -> FleetJudgement:
+    """A fleet run: each host's status counted, and the run's exit status: the most pressing class among its
+    hosts (kvaudit.status.FLEET_ORDER), 0 when every host is ok or unchecked."""
+    counts: dict[Status, int] = {}
+    codes = set()
+    for h in hosts:
+        j = judge_host(h)
+        counts[j.status] = counts.get(j.status, 0) + 1
+        codes.add(j.exit_status)
+    ordered = {s: counts[s] for s in ORDER if s in counts}
+    return FleetJudgement(ordered, next((c for c in FLEET_ORDER if c in codes), ExitStatus.OK))

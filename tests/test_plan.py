@@ -27,9 +27,18 @@ def kimi_history(tmp_path_factory):
     return db
 
 
+#: plan's exit status by its word on starting (docs/plan.md, "Exit status")
+EXIT = {"yes": ExitStatus.OK, "at risk": ExitStatus.WARNINGS, "unknown": ExitStatus.WARNINGS,
+        "no": ExitStatus.LOG_ERRORS}
+
+
 def _plan(*args):
     r = cli("plan", *args, "-f", "json")
-    return r, (json.loads(r.stdout) if r.code == 0 else None)
+    if r.code not in (ExitStatus.OK, ExitStatus.WARNINGS, ExitStatus.LOG_ERRORS):
+        return r, None
+    p = json.loads(r.stdout)
+    assert r.code == EXIT[p["starts"]["verdict"] if isinstance(p["starts"], dict) else p["starts"]], (r.code, p)
+    return r, p
 
 
 def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_history):

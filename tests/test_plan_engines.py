@@ -26,10 +26,18 @@ def _model(tmp_path, config: str, total_size: int, **extra) -> str:
     return str(d)
 
 
+#: plan's exit status by its word on starting (docs/plan.md, "Exit status")
+EXIT = {"yes": ExitStatus.OK, "at risk": ExitStatus.WARNINGS, "unknown": ExitStatus.WARNINGS,
+        "no": ExitStatus.LOG_ERRORS}
+
+
 def _plan(*args):
     r = cli("plan", *args, "-f", "json")
-    assert r.code == 0, r.stderr
-    return json.loads(r.stdout)
+    assert r.code in (ExitStatus.OK, ExitStatus.WARNINGS, ExitStatus.LOG_ERRORS), r.stderr
+    p = json.loads(r.stdout)
+    starts = p["starts"]["verdict"] if isinstance(p["starts"], dict) else p["starts"]
+    assert r.code == EXIT[starts], (r.code, starts)
+    return p
 
 
 def _history(tmp_path, log: str, config: str, gpu_name: str, total_mib: float):

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from kvaudit.errors import KvauditError
+from kvaudit.results import Drift
 import json
 from pathlib import Path
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
 #: ``gpus_by_run``: drift reads one run's GPU rows (``WHERE run_id = ?``); without the index every run scanned the
@@ -40,16 +40,6 @@ WEIGHTS_DRIFT_GIB = 0.05
 
 class HistoryError(KvauditError):
     pass
-
-
-@dataclass(frozen=True)
-class Drift:
-    host: str
-    gpu: int | None
-    what: str  # tokens | free | weights | finding_new | finding_resolved | status | restart | failing | history
-    before: Any
-    after: Any
-    message: str
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -336,7 +326,7 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
 
 
 def _observed(r: dict):
-    from kvaudit.plan.model import Observed
+    from kvaudit.planning.model import Observed
 
     return Observed(**{k: r[k] for k in Observed.__dataclass_fields__})
 

@@ -22,27 +22,15 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
+from kvaudit.results import FleetHost
 from kvaudit.textsafe import printable
 
 
 class InventoryError(KvauditError):
     pass
-
-
-@dataclass(frozen=True)
-class FleetHost:
-    name: str  # how reports name it
-    target: str  # what SSH connects to: user@host:port, or an ssh_config alias
-    groups: tuple[str, ...] = ()
-    vars: dict[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()  # what the inventory asked that kvaudit does not do (become), said in the report
-
-    def setting(self, key: str) -> str | None:
-        v = self.vars.get(f"kvaudit_{key}")
-        return str(v) if v is not None else None
 
 
 #: the kvaudit_* host variables kvaudit reads; any other kvaudit_ name is a typo

@@ -56,10 +56,10 @@ class FleetJob:
 
 
 def run(job: FleetJob, stdout: IO[str], stderr: IO[str], progress: Any = None) -> int:
-    """Run the fleet job and return its exit status (kvaudit.status.for_fleet, or 130 when interrupted)."""
+    """Run the fleet job and return its exit status (kvaudit.verdict.judge_fleet, or 130 when interrupted)."""
     from kvaudit import ignores
     from kvaudit.fleet import runner
-    from kvaudit.status import for_fleet
+    from kvaudit.verdict import judge_fleet
 
     with progress or nullcontext():
         fleet_run = runner.run(list(job.hosts), job.opts, job.parallel, job.run_timeout,
@@ -80,7 +80,7 @@ def run(job: FleetJob, stdout: IO[str], stderr: IO[str], progress: Any = None) -
                      + ("; history and the Prometheus textfile were not written (a partial run would read as "
                         "failed hosts)" if (out.history or out.textfile_dir) else "") + "\n")
         return INTERRUPTED
-    return int(for_fleet([h for _, h in results]))
+    return int(judge_fleet([h for _, h in results]).exit_status)
 
 
 def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:

@@ -6,29 +6,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Callable
 
-from kvaudit.check import CheckOptions, HostAudit, check
+from kvaudit.check import CheckOptions, check
 from kvaudit.collect.interface import BadSetting, CollectError, HostTimeout
 from kvaudit.model_config import ConfigError
-from kvaudit.fleet.inventory import FleetHost
-
-
-@dataclass(frozen=True)
-class FleetRun:
-    started_at: str  # ISO 8601 UTC
-    started_ts: float  # seconds since the epoch
-    duration_s: float
-    parallel: int
-    results: tuple[tuple[FleetHost, HostAudit], ...]  # in inventory order
-    deadline_hit: bool
-    interrupted: bool = False  # Ctrl-C: the hosts not finished are marked "interrupted"
-
-    @property
-    def failed(self) -> list[tuple[FleetHost, HostAudit]]:
-        return [(f, h) for f, h in self.results if h.error is not None]
+from kvaudit.results import FleetHost, FleetRun, HostAudit
 
 
 class InternalHostError(CollectError):

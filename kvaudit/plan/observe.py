@@ -9,7 +9,7 @@ def observed_row(name: str, h: Any, geometry: Any = None) -> dict[str, Any] | No
     """The terms of an audited startup that a plan calibrates on, or None when the audit has no T (an endpoint,
     a failed host, a log without the free-memory lines). ``geometry``: the model config the fleet was given
     (--model-config); else the host's own config.json, when it was read."""
-    from kvaudit.plan.model import model_key
+    from kvaudit.planning.model import model_key
 
     a = h.audit
     if a is None or a.from_endpoint or a.formula.pre_load_free_gib is None:
@@ -24,10 +24,20 @@ def observed_row(name: str, h: Any, geometry: Any = None) -> dict[str, Any] | No
     mapped = [g for g in h.gpus if g.rank is not None] or list(h.gpus)
     totals = [g.total_gib * 1024 for g in mapped if g.total_gib is not None]
     names = sorted({g.name for g in mapped if g.name})
-    from kvaudit.report.rows import startup_id
-
-    return from_audit(name, a, startup_id(h), names[0] if len(names) == 1 else None,
+    return from_audit(name, a, startup_of(h), names[0] if len(names) == 1 else None,
                       round(min(totals), 1) if totals else None, model_key(geometry) if geometry is not None else None)
+
+
+def startup_of(h: Any) -> str | None:
+    """Which start of the server was audited (the fleet's ``startup_id``, computed here from the host's collected
+    source so that plan/ imports no report module): the unit's invocation id, else the log source and the startup's
+    first line. None for an endpoint, which has no startup to tell apart."""
+    c, a = h.collected, h.audit
+    if c is None or a is None or a.from_endpoint:
+        return None
+    if c.invocation_id:
+        return f"invocation {c.invocation_id}"
+    return f"{c.source} startup at line {a.first_line}"
 
 
 def from_audit(name: str, a: Any, startup_id: str | None, gpu_name: str | None, gpu_total_mib: float | None,

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.plan.model import Observed, PlanInput
+from kvaudit.planning.model import Observed, PlanInput
 
 
 @dataclass(frozen=True)
@@ -40,74 +39,43 @@ class Case:
         return self.low is not None and self.high is not None and self.low <= self.logged <= self.high
 
 
-def rows_of(path: str) -> list[Observed]:
-    p = Path(path)
-    if p.is_dir():
-        return _rows_of_logs(p)
-    from kvaudit.fleet.history import startups
-
-    return startups(path)
-
-
-def _rows_of_logs(directory: Path) -> list[Observed]:
-    """Each startup (of an engine kvaudit plans) of each log under ``directory`` (a corpus), audited as explain
-    audits it."""
-    from kvaudit.explain import audit, read_log
-    from kvaudit.parse.lines import InputError
-    from kvaudit.plan.observe import from_audit
-    from kvaudit.reconcile.interface import AuditOptions
-
-    out: list[Observed] = []
-    logs = sorted(x for x in directory.rglob("*.log") if x.is_file())
-    if not logs:
-        raise KvauditError(f"--validate {directory}: no .log files there")
-    for log in logs:
-        try:
-            with log.open("rb") as fh:
-                parsed = read_log(fh)
-        except (InputError, OSError):  # NoStartupError is an InputError
-            continue
-        if parsed.engine.plan is None:
-            continue
-        for a, s in zip(audit(parsed, AuditOptions(source=str(log)), None, True), parsed.startups):
-            if a.formula.pre_load_free_gib is None:
-                continue
-            key = f"{a.model.architecture or 'model'} @ {Path(s.model_path).name}" if s.model_path else None
-            row = from_audit(log.name, a, f"startup {a.startup_index}", None, None, key)
-            out.append(Observed(run_id=0, **{k: row[k] for k in Observed.__dataclass_fields__ if k != "run_id"}))
-    return out
-
-
 def _case(row: Observed, others: list[Observed]) -> Case:
     from kvaudit.engines import by_name
-    from kvaudit.plan import calibrate
-    from kvaudit.plan.calibrate import frame
+    from kvaudit.planning import calibrate
+    from kvaudit.planning.calibrate import frame
 
     need = (row.version, row.tp, row.fraction, row.tokens, row.bytes_per_token, row.t_gib, row.model_key)
     if any(v is None for v in need):
         return Case(row.host, None, False, row.tokens or 0, None, None, "the startup lacks a term the replay needs")
     t_given = row.gpu_name is None and row.gpu_total_mib is None
-    inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,  # type: ignore
-                    row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,  # type: ignore
-                    bytes_per_token=(row.bpt_low or row.bytes_per_token, row.bpt_high or row.bytes_per_token),
-                    given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)  # type: ignore[operator]
+    assert row.version and row.tp and row.fraction and row.tokens and row.bytes_per_token and row.t_gib is not None \
+        and row.model_key  # checked just above: the narrowing mypy needs
+    bpt = (float(row.bpt_low or row.bytes_per_token), float(row.bpt_high or row.bytes_per_token))
+    inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,
+                    row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,
+                    bytes_per_token=bpt, given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)
     df = frame(others)
     w = calibrate.weight_memory(df, inp) or calibrate.logged_weights(df, inp)
     if w is None:
-        return Case(row.host, None, t_given, row.tokens, None, None,  # type: ignore[arg-type]
+        return Case(row.host, None, t_given, row.tokens, None, None,
                     "no other startup of this model, and a log names no checkpoint size")
+    planner = by_name(row.engine).plan
+    if planner is None:
+        return Case(row.host, None, t_given, row.tokens, None, None, f"kvaudit plan does not size {row.engine}")
     try:
-        p = by_name(row.engine).plan(inp, df)
+        p = planner(inp, df)
     except KvauditError as exc:
-        return Case(row.host, None, t_given, row.tokens, None, None, str(exc))  # type: ignore[arg-type]
-    return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)  # type: ignore[arg-type]
+        return Case(row.host, None, t_given, row.tokens, None, None, str(exc))
+    return Case(row.host, w.level == 0, t_given, row.tokens, p.tokens_low, p.tokens_high)
 
 
-def validate_history(path: str) -> dict[str, Any]:
+def validate_history(path: str, observed: list[Observed]) -> dict[str, Any]:
+    """Leave-one-out over ``observed``: the startups of ``path`` (a history or a directory of logs), read by the
+    command layer (kvaudit.plan_inputs), so that plan/ imports neither the fleet's history nor explain."""
     from kvaudit.plan.build import planned_engines
 
     planned = {e.name for e in planned_engines()}
-    rows = [r for r in rows_of(path) if r.engine in planned]
+    rows = [r for r in observed if r.engine in planned]
     cases = [_case(r, rows[:i] + rows[i + 1:]) for i, r in enumerate(rows)]
 
     def summary(group: list[Case]) -> dict[str, Any]:

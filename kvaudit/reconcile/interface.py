@@ -110,6 +110,9 @@ class Formula:
     #: the bytes per token as an interval (from the KV line's rounded sizes; one value from config.json): a plan
     #: that replays this startup divides by the same interval the audit did
     bytes_per_token_range: tuple[float, float] | None = None
+    #: the formula worked on this startup's numbers, in the engine's words (``(post - (1 - f) x T) GiB / B per
+    #: token``): the verdict quotes it in TOKENS_MATCH
+    check_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,13 @@ class Audit:
     from_endpoint: bool = False
     #: the platform the audit ran on when it is not a card of its own (kvaudit.platforms), e.g. unified memory
     platform: str | None = None
+    #: the pool kinds this startup holds, as the engine read them (kvaudit.support.KINDS["pool"]: dense, mla, nsa,
+    #: swa, mamba, dsv4, encoder_decoder, draft); empty: the verdict tells them from the config and the audit
+    pool_kinds: tuple[str, ...] = ()
+    #: how much of this startup kvaudit models (kvaudit.support.Coverage), set by the verdict
+    coverage: Any = None
+    #: memory-bearing lines of the startup window that no grammar read: (line number, text), listed in the report
+    uninterpreted: tuple[tuple[int, str], ...] = ()
 
     @property
     def worst(self) -> Severity | None:

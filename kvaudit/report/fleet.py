@@ -7,11 +7,11 @@ import re
 from typing import Any, Iterator
 
 from kvaudit import __version__
-from kvaudit.fleet.history import Drift
-from kvaudit.fleet.runner import FleetRun
+from kvaudit.results import Drift, FleetRun
 from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
-from kvaudit.report.rows import host_summary, status_rank
+from kvaudit.report.rows import host_summary
+from kvaudit.status import label_rank
 from kvaudit.report.text import colour, table, wrap
 from kvaudit.textsafe import md_cell
 
@@ -28,7 +28,7 @@ def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
 
 
 def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(rows, key=lambda r: status_rank(r["status"]))
+    return sorted(rows, key=lambda r: label_rank(r["status"]))
 
 
 def counts_text(rows: list[dict[str, Any]]) -> str:
@@ -38,7 +38,7 @@ def counts_text(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
     ignored = sum(len(r.get("ignored") or ()) for r in rows)
-    return (", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=status_rank))
+    return (", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=label_rank))
             + (f" ({ignored} ignored)" if ignored else ""))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvaudit.check import HostAudit
+from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
 from kvaudit.report.text import STATUS_COLOURS, colour, table, wrap, render_one
 from kvaudit.textsafe import md_cell
@@ -66,7 +66,7 @@ def host_dict(h: HostAudit) -> dict[str, Any]:
         doc = {"schema_version": SCHEMA_VERSION, "engine": None, "engine_version": None, "source": None,
                "formula": None, "ranks": [], "findings": [finding_dict(f) for f in h.findings]}
     j = judge_host(h)
-    doc["headline"], doc["status"] = j.headline, j.status
+    doc["headline"], doc["status"] = j.headline, j.label
     doc["host"] = host
     doc["gpus"] = gpus
     return doc
@@ -94,7 +94,7 @@ def render_text(hosts: list[HostAudit], color: bool = False) -> str:
         L: list[str] = []
         c = h.collected
         j = judge_host(h)
-        L.append(colour(j.headline, STATUS_COLOURS.get(j.status.split(":")[0], "1"), color))
+        L.append(colour(j.headline, STATUS_COLOURS.get(j.status.value, "1"), color))
         head = f"kvaudit check {h.target}"
         if c and c.host:
             head += f" ({c.host})"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from kvaudit.fleet.history import Drift
-from kvaudit.fleet.runner import FleetRun
-from kvaudit.report.rows import findings, gpu_rows, host_summary, status_rank
+from kvaudit.results import Drift, FleetRun
+from kvaudit.report.rows import findings, gpu_rows, host_summary
+from kvaudit.status import label_rank
 from kvaudit.report.fleet import counts_text, status_cell
 
 SEGMENTS = (  # (key in the bar, label, colour)
@@ -150,7 +150,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
          + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
                                             "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
          + "</tr></thead><tbody>"]
-    for s in sorted(summaries, key=lambda s: status_rank(s["status"])):  # problems first
+    for s in sorted(summaries, key=lambda s: label_rank(s["status"])):  # problems first
         st = s["status"].split(":")[0]
         H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
                  f"<td class='l s-{escape(st)}'>{escape(status_cell(s))}</td><td>{s['gpus']}</td>"
@@ -163,7 +163,7 @@ def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
     H.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span><i style='background:{c}'></i>{escape(l)}</span>" for _, l, c in SEGMENTS) + "</p>")
-    order = sorted(zip(run.results, summaries), key=lambda x: status_rank(x[1]["status"]))  # problems first
+    order = sorted(zip(run.results, summaries), key=lambda x: label_rank(x[1]["status"]))  # problems first
     for (f, h), s in order:
         healthy = s["status"] == "ok"
         H.append(f"<details id='h-{escape(f.name)}'{'' if healthy else ' open'}><summary>{escape(f.name)} "

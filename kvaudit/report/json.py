@@ -64,7 +64,7 @@ def audit_dict(a: Audit) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "headline": j.headline,
-        "status": j.status,
+        "status": j.label,
         "kvaudit_version": __version__,
         "engine": a.engine,
         "engine_version": a.engine_version,
@@ -112,6 +112,9 @@ def audit_dict(a: Audit) -> dict[str, Any]:
         "findings": [finding_dict(x) for x in a.findings],
         "hicache_host_gb": a.hicache_host_gb,
         "notes": list(a.notes),
+        "coverage": ({"level": a.coverage.level, "limits": list(a.coverage.limits)}
+                     if a.coverage is not None else None),
+        "uninterpreted_lines": [{"line": n, "text": t} for n, t in a.uninterpreted],
     }
 
 

@@ -49,6 +49,9 @@ def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> st
     L += ["### In short", ""] + [f"- {_esc(s)}" for s in summary_sentences(a)]
     if a.notes:
         L += ["", "### Notes", ""] + [f"- {_esc(n)}" for n in a.notes]
+    if a.uninterpreted:
+        L += ["", "### Not interpreted", "", "Memory lines of this startup kvaudit does not read:", ""]
+        L += [f"- line {n}: `{_esc(t.strip()).replace('`', chr(39))}`" for n, t in a.uninterpreted]
     return "\n".join(L) + "\n"
 
 

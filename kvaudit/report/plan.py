@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvaudit.plan.model import Plan, Term
+from kvaudit.planning.model import Plan, Term
 
 
 def _range(t: Term) -> str:
@@ -25,7 +25,8 @@ def _title(p: Plan) -> str:
     card = i.card or f"a {i.gpu_total_mib / 1024:.2f} GiB card"
     par = f"TP {i.tp}" + (f" x PP {i.pp}" if i.pp > 1 else "") + (f", DP-attention {i.dp_attention}"
                                                                   if i.dp_attention > 1 else "")
-    return f"{i.engine} {i.version} on {card}, {par}, {i.geometry.architecture or 'model'} ({i.model_key})"
+    arch = i.geometry.architecture if i.geometry is not None else None
+    return f"{i.engine} {i.version} on {card}, {par}, {arch or 'model'} ({i.model_key})"
 
 
 def render_text(p: Plan, color: bool = False) -> str:
@@ -51,7 +52,9 @@ def outcome(p: Plan) -> list[tuple[str, str]]:
     out = [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")]
     if p.concurrency is not None:
         c = p.concurrency
-        out.append((f"concurrent {p.input.context_length:,}-token requests",
+        # the engine's own max_model_len when --context-length was not given (vLLM: max_position_embeddings)
+        ctx = p.input.context_length or (p.input.geometry.max_position_embeddings if p.input.geometry else None)
+        out.append((f"concurrent {ctx:,}-token requests" if ctx else "concurrent full-context requests",
                     f"{c[0]:,}" if c[0] == c[1] else f"{c[0]:,}-{c[1]:,}"))
     out.append(("starts", f"{p.starts} ({p.starts_reason})"))
     if p.smallest_fraction is not None:
@@ -73,7 +76,8 @@ def as_dict(p: Plan) -> dict[str, Any]:
         "engine": i.engine, "engine_version": i.version,
         "gpu": {"name": i.card, "total_mib": i.gpu_total_mib},
         "parallel": {"tp": i.tp, "pp": i.pp, "dp_attention": i.dp_attention},
-        "model": {"key": i.model_key, "architecture": i.geometry.architecture, "source": i.geometry.source,
+        "model": {"key": i.model_key, "architecture": i.geometry.architecture if i.geometry is not None else None,
+                  "source": i.geometry.source if i.geometry is not None else None,
                   "weight_bytes": i.weight_bytes, "weight_source": i.weight_source},
         "draft": None if i.draft is None else {
             "algorithm": i.draft.algorithm, "layers": i.draft.layers, "architecture": i.draft.geometry.architecture,

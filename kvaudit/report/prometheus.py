@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Iterable
 
 from kvaudit import __version__
-from kvaudit.check import HostAudit
-from kvaudit.report.rows import STATUS_ORDER, findings, gpu_rows, host_summary
+from kvaudit.results import HostAudit
+from kvaudit.report.rows import findings, gpu_rows, host_summary
+from kvaudit.status import ORDER, Status
 from kvaudit.units import GIB
 
 GPU_METRICS = (
@@ -76,22 +77,27 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     summaries = [host_summary(name, h) for name, h in hosts]
     up = gauge("kvaudit_host_up", "1 when the host could be audited, 0 when it failed.", ("host",))
     status = gauge("kvaudit_host_status", "1 for the host's status, 0 for the others (failed, error, warning, "
-                   "partial, ok).", ("host", "status"))
+                   "partial, unchecked, ok: kvaudit's one status, as every report says it).", ("host", "status"))
     failure = gauge("kvaudit_host_failure", "1 when the host failed, with the reason (unreachable, timeout, auth, "
                     "...).", ("host", "reason"))
-    match = gauge("kvaudit_tokens_match", "1 when the KV pool size matches the engine's formula.", ("host",))
+    match = gauge("kvaudit_tokens_match", "1 when the KV pool size follows the engine's formula, 0 when it does not; "
+                  "absent when the pool could not be checked (kvaudit_pool_check says so).", ("host",))
+    pool = gauge("kvaudit_pool_check", "1 for the pool check's state, 0 for the others: match, mismatch, "
+                 "not_checked (an alert on mismatch never fires on a host that was not checked).", ("host", "state"))
     found = gauge("kvaudit_findings", "Findings by severity.", ("host", "severity"))
     each = gauge("kvaudit_finding", "1 for each finding that counts (not acknowledged), by code: an alert rule "
                  "can name one code.", ("host", "code", "severity"))
     for s in summaries:
         up.labels(invocation, s["host"]).set(0 if s["reason"] else 1)
-        current = s["status"].split(":")[0]
-        for st in STATUS_ORDER:
-            status.labels(invocation, s["host"], st).set(1 if st == current else 0)
+        current = Status.of(s["status"])
+        for st in ORDER:
+            status.labels(invocation, s["host"], st.value).set(1 if st is current else 0)
         if s["reason"]:
             failure.labels(invocation, s["host"], s["reason"]).set(1)
-        if s["verdict"]:
-            match.labels(invocation, s["host"]).set(1 if s["verdict"] == "match" else 0)
+        for state in ("match", "mismatch", "not_checked"):
+            pool.labels(invocation, s["host"], state).set(1 if s["pool_check"] == state else 0)
+        if s["pool_check"] != "not_checked":
+            match.labels(invocation, s["host"]).set(1 if s["pool_check"] == "match" else 0)
         for sev, key in (("error", "errors"), ("warning", "warnings"), ("info", "infos")):
             found.labels(invocation, s["host"], sev).set(s[key])
     for name, h in hosts:

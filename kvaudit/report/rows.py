@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvaudit.check import HostAudit
-from kvaudit.reconcile.interface import RankLedger, Severity
+from kvaudit.reconcile.interface import RankLedger, Severity, Verdict
+from kvaudit.results import HostAudit
+from kvaudit.status import Status
 from kvaudit.units import GIB
-from kvaudit.verdict import judge_host
+from kvaudit.verdict import brief, judge_host
 
 GPU_FIELDS = ("host", "gpu", "uuid", "rank", "status", "kv_tokens", "kv_bytes", "kv_gib", "weights_gib",
               "graphs_gib", "draft_gib", "reserve_gib", "unexplained_gib", "pre_load_free_gib", "free_at_end_gib",
@@ -16,28 +17,17 @@ GPU_FIELDS = ("host", "gpu", "uuid", "rank", "status", "kv_tokens", "kv_bytes", 
 
 
 def findings(h: HostAudit) -> list:
-    return list(h.audit.findings if h.audit else ()) + list(h.findings)
+    return list(h.all_findings)
 
 
-def status(h: HostAudit) -> str:
-    if h.error is not None:
-        return f"failed:{h.error.reason}"
-    worst = max((f.severity.rank for f in findings(h) if not f.ignored), default=0)
-    if worst >= Severity.ERROR.rank:
-        return "error"
-    if h.partial:
-        return "partial"
-    return "warning" if worst >= Severity.WARNING.rank else "ok"
-
-
-#: statuses from the worst to the best: counts and "why" lists follow this order
-STATUS_ORDER = ("failed", "error", "warning", "partial", "ok")
-
-
-def status_rank(status: str) -> int:
-    """Where a status (``failed:unreachable`` counts as ``failed``) sorts, the worst first."""
-    base = status.split(":")[0]
-    return STATUS_ORDER.index(base) if base in STATUS_ORDER else len(STATUS_ORDER)
+def pool_check(verdict: str | None) -> str:
+    """The pool check in three states, as Prometheus and the tables carry it: ``match`` (the formula holds, or a
+    known rule explains the difference), ``mismatch``, or ``not_checked`` (unknown, or no audit)."""
+    if verdict in (Verdict.MATCH.value, Verdict.EXPLAINED.value):
+        return "match"
+    if verdict == Verdict.MISMATCH.value:
+        return "mismatch"
+    return "not_checked"
 
 
 def startup_id(h: HostAudit) -> str | None:
@@ -56,10 +46,10 @@ def startup_id(h: HostAudit) -> str | None:
 def why(h: HostAudit) -> str:
     """Why a host is not ok, in one line: the failure and its reason; else the findings above info (code and
     the first sentence) and what could not be read. Empty for an ok host."""
-    from kvaudit.report.view import brief
-
     if h.error is not None:
         return f"{h.error.reason}: {h.error}"
+    if h.audit is not None and judge_host(h).status is Status.UNCHECKED:
+        return f"not checked: {brief(h.audit.formula.verdict_reason)}"
     parts = [f"{f.code}: {brief(f.message)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
              if f.severity != Severity.INFO and not f.ignored]
     parts += [f"missing: {p}" for p in h.partial]
@@ -75,7 +65,7 @@ def _sum(r: RankLedger | None, pred) -> float | None:
 
 def gpu_rows(name: str, h: HostAudit) -> list[dict[str, Any]]:
     a = h.audit
-    st = status(h)
+    st = judge_host(h).label
     tokens = a.formula.logged_tokens if a else None
     reserve = a.formula.reserve_gib if a else None
     verdict = a.formula.verdict.value if a else None
@@ -117,6 +107,7 @@ def gpu_rows(name: str, h: HostAudit) -> list[dict[str, Any]]:
 def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
     a = h.audit
     fs = findings(h)
+    j = judge_host(h)
     frees = [g.free_gib for g in h.gpus if g.free_gib is not None] or [
         r.free_at_end_gib for r in (a.ranks if a else ()) if r.free_at_end_gib is not None]
     unexpl = [r.unexplained_gib for r in (a.ranks if a else ()) if r.unexplained_gib is not None]
@@ -124,13 +115,14 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
     return {
         "host": name,
         "target": h.target,
-        "status": status(h),
+        "status": j.label,
         "reason": h.error.reason if h.error else None,
         "error": str(h.error) if h.error else None,
         "engine": a.engine if a else None,
         "gpus": len(h.gpus) or (len(a.ranks) if a else 0),
         "tokens": a.formula.logged_tokens if a else None,
         "verdict": a.formula.verdict.value if a else None,
+        "pool_check": pool_check(a.formula.verdict.value if a else None),
         "weights_gib": max(weights) if weights else None,
         "free_min_gib": min(frees) if frees else None,
         "unexplained_gib": max(unexpl, key=abs) if unexpl else None,
@@ -142,6 +134,6 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "infos": sum(1 for f in fs if f.severity == Severity.INFO and not f.ignored),
         "partial": list(h.partial),
         "why": why(h),
-        "headline": judge_host(h).headline,
+        "headline": j.headline,
         "startup_id": startup_id(h),
     }

@@ -5,8 +5,9 @@ from __future__ import annotations
 from kvaudit.errors import KvauditError
 from typing import Iterable
 
-from kvaudit.check import HostAudit
-from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, status, why
+from kvaudit.results import HostAudit
+from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, why
+from kvaudit.verdict import judge_host
 from kvaudit.textsafe import csv_cell
 
 
@@ -22,7 +23,7 @@ def write(hosts: Iterable[tuple[str, HostAudit]], path: str, parquet: bool = Fal
     rows = []
     for name, h in hosts:
         # every host is in the table: one without GPU rows (failed, or nothing read) is one row saying why
-        mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": status(h)}]
+        mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": judge_host(h).label}]
         reason = why(h)
         codes = ";".join(sorted({f.code for f in findings(h) if not f.ignored}))
         rows += [{"run_at": run_at, **r, "findings": codes, "why": reason} for r in mine]

@@ -67,7 +67,7 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     L: list[str] = []
     engine = a.engine_display or a.engine
     j = judge(a, extra, partial)
-    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.split(":")[0], "1"), color))
+    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.value, "1"), color))
     L.append(colour(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "1", color))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
@@ -108,6 +108,11 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
         L.append(colour("Notes", "1", color))
         for n in a.notes:
             L.extend(wrap("- " + n))
+    if a.uninterpreted:
+        L.append("")
+        L.append(colour("Not interpreted", "1", color) + " (memory lines of this startup kvaudit does not read)")
+        for n, t in a.uninterpreted:
+            L.extend(wrap(f"line {n}: {t.strip()}", "  "))
     return "\n".join(L) + "\n"
 
 

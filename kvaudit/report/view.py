@@ -3,10 +3,10 @@ plain-language summary. Only arranges numbers the reconciler produced."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
+from kvaudit.verdict import brief, checked
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
@@ -142,29 +142,6 @@ def not_reached(a: Audit) -> bool:
     return failed and empty and not any(r.value is not None for r in a.formula_rows if r.unit == "GiB")
 
 
-#: info findings that say a check ran and its numbers held
-CHECKS_THAT_HELD = ("TOKENS_MATCH", "TOKENS_EXPLAINED", "RESERVE_EXPLAINS_FREE", "BUDGET_RECONCILES")
-
-
-BRIEF_CHARS = 240
-
-
-def brief(message: str) -> str:
-    """A finding's message for the summary: whole when short; else its first sentences up to a sentence end
-    (an error quoted from the log is printed whole once, in the findings, not twice)."""
-    message = message.rstrip(".")
-    if len(message) <= BRIEF_CHARS:
-        return message
-    ends = [m.start() for m in re.finditer(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ", message[:BRIEF_CHARS])]
-    cut = ends[-1] if ends else -1
-    if cut < 40:
-        cut = message.rfind("; ", 0, BRIEF_CHARS)
-    if cut < 40:
-        cut = message.rfind(" ", 0, BRIEF_CHARS)
-        return message[:cut] + " ... (whole under Findings)"
-    return message[:cut] + " (whole under Findings)"
-
-
 def summary_sentences(a: Audit) -> list[str]:
     """A few plain sentences: where the memory went, whether the pool size is right, what is wrong."""
     out: list[str] = []
@@ -210,7 +187,7 @@ def summary_sentences(a: Audit) -> list[str]:
         out.append("Needs attention: " + " ".join(f"[{p.code}] {brief(p.message)}." for p in problems))
     elif not any(fi.code == "RESERVE_EXPLAINS_FREE" for fi in a.findings):
         # "nothing looks wrong" only when a check ran and held; otherwise say that nothing was checked
-        if f.verdict in (Verdict.MATCH, Verdict.EXPLAINED) or any(fi.code in CHECKS_THAT_HELD for fi in a.findings):
+        if checked(a):  # the verdict's own test (kvaudit.verdict.judge): OK only when a check held
             out.append("Nothing looks wrong in what this source shows (Notes say what it cannot see)."
                        if a.from_endpoint else "Nothing looks wrong.")
         else:

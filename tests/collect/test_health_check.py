@@ -16,7 +16,7 @@ SCHEMA_KEYS = {"schema", "host", "engine", "engine_version", "state", "exit_stat
 def health(site, *args):
     cfg = site.trusted_config()
     return cli_process("check", "gpu-test", "--ssh-config", cfg, "--journal-directory", str(site.host.journal),
-                       "--health-check", *args, timeout=90)
+                       "--health-check", "--format", "json", "--timeout", "60", *args, timeout=90)
 
 
 def test_a_healthy_host_is_ok_on_both_scales(site):
@@ -41,6 +41,10 @@ def test_a_foreign_process_on_a_gpu_is_a_node_problem(site):
         assert foreign["problem"] == "node" and "nvidia-smi" in foreign["action"]
         assert d["state"] == "critical" and d["node_problems"] >= 1
         assert health(site, "--exit-codes", "npd").code == 1
+        # the status line NPD and Nagios read (issue 37): the GPU, the amount and the pid, in 80 bytes
+        r = cli_process("check", "gpu-test", "--ssh-config", site.trusted_config(), "--journal-directory",
+                        str(site.host.journal), "--health-check", "--exit-codes", "npd", "--timeout", "60", timeout=90)
+        assert r.code == 1 and r.stdout == "KVAUDIT CRITICAL - GPU 3: 4.0 GiB held by pid 9999 (not the engine)\n"
     finally:
         apps.write_text(real)
 
@@ -68,16 +72,16 @@ def test_a_config_warning_never_drains_the_node(site):
 
 def test_a_host_that_cannot_be_audited_is_unknown(site, tmp_path):
     cfg = site.ssh_config("closed", port=1, extra="")
-    r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", timeout=60)
+    r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", "-f", "json", timeout=60)
     assert r.code == 3 and r.json()["state"] == "unknown"
     r = cli_process("check", "gpu-test", "--ssh-config", cfg, "--health-check", "--exit-codes", "npd", timeout=60)
-    assert r.code == 2
+    assert r.code == 2 and r.stdout.startswith("KVAUDIT UNKNOWN - ") and len(r.stdout.strip().encode()) <= 80
 
 
 def test_a_usage_error_is_unknown_on_the_scale():
     """A check that did not run says so on stderr, writes no verdict, and exits UNKNOWN (Nagios 3, npd 2),
     not 2, which the Nagios scale reads as CRITICAL (the usage error's own status elsewhere)."""
-    for args, code in ((("--format", "json"), 3), (("--exit-codes", "npd", "--timeout", "soon"), 2),
+    for args, code in ((("--format", "markdown"), 3), (("--exit-codes", "npd", "--timeout", "soon"), 2),
                        (("--exit-codes", "sometimes"), 3)):
         r = cli("check", "local", "--health-check", *args)
         assert (r.code, r.stdout) == (code, ""), args

@@ -136,7 +136,11 @@ def test_fleet_exit_status_keeps_failure_classes_apart():
     from kvaudit.check import HostAudit
     from kvaudit.collect.interface import AuthFailed, NoEngineFound, Unreachable
     from kvaudit.collect.ssh import SshConfigError
-    from kvaudit.status import ExitStatus, for_fleet
+    from kvaudit.status import ExitStatus
+    from kvaudit.verdict import judge_fleet
+
+    def for_fleet(hosts):
+        return judge_fleet(hosts).exit_status
 
     def failed(exc):
         return HostAudit("h", None, None, (), (), exc)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import ASSUMED, FORMULA, Plan, PlanInput, Term
-from kvaudit.plan.terms import PlanError, weakest
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import ASSUMED, FORMULA, Plan, PlanInput, Term
+from kvaudit.planning.terms import PlanError, weakest
 from kvaudit.reconcile.lmdeploy.cell import pytorch_block, turbomind_block
 from kvaudit.reconcile.lmdeploy.settings import DEFAULT_BLOCK, DEFAULT_RATIO, policy_of
 from kvaudit.units import GIB, Interval

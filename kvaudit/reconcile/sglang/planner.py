@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from kvaudit.plan import calibrate
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
-from kvaudit.plan.terms import PlanError, weakest
+from kvaudit.planning import calibrate
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.terms import PlanError, weakest
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
@@ -120,8 +120,9 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         rule = rules_for(era, False)[0]
     draft_layers = draft.layers if draft else None
     target_layers = geom.num_layers if geom is not None else None
-    pred = predict(_Settings(era, page, args), rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None,
-                   draft_layers, target_layers)  # type: ignore[arg-type]
+    settings = cast(Any, _Settings(era, page, args))  # predict reads era, page_size and args of an audit's Context
+    pred = predict(settings, rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None,
+                   draft_layers, target_layers)
     lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
     kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
     if draft_first and draft:

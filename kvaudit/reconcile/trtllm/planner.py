@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvaudit.plan import calibrate
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
-from kvaudit.plan.terms import weakest
+from kvaudit.planning import calibrate
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.terms import weakest
 from kvaudit.reconcile.trtllm.cell import cell_size
 from kvaudit.units import GIB, Interval
 

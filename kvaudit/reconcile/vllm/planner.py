@@ -7,12 +7,15 @@
 ``v1/worker/gpu_worker.py::determine_available_memory`` 0.9.1+; the graph estimate from 0.20, when
 ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` became the default). The total is the card's as CUDA reports it; the
 weights are the checkpoint's per rank (or what the history's startups logged for this model); what the budget holds
-besides the weights and the pool (the activation peak of the profiling run, non-torch memory, the graph estimate)
-comes from the history's startups of this model, else is assumed with the ranges the corpus' startups span. The
-bytes per token are vLLM's own ``cell_size``; the utilisation is --fraction or the release's default.
+besides the weights and the pool comes from the history's startups of this model at this number of ranks, else
+from what the release's profile run does (``profile_run``): the activation peak as max(the dummy batch's forward,
+the sampler over the vocabulary), by the batch the release sets for the card (V1 from 0.8, V0 before), non-torch
+memory by release and ranks, the graph estimate from 0.20 (assumed). The bytes per token are vLLM's own
+``cell_size``; the utilisation is --fraction or the release's default.
 
 It starts when (``v1/core/kv_cache_utils.py::check_enough_kv_cache_memory``) the pool holds one request of
-max_model_len tokens, and (``gpu_worker.py::init_device``) the free memory at start is at least total x util.
+max_model_len tokens, and (``gpu_worker.py::init_device``) the free memory at start is at least total x util; before
+0.20 the CUDA graphs captured after the KV cache (``compile_or_warm_up_model``) must also fit outside the budget.
 """
 
 from __future__ import annotations
@@ -20,23 +23,47 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvaudit.plan import calibrate
-from kvaudit.plan import terms as shared
-from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
-from kvaudit.plan.terms import weakest
+from kvaudit.planning import calibrate
+from kvaudit.planning import terms as shared
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.terms import weakest
 from kvaudit.reconcile.vllm.cell import cell_size
 from kvaudit.reconcile.vllm.context import DEFAULT_BLOCK, default_utilization
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import VersionRange
 
-#: the ranges the corpus' and the samples' vLLM startups span (docs/plan.md, "vLLM"): the activation peak of the
-#: profiling run 0.24-6.30 GiB, non-torch memory 0.09-1.79 GiB on one GPU (vllm_c010) and up to 7.33 GiB on two
-#: (vllm_c013: custom all-reduce and NCCL buffers), the CUDA-graph estimate 0.10-1.69 GiB
+#: What the budget holds besides the weights and the pool, when no startup of the model is in the history, is
+#: modelled from what the release's profile run does (``profile_run``: one dummy batch of max_num_batched_tokens
+#: through the model, then the sampler over min(max_num_seqs, max_num_batched_tokens) rows of logits):
+#:   activation peak = max(forward, sampler)
+#:   forward = max_num_batched_tokens x (3 x MLP width per rank + 3 x hidden) x the dtype's bytes
+#:     (the gate/up output, the activation's output and a few hidden-sized buffers live at once; read against
+#:     vllm_c014/c015: 0.92 GiB more peak for 9,000 more tokens of Llama-3.1-8B = 109.8 KB a token)
+#:   sampler = rows x vocab_size x SAMPLER_BYTES. PyTorch's top-k/top-p (topk_topp_sampler.forward_native: the
+#:     bf16 logits, their float32 copy, the sort's values and int64 indices, the softmax and its masks) about
+#:     39 B an element: calibrated on llm-d's 0.11.0 Llama-3.1-8B (4.76 GiB) and Qwen3-32B (5.64 GiB) at 1,024
+#:     rows, 41 B in V0 0.6.5 (vllm_c010), up to 48 B in V0 0.7.3 (vllm_c006). FlashInfer's (forward_cuda, V1's
+#:     default when FlashInfer is installed: top_k_top_p_sampling_from_logits, no sort) holds the bf16 logits,
+#:     their float32 copy, the masked logits and the probabilities: 8-16 B an element, read in the code. Which
+#:     one runs is an installation fact (--sampler); not known, the range spans both.
+#: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
+FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
+SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0)}
+#: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
-NON_TORCH_GIB = {1: (0.05, 2.0), 2: (0.1, 7.5)}  # one rank, several
+#: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
+#: the CUDA context too (vllm_c010: 1.79 GiB at TP 1, 3.58 at TP 2); from 0.7, 0.03-0.35 GiB at TP 1 (vllm_c006,
+#: c014, vllm_016, llm-d's 0.13-0.14) and 0.2-0.55 at TP 2-4 (vllm_c007, llm-d's 0.54-0.55). LMCache-style
+#: connectors hold more (vllm_c013: 7.33 GiB) and are not modelled.
+NON_TORCH_GIB = {("0.6", 1): (1.0, 2.0), ("0.6", 2): (2.0, 4.0), ("0.7+", 1): (0.03, 0.4), ("0.7+", 2): (0.15, 0.8)}
 GRAPH_ESTIMATE_GIB = (0.05, 2.0)
 #: what is in use before vLLM compares the free memory with total x util: the CUDA context and torch's own
 CONTEXT_GIB = (0.25, 0.6)
+#: what loads with the weights beyond the checkpoint's bytes per rank (vLLM): llm-d's 0.11.0 startups loaded
+#: 0.01-0.08 GiB more than the checkpoint per rank (Llama-3.1-8B 14.99 for 14.96, Qwen3-32B 61.03 for 61.02 at
+#: TP 1 and 30.59 for 30.51 at TP 2)
+VLLM_WEIGHT_EXTRA = (0.0, 0.15)  # GiB, plus up to 0.5 % of the weights
+VLLM_WEIGHT_SHARE = 0.005
 
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
@@ -50,8 +77,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     default = default_utilization(era)[0]
     util = shared.fraction(inp, "gpu_memory_utilization", None if default is None else (
         default, f"vLLM {inp.version}'s default (vllm/config/cache.py CacheConfig.gpu_memory_utilization)"))
-    weights = shared.weights(inp, history, logged=True)
-    besides = _besides(inp, history, version)
+    weights = _weights(inp, history)
+    besides = _besides(inp, history, version, total)
     u = util.lo
     requested = Interval(total.lo * u, total.hi * u)
     available = requested - Interval(weights.lo, weights.hi) - Interval(besides.lo, besides.hi)
@@ -59,7 +86,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         cell, how, cell_kind = given_cell, "the replayed startup's own", GIVEN
     else:
         assert geom is not None
-        cell, how = cell_size(geom, inp.tp, shared.kv_element(inp), inp.pp, split_v=version >= (0, 14, 0))
+        cell, how = cell_size(geom, inp.tp, kv_element(inp), inp.pp, split_v=version >= (0, 14, 0))
         how, cell_kind = f"vLLM {inp.version} cell_size: {how}", FORMULA
     if geom is not None and (geom.is_hybrid_swa or geom.is_mamba_hybrid):
         notes.append("a hybrid model (sliding-window or state-space layers): vLLM's grouped pool is not modelled by "
@@ -89,9 +116,22 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                              "desired GPU memory utilization)")
     elif starts == "yes" and headroom.lo < ctx_hi:
         starts, why = "at risk", "total x utilisation leaves less than a CUDA context's memory outside the budget"
+    elif version < (0, 20, 0) and starts != "no":
+        # before 0.20 the CUDA graphs are captured after the KV cache is allocated, outside total x util
+        # (gpu_worker.compile_or_warm_up_model): what is left outside must hold the context and the graphs
+        g_lo, g_hi = GRAPH_ESTIMATE_GIB
+        if headroom.hi < ctx_lo + g_lo:
+            starts, why = "no", (f"{headroom.hi:.2f} GiB outside total x utilisation cannot hold the CUDA context and "
+                                 "the CUDA graphs, which vLLM before 0.20 captures after the KV cache (out of memory "
+                                 "in graph capture; --enforce-eager or a lower utilisation)")
+        elif starts == "yes" and headroom.lo < ctx_hi + g_hi:
+            starts, why = "at risk", (f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context "
+                                      f"({ctx_lo}-{ctx_hi} GiB) and the CUDA graphs ({g_lo}-{g_hi} GiB, assumed), "
+                                      "which vLLM before 0.20 captures after the KV cache")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
-    largest = math.floor((1 - ctx_hi / total.lo) * 1000) / 1000
+    outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
+    largest = math.floor((1 - outside / total.lo) * 1000) / 1000
     kv_lo, kv_hi = lo * cell / GIB, hi * cell / GIB
     return Plan(inp, tuple(out), lo, hi, round(kv_lo, 3), round(kv_hi, 3),
                 shared.concurrency(lo, hi, length, inp.max_running_requests), None, starts, why,
@@ -101,20 +141,133 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                 + f"; floor(KV / ({block} x bytes per token)) x {block}",
                 tuple(notes), block_size=block,
                 largest_fraction_reason="the largest that leaves the CUDA context outside the budget (vLLM's "
-                                        "free-memory check at start)")
+                                        "free-memory check at start)" + (", and the CUDA graphs captured after the "
+                                                                         "KV cache" if version < (0, 20, 0) else ""))
 
 
-def _besides(inp: PlanInput, history: Any, version: tuple[int, ...]) -> Term:
-    """What the budget holds besides the weights and the pool: the history's, else the corpus' ranges."""
+def kv_element(inp: PlanInput) -> float:
+    """The KV element size: a float32 config served with --dtype auto runs in 16 bits (vLLM's
+    config._get_and_verify_dtype downcasts float32 to bfloat16/float16), so its cache is 2 B an element."""
+    if inp.kv_dtype == "auto" and inp.geometry is not None and inp.geometry.dtype_bytes == 4:
+        return 2.0
+    return shared.kv_element(inp)
+
+
+def _weights(inp: PlanInput, history: Any) -> Term:
+    """vLLM's "Model loading took": the history's, else the checkpoint's bytes per rank (a tied lm_head is loaded
+    once: a checkpoint that stores it too loads one embedding fewer) plus a little (VLLM_WEIGHT_EXTRA)."""
+    obs = calibrate.logged_weights(history, inp)
+    if obs is not None or not inp.weight_bytes:
+        return shared.weights(inp, history, logged=True)
+    ranks = inp.tp * inp.pp
+    even = inp.weight_bytes / ranks / GIB
+    lo, words = even, ""
+    sz = inp.sizes
+    if sz is not None and sz.tie_word_embeddings and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
+        tied = sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / ranks / GIB
+        lo, words = even - tied, f"; a tied lm_head the checkpoint may store too: down to {even - tied:.2f}"
+    if inp.geometry is not None and inp.geometry.dtype_bytes == 4:  # a float32 config, served in 16 bits
+        lo, words = lo / 2, words + ("; a float32 config is served in 16 bits (--dtype auto): a float32 checkpoint "
+                                     f"loads at half its bytes, down to {lo / 2:.2f}")
+    hi = even * (1 + VLLM_WEIGHT_SHARE) + VLLM_WEIGHT_EXTRA[1]
+    if inp.pp > 1 and sz is not None and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
+        hi += sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / inp.tp / GIB  # the first/last stage
+        words += "; pipeline stages are uneven by an embedding"
+    return Term("weights_gib", "weights per rank (what loading took)", lo, hi, "GiB", ASSUMED,
+                f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
+                f"up to {VLLM_WEIGHT_EXTRA[1]} GiB + {VLLM_WEIGHT_SHARE:.1%} loaded with them (assumed){words}")
+
+
+def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[int, int, int, int, str]:
+    """The dummy batch the release's profile run pushes (tokens low/high, sampler rows low/high, and where the
+    defaults come from), as ``vllm serve`` sets them (the OpenAI server's usage context)."""
+    length = inp.context_length or (inp.geometry.max_position_embeddings if inp.geometry is not None else None) \
+        or 2048
+    name = (inp.card or "").lower()
+    if version < (0, 8, 0):
+        # V0 (config.py SchedulerConfig.__post_init__, engine/arg_utils.py): chunked prefill on by default past
+        # 32K (no sliding window); then 2048 tokens a step, else max(max_model_len, 2048); 256 sequences
+        chunked = length > 32768 and not (inp.geometry is not None and inp.geometry.sliding_window_layers)
+        tokens = inp.max_num_batched_tokens or (2048 if chunked else max(length, 2048))
+        rows = min(inp.max_running_requests or 256, tokens)
+        return tokens, tokens, rows, rows, (f"V0: {tokens:,} tokens (" + ("chunked prefill past 32K" if chunked else
+                                            "max(max_model_len, 2048)") + f"), {rows:,} sequences")
+    # V1 (engine/arg_utils.py _set_default_args): 8192 tokens and 1024 sequences on a card of 70 GiB or more, else
+    # 2048 and 256 (read in 0.8.5 and 0.11.0); from 0.9 an A100 keeps the small defaults (PR #17885)
+    big_lo = big_hi = False
+    if version < (0, 9, 0) and total_gib >= 70:
+        big_lo = big_hi = True
+    elif total_gib >= 70:
+        if name:
+            big_lo = big_hi = "a100" not in name
+        else:  # an unnamed card of that size may be an A100
+            big_lo, big_hi = False, True
+    t_lo, t_hi = (8192 if big_lo else 2048), (8192 if big_hi else 2048)
+    s_lo, s_hi = (1024 if big_lo else 256), (1024 if big_hi else 256)
+    if inp.max_num_batched_tokens:
+        t_lo = t_hi = inp.max_num_batched_tokens
+    if inp.max_running_requests:
+        s_lo = s_hi = inp.max_running_requests
+    s_lo, s_hi = min(s_lo, t_lo), min(s_hi, t_hi)
+    where = "given" if inp.max_num_batched_tokens and inp.max_running_requests else (
+        ("the defaults for a card of 70 GiB or more" + (", not an A100" if version >= (0, 9, 0) else "")) if big_lo else
+        "the defaults for this card" if big_lo == big_hi else "the defaults: an unnamed card of 70 GiB or more may "
+        "be an A100 (2048 and 256) or not (8192 and 1024)")
+    t_words = f"{t_lo:,}" if t_lo == t_hi else f"{t_lo:,}-{t_hi:,}"
+    s_words = f"{s_lo:,}" if s_lo == s_hi else f"{s_lo:,}-{s_hi:,}"
+    return t_lo, t_hi, s_lo, s_hi, f"V1: {t_words} tokens, {s_words} sampler rows ({where})"
+
+
+def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[float, float, str] | None:
+    """The profile run's torch peak above the weights: max(forward, sampler), each from the model's sizes."""
+    sz, geom = inp.sizes, inp.geometry
+    if sz is None or geom is None or not sz.vocab_size or not sz.hidden_size:
+        return None
+    width = (sz.moe_intermediate_size * sz.experts_per_token if sz.moe_intermediate_size and sz.experts_per_token
+             else sz.intermediate_size)
+    if not width:
+        return None
+    t_lo, t_hi, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
+    elt = 2.0 if geom.dtype_bytes == 4 else geom.dtype_bytes  # float32 configs run in 16 bits
+    per_token = FORWARD_WIDTHS * (width / inp.tp + sz.hidden_size) * elt
+    if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
+        kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
+        b_lo, b_hi = SAMPLER_BYTES[kind]
+    elif inp.sampler:
+        kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
+    else:
+        kind, b_lo, b_hi = "flashinfer or native: not known", SAMPLER_BYTES["flashinfer"][0], SAMPLER_BYTES["native"][1]
+    fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
+    smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
+    lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
+    return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
+                    f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
+                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
+                    f"[{batch}]")
+
+
+def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
+    era = "0.6" if version < (0, 7, 0) else "0.7+"
+    return NON_TORCH_GIB[(era, 1 if inp.tp * inp.pp == 1 else 2)]
+
+
+def _besides(inp: PlanInput, history: Any, version: tuple[int, ...], total: Term) -> Term:
+    """What the budget holds besides the weights and the pool: the history's, else the profile run's model."""
     label = "activation peak + non-torch" + (" + CUDA graph estimate" if version >= (0, 20, 0) else "")
     obs = calibrate.budget_besides_weights(history, inp)
     if obs is not None:
         return Term("besides_gib", label, max(0.0, obs.lo), obs.hi, "GiB", CALIBRATED, obs.basis)
-    parts = [ACTIVATION_GIB, NON_TORCH_GIB[1 if inp.tp * inp.pp == 1 else 2]]
-    words = (f"activation peak {ACTIVATION_GIB[0]}-{ACTIVATION_GIB[1]} GiB, non-torch {parts[1][0]}-{parts[1][1]} GiB "
-             f"({'one rank' if inp.tp * inp.pp == 1 else 'several ranks: NCCL and custom all-reduce buffers'})")
+    act = activation(inp, version, total.mid)
+    nt = non_torch(inp, version)
+    if act is None:
+        a_lo, a_hi, words = *ACTIVATION_GIB, (f"activation peak {ACTIVATION_GIB[0]}-{ACTIVATION_GIB[1]} GiB (the "
+                                              "corpus' range: the config gives no hidden, MLP or vocabulary size)")
+    else:
+        a_lo, a_hi, words = act
+    parts = [(a_lo, a_hi), nt]
+    words += f", non-torch {nt[0]}-{nt[1]} GiB ({'one rank' if inp.tp * inp.pp == 1 else 'several ranks'})"
     if version >= (0, 20, 0):
         parts.append(GRAPH_ESTIMATE_GIB)
-        words += f", CUDA graph estimate {GRAPH_ESTIMATE_GIB[0]}-{GRAPH_ESTIMATE_GIB[1]} GiB"
+        words += f", CUDA graph estimate {GRAPH_ESTIMATE_GIB[0]}-{GRAPH_ESTIMATE_GIB[1]} GiB (assumed)"
     return Term("besides_gib", label, sum(p[0] for p in parts), sum(p[1] for p in parts), "GiB", ASSUMED,
-                words + ": the ranges the corpus' vLLM startups span; no startup of this model in the history")
+                words + "; no startup of this model in the history")

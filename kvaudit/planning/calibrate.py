@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvaudit.plan.model import Observed, PlanInput
+from kvaudit.planning.model import Observed, PlanInput
 
 #: a logged GiB value is rounded to two decimals
 HALF_ULP = 0.005
@@ -33,10 +33,20 @@ class Observation:
     level: int = 0  # 0: this family; 1: other releases; 2: other numbers of ranks
 
 
-def frame(rows: list[Observed]) -> Any:
-    import pandas as pd
+def release_of(version: Any) -> Any:
+    """A release as the history should file it: a local build's suffix dropped ("0.5.11+05fb6a52" is 0.5.11, as
+    PEP 440 reads a local version label); a range ("0.5.10..0.5.12") or None as it is."""
+    if not isinstance(version, str):
+        return version
+    return version.split("+", 1)[0].strip() or version
 
-    return pd.DataFrame([r.__dict__ for r in rows], columns=list(Observed.__dataclass_fields__))
+
+def frame(rows: list[Observed]) -> Any:
+    import pandas as pd  # type: ignore[import-untyped]  # no stubs in the test environment
+
+    df = pd.DataFrame([r.__dict__ for r in rows], columns=list(Observed.__dataclass_fields__))
+    df["version"] = df["version"].map(release_of)
+    return df
 
 
 def _same_card(df: Any, inp: PlanInput) -> Any:
@@ -53,8 +63,12 @@ def _describe(sub: Any, what: str) -> str:
     return f"{len(sub)} startup{'s' if len(sub) != 1 else ''} of {what} ({shown})"
 
 
-def observe(df: Any, inp: PlanInput, value: Callable[[Any], Any], by_model: bool) -> Observation | None:
-    """The term ``value(rows)`` from the nearest family that has it; None when no startup has it."""
+def observe(df: Any, inp: PlanInput, value: Callable[[Any], Any], by_model: bool,
+            ranks_scale: str = "no") -> Observation | None:
+    """The term ``value(rows)`` from the nearest family that has it; None when no startup has it. A startup at
+    another number of ranks gives a term that splits over the ranks (``ranks_scale="split"``: the weights) scaled
+    by its ranks / ours; one that does not depend on them (``"no"``: T) as it is; one that mixes both
+    (``"skip"``: post = T - weights) is not taken from other numbers of ranks at all."""
     if df is None or len(df) == 0:
         return None
     card = _same_card(df[df["engine"] == inp.engine], inp)
@@ -62,16 +76,22 @@ def observe(df: Any, inp: PlanInput, value: Callable[[Any], Any], by_model: bool
         card = card[card["model_key"] == inp.model_key]
     card_name = inp.card or f"a {inp.gpu_total_mib:,.0f} MiB card"
     ranks = inp.tp * inp.pp  # the history counts ranks
+    version = release_of(inp.version)
     model = f" with this model ({inp.model_key})" if by_model else ""
     steps = (
-        (card[(card["version"] == inp.version) & (card["tp"] == ranks)], 0.0,
+        (card[(card["version"] == version) & (card["tp"] == ranks)], 0.0,
          f"{card_name}, {inp.engine} {inp.version}, {ranks} ranks{model}"),
-        (card[(card["version"] != inp.version) & (card["tp"] == ranks)], OTHER_RELEASE_GIB,
+        (card[(card["version"] != version) & (card["tp"] == ranks)], OTHER_RELEASE_GIB,
          f"{card_name}, {ranks} ranks{model} at other {inp.engine} releases"),
         (card[card["tp"] != ranks], OTHER_RELEASE_GIB + OTHER_TP_GIB, f"{card_name}{model} at other numbers of ranks"),
     )
     for level, (sub, widen, what) in enumerate(steps):
+        if level == 2 and ranks_scale == "skip":
+            break
         vals = value(sub).dropna() if len(sub) else None
+        if vals is not None and level == 2 and ranks_scale == "split":
+            vals = vals * sub.loc[vals.index, "tp"] / ranks  # the weights split over the ranks
+            what += f", scaled by their ranks / {ranks}"
         if vals is None or len(vals) == 0:
             continue
         used = sub.loc[vals.index]
@@ -90,25 +110,28 @@ def pre_load_free(df: Any, inp: PlanInput) -> Observation | None:
 
 
 def post_load_free(df: Any, inp: PlanInput) -> Observation | None:
-    return observe(df, inp, lambda s: s["post_gib"], by_model=True)
+    """post = T - weights mixes a term of the card and one of the ranks: not taken from other numbers of ranks
+    (the plan then takes T and the scaled weights apart)."""
+    return observe(df, inp, lambda s: s["post_gib"], by_model=True, ranks_scale="skip")
 
 
 def weight_memory(df: Any, inp: PlanInput) -> Observation | None:
     """T - post for this model, at this TP: what loading it took (SGLang: the weights and what comes with them), or
     what TensorRT-LLM's profiling run left in use besides the temporary KV (its post is free after profiling)."""
-    return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True)
+    return observe(df, inp, lambda s: s["t_gib"] - s["post_gib"], by_model=True, ranks_scale="split")
 
 
 def logged_weights(df: Any, inp: PlanInput) -> Observation | None:
     """What loading this model took per rank as the engine logged it (vLLM's "Model loading took X GiB"): the
     engines whose T is the card's total, where T - post is not the weights."""
-    return observe(df, inp, lambda s: s["weights_gib"], by_model=True)
+    return observe(df, inp, lambda s: s["weights_gib"], by_model=True, ranks_scale="split")
 
 
 def budget_besides_weights(df: Any, inp: PlanInput) -> Observation | None:
     """vLLM: what the budget (total x util) held besides the weights and the KV cache (activation peak, non-torch
     memory, the CUDA-graph estimate): total x util - weights - the available KV memory it logged."""
-    return observe(df, inp, lambda s: s["t_gib"] * s["fraction"] - s["weights_gib"] - s["rest_gib"], by_model=True)
+    return observe(df, inp, lambda s: s["t_gib"] * s["fraction"] - s["weights_gib"] - s["rest_gib"], by_model=True,
+                   ranks_scale="skip")  # activations split over TP, non-torch grows with ranks: kept apart
 
 
 def reserve_held(df: Any, inp: PlanInput) -> Observation | None:

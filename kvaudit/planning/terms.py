@@ -10,8 +10,8 @@ from typing import Any
 
 from kvaudit.errors import KvauditError
 from kvaudit.model_config import ModelGeometry
-from kvaudit.plan import calibrate
-from kvaudit.plan.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, PlanInput, Term
+from kvaudit.planning import calibrate
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, PlanInput, Term
 from kvaudit.units import GIB, Interval
 
 #: what loading the weights takes beyond the checkpoint's bytes per rank, when no startup of the model says:

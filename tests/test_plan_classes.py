@@ -1,0 +1,236 @@
+"""kvaudit plan 2 (issue 36), class by class, on real inputs: the vLLM profile run's terms, the failures outside the
+budget, calibration across TP sizes, settings the plan cannot be told, cards by their tools' names, local release
+strings, plan's exit status, and the validation set kept apart from the calibration set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvaudit.status import ExitStatus
+from tests.conftest import CONFIGS, FIXTURES, cli
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+CORPUS = FIXTURES / "corpus"
+EXIT = {"yes": ExitStatus.OK, "at risk": ExitStatus.WARNINGS, "unknown": ExitStatus.WARNINGS,
+        "no": ExitStatus.LOG_ERRORS}
+
+
+def _model(tmp_path: Path, config: str, nbytes: int) -> str:
+    """A model directory as plan reads it: config.json and model.safetensors.index.json's total_size."""
+    d = tmp_path / config.replace(".json", "")
+    d.mkdir(exist_ok=True)
+    src = BENCH / "plan_configs" / config
+    (d / "config.json").write_text((src if src.is_file() else CONFIGS / config).read_text())
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": nbytes}}))
+    return str(d)
+
+
+def _plan(*args):
+    r = cli("plan", *args, "-f", "json")
+    assert r.code in EXIT.values(), r.stderr
+    p = json.loads(r.stdout)
+    assert r.code == EXIT[p["starts"]], (r.code, p["starts"])
+    return r, p
+
+
+def _term(p: dict, key: str) -> dict:
+    return next(t for t in p["terms"] if t["key"] == key)
+
+
+QWEN3_32B = ("qwen3-32b.json", 65524246528)
+LLAMA31_8B = ("llama31-8b.json", 16060522496)
+
+
+# class 1: vLLM's activation, non-torch and graph terms from what the release's profile run does
+
+def test_vllm_activation_is_the_profile_runs_sampler_over_the_vocabulary_and_says_what_it_assumed(tmp_path):
+    """llm-d's 0.11.0 Llama-3.1-8B on an H100 (calibration set): 1,024 sampler rows x 128,256 x 37-41 B with PyTorch's
+    sampler; the budget lands within 2 % of the logged 51.38 GiB and the term names the batch and the sampler."""
+    model = _model(tmp_path, *LLAMA31_8B)
+    _, native = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9", "--context-length",
+                      "16000", "--sampler", "native")
+    besides = _term(native, "besides_gib")
+    assert "1,024" in besides["basis"] and "128,256" in besides["basis"] and "native" in besides["basis"]
+    rest = _term(native, "rest_gib")
+    assert rest["low"] <= 51.38 <= rest["high"] and rest["high"] - rest["low"] < 2.0
+    assert abs((rest["low"] + rest["high"]) / 2 - 51.38) / 51.38 < 0.02
+    _, flash = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9", "--context-length",
+                     "16000", "--sampler", "flashinfer")
+    assert _term(flash, "rest_gib")["low"] > rest["high"]  # FlashInfer's sampler holds far less than the sort
+    _, unknown = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9", "--context-length",
+                       "16000")
+    u = _term(unknown, "rest_gib")
+    assert u["low"] <= rest["low"] and u["high"] >= _term(flash, "rest_gib")["high"]  # not known: both
+
+
+def test_a_tied_lm_head_is_loaded_once(tmp_path):
+    """Qwen3-0.6B's checkpoint counts 751,632,384 parameters with the lm_head; vLLM loads the tied head once (llm-d:
+    1.12 GiB): the weights term reaches down to the checkpoint less one embedding."""
+    model = _model(tmp_path, "qwen3-0.6b.json", 1503264768)
+    _, p = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9", "--context-length", "16000")
+    w = _term(p, "weights_gib")
+    assert w["low"] <= 1.12 <= w["high"] and "tied" in w["basis"]
+
+
+# class 3: failures outside the budget are `no` or `at risk` with the term that decides them
+
+def test_a_tp_that_does_not_divide_the_attention_heads_does_not_start(tmp_path):
+    r, p = _plan(_model(tmp_path, *QWEN3_32B), "--engine", "vllm==0.11.0", "--gpu", "h100", "--tp", "3",
+                 "--fraction", "0.9", "--context-length", "8192")
+    assert p["starts"] == "no" and "64 attention heads" in p["starts_reason"] and r.code == ExitStatus.LOG_ERRORS
+
+
+def test_a_context_past_the_models_own_does_not_start_on_vllm_or_sglang(tmp_path):
+    model = _model(tmp_path, *QWEN3_32B)  # max_position_embeddings 40,960, no rope scaling
+    _, v = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h200", "--fraction", "0.9", "--context-length", "65536")
+    assert v["starts"] == "no" and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in v["starts_reason"]
+    _, s = _plan(model, "--engine", "sglang==0.5.9", "--gpu", "h200", "--fraction", "0.9", "--context-length", "65536")
+    assert s["starts"] == "no" and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in s["starts_reason"]
+    _, ok = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "h200", "--fraction", "0.9", "--context-length", "32768")
+    assert ok["starts"] == "yes"
+
+
+def test_before_0_20_the_graphs_captured_after_the_kv_cache_need_room_outside_the_budget(tmp_path):
+    """vLLM before 0.20 captures its CUDA graphs after the KV cache, outside total x util: at 0.95 on a 32 GiB card
+    the 1.6 GiB outside may not hold the context and the graphs; at 0.99 (vllm_c007's setting) not even a context."""
+    model = _model(tmp_path, *LLAMA31_8B)
+    _, old = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-5090", "--fraction", "0.95", "--context-length",
+                   "4096")
+    assert old["starts"] == "at risk" and "CUDA graphs" in old["starts_reason"]
+    _, tight = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-5090", "--fraction", "0.99", "--context-length",
+                     "4096")
+    assert tight["starts"] in ("no", "at risk") and "CUDA context" in tight["starts_reason"]
+    _, fine = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-5090", "--fraction", "0.85", "--context-length",
+                    "4096")
+    assert fine["starts"] == "yes"
+
+
+def test_a_text_plan_without_a_context_length_counts_requests_of_the_models_own(tmp_path):
+    """vLLM's max_model_len defaults to max_position_embeddings: the text view names that length (it crashed on a
+    plan given no --context-length)."""
+    r = cli("plan", _model(tmp_path, "llama3-8b.json", 16060522496), "--engine", "vllm==0.6.5", "--gpu", "h100",
+            "--fraction", "0.9")
+    assert r.code == ExitStatus.OK and "concurrent 8,192-token requests" in r.stdout, r.stderr
+    assert "CUDA graphs captured after the KV cache" in r.stdout  # the largest fraction leaves them room (0.6.5)
+
+
+def test_a_checkpoint_larger_than_the_card_does_not_start(tmp_path):
+    """llm-d's DeepSeek-R1 on one H100 (validation set): the weights alone are past the budget."""
+    r, p = _plan(_model(tmp_path, "deepseek-v3.json", 688586727753), "--engine", "vllm==0.11.0", "--gpu", "h100",
+                 "--fraction", "0.9", "--context-length", "16000")
+    assert p["starts"] == "no" and r.code == ExitStatus.LOG_ERRORS
+
+
+# class 4: calibration from another TP size scales what scales with the ranks
+
+def test_weights_calibrated_at_tp1_are_split_over_the_ranks_of_a_tp2_plan(tmp_path):
+    from kvaudit.explain import audit, read_log
+    from kvaudit.fleet.history import record
+    from kvaudit.model_config import load_config
+    from kvaudit.plan.model import model_key
+    from kvaudit.plan.observe import from_audit
+    from kvaudit.reconcile.interface import AuditOptions
+
+    with (CORPUS / "vllm_c010.log").open("rb") as fh:  # Meta-Llama-3-8B, TP 1, an H100: 14.96 GiB of weights
+        a = audit(read_log(fh), AuditOptions(source="vllm_c010.log"), None, True)[-1]
+    row = from_audit("c010", a, "startup 1", "NVIDIA H100 80GB HBM3", 81559,
+                     model_key(load_config(BENCH / "plan_configs" / "llama3-8b.json")))
+    db = tmp_path / "history.db"
+    record(str(db), "2026-12-01T00:00:00+00:00", 0.0, 1.0, [], [], [row])
+    model = _model(tmp_path, "llama3-8b.json", 16060522496)
+    _, p = _plan(model, "--engine", "vllm==0.6.5", "--gpu", "h100", "--tp", "2", "--fraction", "0.9", "--history",
+                 str(db))
+    w = _term(p, "weights_gib")
+    assert w["kind"] == "calibrated" and "scaled" in w["basis"]
+    assert w["low"] < 14.96 / 2 < w["high"] and w["high"] < 8.5  # split, not the TP 1 figure
+    assert _term(p, "besides_gib")["kind"] == "assumed"  # activation and non-torch are not carried across ranks
+
+
+# class 5: settings the plan cannot be told are refused by name; vLLM accepts a fraction of 1.0
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--quantization", "fp8", "not modelled"),
+    ("--dtype", "float32", "not modelled"),
+    ("--cpu-offload-gib", "8", "not modelled"),
+])
+def test_settings_the_plan_does_not_model_are_refused_by_name(tmp_path, flag, value, words):
+    r = cli("plan", _model(tmp_path, *LLAMA31_8B), "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "0.9",
+            flag, value)
+    assert r.code == ExitStatus.BAD_INPUT and words in r.stderr and flag in r.stderr and "Traceback" not in r.stderr
+
+
+def test_vllm_accepts_a_utilisation_of_one_and_sglang_does_not(tmp_path):
+    model = _model(tmp_path, *LLAMA31_8B)
+    r = cli("plan", model, "--engine", "vllm==0.11.0", "--gpu", "h100", "--fraction", "1.0", "-f", "json")
+    assert r.code in EXIT.values() and json.loads(r.stdout)["starts"] in ("no", "at risk")  # no room for a context
+    r = cli("plan", model, "--engine", "sglang==0.5.9", "--gpu", "h100", "--fraction", "1.0")
+    assert r.code == ExitStatus.BAD_INPUT and "vLLM's alone" in r.stderr
+
+
+def test_a_float32_config_is_served_in_16_bits_by_vllm(tmp_path):
+    """llama31-8b's fixture config is the float32 copy (samples INDEX): vLLM's --dtype auto serves it in bfloat16,
+    so the cell is 2 B an element (131,072 B a token), not 4."""
+    _, p = _plan(_model(tmp_path, "llama31-8b.json", 16060522496), "--engine", "vllm==0.11.0", "--gpu", "h100",
+                 "--fraction", "0.9", "--context-length", "8192")
+    assert _term(p, "bytes_per_token")["low"] == 131072
+
+
+# class 6: cards as their tools name them; unified memory is not modelled
+
+@pytest.mark.parametrize("name, mib", [("NVIDIA A10G", 23028), ("l4", 23034), ("NVIDIA A40", 46068),
+                                       ("NVIDIA H100 NVL", 95330), ("NVIDIA GeForce RTX 5090", 32607),
+                                       ("AMD Instinct MI300X", 196592)])
+def test_cards_by_the_name_their_tool_prints(name, mib):
+    from kvaudit.plan.cards import card
+
+    c = card(name)
+    assert c.total_mib == mib and c.source
+
+
+@pytest.mark.parametrize("name", ["gb10", "NVIDIA GB10", "DGX Spark", "NVIDIA GH200 480GB"])
+def test_a_unified_memory_machine_is_not_planned_as_a_card(tmp_path, name):
+    r = cli("plan", _model(tmp_path, *LLAMA31_8B), "--engine", "vllm==0.11.0", "--gpu", name, "--fraction", "0.9")
+    assert r.code == ExitStatus.BAD_INPUT and "unified-memory" in r.stderr and "not modelled" in r.stderr
+
+
+# class 7: a local build's release string is filed under its release
+
+def test_a_local_build_is_calibrated_as_its_release():
+    from kvaudit.planning.calibrate import frame, pre_load_free, release_of
+    from kvaudit.planning.model import Observed, PlanInput
+
+    assert release_of("0.5.11+05fb6a52") == "0.5.11" and release_of("0.5.10..0.5.12") == "0.5.10..0.5.12"
+    row = Observed(1, "h", "sglang", "0.5.11+05fb6a52", "NVIDIA H200", 143771.0, 8, 0.85, 139.5, 60.0, 79.5, 20.9,
+                   5.0, 70272, 100000, "k")
+    inp = PlanInput("sglang", "0.5.11", "NVIDIA H200", 143771.0, 8, 1, 1, 0.85, "auto", None, None, None, None, None,
+                    "k", None, None)
+    obs = pre_load_free(frame([row]), inp)
+    assert obs is not None and obs.level == 0  # the same release, not "other releases"
+
+
+# the validation set is apart from the calibration set, sourced, and its failures are planned no or at risk
+
+def test_the_validation_set_is_sourced_and_apart_from_the_calibration_set():
+    cal = json.loads((BENCH / "plan_cases.json").read_text())
+    val = json.loads((BENCH / "plan_validation.json").read_text())
+    key = lambda c: (c["engine"], c["model"], c.get("gpu"), c.get("tp", 1), c.get("fraction"), c.get("max_model_len"))  # noqa: E731
+    assert not {key(c) for c in cal["cases"]} & {key(c) for c in val["cases"]}
+    for c in val["cases"]:
+        assert c["source"].startswith("https://github.com/"), c["id"]
+        assert c["model"] in val["checkpoints"] and val["checkpoints"][c["model"]]["source"], c["id"]
+        assert c["outcome"] in ("started", "failed") and (c["logged_kv_gib"] is not None or c["outcome"] == "failed")
+
+
+def test_every_failed_startup_of_the_validation_set_is_planned_no_or_at_risk_and_no_started_one_no():
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    import plan_unseen
+
+    s = plan_unseen.measure(BENCH / "plan_validation.json", show=False)
+    assert s["failed_from_memory"] >= 3 and s["failed_planned_no_or_at_risk"] == s["failed_from_memory"]
+    assert s["started_planned_no"] == 0 and not s["refused"]
