@@ -74,13 +74,8 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
         out.append(f)
 
     # memory idle at the end of startup: only when the end reading is final (graphs and draft are in the
-    # log); memory an excerpt stops before spending is not idle. On unified memory (GB10, Jetson) what is free
-    # at the end is the host's system memory, shared with the OS and every program: not idle GPU memory
-    unified = getattr(ctx.opts.platform, "unified_memory", False)
-    if unified and any(l.end_is_final and (l.free_at_end_gib or 0) > th.unused_min_gib for l in ledgers):
-        ctx.notes.append("on unified memory the memory free at the end of startup is the host's system memory, "
-                         "not GPU memory left idle: it is not reported as unused")
-    for l in ([] if unified else ledgers):
+    # log); memory an excerpt stops before spending is not idle
+    for l in ledgers:
         t = l.pre_load_free_gib
         idle = l.free_at_end_gib if l.end_is_final else None
         if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
