@@ -257,3 +257,30 @@ def test_aiters_reserve_is_applied_once_where_the_release_applies_it(version, pr
     assert a.engine_version == version
     assert a.formula.verdict == Verdict.MATCH, a.formula.verdict_reason
     assert abs(a.formula.mem_fraction_static - 0.68) < 1e-9
+
+
+_DSV4_CAPPED = """\
+[2026-09-11 23:34:03] server_args={'model_path': 'm', 'mem_fraction_static': 0.95, 'max_total_tokens': 3000000, \
+'page_size': 256, 'swa_full_tokens_ratio': 0.8, 'tp_size': 3, 'speculative_algorithm': 'DSPARK'}
+[2026-09-11 23:34:13 TP0 EP0] Load weight begin. avail mem=111.47 GB
+[2026-09-11 23:43:15 TP0 EP0] Load weight end. elapsed=541.76 s, type=DeepseekV4ForCausalLM, quant=fp8, \
+avail mem=17.47 GB, mem usage=94.00 GB.
+[2026-09-11 23:46:11 TP0 EP0] DSV4 memory calculation: bytes_per_full_token=1670.75, available_bytes=8.84 GB, \
+c128_state_fixed=0.00 GB, swa_fixed=0.30 GB, full_token=5491200
+[2026-09-11 23:46:11 TP0 EP0] Initialize DeepSeekV4TokenToKVPool with max_num_reqs=4 swa_size=13312 \
+c4_size=749952 c128_size=23436 c4_state_pool_size=1664 c128_state_pool_size=0
+[2026-09-11 23:46:49 TP0 EP0] max_total_num_tokens=2999808, chunked_prefill_size=1024, max_prefill_tokens=16384, \
+max_running_requests=4, context_len=1048576, available_gpu_mem=7.68 GB
+"""
+
+
+def test_a_capped_deepseek_v4_pool_is_checked_from_the_cap():
+    """0.5.20+ shapes (pool_configurator.py's format strings; the numbers of a 3 x DGX Spark DSpark startup): the
+    fixed pools come off the budget (8.84 - 0.30 GiB / 1,670.75 B ~ 5.49 M full tokens), then
+    --max-total-tokens rebuilds the pools from 2,999,808: c4 and c128 follow the cap, the cap-mode SWA pool is not
+    judged by the ratio."""
+    (a,) = run(_DSV4_CAPPED.encode())
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == 5491200
+    assert any("caps the pools" in n and "2,999,808" in n for n in a.notes)
+    assert any("c4 749,952 = full // 4" in n for n in a.notes)
+    assert not any("is not int(" in n for n in a.notes)

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.sglang import DSv4Calc, MemoryProfile, OtherPool
+from kvaudit.parse.sglang import DSv4Calc, MemoryProfile, OtherPool, SchedulerSummary
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
@@ -114,7 +114,16 @@ def check(startup: Startup, args: dict, T: Interval | None, post: Interval | Non
                   f"int({base - fixed:.2f} GiB / {calc.bytes_per_full_token:.2f} B) rounded to the page is "
                   f"{tokens.low:,}..{tokens.high:,}")
     budget_note, off = _budget(startup, calc, T, post, mfs)
-    notes.extend(_pool_sizes(startup, args, logged, pages))
+    # --max-total-tokens below the division: the pools are rebuilt from the cap
+    # (calculate_pool_sizes_from_max_tokens: cap // page x page), and the scheduler summary states it
+    pool_full = logged
+    cap = as_int(args.get("max_total_tokens"))
+    summaries = startup.of(SchedulerSummary)
+    if cap is not None and cap < logged:
+        pool_full = summaries[-1].max_total_num_tokens if summaries else cap // max(pages) * max(pages)
+        notes.append(f"--max-total-tokens {cap:,} caps the pools below the division's {logged:,} full tokens: they "
+                     f"hold {pool_full:,} (calculate_pool_sizes_from_max_tokens)")
+    notes.extend(_pool_sizes(startup, args, pool_full, pages, swa_ratio_sized=not padding))
     return DSv4Check(calc, cell, budget, tokens, logged, verdict, reason, calc.available_gib, budget_note, off,
                      tuple(notes))
 
@@ -156,8 +165,10 @@ def _speculative(startup: Startup) -> bool:
     return algo not in (None, "None", "", "NONE")
 
 
-def _pool_sizes(startup: Startup, args: dict, full: int, pages: tuple[int, ...]) -> list[str]:
-    """``swa_size= c4_size= c128_size=`` against the full-token count (``_compute_dsv4_sizes``)."""
+def _pool_sizes(startup: Startup, args: dict, full: int, pages: tuple[int, ...], swa_ratio_sized: bool = True
+                ) -> list[str]:
+    """``swa_size= c4_size= c128_size=`` against the full-token count (``_compute_dsv4_sizes``). From 0.5.20 the
+    SWA pool may be sized by a request cap instead of the ratio (``DSV4 SWA sizing: mode=cap``): not checked."""
     pools = [e for e in startup.of(OtherPool) if e.kind == POOL_KIND]
     if not pools:
         return []
@@ -172,7 +183,7 @@ def _pool_sizes(startup: Startup, args: dict, full: int, pages: tuple[int, ...])
     if c128 is not None and c128 != full // 128:
         bad.append(f"c128_size={c128:,} is not full // 128 = {full // 128:,}")
     ratio = as_float(args.get("swa_full_tokens_ratio"))
-    if swa is not None and ratio is not None and len(pages) == 1:
+    if swa is not None and ratio is not None and len(pages) == 1 and swa_ratio_sized:
         want = int(full * ratio) // pages[0] * pages[0]
         if swa != want:
             bad.append(f"swa_size={swa:,} is not int({full:,} x {ratio}) // {pages[0]} x {pages[0]} = {want:,}")
