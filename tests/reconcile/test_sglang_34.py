@@ -284,3 +284,26 @@ def test_a_capped_deepseek_v4_pool_is_checked_from_the_cap():
     assert any("caps the pools" in n and "2,999,808" in n for n in a.notes)
     assert any("c4 749,952 = full // 4" in n for n in a.notes)
     assert not any("is not int(" in n for n in a.notes)
+
+
+_GEMMA3_ONE_POOL = """SGLang Version 0.5.11
+[2026-06-10 02:10:40] server_args=ServerArgs(model_path='google/gemma-3-27b-it', mem_fraction_static=0.85, \
+kv_cache_dtype='auto', page_size=1, swa_full_tokens_ratio=0.8, tp_size=1)
+[2026-06-10 02:10:49] Load weight begin. avail mem=80.00 GB
+[2026-06-10 02:16:37] Load weight end. elapsed=347.58 s, type=Gemma3ForConditionalGeneration, avail mem=25.00 GB, \
+mem usage=55.00 GB.
+[2026-06-10 02:16:40] KV Cache is allocated. #tokens: 27482, K size: 6.50 GB, V size: 6.50 GB
+[2026-06-10 02:16:43] max_total_num_tokens=27482, chunked_prefill_size=8192, max_prefill_tokens=16384, \
+max_running_requests=2048, context_len=131072, available_gpu_mem=10.00 GB
+"""
+
+
+def test_a_hybrid_outside_the_allow_list_gets_one_full_pool_not_a_geometry_finding():
+    """Upstream SGLang (0.5.11-0.5.23 configs/model_config.py::is_hybrid_swa_model) does not list Gemma-3: the
+    sliding-window model gets one full-length pool. No public upstream Gemma-3 startup of 0.5.9+ is in the corpus
+    (c027 is a fork that adds it); the lines follow 0.5.11's format strings. 62 x 16 x (128 + 128) x 2 = 507,904 B,
+    (25 - 0.15 x 80) GiB / 507,904 B = 27,482 tokens."""
+    (a,) = run(_GEMMA3_ONE_POOL.encode(), model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    assert "GEOMETRY_MISMATCH" not in codes(a)
+    assert a.formula.bytes_per_token == 507904 and a.formula.verdict == Verdict.MATCH
+    assert any("allow-list" in n for n in a.notes)

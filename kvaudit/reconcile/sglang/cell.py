@@ -6,7 +6,7 @@ Upstream: ``ModelRunner.profile_max_num_token`` (0.3.0-0.5.6), ``get_cell_size_p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
@@ -129,6 +129,20 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
     if geom.incomplete:
         # a config kvaudit reads incompletely proves nothing about the pool: no cell, no geometry finding
         return None, f"{geom.incomplete}; bytes per token from the KV lines"
+    if geom.is_hybrid_swa and _one_full_pool(ctx):
+        # the config is a sliding-window hybrid, the log shows one plain pool: SGLang did not treat it as one
+        # (configs/model_config.py::is_hybrid_swa_model keeps an allow-list: Gemma-2/3 are not in it, 0.5.x;
+        # --disable-hybrid-swa-memory does the same): every layer holds every token
+        if geom.full_kv_heads or geom.full_head_dim or geom.swa_kv_heads or geom.swa_head_dim:
+            return None, ("a sliding-window hybrid given one full-length pool, with layers of two shapes: not "
+                          "modelled; bytes per token from the KV lines")
+        note = (f"{geom.architecture or 'the model'} is a sliding-window hybrid by its config "
+                f"({geom.full_attention_layers} full + {geom.sliding_window_layers} sliding layers), but SGLang gave "
+                "it one full-length pool (no SWA pool in the log): the architecture is outside is_hybrid_swa_model's "
+                "allow-list (configs/model_config.py), or --disable-hybrid-swa-memory was set, so every layer holds "
+                "every token; from 0.5.16 a text_config with is_hybrid_swa: true opts a model in")
+        flat = replace(geom, full_attention_layers=None, sliding_window_layers=None)
+        return cell_size(flat, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), note
     if geom.is_hybrid_swa:
         ratio = ctx.args.get("swa_full_tokens_ratio")
         if ctx.era.lo >= (0, 5, 9) and isinstance(ratio, (int, float)) and not isinstance(ratio, bool) \
@@ -141,6 +155,18 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
                       "bytes per token are the whole pool's (both kinds of layers) per full-attention token, "
                       "from the KV lines")
     return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), None
+
+
+def _one_full_pool(ctx: Context) -> bool:
+    """Every rank logged one unnamed KV pool and nothing of an SWA pool (no SWAKVPool summary, no sliding-window
+    split line): SGLang did not size this model as a sliding-window hybrid."""
+    from kvaudit.parse.sglang import SlidingWindowSplit
+
+    if ctx.startup.of(SlidingWindowSplit):
+        return False
+    ranks = [rf for rf in ctx.facts.values() if rf.kv]
+    return bool(ranks) and all(len(rf.kv) == 1 and not rf.kv[0].label and rf.swa_summary is None for rf in ranks) \
+        and not any(rf.swa_summary is not None for rf in ctx.facts.values())
 
 
 def swa_cell(geom: ModelGeometry, attn_tp: int, kv_elt: float, ratio: float) -> CellSize:
