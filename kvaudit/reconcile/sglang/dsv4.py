@@ -151,7 +151,10 @@ def _budget(startup: Startup, calc: DSv4Calc, T: Interval | None, post: Interval
     if T is None or post is None or mfs is None:
         return None, False
     rest = post - T.scale(1 - mfs)
-    lo, hi = rest.lo - LOG_HALF_ULP, rest.hi + LOG_HALF_ULP
+    # 'Reserving X GB of the KV budget ...' (kv_cache_configurator.py, 2026) comes off before the division
+    reserved = sum(e.gib or 0.0 for e in startup.of(OtherPool) if e.kind == "budget_reserve" and e.role == "target")
+    rest = rest - reserved
+    lo, hi = rest.lo - LOG_HALF_ULP * (2 if reserved else 1), rest.hi + LOG_HALF_ULP * (2 if reserved else 1)
     if calc.available_gib > hi or (not spec and calc.available_gib < lo):
         return (f"available_bytes={calc.available_gib:.2f} GB is outside post - (1 - mfs) x T = "
                 f"{rest.mid:.2f} GiB (+-{(hi - lo) / 2:.3f}): memory moved between 'Load weight end' and the "
