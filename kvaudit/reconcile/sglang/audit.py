@@ -60,7 +60,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     free = free_memory(ctx)
     fraction = fraction_of(ctx, opts)
     cells = bytes_per_token(ctx, opts, findings)
-    pools4 = DSV4.check(startup, ctx.args, free.T, free.post, fraction.value)
+    pools4 = DSV4.check(startup, ctx.args, _platform_T(ctx, opts, free.T, free.pre_source) if free.T else None,
+                        free.post, fraction.value)
     if pools4 is not None:
         # DeepSeek-V4: one coefficient over the full/SWA/compressed pools, printed by the engine (reconcile/sglang/
         # dsv4.py); the KV lines of other models do not exist here
