@@ -73,6 +73,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"OutOfMemoryError",
     b"LMDeploy: ",
     b"lmdeploy serve",
+    b"Fallback to pytorch engine",
 )
 
 MARKERS: tuple[str, ...] = ("[BlockManager]", "BlockManager.cc:", "[TM][", "- lmdeploy -", "TurbomindEngineConfig(",
@@ -262,6 +263,11 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         settings = tuple((k, float(v)) for k, v in _SETTING.findall(m.group(2)) if v != "None")
         ev.append(EngineConfig(n, t, m.group(1).lower(), "updated backend_config" in t, settings))
+        return ev, clues
+    if "Fallback to pytorch engine because" in t:
+        # lmdeploy/archs.py autoget_backend (WARNING, 0.2+): TurboMind does not support the model, or is not
+        # installed; the PyTorch engine runs it
+        ev.append(EngineConfig(n, t, "pytorch", False, ()))
         return ev, clues
     m = _CACHE_CONFIG.search(t) if "CacheConfig(" in t else None
     # the PyTorch engine's repr once the count is set (max_batches= from 0.6, window_size= before); vLLM's

@@ -40,3 +40,11 @@ def test_bytes_per_token_follow_from_the_block_line_and_its_stated_length():
     f = run("lmdeploy_c003").formula
     assert f.bytes_per_token is not None and 13824 <= f.bytes_per_token <= 13832
     assert "tokens per block" in (f.bytes_per_token_source or "")
+
+
+def test_a_fallback_to_the_pytorch_engine_is_an_lmdeploy_startup():
+    """lmdeploy_c014 (lmdeploy#2208): only archs.py's WARNING that TurboMind does not support the model. The log
+    is LMDeploy's, the engine is the PyTorch one, and at the default level the sizing lines are hidden."""
+    a = run("lmdeploy_c014")
+    assert a.engine == "lmdeploy" and a.engine_display == "LMDeploy (PyTorch engine)"
+    assert RAISE in said(a)
