@@ -74,6 +74,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"LMDeploy: ",
     b"lmdeploy serve",
     b"Fallback to pytorch engine",
+    b"max cached tokens",
 )
 
 MARKERS: tuple[str, ...] = ("[BlockManager]", "BlockManager.cc:", "[TM][", "- lmdeploy -", "TurbomindEngineConfig(",
@@ -150,11 +151,15 @@ _MODEL_KEYS = {"num_layer": "layers", "kv_head_num": "kv_heads", "size_per_head"
                "quant_policy": "quant_policy"}
 _RELEASE = lazy(r"LMDeploy: (\d+\.\d+\.\d+)")
 #: lines of plain numbers: (a cheap needle, the pattern, the reading key of each group)
+#: ``[TM][INFO] max cached tokens: N`` (src/turbomind/engine/engine.cc, Engine::Impl, 0.12.x: max_block_count x
+#: cache_block_seq_len x attn_cp_size, the pool's token capacity, printed before the session_len truncation)
+_MAX_CACHED = lazy(r"max cached tokens: (\d+)")
 _SIMPLE = (
     ("cache engine with", _INIT_CACHE, ("num_gpu_blocks", "num_cpu_blocks")),
     ("free gpu memory", _FREE, ("free_mib",)),
     ("max runtime memory", _RUNTIME, ("runtime_mib",)),
     ("max_prefill_token_num=", _PREFILL, ("prefill_tokens",)),
+    ("max cached tokens", _MAX_CACHED, ("max_cached_tokens",)),
 )
 #: the Python logger's prefix: with "file.py:N - " since 0.6.2 (lmdeploy/utils.py get_logger), without before
 _PY_PREFIX = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR) - (\w+\.py:\d+ - )?")

@@ -48,3 +48,13 @@ def test_a_fallback_to_the_pytorch_engine_is_an_lmdeploy_startup():
     a = run("lmdeploy_c014")
     assert a.engine == "lmdeploy" and a.engine_display == "LMDeploy (PyTorch engine)"
     assert RAISE in said(a)
+
+
+def test_max_cached_tokens_is_the_pool_and_an_info_log_is_not_told_to_raise_its_level():
+    """lmdeploy_c016 (lmdeploy#4367, 0.12.x): '[TM][INFO] max cached tokens: 42880' is the pool's capacity
+    (engine.cc); the log is at INFO, so what it lacks is the rest of the startup, not a level."""
+    a = run("lmdeploy_c016")
+    assert a.formula.logged_tokens == 42880 and "42,880 tokens ('max cached tokens')" in a.formula.verdict_reason
+    assert RAISE not in said(a) and "already at INFO" in said(a)
+    b = run("lmdeploy_c015")  # lmdeploy#4366: WARNING lines only, at the default level
+    assert RAISE in said(b)

@@ -41,9 +41,9 @@ def missing_pool_hint(startup: Startup) -> str:
     level = log_level_seen(startup)
     if level is None:
         return LOG_LEVEL_HINT
-    return (f"the log is already at {level} (its lines show it), so the level did not hide them: the excerpt ends "
-            "before them; pass the log up to TurboMind's '[BlockManager] max_block_count' line (or the PyTorch "
-            "engine's CacheConfig)")
+    return (f"the log is already at {level} (its lines show it), so the level did not hide them: the excerpt does "
+            "not include them; pass the whole startup, with TurboMind's '[BlockManager] max_block_count' line (or "
+            "the PyTorch engine's CacheConfig)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     # tokens are blocks x the block length: a fact only when the log states the length (never a default's guess)
     block_said = not s.block_source.startswith("default")
     tokens = blocks * s.block if blocks is not None and block_said else None
+    if tokens is None and s.get("max_cached_tokens") is not None:
+        # 0.12.x engine.cc states the pool's token capacity itself (blocks x block length x attention CP)
+        tokens = int(s.value("max_cached_tokens"))
     kv_gib = _kv_gib(cell, blocks)
     pred, verdict, reason, rule, inputs = _check(s, cell, blocks, findings)
     if not block_said and pred is not None:
@@ -233,7 +236,10 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
         return (None, Verdict.UNKNOWN, _object_cache(s, findings), "object cache: floor(free x ratio) bytes (0.15+)",
                 ())
     if blocks is None:
-        why = "no pool line in the log" + ("" if s.startup.of(Failure) else f" ({missing_pool_hint(s.startup)})")
+        cached = s.get("max_cached_tokens")
+        why = (f"the pool holds {int(cached):,} tokens ('max cached tokens'), but the blocks and the memory they were "
+               "sized from are not in the log" if cached is not None else "no pool line in the log")
+        why += "" if s.startup.of(Failure) else f" ({missing_pool_hint(s.startup)})"
         return None, Verdict.UNKNOWN, why, None, ()
     if s.block_source.startswith("default"):
         unsaid = (f"{blocks:,} blocks (the log does not state the tokens per block: at the default {s.block}, "
