@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvaudit.collect import capture as capture_mod
-from kvaudit.collect.interface import CollectError, Collected, HostTimeout, JournalDenied, NoEngineFound
+from kvaudit.collect.interface import CollectError, Collected, HostTimeout, JournalDenied, NoEngineFound, Runner
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names
 from kvaudit.platforms import detect
@@ -64,6 +64,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     notes: list[str] = []
     copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout,
                            engine_names=process_names())
+    runner: Runner
     if is_local(target):
         from kvaudit.collect.local import LocalRunner
 
@@ -71,10 +72,11 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     else:
         from kvaudit.collect.ssh import SSHRunner
 
-        runner = SSHRunner(target, opts.ssh_config, opts.accept_new_host_key, opts.deadline_s, opts.connect_timeout,
-                           opts.identity_file)
-        if runner.policy_note:
-            notes.append(runner.policy_note)
+        ssh = SSHRunner(target, opts.ssh_config, opts.accept_new_host_key, opts.deadline_s, opts.connect_timeout,
+                        opts.identity_file)
+        if ssh.policy_note:
+            notes.append(ssh.policy_note)
+        runner = ssh
     session = HostSession(runner, target, copts)
     try:
         if is_local(target) and not opts.source and _has_systemd_python():
@@ -84,9 +86,8 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         session.hostname()
         lines: list[tuple[int, str]] = []
         try:
-            lines = _local_journal(session, opts) if is_local(target) else None
-            if lines is None:
-                lines = session.log_lines()
+            journal = _local_journal(session, opts) if is_local(target) else None
+            lines = journal if journal is not None else session.log_lines()
             log = _parse_lines(target, lines, session)
         except (NoEngineFound, JournalDenied) as exc:
             # no engine log: what else was read (GPUs, processes, the commands) is still the host's evidence

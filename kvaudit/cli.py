@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, BinaryIO, Optional
+from typing import IO, Any, BinaryIO, Optional
 
 import typer
 
@@ -32,11 +32,26 @@ _env = Environment.__new__(Environment)  # replaced by run()
 
 # Typer re-exports BadParameter but not its bases; older Typer releases take them from click, newer ones
 # vendor click. Reaching them through the MRO works with both.
-_UsageError = typer.BadParameter.__mro__[1]
-_CliError = _UsageError.__mro__[1]
+#: typer's own click (typer 0.26-0.28 vendors it): its usage error and the error every click error derives from
+_UsageError: Any = typer.BadParameter.__mro__[1]
+_CliError: Any = _UsageError.__mro__[1]
+
+_typer_metavar = typer.core.TyperArgument.make_metavar
+
+
+def _usage_metavar(self, ctx, *args, usage: bool = False, **kw):  # noqa: ANN001
+    """An argument in the usage line as POSIX and --help everywhere write it (``FILE``, ``[B]``), not typer 0.28's
+    ``{file}`` (issue 38, item 6)."""
+    if not usage:
+        return _typer_metavar(self, ctx, *args, usage=usage, **kw)
+    var = (self.metavar or self.name or "").upper() + ("..." if self.nargs != 1 else "")
+    return var if self.required else f"[{var}]"
+
+
+typer.core.TyperArgument.make_metavar = _usage_metavar  # type: ignore[method-assign]
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Explain where an LLM inference server's GPU memory went, to the digit.",
@@ -79,8 +94,9 @@ FORMAT_HELP = "Output format: text, json or markdown."
 
 
 # Options several commands share, declared once: the same flag says the same thing in every command.
-FORMAT = _opt(OUT, "text", "--format", "-f", help=FORMAT_HELP)
-COLOR = _opt(OUT, "auto", "--color", help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR).")
+FORMAT = _opt(OUT, "text", "--format", "-f", metavar="[text|json|markdown]", help=FORMAT_HELP)
+COLOR = _opt(OUT, "auto", "--color", metavar="[auto|always|never]",
+             help="Colour: auto, always or never (auto: on a terminal, unless NO_COLOR).")
 OUTPUT = _opt(OUT, None, "--output", "-o", help="Write the report here, not to stdout.")
 THRESHOLD = _opt(ASSUME, [], "--threshold", help="Override a finding threshold: NAME=VALUE.")
 IGNORE = _opt(OUT, [], "--ignore", help="Acknowledge a finding: CODE or CODE@HOST (shown, marked, not counted).")
@@ -139,11 +155,19 @@ def _open_log(file: str):
 
     try:
         if file == "-":
+            if _isatty(_env.stdin):  # a person at a terminal would otherwise wait for a prompt that never comes
+                _env.stderr.write("kvaudit: reading the log from standard input (end it with Ctrl-D; "
+                                  "kvaudit explain FILE reads a file)\n")
             return read_log(_env.stdin)
         p = Path(file)
         if p.is_dir():
             raise Fail(f"{file}: is a directory, not a log file")
         with p.open("rb") as fh:
+            if fh.read(2) == b"\x1f\x8b" and p.is_file():  # a rotated log (logrotate's .gz): read through gzip
+                from kvaudit.rotated import read_gzipped
+
+                return read_gzipped(file, fh)
+            fh.seek(0)
             return read_log(fh)
     except OSError as exc:
         raise Fail(f"cannot read {file}: {exc.strerror or exc}") from None
@@ -151,11 +175,23 @@ def _open_log(file: str):
         raise Fail(f"{'stdin' if file == '-' else file}: {exc}") from None
 
 
+def _isatty(stream) -> bool:  # noqa: ANN001
+    try:
+        return os.isatty(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # an in-memory stream (tests), a closed one
+        return False
+
+
 def _geometry(path: Optional[Path]):
     if path is None:
         return None
     from kvaudit.model_config import load_config
 
+    if path.is_dir():  # the model's directory, as plan takes it: its config.json
+        if not (path / "config.json").is_file():
+            raise Fail(f"--model-config {path}: a directory without config.json; give the model's directory or its "
+                       "config.json")
+        path = path / "config.json"
     return load_config(path)
 
 
@@ -213,7 +249,7 @@ def explain(
     from kvaudit import ignores
 
     audits = [ignores.apply_audit(a, rules) for a in audits]
-    _write(chosen.audits(audits, color=_color(color) and output is None), output)
+    _write(chosen.audits(audits, color=_color(color) and output is None, width=_width(output)), output)
     return int(judge_audits(audits))
 
 
@@ -244,9 +280,11 @@ def whatif(
     log_mem_fraction_static: Optional[float] = typer.Option(
         None, "--log-mem-fraction-static", min=0.01, max=1.0,
         help="The fraction the logged startup used, when the log has no server_args."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
     startup: Optional[int] = STARTUP,
+    threshold: list[str] = THRESHOLD,
     color: str = COLOR,
+    output: Optional[Path] = OUTPUT,
 ) -> int:
     """Rerun the formula on the same log with other settings: tokens, reserve, and OOM risk."""
     from dataclasses import replace
@@ -282,7 +320,7 @@ def whatif(
         raise Fail("--kv-cache-dtype and --tp-size need --model-config (bytes per token come from the model's "
                    "geometry)")
     base = AuditOptions(source="stdin" if file == "-" else file, model_geometry=geom,
-                        mem_fraction_static=log_mem_fraction_static)
+                        mem_fraction_static=log_mem_fraction_static, thresholds=_thresholds(threshold))
     new = replace(base, mem_fraction_static=fraction or log_mem_fraction_static,
                   kv_cache_dtype=kv_cache_dtype or ({8: "int8", 4: "int4", 0: "auto"}.get(quant_policy)
                                                     if quant_policy is not None else None),
@@ -300,7 +338,7 @@ def whatif(
     audit, w = what_if(log, base, new, startup)
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
-    _env.stdout.write(chosen.whatif(audit, w, color=_color(color)))
+    _write(chosen.whatif(audit, w, color=_color(color) and output is None, width=_width(output)), output)
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
@@ -334,6 +372,10 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
     from kvaudit.collect.kube import is_pod_target, parse_target
 
     if is_pod_target(target) and not endpoint_only:
+        bare = target[len("k8s:"):]
+        if selector is None and bare and "/" not in bare:  # k8s:sglang-0: a namespace, with no pod and no -l
+            raise Fail(f"{target} names the namespace {bare!r}, which needs -l SELECTOR; the pod {bare} is "
+                       f"k8s:/{bare} (in the context's namespace, or -n NAMESPACE) or k8s:NAMESPACE/{bare}")
         try:
             parse_target(target, selector, namespace)
         except ValueError as exc:
@@ -476,7 +518,7 @@ def check(
 
     named_by_itself = is_local(target) or capture_mod.is_capture(target)
     own = h.collected.host if (h.collected and h.collected.host and named_by_itself) else None
-    h = ignores.apply(h, rules, target, own)
+    h = ignores.apply(h, rules, target, *([own] if own else []))
     if textfile_dir is not None:
         from kvaudit.report import prometheus
 
@@ -510,7 +552,7 @@ def check(
         return verdict.exit_status(exit_codes)
     if h.error is not None:
         _env.stderr.write(f"kvaudit: {printable(target)}: {h.error.reason}: {printable(str(h.error))}\n")
-    text = chosen.hosts([h], color=_color(color) and output is None)
+    text = chosen.hosts([h], color=_color(color) and output is None, width=_width(output))
     if h.error is None or chosen.name == "json" or h.collected is not None:  # what was read, even without an audit
         _write(text, output)
     return int(judge_host(h).exit_status)
@@ -547,6 +589,7 @@ def capture(
     if container is not None:
         target = _with_container(target, container, selector)
     _check_target(target, selector=selector, namespace=namespace)
+    _not_another_hosts_capture(output, target)
     st = _host_settings(config, no_config, ssh_config=ssh_config, unit=unit, source=source,
                         journal_directory=journal_directory, accept_new_host_key=accept_new_host_key,
                         timeout=timeout, connect_timeout=connect_timeout)
@@ -566,6 +609,24 @@ def capture(
     for p in c.partial:
         _env.stdout.write(f"  partial: {p}\n")
     return int(ExitStatus.PARTIAL_DATA if c.partial else ExitStatus.OK)
+
+
+def _not_another_hosts_capture(output: Path, target: str) -> None:
+    """``capture -o DIR`` replaces an earlier capture of the same target (a refresh), never another host's: that one
+    may be the evidence attached to a ticket (issue 38, item 5). Said before the host is contacted."""
+    import json
+
+    meta = output / "capture.json"
+    if output.is_symlink() or not meta.is_file():
+        return  # a new or empty directory; anything else is the capture writer's to refuse
+    try:
+        with meta.open("rb") as fh:
+            earlier = json.loads(fh.read(1 << 20)).get("target")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    if earlier != target:
+        said = f"the capture of {printable(str(earlier))[:200]}" if isinstance(earlier, str) else "another capture"
+        raise Fail(f"-o {output}: holds {said}; capture {target} into another directory (or remove that one)")
 
 
 @app.command()
@@ -679,17 +740,53 @@ def _say_what_was_tried(target: str, h) -> None:  # noqa: ANN001
         _env.stderr.write(f"  stopped: {h.error.reason}\n")
 
 
-def _width(output: Optional[Path]) -> int:
-    """The report's width: $COLUMNS when set (also when piped, as `COLUMNS=200 kvaudit fleet ... | less`), the
-    terminal's own width on a terminal, else 120; never under 60 (tables fit 80 columns without wrapping)."""
+def _width(output: Optional[Path] = None) -> int:
+    """The report's width, as gpustat, nvitop and kubectl take it: $COLUMNS when set (also when piped, as
+    `COLUMNS=200 kvaudit fleet ... | less`); on a terminal its own width; piped, the width of the terminal the
+    command was started from (its controlling terminal); else, and for a file (-o), 80. Never under 60."""
     cols = _env.environ.get("COLUMNS", "")
     if cols.isdigit() and int(cols) > 0:
         return max(60, int(cols))
-    if _env.stdout_isatty and output is None:
+    if output is not None:
+        return 80
+    if _env.stdout_isatty:
         import shutil
 
-        return max(60, shutil.get_terminal_size((120, 24)).columns)
-    return 120
+        return max(60, shutil.get_terminal_size((80, 24)).columns)
+    if _env.stdout is sys.stdout:  # the process's own stdout, piped: the controlling terminal says the width
+        return max(60, _controlling_terminal_columns() or 80)
+    return 80
+
+
+def _controlling_terminal_columns() -> int | None:
+    """The width of the process's controlling terminal (/dev/tty), None without one (cron, CI, a service)."""
+    import struct
+
+    try:
+        import fcntl
+        import termios
+
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            _, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+        finally:
+            os.close(fd)
+        return cols or None
+    except (OSError, ImportError, struct.error):
+        return None
+
+
+def _text_width() -> int:
+    """A text report's width: $COLUMNS when set, the terminal's on a terminal, else 80 (as gpustat and kubectl);
+    never under 60."""
+    cols = _env.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return max(60, int(cols))
+    if _env.stdout_isatty:
+        import shutil
+
+        return max(60, shutil.get_terminal_size((80, 24)).columns)
+    return 80
 
 
 def _announce(line: str) -> None:
@@ -736,7 +833,7 @@ def diff_cmd(
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
     history: Optional[str] = _opt(ASSUME, None, "--history",
                                   help="The fleet's history: A and B are startups it recorded (HOST@RUN)."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
 ) -> int:
     """Two startups side by side: every formula term and ledger item, and which terms moved the KV tokens."""
     from kvaudit.diff import as_dict, diff, render_text
@@ -753,7 +850,7 @@ def diff_cmd(
 
         _env.stdout.write(dumps(as_dict(d)))
     else:
-        _env.stdout.write(render_text(d))
+        _env.stdout.write(render_text(d, _text_width()))
     return 0
 
 
@@ -828,13 +925,14 @@ def plan_cmd(
                                   help="The fleet's history (SQLite): its startups calibrate the terms."),
     validate: Optional[str] = _opt(ASSUME, None, "--validate",
                                    help="Leave-one-out over a history's startups: the error of each prediction."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text, json or markdown."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json|markdown]", help="text, json or markdown."),
 ) -> int:
     """Size a deployment before it exists: KV tokens, concurrency, and whether it starts, by the engine's own
     formula, every term calibrated on the fleet's history or said to be assumed."""
     from kvaudit.report.formats import choose
 
     chosen = choose(fmt, "plan")
+    _needs_pandas("--validate" if validate else "--history" if history else None)
     if validate:
         from kvaudit.plan.validate import validate_history
         from kvaudit.plan_inputs import validation_rows
@@ -858,23 +956,27 @@ def plan_cmd(
     return exit_status(p)  # 0 starts, 1 at risk or unknown, 3 will not start (docs/plan.md, "Exit status")
 
 
+def _needs_pandas(flag: str | None) -> None:
+    """plan calibrates on the history with pandas, which the default install leaves out (157 MB; issue 38, item 7):
+    without it, one line says which extra brings it."""
+    import importlib.util
+
+    if flag is not None and importlib.util.find_spec("pandas") is None:
+        raise Fail(f"plan {flag} analyses the fleet's history with pandas: pip install 'kvaudit[history]'")
+
+
 def _recorded_pair(history: str, a: str, b: str | None):
     """Two startups the history recorded: HOST@RUN and HOST@RUN, or HOST alone (its last two startups)."""
-    from kvaudit.diff import audit_of_record
-    from kvaudit.fleet.history import startup_at, startups
+    from kvaudit.diff import audit_of_record, recorded_at, recorded_last_two
 
     def at(ref: str):
         host, sep, run = ref.rpartition("@")
-        if not sep or not run.isdigit() or not host:
+        if not sep or not run.isdigit() or not host or len(run) > 18:
             raise Fail(f"{ref!r}: a recorded startup is HOST@RUN (the run's number, as kvaudit history lists them)")
-        return startup_at(history, host, int(run))
+        return recorded_at(history, host, int(run))
 
     if b is None and "@" not in a:
-        rows = startups(history, a)
-        if len(rows) < 2:
-            raise Fail(f"history {history}: {len(rows)} startup(s) of {a!r} recorded; a diff needs two "
-                       "(HOST@RUN HOST@RUN compares two runs of one startup)")
-        x, y = rows[-2], rows[-1]
+        x, y = recorded_last_two(history, a)
     elif b is None:
         raise Fail("give the second startup: HOST@RUN (or HOST alone for its last two startups)")
     else:
@@ -889,7 +991,7 @@ def history_cmd(
     history: Optional[Path] = _opt(OUT, None, "--history",
                                    help="The SQLite file fleet --history writes (default: kvaudit.toml's history)."),
     limit: int = _opt(OUT, 30, "--limit", min=1, help="How many runs back."),
-    fmt: str = _opt(OUT, "text", "--format", "-f", help="text or json."),
+    fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
 ) -> int:
@@ -932,8 +1034,9 @@ def history_cmd(
     def f(v, nd=2):  # noqa: ANN001
         return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
 
-    body = [(r["started_at"], r["status"], f(r["tokens"]), r["verdict"] or "-", f(r["free_min_gib"]),
-             f(r["weights_gib"]), ",".join(r["findings"]) or "-") for r in rows]
+    body: list[tuple[str, ...]] = [(str(r["started_at"]), str(r["status"]), f(r["tokens"]), str(r["verdict"] or "-"),
+                                    f(r["free_min_gib"]), f(r["weights_gib"]), ",".join(r["findings"]) or "-")
+                                   for r in rows]
     _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
     _env.stdout.write("\n".join(table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
                                        body)) + "\n")
@@ -955,22 +1058,20 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         return int(getattr(exc, "exit_code", 0))
     except typer.Abort:
         _env.stderr.write("kvaudit: aborted\n")
-        return 130
+        return int(ExitStatus.INTERRUPTED)
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
-            _env.stdout.write(exc.format_message() + "\n" if not getattr(exc, "ctx", None)
-                              else exc.ctx.get_help() + "\n")
+            ctx = getattr(exc, "ctx", None)
+            _env.stdout.write((ctx.get_help() if ctx is not None else exc.format_message()) + "\n")
             return 0
-        said = exc.format_message()
-        if "-c" in said and "No such option" in said:  # an older kvaudit's -c for the config
-            said += " (the model's config.json is -m/--model-config; -c is a pod's container, as in kubectl)"
+        said = _usage_words(exc)
         _env.stderr.write(f"kvaudit: error: {printable(said)}\n")
         return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except _CliError as exc:
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
         return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
     except KeyboardInterrupt:
-        return 130
+        return int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: one line, unless debugging
@@ -980,6 +1081,24 @@ def run(argv: list[str], env: Environment | None = None) -> int:
                           "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
         return _unless_health_check(argv, int(ExitStatus.INTERNAL_ERROR))
     return int(result) if isinstance(result, int) else 0
+
+
+#: options of other tools that people type for kvaudit's: what kvaudit calls them
+OTHER_TOOLS_OPTIONS = {"--forks": "--parallel (-j): hosts at a time (Ansible's --forks)",
+                       "-c": "-m/--model-config for the model's config.json (-c is a pod's container, as in kubectl)"}
+
+
+def _usage_words(exc: typer.BadParameter) -> str:
+    """click's usage message, with kvaudit's own hint where an option of another tool was typed: the hint only for
+    the option that was not found (issue 38, item 5: never appended to unrelated errors), in place of click's
+    guess from spelling (``--forks`` is not ``--format``)."""
+    said = exc.format_message()
+    name = getattr(exc, "option_name", None)
+    if type(exc).__name__ == "NoSuchOption" and isinstance(name, str):
+        hint = OTHER_TOOLS_OPTIONS.get(name)
+        if hint is not None:
+            return f"No such option: {name}; use {hint}"
+    return said
 
 
 def _unless_health_check(argv: list[str], status: int) -> int:

@@ -150,8 +150,9 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
         memory = [ln for ln in lines if is_memory_line(ln.text)]
         if memory:  # said, never passed over: which lines state memory in shapes no grammar reads (issue 33)
             first = memory[0]
-            what += (f"; {len(memory):,} line{'s' if len(memory) != 1 else ''} state memory in shapes kvaudit does not "
-                     f"read, e.g. line {first.number}: {first.text.strip()[:160]!r}")
+            many = len(memory) != 1
+            what += (f"; {len(memory):,} line{'s' if many else ''} state{'' if many else 's'} memory in shapes kvaudit "
+                     f"does not read, e.g. line {first.number}: {first.text.strip()[:160]!r}")
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
     return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines),

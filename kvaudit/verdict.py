@@ -180,10 +180,13 @@ def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
         earlier = own.get("TOKENS_MATCH")
         if formula.check_text:
             made = F.tokens_match(formula, formula.check_text)
-        elif earlier is not None and earlier.fields.get("predicted_low") == formula.predicted_tokens.low:
+        elif earlier is not None:
             made = earlier
-        else:
+        elif None not in (formula.post_load_free_gib, formula.pre_load_free_gib, formula.mem_fraction_static,
+                          formula.bytes_per_token):
             made = F.tokens_match(formula)
+        else:
+            made = F.tokens_match(formula, formula.verdict_reason)
         return [replace(made, ignored=_was_ignored(own))] + rest
     if v in (Verdict.MISMATCH, Verdict.EXPLAINED):
         made = F.tokens_mismatch(formula, v)
@@ -276,8 +279,8 @@ def _causes_that_hold(findings: list[Finding], ranks: tuple[RankLedger, ...]) ->
         where = f.message.split(" is not accounted", 1)[0]
         need = abs(amount) - tol
         sizes = dict(zip(worst.unmodelled, worst.unmodelled_max_gib)) if worst.unmodelled_max_gib else {}
-        able = [c for c in worst.unmodelled if sizes.get(c) is None or sizes[c] >= need]
-        unable = [(c, sizes[c]) for c in worst.unmodelled if c not in able]
+        able = [c for c in worst.unmodelled if (size := sizes.get(c)) is None or size >= need]
+        unable = [(c, size) for c in worst.unmodelled if c not in able and (size := sizes.get(c)) is not None]
         fields = {**f.fields, "settled": True, "candidates": able,
                   "candidates_too_small": {c: s for c, s in unable}}
         if amount < 0:

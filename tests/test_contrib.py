@@ -117,7 +117,7 @@ def test_the_daemonset_runs_a_command_the_cli_accepts():
     assert [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v] == \
         ["/var/lib/node_exporter/textfile_collector"]
     script = c["args"][0]
-    line = script[script.index("python -m kvaudit ") + len("python -m kvaudit "):script.index(">")]
+    line = script[script.index("kvaudit fleet ") + len("kvaudit "):script.index(">")]
     argv = shlex.split(line.replace('"$NODE_NAME"', "gpu-node-1"))
     sub = typer.main.get_command(app).commands[argv[0]]
     ctx = sub.make_context(argv[0], argv[1:])

@@ -157,3 +157,159 @@ def test_two_startups_the_history_recorded_are_compared_by_host_and_run(tmp_path
     assert {s["key"] for s in d["shares"]} == {"load"}
     bad = cli("diff", f"{cap}@x", f"{cap}@2", "--history", db)
     assert bad.code == 2 and "HOST@RUN" in bad.stderr
+
+
+def _diff_at(width: int, *args) -> tuple[int, str, str]:
+    """The CLI in-process with $COLUMNS set (a terminal of that width, or a pipe told its width)."""
+    import io as _io
+
+    from kvaudit.cli import Environment, run
+
+    out, err = _io.StringIO(), _io.StringIO()
+    env = Environment(stdin=_io.BytesIO(), stdout=out, stderr=err, stdout_isatty=False, stderr_isatty=False,
+                      environ={"NO_COLOR": "1", "COLUMNS": str(width)})
+    code = run(["diff", *map(str, args)], env)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_line_one_says_what_changed_by_how_much_and_the_setting_that_moved_it():
+    """Two real Gemma-4 startups, fp8_e5m2 KV and then bf16 (issue 38, item 2): line 1 names the KV dtype change
+    beside the token change; every line fits 80 and 120 columns, the numbers' columns aligned on the right."""
+    from tests.conftest import FIXTURES
+
+    corpus, config = FIXTURES / "corpus", FIXTURES / "configs" / "gemma-4-31b-it.json"
+    for width in (80, 120):
+        code, out, err = _diff_at(width, corpus / "sglang_c004.log", corpus / "sglang_c012.log", "-m", config)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith("KV tokens 260,289 -> 117,840 (-142,449"), lines[0]
+        assert "kv_cache_dtype fp8_e5m2 -> bf16" in lines[0], lines[0]
+        assert all(len(x) <= width for x in lines), [x for x in lines if len(x) > width]
+        formula = lines[lines.index("The formula") + 1:lines.index("The formula") + 8]
+        ends = {len(x) for x in formula if x.strip()}
+        assert len(ends) == 1, formula  # the change column ends in one place
+    code, out, _ = _diff_at(200, corpus / "sglang_c004.log", corpus / "sglang_c012.log", "-m", config)
+    assert "kv_cache_dtype fp8_e5m2 -> bf16 (bytes per token 40,960 -> 92,211)" in out.splitlines()[0]
+
+
+def test_a_remainder_beyond_the_logs_rounding_is_not_called_rounding():
+    """A startup whose pool misses its formula (sglang_c002 and c004 are both TOKENS_MISMATCH) against another:
+    the rest is 'the pool does not follow the formula'; a fraction change between two matching startups
+    (c016 -> c017) leaves only rounding, said as such, and line 1 names mem_fraction_static."""
+    from tests.conftest import FIXTURES
+    from tests.corpus_run import CORPUS, audit_entry
+    import json
+
+    logs = json.loads((CORPUS / "corpus.json").read_text())["logs"]
+    a, b = (audit_entry(n, logs[n]) for n in ("sglang_c002", "sglang_c004"))
+    d = diff(a, b, "c002", "c004")
+    assert d.remainder_kind == "off_formula" and abs(d.remainder) > d.rounding_tokens, d
+    from kvaudit.diff import render_text
+
+    rest = next(x for x in render_text(d).splitlines() if "the rest:" in x)
+    assert "does not follow the formula" in rest and "rounding (" not in rest
+    corpus = FIXTURES / "corpus"
+    code, out, _ = _diff_at(80, corpus / "sglang_c016.log", corpus / "sglang_c017.log")
+    assert code == 0
+    assert out.splitlines()[0] == "KV tokens 202,093 -> 214,107 (+12,014, +5.9 %): mem_fraction_static 0.9 -> 0.92"
+    assert "the rest: the logs' rounding" in out
+
+
+def _history(tmp_path, rows):
+    """A history file as kvaudit writes it (fleet.history's schema) with these startup rows."""
+    from kvaudit.fleet import history
+
+    db = tmp_path / "history.db"
+    history.connect(str(db)).close()
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    base = dict(host="gpu-1", startup_id=None, engine="sglang", version="0.5.9", gpu_name="NVIDIA H200",
+                gpu_total_mib=143771.0, tp=8, fraction=0.9, t_gib=137.47, post_gib=24.19, weights_gib=113.2,
+                reserve_gib=13.747, free_at_end_gib=4.1, bytes_per_token=70272, bpt_low=None, bpt_high=None,
+                tokens=159277, page_size=1, model_key="kimi", rest_gib=10.443)
+    for run_id, over in rows:
+        con.execute("INSERT INTO runs (id, started_at, started_ts, duration_s, hosts) VALUES (?, '', 0, 1, 1)",
+                    (run_id,))
+        r = {**base, **over, "run_id": run_id}
+        con.execute(f"INSERT INTO startups ({', '.join(r)}) VALUES ({', '.join('?' * len(r))})", tuple(r.values()))
+    con.commit()
+    con.close()
+    return db
+
+
+def test_a_history_row_claiming_one_byte_per_token_is_refused_as_implausible(tmp_path):
+    """Issue 39, item 7: a row saying 1 byte per token turned 10.44 GiB into +11,197,679,384 tokens. Refused,
+    one line, exit 2; the same history's real rows still compare."""
+    db = _history(tmp_path, [(1, {}), (2, {"bytes_per_token": 1}), (3, {"rest_gib": 11.443, "post_gib": 25.19,
+                                                                        "tokens": 174556})])
+    r = cli("diff", "gpu-1@1", "gpu-1@2", "--history", db)
+    assert r.code == 2 and r.stdout == "", (r.code, r.stdout)
+    assert r.stderr.count("\n") == 1 and "implausible" in r.stderr and "1 bytes per token" in r.stderr, r.stderr
+    assert "11,197" not in r.stderr
+    ok = cli("diff", "gpu-1@1", "gpu-1@3", "--history", db, "-f", "json")
+    assert ok.code == 0, ok.stderr
+    assert ok.json()["tokens"]["change"] == 174556 - 159277
+    for bad in ({"fraction": 7.0}, {"t_gib": 1e308}, {"tokens": 10 ** 9}, {"rest_gib": -5000.0}):
+        where = tmp_path / next(iter(bad))
+        where.mkdir()
+        r = cli("diff", "gpu-1", "--history", _history(where, [(1, {}), (2, bad)]))
+        assert r.code == 2 and "refused" in r.stderr, (bad, r.stderr)
+
+
+def test_a_300_mb_history_row_is_refused_without_loading_it(tmp_path):
+    """Issue 39, item 7: a 300 MB row cost 2.6 GB in diff. SQLite's value length is bounded while diff reads: the row is
+    refused in one line, under an address-space cap a copy of it into Python would not fit."""
+    db = _history(tmp_path, [(1, {}), (2, {"model_key": "x" * (300 << 20)})])
+    from tests.conftest import cli_limited
+
+    code, err = cli_limited("diff", "gpu-1@1", "gpu-1@2", "--history", db, address_space=1 << 30)
+    assert code == 2, err
+    assert "more than 1 MiB" in err and err.count("\n") == 1, err
+
+
+def _on_a_terminal(columns: int, *args) -> str:
+    """kvaudit diff with its stdout a pseudo-terminal of ``columns`` columns (no $COLUMNS): what it printed."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    from pathlib import Path
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    exe = Path(sys.executable).with_name("kvaudit")
+    p = subprocess.Popen([str(exe), "diff", *map(str, args)], stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            block = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not block:
+            break
+        chunks.append(block)
+    os.close(master)
+    assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_diff_fits_the_terminal_it_runs_on_and_80_columns_piped():
+    """Issue 38, items 1 and 2: on a terminal the report takes its width, piped it takes 80 columns; the ledger's
+    long labels (the request table's formula, the CUDA-graph item) lose their detail, never wrap."""
+    from tests.conftest import FIXTURES
+
+    pair = (FIXTURES / "corpus" / "sglang_c016.log", FIXTURES / "corpus" / "sglang_c017.log")
+    for columns in (80, 120):
+        out = _on_a_terminal(columns, *pair)
+        lines = out.splitlines()
+        assert lines[0].startswith("KV tokens 202,093 -> 214,107"), lines[:2]
+        assert max(len(x) for x in lines) <= columns, [x for x in lines if len(x) > columns]
+    piped = cli("diff", *pair)
+    assert max(len(x) for x in piped.stdout.splitlines()) <= 80
+    assert "  request table  " in piped.stdout  # its formula dropped to fit

@@ -90,7 +90,7 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
     complete = not fleet_run.interrupted
     failed: list[str] = []
 
-    def attempt(what: str, fn: Callable[[], None]) -> None:
+    def attempt(what: str, fn: Callable[[], object]) -> None:
         try:
             fn()
         except (OSError, KvauditError) as exc:
@@ -99,7 +99,8 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
             failed.append(f"{what}: {type(exc).__name__}: {exc}")
 
     drift, previous = None, None
-    if out.history and complete:
+    history_path, textfile_dir, csv_path = out.history, out.textfile_dir, out.csv
+    if history_path and complete:
         from kvaudit.fleet import history as hist
         from kvaudit.report.rows import gpu_rows, host_summary
 
@@ -109,26 +110,26 @@ def _write_outputs(job: FleetJob, fleet_run: Any, stdout: IO[str]) -> list[str]:
 
             geometry = job.opts.audit.model_geometry
             observed = [r for n, h in results if (r := observed_row(n, h, geometry)) is not None]
-            run_id = hist.record(out.history, fleet_run.started_at, fleet_run.started_ts, fleet_run.duration_s,
+            run_id = hist.record(history_path, fleet_run.started_at, fleet_run.started_ts, fleet_run.duration_s,
                                  [host_summary(n, h) for n, h in results],
                                  [r for n, h in results for r in gpu_rows(n, h)], observed)
-            previous, drift = hist.drift(out.history, run_id)
+            previous, drift = hist.drift(history_path, run_id)
 
         attempt(f"--history {out.history}", record)
-    if out.textfile_dir and complete:
+    if textfile_dir and complete:
         from kvaudit.report import prometheus
 
-        attempt(f"--textfile-dir {out.textfile_dir}", lambda: prometheus.write(
-            out.textfile_dir, prometheus.render(results, fleet_run.started_ts, fleet_run.duration_s,
+        attempt(f"--textfile-dir {textfile_dir}", lambda: prometheus.write(
+            textfile_dir, prometheus.render(results, fleet_run.started_ts, fleet_run.duration_s,
                                                 f"fleet:{job.subject}"),
             prometheus.filename("fleet", job.subject)))
     if out.html:
         page = lambda: (_html(job, fleet_run, drift, results, complete),)  # noqa: E731
         attempt(f"--html {out.html}", lambda: _write_chunks(page(), out.html, stdout))
-    if out.csv:
+    if csv_path:
         from kvaudit.report import table_export
 
-        attempt(f"--csv {out.csv}", lambda: table_export.write(results, out.csv, out.parquet, fleet_run.started_at))
+        attempt(f"--csv {csv_path}", lambda: table_export.write(results, csv_path, out.parquet, fleet_run.started_at))
     first_run = bool(out.history) and complete and previous is None and not failed
     chunks = out.fmt.fleet_chunks(fleet_run, drift, previous, first_run, color=out.color and out.output is None,
                                   width=out.width)

@@ -320,6 +320,16 @@ def budget_mismatch(rank: str, residual: float, tol: float, ranks: list[str]) ->
               {"rank": rank, "residual_gib": round(residual, 3)}, tuple(ranks))
 
 
+def live_budget_exceeded(over: float, mfs: float, t: float) -> Finding:
+    """A live server's weight + kvcache exceed its own mfs x T: its numbers do not follow the formula (issue 33:
+    a violation is a finding, never only a note beside "nothing looks wrong")."""
+    return _f("BUDGET_MISMATCH",
+              f"the live server's weight + kvcache exceed mem_fraction_static {mfs:g} x T {t:.2f} GiB by {over:.2f} "
+              "GiB: its numbers do not follow SGLang's formula (another --mem-fraction-static than reported, or a "
+              "pool the formula does not size)", {"over_gib": round(over, 3), "mem_fraction_static": mfs,
+                                                  "pre_load_free_gib": t})
+
+
 def non_torch_high(rank: str, non_torch: float, total: float) -> Finding:
     return _f("NON_TORCH_HIGH",
               f"{rank}: non-torch memory {non_torch:.2f} GiB ({non_torch / total:.0%} of {total:.2f} GiB) was counted "

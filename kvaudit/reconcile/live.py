@@ -125,7 +125,8 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
                 "FOREIGN_PROCESS", Severity.WARNING,
                 f"GPU {l.index} ({l.rank}) is shared: {names}, {total:.2f} GiB in all, outside the engine's ledger",
                 {"gpu": l.index, "rank": l.rank, "gib": round(total, 3),
-                 "processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in l.foreign]}, (l.rank,)))
+                 "processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in l.foreign]},
+                ((l.rank,) if l.rank else ())))
     occupied = [l for l in mapped if l.before_t_gib is not None and l.before_t_gib > th.occupied_at_startup_gib]
     if occupied:
         w = max(occupied, key=lambda l: l.before_t_gib or 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from kvaudit import __version__
 from kvaudit.results import Drift, FleetRun
@@ -12,7 +12,7 @@ from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
 from kvaudit.status import label_rank
-from kvaudit.report.text import colour, table, wrap
+from kvaudit.report.text import colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
 
 COLUMNS = ("host", "status", "GPUs", "tokens", "verdict", "free min", "unexpl.", "findings")
@@ -85,32 +85,66 @@ def _cells_from_end(text: str, cells: int) -> str:
     return _cells_from_start(text[::-1], cells)[::-1]
 
 
-def fitted(header: tuple[str, ...], body: list[tuple[str, ...]], width: int, indent: int = 2) -> list[tuple[str, ...]]:
-    """The rows with the host and findings columns shortened so that one row fits ``width`` columns (no row
-    wraps on an 80-column terminal); the numbers are never cut. Widths in terminal cells."""
+def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
+           indent: int = 2) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The header and rows made to fit ``width`` cells (no row wraps on an 80-column terminal), the least telling
+    first: the verdict column (the status and findings say it), a failure's reason (under "Not audited"), the
+    findings list as its first code and how many more, the host name cut in the middle (down to 12 cells), the
+    unexplained and GPU-count columns, and only then the codes themselves. Numbers are never cut. Widths in
+    terminal cells."""
     from rich.cells import cell_len
 
-    def total(rows) -> int:
+    head, rows = list(header), [list(r) for r in body]
+
+    def total() -> int:
         cols = [max(cell_len(h), *(cell_len(r[i]) for r in rows)) if rows else cell_len(h)
-                for i, h in enumerate(header)]
+                for i, h in enumerate(head)]
         return indent + sum(cols) + 2 * (len(cols) - 1)
 
-    rows = list(body)
-    for col, floor, middle in ((len(header) - 1, 8, False), (0, 12, True)):
-        over = total(rows) - width
-        if over <= 0:
+    def drop(name: str) -> None:
+        if name in head:
+            i = head.index(name)
+            del head[i]
+            for r in rows:
+                del r[i]
+
+    def shorten(name: str, fn) -> None:
+        if name in head:
+            i = head.index(name)
+            for r in rows:
+                r[i] = fn(r[i])
+
+    def host_to(cells: int) -> None:
+        cur = max(cell_len(r[0]) for r in rows) if rows else 0
+        keep = max(12, cur - (total() - width))
+        shorten(head[0], lambda c: _fit(c, keep, True))
+
+    def first_code(cell: str) -> str:
+        codes = cell.split(",")
+        return cell if len(codes) == 1 else f"{codes[0]} +{len(codes) - 1}"
+
+    steps = (lambda: drop("verdict"), lambda: shorten("status", lambda c: c.split(":")[0].split(" (")[0]),
+             lambda: shorten("findings", first_code), lambda: host_to(12), lambda: drop("unexpl."),
+             lambda: drop("GPUs"))
+    for step in steps:
+        if total() <= width:
             break
-        cur = max(cell_len(header[col]), *(cell_len(r[col]) for r in rows)) if rows else cell_len(header[col])
-        keep = max(floor, cur - over)
-        rows = [tuple(_fit(c, keep, middle) if i == col else c for i, c in enumerate(r)) for r in rows]
-    return rows
+        step()
+    over = total() - width
+    if over > 0 and "findings" in head:  # the last resort: the codes themselves, cut at the end
+        i = head.index("findings")
+        cur = max(cell_len(head[i]), *(cell_len(r[i]) for r in rows)) if rows else cell_len(head[i])
+        keep = max(8, cur - over)
+        shorten("findings", lambda c: _fit(c, keep))
+    return tuple(head), [tuple(r) for r in rows]
 
 
 def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False,
                 width: int = 120) -> str:
     rows = summary_rows(run)
-    L = [colour(f"kvaudit fleet: {len(rows)} hosts in {run.duration_s:.1f} s (parallel {run.parallel}) - "
-                + counts_text(rows), "1", color)]
+    L = [colour(x, "1", color) for x in headline(
+        f"kvaudit fleet: {len(rows)} host{'s' if len(rows) != 1 else ''} in {run.duration_s:.1f} s "
+        f"(parallel {run.parallel}) - " + counts_text(rows), width)]
     if run.deadline_hit:
         L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
@@ -118,10 +152,12 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         body.append((r["host"], status_cell(r), str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
                      ",".join(r["findings"]) or "-"))
-    lines = table(COLUMNS, fitted(COLUMNS, body, width), left=2)
+    head, shown = fitted(COLUMNS, body, width)
+    lines = table(head, shown, left=2)
     if color:  # the status cell coloured in place (padding measured before the escape codes)
-        for i, r in enumerate(rows, 1):
-            st = r["status"]
+        at = head.index("status")
+        for i, row in enumerate(shown, 1):
+            st = row[at].split(" (")[0]
             code = STATUS_COLOUR.get(st.split(":")[0], "31")
             lines[i] = re.sub(rf"(?<=  ){re.escape(st)}(?= )", colour(st, code, True), lines[i], count=1)
     L.extend(lines)
@@ -129,17 +165,18 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     if failed:
         L += ["", colour("Not audited", "1", color)]
         for r in failed:
-            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}", width=min(width, 100)))
+            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}", width=width))
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
-            L.extend(wrap(f"{r['host']}: {r['headline']}", width=min(width, 100)))
-            L.extend(wrap(f"({r['status']}) {r['why']}", indent="    ", width=min(width, 100)))
+            L.extend(wrap(f"{r['host']}: {r['headline']}", width=width))
+            if r["why"] and r["why"] not in r["headline"]:
+                L.extend(wrap(f"({r['status']}) {r['why']}", indent="    ", width=width))
     if drift:
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
-            L.extend(wrap("- " + d.message, width=min(width, 100)))
+            L.extend(wrap("- " + d.message, width=width))
     elif first_run:
         L += ["", f"Since the last run: {FIRST_RUN}."]
     elif drift is not None:
@@ -150,7 +187,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
 def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: bool = False) -> str:
     rows = summary_rows(run)
     L = ["# kvaudit fleet report", "",
-         f"{len(rows)} hosts ({counts_text(rows)}), {run.started_at}, {run.duration_s:.1f} s.", "",
+         f"{len(rows)} host{'s' * (len(rows) != 1)} ({counts_text(rows)}), {run.started_at}, "
+         f"{run.duration_s:.1f} s.", "",
          "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * 5 + "---|"]
     for r in rows:
         L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "

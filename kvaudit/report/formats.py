@@ -42,11 +42,11 @@ class Format:
             raise FormatError(f"--format {self.name}: plan prints text, json or markdown")
         return _fn(self.plan_fn)(plan)
 
-    def audits(self, audits: list[Any], color: bool = False) -> str:
-        return _fn(self.audits_fn)(audits, color=color and self.colour)
+    def audits(self, audits: list[Any], color: bool = False, width: int = 80) -> str:
+        return _fn(self.audits_fn)(audits, color=color and self.colour, **({"width": width} if self.colour else {}))
 
-    def hosts(self, hosts: list[Any], color: bool = False) -> str:
-        return _fn(self.hosts_fn)(hosts, **({"color": color} if self.colour else {}))
+    def hosts(self, hosts: list[Any], color: bool = False, width: int = 80) -> str:
+        return _fn(self.hosts_fn)(hosts, **({"color": color, "width": width} if self.colour else {}))
 
     def fleet(self, run: Any, drift: Any, previous_run: int | None, first_run: bool, color: bool = False,
               width: int = 120) -> str:
@@ -64,10 +64,10 @@ class Format:
             return _fn(self.fleet_stream_fn)(run, drift, previous_run, first_run=first_run)
         return (self.fleet(run, drift, previous_run, first_run, color=color, width=width),)
 
-    def whatif(self, audit: Any, w: Any, color: bool = False) -> str:
+    def whatif(self, audit: Any, w: Any, color: bool = False, width: int = 80) -> str:
         if self.whatif_fn is None:
             raise FormatError(f"--format {self.name}: whatif prints text or json")
-        return _fn(self.whatif_fn)(audit, w, **({"color": color} if self.colour else {}))
+        return _fn(self.whatif_fn)(audit, w, **({"color": color, "width": width} if self.colour else {}))
 
 
 FORMATS: dict[str, Format] = {

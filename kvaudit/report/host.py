@@ -6,11 +6,12 @@ from typing import Any
 
 from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
-from kvaudit.report.text import STATUS_COLOURS, colour, table, wrap, render_one
+from kvaudit.report.text import WIDTH, STATUS_COLOURS, colour, fit_columns, headline, wrap, render_one
 from kvaudit.textsafe import md_cell
-from kvaudit.verdict import judge_host
+from kvaudit.verdict import judge, judge_host
 
-GPU_COLUMNS = ("GPU", "rank", "total", "reserved", "CUDA total", "before T", "T", "free@end", "used now",
+#: "rsvd": what the driver keeps of the card (NVML), not SGLang's static reserve
+GPU_COLUMNS = ("GPU", "rank", "total", "rsvd", "CUDA total", "before T", "T", "free@end", "used now",
                "free now", "drift", "engine", "others")
 
 
@@ -21,7 +22,7 @@ def _f(v: float | None, signed: bool = False) -> str:
 
 
 def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in h.gpus:
         others = sum(f.gib or 0 for f in g.foreign)
         rows.append((str(g.index), g.rank or "-", _f(g.total_gib), _f(g.reserved_gib), _f(g.cuda_total_gib),
@@ -88,51 +89,56 @@ def render_json(hosts: list[HostAudit]) -> str:
     return dumps(doc)
 
 
-def render_text(hosts: list[HostAudit], color: bool = False) -> str:
+def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH) -> str:
     out = []
     for h in hosts:
         L: list[str] = []
         c = h.collected
         j = judge_host(h)
-        L.append(colour(j.headline, STATUS_COLOURS.get(j.status.value, "1"), color))
+        head_ = headline(j.headline, width)
+        L.append(colour(head_[0], STATUS_COLOURS.get(j.status.value, "1"), color))
+        L.extend(head_[1:])
         head = f"kvaudit check {h.target}"
         if c and c.host:
             head += f" ({c.host})"
         L.append(colour(head, "1", color))
         if h.error is not None:
-            L.append(colour(f"  FAILED [{h.error.reason}]: ", "31", color) + str(h.error))
+            L.extend(wrap(colour(f"FAILED [{h.error.reason}]: ", "31", color) + str(h.error), "  ", width))
             if c is None:
                 out.append("\n".join(L) + "\n")
                 continue
             L.append("  no audit; what was read from the host:")
         assert c is not None
-        L.append(f"  source: {c.source or '-'}")
+        L.extend(wrap(f"source: {c.source or '-'}", "  ", width))
         what = ("HTTP GETs" if c.source.startswith("endpoint") else
                 "Kubernetes API requests" if c.source.startswith("k8s") else "commands")
-        L.append(f"  received {c.bytes_received:,} bytes in {len(c.commands)} read-only {what}"
-                 f"; GPUs from {c.gpu_source or 'nowhere'}; config from {c.config_source or 'nowhere'}")
+        L.extend(wrap(f"received {c.bytes_received:,} bytes in {len(c.commands)} read-only {what}"
+                      f"; GPUs from {c.gpu_source or 'nowhere'}; config from {c.config_source or 'nowhere'}", "  ",
+                      width))
         for n in h.notes:
-            L.extend(wrap("note: " + n))
+            L.extend(wrap("note: " + n, "  ", width))
         L.append("")
         if h.audit is not None:
             # the audit without its own headline: the host's, above, is the same judgement with the live findings
-            L.append(render_one(h.audit, color).rstrip("\n").split("\n", 1)[1])
+            own = render_one(h.audit, color, width=width).rstrip("\n").split("\n")
+            L.append("\n".join(own[len(headline(judge(h.audit).headline, width)):]))
             L.append("")
         if h.gpus:
-            L.append(colour("GPUs now (GiB; CUDA total = NVML total - reserved; before T = CUDA total - T)", "1",
-                            color))
-            L.extend(table(GPU_COLUMNS, gpu_rows(h), left=2))
+            L.extend(colour(x, "1", color) for x in wrap(
+                "GPUs now (GiB; CUDA total = NVML total - driver-reserved; before T = CUDA total - T)", "", width))
+            L.extend(fit_columns(GPU_COLUMNS, gpu_rows(h), width, left=2,
+                                 drop=("rsvd", "CUDA total", "total", "used now", "drift", "before T", "rank"))[0])
             L.append("")
         if h.findings:
             L.append(colour("Live findings", "1", color))
             for f in h.findings:
                 L.append(f"  {f.severity.value:<7} {f.code}" + (" (ignored)" if f.ignored else ""))
-                L.extend(wrap(f.message, "    "))
+                L.extend(wrap(f.message, "    ", width))
             L.append("")
         if h.partial:
             L.append(colour("Partial data", "33", color))
             for p in h.partial:
-                L.extend(wrap("- " + p))
+                L.extend(wrap("- " + p, "  ", width))
             L.append("")
         out.append("\n".join(L))
     return "\n".join(out)

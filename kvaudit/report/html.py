@@ -30,6 +30,8 @@ h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-bottom:1px solid #eee;text-align:right}
 th{cursor:pointer;background:#f6f6f6;position:sticky;top:0;text-align:left}td:first-child,td.l{text-align:left}
 td.why{max-width:420px;font-size:12px;color:#555}
+.finding,.headline,td.why,summary small{overflow-wrap:anywhere}
+#filter{margin:6px 0;padding:4px 6px;font-size:13px;width:260px;max-width:100%}
 .s-ok{color:#2a7a2a}.s-warning,.s-partial{color:#a66d00}.s-error,.s-failed{color:#b00020;font-weight:600}
 .bar{display:flex;height:14px;width:520px;border:1px solid #ccc}.bar div{height:100%}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
@@ -38,7 +40,7 @@ details>summary{cursor:pointer;font-weight:600;margin:10px 0 4px}.trend{margin:6
 td:first-child,td.l.s-ok,td.l.s-warning,td.l.s-partial,td.l.s-error,td.l.s-failed{white-space:nowrap}
 .wide{overflow-x:auto;max-width:100%}
 @media (max-width:640px){body{margin:8px}table{font-size:12px}th,td{padding:3px 4px}td.why{max-width:none}
-.bar{width:100%}.trend{width:100%}}
+.bar{width:100%}.trend{width:100%}.narrow-hide{display:none}}
 """
 
 JS = """
@@ -47,11 +49,20 @@ document.querySelectorAll('table.sortable th').forEach(function(th, i){
     var tb = th.closest('table').tBodies[0], rows = Array.from(tb.rows), asc = th.dataset.asc !== '1';
     rows.sort(function(a, b){
       var x = a.cells[i].dataset.v || a.cells[i].textContent, y = b.cells[i].dataset.v || b.cells[i].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      var nx = Number(x), ny = Number(y);
+      // numbers as numbers; names in natural order (gpu-2 before gpu-10)
+      var c = (x !== '' && y !== '' && !isNaN(nx) && !isNaN(ny)) ? nx - ny
+              : x.localeCompare(y, undefined, {numeric: true});
       return asc ? c : -c;
     });
     th.dataset.asc = asc ? '1' : '0'; rows.forEach(function(r){ tb.appendChild(r); });
+  });
+});
+var filter = document.getElementById('filter');
+if (filter) filter.addEventListener('input', function(){
+  var q = filter.value.toLowerCase();
+  document.querySelectorAll('#fleet tbody tr').forEach(function(r){
+    r.style.display = r.textContent.toLowerCase().indexOf(q) >= 0 ? '' : 'none';
   });
 });
 """
@@ -101,6 +112,17 @@ def _merged_rows(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return groups
 
 
+def _natural(name: str) -> tuple:
+    """A host name's sort key with its numbers as numbers (gpu-2 before gpu-10)."""
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _signed(x: Any) -> str:
+    return "–" if x is None else f"{x:+.2f}"
+
+
 def _brief(why: str, width: int = 110) -> str:
     """The table's "why not ok": the codes and the first words; the whole text is the cell's tooltip and is
     under the host below."""
@@ -139,41 +161,54 @@ def _trend(runs: list[dict[str, Any]]) -> str:
 def render(run: FleetRun, drift: list[Drift] | None = None, provenance: dict[str, str] | None = None,
            trends: dict[str, list[dict[str, Any]]] | None = None) -> str:
     summaries = [host_summary(f.name, h) for f, h in run.results]
+    fleet = ((provenance or {}).get("inventory") or "").rstrip("/").rsplit("/", 1)[-1]  # the inventory's name
+    worst = counts_text(summaries).split(",")[0]  # the worst status first, with its count
+    title = f"kvaudit {escape(fleet)}: {escape(worst)} of {len(summaries)} host{'s' * (len(summaries) != 1)}"
     H = ["<!doctype html><html><head><meta charset='utf-8'>"
-         "<meta name='viewport' content='width=device-width, initial-scale=1'><title>kvaudit fleet report</title>",
+         f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{title}</title>",
          f"<style>{CSS}</style></head><body>",
-         f"<h1>kvaudit fleet report</h1><p>{len(summaries)} hosts ({escape(counts_text(summaries))}), started "
+         f"<h1>kvaudit fleet report{': ' + escape(fleet) if fleet else ''}</h1><p>{len(summaries)} "
+         f"host{'s' * (len(summaries) != 1)} ({escape(counts_text(summaries))}), started "
          f"{escape(run.started_at)}, {run.duration_s:.1f} s, {len(run.failed)} not audited.</p>",
          "<p class='prov'>" + " · ".join(f"{escape(k)}: <code>{escape(v)}</code>"
                                          for k, v in (provenance or {}).items()) + "</p>",
-         "<h2>Fleet</h2><div class='wide'><table class='sortable'><thead><tr>"
-         + "".join(f"<th>{c}</th>" for c in ("host", "status", "GPUs", "tokens", "verdict", "free min GiB",
-                                            "unexplained GiB", "errors", "warnings", "findings", "why not ok"))
+         "<h2>Fleet</h2>"
+         + ("<input id='filter' type='search' placeholder='filter hosts, statuses, codes' aria-label='filter'>"
+            if len(summaries) > 20 else "")
+         + "<div class='wide'><table class='sortable' id='fleet'><thead><tr>"
+         # on a phone the host, its status and why stay; the numbers are one tap away, under the host
+         + "".join(f"<th{' class=narrow-hide' if hide else ''}>{c}</th>" for c, hide in (
+             ("host", False), ("status", False), ("why not ok", False), ("GPUs", True), ("tokens", True),
+             ("verdict", True), ("free min GiB", True), ("unexplained GiB", True), ("errors", True),
+             ("warnings", True), ("findings", True)))
          + "</tr></thead><tbody>"]
-    for s in sorted(summaries, key=lambda s: label_rank(s["status"])):  # problems first
+    for s in sorted(summaries, key=lambda s: (label_rank(s["status"]), _natural(s["host"]))):  # problems first
         st = s["status"].split(":")[0]
         H.append(f"<tr><td><a href='#h-{escape(s['host'])}'>{escape(s['host'])}</a></td>"
-                 f"<td class='l s-{escape(st)}'>{escape(status_cell(s))}</td><td>{s['gpus']}</td>"
-                 f"<td data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td><td class='l'>{escape(s['verdict'] or '–')}</td>"
-                 f"<td>{_v(s['free_min_gib'])}</td><td>{_v(s['unexplained_gib'])}</td><td>{s['errors']}</td>"
-                 f"<td>{s['warnings']}</td><td class='l'>{escape(', '.join(s['findings']) or '–')}</td>"
-                 f"<td class='l why' title='{escape(s['why'])}'>{escape(_brief(s['why']) or '–')}</td></tr>")
+                 f"<td class='l s-{escape(st)}' data-v='{label_rank(s['status'])}'>{escape(status_cell(s))}</td>"
+                 f"<td class='l why' title='{escape(s['why'])}'>{escape(_brief(s['why']) or '–')}</td>"
+                 f"<td class='narrow-hide'>{s['gpus']}</td>"
+                 f"<td class='narrow-hide' data-v='{s['tokens'] or 0}'>{_v(s['tokens'])}</td>"
+                 f"<td class='l narrow-hide'>{escape(s['verdict'] or '–')}</td>"
+                 f"<td class='narrow-hide'>{_v(s['free_min_gib'])}</td>"
+                 f"<td class='narrow-hide'>{_signed(s['unexplained_gib'])}</td>"
+                 f"<td class='narrow-hide'>{s['errors']}</td><td class='narrow-hide'>{s['warnings']}</td>"
+                 f"<td class='l narrow-hide'>{escape(', '.join(s['findings']) or '–')}</td></tr>")
     H.append("</tbody></table></div>")
     if drift:
         H.append("<h2>Since the last run</h2><ul>" + "".join(f"<li>{escape(d.message)}</li>" for d in drift) + "</ul>")
     H.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span><i style='background:{c}'></i>{escape(l)}</span>" for _, l, c in SEGMENTS) + "</p>")
-    order = sorted(zip(run.results, summaries), key=lambda x: label_rank(x[1]["status"]))  # problems first
-    for (f, h), s in order:
+    order = sorted(zip(run.results, summaries), key=lambda x: (label_rank(x[1]["status"]), _natural(x[0][0].name)))
+    for (f, h), s in order:  # problems first; each host's cause said once, in its headline
         healthy = s["status"] == "ok"
         H.append(f"<details id='h-{escape(f.name)}'{'' if healthy else ' open'}><summary>{escape(f.name)} "
-                 f"<small class='s-{escape(s['status'].split(':')[0])}'>{escape(s['status'])}</small>"
-                 + (f" <small>{escape(s['why'])}</small>" if s["why"] else "") + "</summary>")
+                 f"<small class='s-{escape(s['status'].split(':')[0])}'>{escape(s['status'])}</small></summary>")
         H.append(f"<p class='headline s-{escape(s['status'].split(':')[0])}'>{escape(s['headline'])}</p>")
         if trends and trends.get(f.name):
             H.append(_trend(trends[f.name]))
         if h.error is not None:
-            H.append(f"<p class='finding sev-error'>{escape(str(h.error))}</p></details>")
+            H.append("</details>")
             continue
         H.append("<table><thead><tr><th>GPU</th><th>rank</th><th>before T GiB</th><th>T GiB</th>"
                  "<th>memory at startup (from T)</th><th>free now GiB</th><th>unexplained GiB</th></tr></thead><tbody>")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kvaudit import __version__
+from kvaudit.reconcile.interface import Finding
 from kvaudit.results import HostAudit
 from kvaudit.report.rows import findings, gpu_rows, host_summary
 from kvaudit.status import ORDER, Status
@@ -109,9 +110,9 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     return generate_latest(reg).decode("utf-8")
 
 
-def counted_findings(h: HostAudit) -> list:
+def counted_findings(h: HostAudit) -> list[Finding]:
     """The host's findings that count (not acknowledged), each code once (the worst severity it has)."""
-    best: dict[str, object] = {}
+    best: dict[str, Finding] = {}
     for f in findings(h):
         if not f.ignored and (f.code not in best or f.severity.rank > best[f.code].severity.rank):
             best[f.code] = f

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from typing import Any, Sequence
 
 from kvaudit.reconcile.interface import Audit, Formula, FormulaRow, Severity, WhatIf
 from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
@@ -13,7 +13,8 @@ _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
 #: the headline coloured by status
 STATUS_COLOURS = {"error": "1;31", "failed": "1;31", "warning": "1;33", "partial": "1;33", "ok": "1;32",
                   "unchecked": "1"}
-WIDTH = 100
+#: the width when nothing says another (no terminal, no $COLUMNS), as gpustat, nvitop and kubectl take it
+WIDTH = 80
 
 
 def colour(text: str, code: str, color: bool) -> str:
@@ -33,7 +34,7 @@ def format_value(row: FormulaRow, dash: str = "-") -> str:
     return f"{row.value:.2f} GiB" if row.unit == "GiB" else f"{row.value:g}"
 
 
-def table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
+def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
     """Plain-text table: the first ``left`` columns left-aligned (names), the rest right-aligned (numbers).
     Widths are terminal cells as rich measures them (``rich.cells``: a CJK or emoji character is two cells), so a
     host named in another script keeps the columns straight. Not ``rich.table``: importing it costs ~86 ms of
@@ -53,6 +54,44 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]], indent: str = " 
     return [line(header)] + [line(r) for r in body]
 
 
+def fit_columns(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int, drop: Sequence[str] = (),
+                indent: str = "  ", left: int = 1) -> tuple[list[str], tuple[str, ...]]:
+    """:func:`table` within ``width`` cells, and the columns it kept: columns with no value in any row go first,
+    then those named in ``drop``, in that order (the least telling first), until a row fits; the first column is
+    never dropped."""
+    from rich.cells import cell_len
+
+    cols = list(range(len(header)))
+
+    def lines() -> list[str]:
+        return table(tuple(header[i] for i in cols), [tuple(r[i] for i in cols) for r in body], indent, left)
+
+    empty = [i for i in cols[1:] if body and all(r[i] in ("-", "", "–") for r in body)]
+    for i in empty + [header.index(d) for d in drop if d in header]:
+        if max(cell_len(x) for x in lines()) <= width:
+            break
+        if i in cols:
+            cols.remove(i)
+    return lines(), tuple(header[i] for i in cols)
+
+
+def headline(text: str, width: int = WIDTH) -> list[str]:
+    """The headline on one line of at most ``width`` cells; what does not fit goes under it, indented. The cut is
+    at the last clause that fits ('; ', ': '), else at a word."""
+    from rich.cells import cell_len
+
+    if cell_len(text) <= width:
+        return [text]
+    room = text[:width]
+    cut = max(room.rfind("; "), room.rfind(": ") + 1 if room.rfind(": ") > width // 3 else -1)
+    if cut < width // 3:
+        cut = room.rfind(" ")
+    if cut <= 0:
+        cut = width
+    first, rest = text[:cut].rstrip(" ;"), text[cut:].lstrip(" ;")
+    return [first] + (wrap(rest, "  ", width) if rest else [])
+
+
 def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
     # break_on_hyphens=False: a host name, a path or a fingerprint is never split at a hyphen
     return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
@@ -60,15 +99,17 @@ def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
 
 
 def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple = (),
-               partial: tuple[str, ...] = ()) -> str:
+               partial: tuple[str, ...] = (), width: int = WIDTH) -> str:
     """One audit; its first line is the verdict's headline (``extra``/``partial``: a checked host's live
     findings and what could not be read, which the headline weighs too)."""
     m = a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
     j = judge(a, extra, partial)
-    L.append(colour(j.headline, STATUS_COLOURS.get(j.status.value, "1"), color))
-    L.append(colour(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "1", color))
+    head = headline(j.headline, width)
+    L.append(colour(head[0], STATUS_COLOURS.get(j.status.value, "1"), color))
+    L.extend(head[1:])
+    L.extend(colour(x, "1", color) for x in wrap(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "", width))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
              f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,
@@ -77,48 +118,51 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
              if m.attention_tp_size else None,
              f"speculative {a.speculative}" if a.speculative else None,
              f"on {a.platform} (unified memory)" if a.platform else None]
-    L.append("  " + ", ".join(x for x in model if x))
+    L.extend(wrap(", ".join(x for x in model if x), "  ", width))
     L.append("")
     if not_reached(a):
         # a failed startup shows its cause first, not an empty formula table
         L.extend(wrap(colour("Formula", "1", color) + "  not reached: the startup failed before the KV pool "
-                      "was sized (the cause is under Findings)", ""))
+                      "was sized (the cause is under Findings)", "", width))
     else:
-        L.extend(_formula_lines(a, color))
+        L.extend(_formula_lines(a, color, width))
     L.append("")
     L.append(colour("Per GPU (GiB)", "1", color))
     grid = [(r.label,) + r.cells for r in rows(a)]
-    L.extend(table(columns(a), grid))
-    if legend:  # once per report, wrapped to the page
-        L.extend(wrap("; ".join(f"{k}: {v}" for k, v in column_help(a).items())))
+    lines, kept = fit_columns(columns(a), grid, width, drop=("other", "draft", "graphs"))
+    L.extend(lines)
+    if legend:  # once per report, wrapped to the page: the columns shown
+        L.extend(wrap("; ".join(f"{k}: {v}" for k, v in column_help(a).items() if k in kept), "  ", width))
     L.append("")
     if a.findings:
         L.append(colour("Findings", "1", color))
         for fi in a.findings:
-            head = colour(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}" + (
+            head_ = colour(f"{fi.severity.value:<7}", _COLOURS[fi.severity], color) + f" {fi.code}" + (
                 " (ignored: acknowledged with --ignore)" if fi.ignored else "")
-            L.append("  " + head)
-            L.extend(wrap(fi.message, "    "))
+            L.append("  " + head_)
+            L.extend(wrap(fi.message, "    ", width))
         L.append("")
     L.append(colour("In short", "1", color))
     for s in summary_sentences(a):
-        L.extend(wrap(s))
+        L.extend(wrap(s, "  ", width))
     if a.notes:
         L.append("")
         L.append(colour("Notes", "1", color))
         for n in a.notes:
-            L.extend(wrap("- " + n))
+            L.extend(wrap("- " + n, "  ", width))
     if a.uninterpreted:
         L.append("")
         L.append(colour("Not interpreted", "1", color) + " (memory lines of this startup kvaudit does not read)")
-        for n, t in a.uninterpreted:
-            L.extend(wrap(f"line {n}: {t.strip()}", "  "))
+        for number, said in a.uninterpreted:
+            L.extend(wrap(f"line {number}: {said.strip()}", "  ", width))
     return "\n".join(L) + "\n"
 
 
-def _formula_lines(a: Audit, color: bool) -> list[str]:
+def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     f = a.formula
-    L = [colour("Formula", "1", color) + "  " + a.formula_text]
+    one = "Formula  " + a.formula_text
+    L = ([colour("Formula", "1", color) + "  " + a.formula_text] if len(one) <= width
+         else [colour("Formula", "1", color)] + wrap(a.formula_text, "  ", width))
     pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
@@ -127,21 +171,29 @@ def _formula_lines(a: Audit, color: bool) -> list[str]:
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", logged_tokens_text(f, "-"), ""),
     ]
+    name_w = min(40, max(20, width - 42))
     for name, val, src in body:
-        L.append(f"  {name:<40} {val:>18}   {src}".rstrip())
+        line = f"  {name:<{name_w}} {val:>18}"
+        if src and len(line) + 3 + len(src) <= width:
+            L.append(f"{line}   {src}")
+        else:  # the source under its row, where the row has no room for it
+            L.append(line.rstrip())
+            if src:
+                L.extend(wrap(src, " " * (name_w + 2), width))
     verdict = f.verdict.value.upper()
     vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
-    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason))
+    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason, "  ", width))
     return L
 
 
-def render(audits: list[Audit], color: bool = False, **_: Any) -> str:
-    return "\n".join(render_one(a, color, legend=i == 0) for i, a in enumerate(audits))
+def render(audits: list[Audit], color: bool = False, width: int = WIDTH, **_: Any) -> str:
+    return "\n".join(render_one(a, color, legend=i == 0, width=width) for i, a in enumerate(audits))
 
 
-def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
-    L = [colour(f"What if {', '.join(f'{k}={v}' for k, v in w.changes.items()) or 'nothing changed'}"
-            f"  ({a.source}, startup {a.startup_index})", "1", color)]
+def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) -> str:
+    L = [colour(x, "1", color) for x in headline(
+        f"What if {', '.join(f'{k}={v}' for k, v in w.changes.items()) or 'nothing changed'}"
+        f"  ({a.source}, startup {a.startup_index})", width)]
 
     def g(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
@@ -167,9 +219,9 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False) -> str:
                "startup or under load.",
         "unknown": "the log lacks the readings needed to judge the reserve.",
     }
-    L.extend(wrap(colour(risk[0], risk[1], color) + ": " + verdicts[w.risk]))
+    L.extend(wrap(colour(risk[0], risk[1], color) + ": " + verdicts[w.risk], "  ", width))
     for e in w.explanation:
-        L.extend(wrap("- " + e))
+        L.extend(wrap("- " + e, "  ", width))
     if w.pin:
-        L.extend(wrap(f"To pin this answer whatever the free memory is next time: {w.pin}."))
+        L.extend(wrap(f"To pin this answer whatever the free memory is next time: {w.pin}.", "  ", width))
     return "\n".join(L) + "\n"

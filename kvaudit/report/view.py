@@ -17,7 +17,7 @@ COLUMN_HELP = {
     "graphs": "target CUDA graphs + attention-backend buffers",
     "draft": "draft model: weights, KV, graphs",
     "state": "a hybrid model's Mamba/conv state pool (same budget as the KV cache)",
-    "free@pool": "free after the KV pool (Memory pool end)",
+    "free@pool": "free after the KV pool was allocated",
     "free@end": "free at the end of startup",
     "unexpl.": "T minus every item minus free@end",
 }
@@ -153,7 +153,7 @@ def summary_sentences(a: Audit) -> list[str]:
         others = [i.label.split(" (")[0] for i in r.items if _group(i.key) == "other" and i.gib is not None]
         other_name = (" and ".join(others) if len(others) <= 2 else ", ".join(others[:-1]) + " and " + others[-1]) \
             if others else "other items"
-        names = ("weights", "the KV cache", "CUDA graphs", "the draft model", other_name)
+        names: tuple[str, ...] = ("weights", "the KV cache", "CUDA graphs", "the draft model", other_name)
         if has_state(a):
             names = names[:2] + ("the state pool",) + names[2:]
         for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):

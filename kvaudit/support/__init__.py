@@ -136,7 +136,7 @@ def _covered(rows: list[Row], r: VersionRange) -> bool:
         if row.releases.hi is None:
             return True
         if row.releases.hi >= lo:
-            lo = row.releases.hi + (1 << 30,)  # just past hi
+            lo = row.releases.hi[:-1] + (row.releases.hi[-1] + 1,)  # the next release (0.5.8 -> 0.5.9)
             if r.hi is not None and lo > r.hi:
                 return True
     return False

@@ -336,3 +336,18 @@ def test_an_lmdeploy_endpoint_reads_its_settings_and_says_the_pool_is_not_export
     assert f["mem_fraction_static"] == 0.8 and f["verdict"] == "unknown" and f["logged_tokens"] is None
     assert "not the pool's size" in f["verdict_reason"]
     assert any("12.5 %" in n for n in d["notes"])
+
+
+def test_a_live_budget_off_the_formula_is_a_finding_not_a_note(demo):
+    """Issue 33: a server whose weight + kvcache exceed its own mfs x T (startup_available, 0.5.17+) does not
+    follow the formula; that is a warning the status counts, never a note beside "Nothing looks wrong"."""
+    doc = sglang_server_info(KIMI_ARGS, [{"weight": 72.3, "kvcache": 10.42, "token_capacity": 159277,
+                                          "startup_available": 5.0}], "0.5.17")
+    with serve({"/server_info": json_doc(doc)}) as (url, _):
+        r = cli("check", url, "--model-config", KIMI_CONFIG, "-f", "json")
+        text = cli("check", url, "--model-config", KIMI_CONFIG).stdout
+    d = r.json()
+    (f,) = [f for f in d["findings"] if f["code"] == "BUDGET_MISMATCH"]
+    assert f["severity"] == "warning" and f["fields"]["over_gib"] > 70
+    assert d["status"] == "warning" and r.code == ExitStatus.WARNINGS
+    assert "Nothing looks wrong" not in text and text.startswith("WARNING")

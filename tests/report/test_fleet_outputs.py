@@ -116,5 +116,5 @@ def test_the_html_page_reads_on_a_phone_and_says_its_ranges(tmp_path):
     assert "name='viewport'" in text and "@media (max-width:640px)" in text and "class='wide'" in text
     import re
 
-    assert re.search(r"<p>1 hosts \(1 (ok|warning|error|partial)\)", text), text[:800]
+    assert re.search(r"<p>1 host \(1 (ok|warning|error|partial)\)", text), text[:800]
     assert "range 25,000–25,169" in text, text[text.find("trend"):][:600]

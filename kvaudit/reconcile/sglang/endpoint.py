@@ -118,8 +118,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
                                           "another pool (Mamba state, draft KV) or memory taken between T and "
                                           "the weights; +-0.01 from the rounding"))
             if other < -3 * HALF_ULP * (1 + mfs):
-                notes.append(f"weight + kvcache exceed mfs x T by {-other:.2f} GiB: the server's numbers do not "
-                             "follow SGLang's formula (another --mem-fraction-static than reported?)")
+                findings.append(F.live_budget_exceeded(-other, mfs, T))
         else:
             t_est = (weight + kv) / mfs
             budget_rows.append(FormulaRow("T estimated = (weight + kvcache) / mfs", t_est, "GiB",
