@@ -574,7 +574,7 @@ def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recor
         raise DiffError(f"history {path}: {exc}") from None
     try:
         if hasattr(db, "setlimit"):  # Python 3.11+: the bound is SQLite's own, per connection
-            db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, HISTORY_VALUE_BYTES)
+            db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, HISTORY_VALUE_BYTES)  # type: ignore[attr-defined]
         have = {r[1] for r in db.execute("PRAGMA table_info(startups)")}
         if not have:
             raise DiffError(f"history {path}: no startups recorded (not a kvaudit fleet --history file, or one "

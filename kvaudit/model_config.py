@@ -85,6 +85,12 @@ class ModelGeometry:
     #: why the geometry is known to be incomplete (a sliding-window family whose split the config does not give):
     #: bytes per token from it are not judged against the log (no geometry finding; "not modelled" instead)
     incomplete: str | None = None
+    #: the window of the sliding layers (tokens), Gemma-4's ``attention_k_eq_v`` (its full layers keep
+    #: ``num_global_key_value_heads`` only when set, vLLM ``models/gemma4.py``) and the layers that reuse an earlier
+    #: layer's KV (``num_kv_shared_layers``): what vLLM's sliding-window groups are sized from
+    sliding_window: int | None = None
+    attention_k_eq_v: bool | None = None
+    num_kv_shared_layers: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -274,4 +280,7 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         swa_v_head_dim=_int(cfg, "swa_v_head_dim", source=source),
         defaults_used=filled,
         incomplete=incomplete,
+        sliding_window=_int(cfg, "sliding_window", source=source),
+        attention_k_eq_v=cfg["attention_k_eq_v"] if isinstance(cfg.get("attention_k_eq_v"), bool) else None,
+        num_kv_shared_layers=_int(cfg, "num_kv_shared_layers", source=source),
     )

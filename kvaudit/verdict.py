@@ -403,7 +403,7 @@ def inputs_of(f: Formula, m: Any) -> list[Input]:
             ("bytes_per_token", f.bytes_per_token, f.bytes_per_token_source),
             ("attention_tp_size", m.attention_tp_size, m.attention_tp_size_source or (
                 "log" if m.attention_tp_size is not None else None)),
-            ("page_size", f.page_size, "log" if f.page_size is not None else None),
+            ("page_size", f.page_size, (f.page_size_source or "log") if f.page_size is not None else None),
             ("max_total_tokens_cap", f.max_total_tokens_cap, "log" if f.max_total_tokens_cap else None)]
     return [Input(n, v, src, input_kind(src)) for n, v, src in rows if v is not None]
 

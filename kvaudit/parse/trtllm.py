@@ -43,8 +43,9 @@ stripped: every pattern is searched anywhere in the line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank, quote,
@@ -126,7 +127,7 @@ class KVAllocation(RankEvent):
     """``[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N).``: the pool the C++ manager
     allocated (the PyTorch backend logs it twice: the temporary profiling cache, then the final one)."""
 
-    gib: float = 0.0
+    gib: float | None = None  # None: the line states tokens only ("Using N tokens in paged KV cache", pre-0.9)
     tokens: int = 0
 
 
@@ -249,7 +250,7 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 #: (anywhere: the path is used only when it is the only one), the executor's OOM table rows (one logger call
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
                                                or _PERCENTAGE.search(e.text) is not None),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
@@ -454,7 +455,7 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         return ev, [_clue((0, 1, 0), (0, 8, 99), "'Allocate N bytes for k/v cache' (pre-0.9 batch manager)")]
     m = _OLD_TOKENS.search(t) if "tokens in paged KV cache" in t else None
     if m:
-        ev.append(KVAllocation(n, t, rank, "target", 0.0, int(m.group(1))))
+        ev.append(KVAllocation(n, t, rank, "target", None, int(m.group(1))))
         if m.group(2):
             read("blocks_per_sequence", m.group(2))
             return ev, [_clue((0, 1, 0), (0, 8, 99), "'Using N total tokens in paged KV cache' (pre-0.9)")]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPrefix, Rank, RankEvent, Startup,
@@ -43,6 +43,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"GiB",
     b"KV ",
     b"Error",
+    b"ERROR",  # an engine core ERROR line, even one cut short before its message
     b"profiling results",
     b"memory_utilization",
     b"memory-utilization",
@@ -59,6 +60,10 @@ ANCHORS: tuple[bytes, ...] = (
     b"mamba page",
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
+    b"Mamba cache mode",
+    b"data type to store kv cache",
+    b"Worker_",  # a worker's tag on any line (a compiler's, a progress bar's) names a rank: TP at least n + 1
+    b"max_num_batched_tokens",
 )
 
 MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
@@ -106,6 +111,19 @@ class HybridLayout(Event):
 
     block_size: int | None = None
     mamba_padding_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Setting(Event):
+    """A setting the engine states on a line of its own rather than in the args: ``mamba_cache_mode``
+    ("Mamba cache mode is set to 'align' ...", ``config/vllm.py`` 0.2x), ``max_num_batched_tokens`` ("Chunked
+    prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
+    padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
+    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X)."""
+
+    key: str = ""
+    value: str = ""
+    extra: float | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +189,7 @@ _ACTUAL = lazy(r"Actual usage is " + NUM + r" GiB for weight, " + NUM + r" GiB f
 _ACTUAL_CONSUMED = lazy(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + NUM
                               + r" GiB for peak activation, and " + NUM + r" GiB for CUDAGraph memory")
 _ACTUAL_PLUGIN = lazy(r"Actual usage: " + NUM + r" GiB for weights, " + NUM + r" GiB for peak activation, " + NUM
-                            + r" GiB for non-torch memory")
+                            + r" GiB for non-torch memory(?:, " + NUM + r" GiB for [A-Z]+ graph memory)?")
 _EXTERNAL = lazy(r"Weights are held outside this process: of the " + NUM + r" GiB utilization budget, " + NUM
                        + r" GiB is externally held and " + NUM + r" GiB remains")
 _AUTOFIT = lazy(r"Auto-fit max_model_len: reduced from (\d+) to (\d+) to fit in available (?:GPU|KV cache) memory "
@@ -180,15 +198,33 @@ _AUTOFIT_FULL = lazy(r"Auto-fit max_model_len: full model context length (\d+) f
 _HYBRID_BLOCK = lazy(r"Setting attention block size to (\d+) tokens to ensure that attention page size is >= "
                            r"mamba page size")
 _MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
+#: config/cache.py (0.6+): "Using fp8_e4m3 data type to store kv cache. It reduces the GPU memory footprint ..."
+_KV_DTYPE_LINE = lazy(r"Using (\w+) data type to store kv cache")
+#: V1 gpu_worker.py determine_available_memory at DEBUG (0.9-0.2x, read in the 0.19.0 wheel): the request, the
+#: init snapshot (utils/mem_utils.py MemorySnapshot.__repr__: "... free_memory=F GiB, total_memory=T GiB, ...") and
+#: MemoryProfilingResult.__repr__ ("Memory profiling takes S seconds. Total non KV cache memory: A GiB; torch peak
+#: memory increase: B GiB; non-torch forward increase memory: C GiB; weights memory: D GiB.")
+_DEBUG_REQUESTED = lazy(r"Initial free memory: " + NUM + r" GiB; Requested memory: " + NUM + r" \(util\), " + NUM
+                        + r" GiB")
+_SNAPSHOT_TOTAL = lazy(r"free_memory=" + NUM + r"\s?GiB, total_memory=" + NUM + r"\s?GiB")
+_PROFILE_RESULT = lazy(r"Total non KV cache memory: " + NUM + r"\s?GiB; torch peak memory increase: " + NUM
+                       + r"\s?GiB; non-torch forward increase memory: " + NUM + r"\s?GiB; weights memory: " + NUM
+                       + r"\s?GiB")
+_MAMBA_MODE = lazy(r"Mamba cache mode is set to '(\w+)'")
+_CHUNKED = lazy(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+_PADDING_LAYERS = lazy(r"Add (\d+) padding layers, may waste at most " + NUM + r"% KV cache memory")
 _ESTIMATED_LEN = lazy(r"the estimated maximum model length is (\d+)")
-_KV_IN_USE = lazy(r"Current kv cache memory in use is " + NUM + " GiB")
+#: 0.26+ "Current kv cache memory in use is X GiB." (gpu_worker.py); vllm-ascend's worker.py "Current KV cache
+#: memory: X GiB." (its 0.26+-style summary, corpus vllm_c018)
+_KV_IN_USE = lazy(r"Current (?:kv|KV) cache memory(?: in use is|:) " + NUM + " GiB")
 # the two budgets the suggestion line offers, in bytes (gpu_worker.py compile_or_warm_up_model, 0.10.2+)
-_SUGGESTED = lazy(r"`--kv-cache-memory=(\d{1,16})`(?: \([\d.]+ GiB\))? to fit into requested memory, or "
-                        r"`--kv-cache-memory=(\d{1,16})`")
+# (the first can be negative: 0.26+ counts the captured graphs twice, vllm#57936; corpus vllm_c019)
+_SUGGESTED = lazy(r"`--kv-cache-memory=(-?\d{1,16})`(?: \(-?[\d.]+ GiB\))? to fit into requested memory, or "
+                        r"`--kv-cache-memory=(-?\d{1,16})`")
 _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
-_GRAPH_POOL = lazy(r"CUDA graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+_GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
 #: | exception (a traceback's final line; fatal only before the KV pool was sized)
@@ -260,10 +296,10 @@ class _Parsed:
 #: multi-line profiling message (worker.py 0.6.x "Memory profiling takes ...\nthe current vLLM instance can use
 #: ...\nmodel weights take ...", and the table rows of 0.6.4-0.7): one logger call, its first line prefixed
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, Reading) and any(rx.search(e.text) is not None
                                                   for rx in (_V0_TABLE, _V0_CAN_USE, _V0_TAKE)),
-    anywhere=lambda e: isinstance(e, Failure),
+    anywhere=lambda e: isinstance(e, Failure) or (isinstance(e, Setting) and e.key == "worker_tag"),
 )
 
 
@@ -378,18 +414,33 @@ def parse_line(line: Line) -> _Parsed:
             return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 5), "comma-separated 'Memory profiling results: duration=' "
                                                             "(0.6.4.post1-0.6.5 builds)")])
         return _Parsed(ev, [_clue((0, 6, 4), (0, 6, 4), "0.6.4 'Memory profiling results:' line")])
+    m = _PROFILE_RESULT.search(t) if "Total non KV cache memory" in t else None
+    if m:
+        read(m, (("non_kv_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("weights_gib", 4)))
+        return _Parsed(ev, [_clue((0, 9, 0), None, "V1 'Total non KV cache memory' (DEBUG)")])
+    m = _DEBUG_REQUESTED.search(t) if "Requested memory" in t else None
+    if m:
+        read(m, (("init_free_gib", 1), ("util", 2), ("requested_gib", 3)))
+        return _Parsed(ev, [_clue((0, 9, 0), None, "V1 'Requested memory: u (util)' (DEBUG)")])
+    m = _SNAPSHOT_TOTAL.search(t) if "total_memory=" in t and "free_memory=" in t else None
+    if m:
+        read(m, (("total_gib", 2),))
+        return _Parsed(ev, [])
+    m = _KV_DTYPE_LINE.search(t) if "data type to store kv cache" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
     m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
     if m:
         read(m, (("profile_s", 1),))
         return _Parsed(ev, [])
     m = _V0_TABLE.search(t) if len(t) < 400 and _TABLE_WORDS.search(t) else None
     if m:
-        key = {"total_gpu_memory": "total_gib", "gpu_memory_utilization": "util",
-               "the current vLLM instance can use": "requested_gib", "model weights take": "weights_gib",
-               "available_kv_cache_memory": "kv_gib", "duration": "profile_s"}.get(m.group("k"))
-        if key is None:
-            key = "non_torch_gib" if m.group("k").startswith("non_torch") else "activation_gib"
-        read(m, ((key, 2),))
+        row_key = {"total_gpu_memory": "total_gib", "gpu_memory_utilization": "util",
+                   "the current vLLM instance can use": "requested_gib", "model weights take": "weights_gib",
+                   "available_kv_cache_memory": "kv_gib", "duration": "profile_s"}.get(m.group("k"))
+        if row_key is None:
+            row_key = "non_torch_gib" if m.group("k").startswith("non_torch") else "activation_gib"
+        read(m, ((row_key, 2),))
         return _Parsed(ev, [])
     m = _AVAILABLE.search(t) if "Available KV cache memory" in t else None
     if m:
@@ -406,8 +457,9 @@ def parse_line(line: Line) -> _Parsed:
             read(a, (("weights_gib", 1), ("activation_printed_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
             clues.append(_clue((0, 10, 2), (0, 27, 0), "'Actual usage is ... for weight' (0.10.2-0.27.0)"))
         a = _ACTUAL_PLUGIN.search(t)
-        if a:  # hardware plugins (vllm-ascend): no CUDA-graph term
-            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+        if a:  # hardware plugins (vllm-ascend): the graph memory captured (vllm-ascend: "NPU graph memory") last
+            read(a, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3),
+                    ("graph_gib", 4)))
         a = _ACTUAL_CONSUMED.search(t)
         if a:
             read(a, (("consumed_gib", 1), ("activation_printed_gib", 2), ("graph_gib", 3)))
@@ -421,8 +473,8 @@ def parse_line(line: Line) -> _Parsed:
             read(k, (("suggest_fit_bytes", 1), ("suggest_full_bytes", 2)))
         return _Parsed(ev, clues or [_clue((0, 9, 1), None, "'Free memory on device' line")])
     m = _ACTUAL_PLUGIN.search(t) if "Actual usage: " in t else None
-    if m:  # hardware plugins (vllm-ascend): no CUDA-graph term; no version of vLLM itself follows from it
-        read(m, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3)))
+    if m:  # hardware plugins (vllm-ascend): the graph memory captured (vllm-ascend: "NPU graph memory") last; no version of vLLM itself follows from it
+        read(m, (("weights_gib", 1), ("activation_gib", 2), ("non_torch_gib", 3), ("graph_gib", 4)))
         return _Parsed(ev, [])
     m = _EXTERNAL.search(t) if "held outside this process" in t else None
     if m:
@@ -430,8 +482,8 @@ def parse_line(line: Line) -> _Parsed:
         return _Parsed(ev, [_clue((0, 32, 0), None, "'Weights are held outside this process' (0.32+)")])
     m = _AUTOFIT.search(t) if "Auto-fit" in t else None
     if m:
-        kv = m.group(3) or m.group(4)
-        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(2)), float(kv) if kv else None,
+        fit_gib = m.group(3) or m.group(4)
+        ev.append(AutoFit(n, t, int(m.group(1)), int(m.group(2)), float(fit_gib) if fit_gib else None,
                           float(m.group(5)) if m.group(5) else None))
         clue = (_clue((0, 33, 0), None, "'Auto-fit ... available KV cache memory' (0.33)") if m.group(4) is not None
                 else _clue((0, 14, 0), (0, 30, 99), "'Auto-fit ... available GPU memory' (0.14-0.30)"))
@@ -446,6 +498,15 @@ def parse_line(line: Line) -> _Parsed:
     m = _MAMBA_PAD.search(t) if "Padding mamba page" in t else None
     if m:
         return _Parsed([HybridLayout(n, t, None, float(m.group(1)))], [])
+    m = _MAMBA_MODE.search(t) if "Mamba cache mode" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "mamba_cache_mode", m.group(1))], [])
+    m = _CHUNKED.search(t) if "Chunked prefill" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "max_num_batched_tokens", m.group(1))], [])
+    m = _PADDING_LAYERS.search(t) if "padding layers" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "padding_layers", m.group(1), float(m.group(2)))], [])
     m = _KV_BYTES.search(t) if "kv_cache_memory_bytes" in t else None
     if m:
         read(m, (("kv_bytes_config_gib", 1),))
@@ -454,7 +515,7 @@ def parse_line(line: Line) -> _Parsed:
     if m:
         read(m, (("graph_gib", 2),))
         return _Parsed(ev, [])
-    m = _GRAPH_POOL.search(t) if "CUDA graph pool memory" in t else None
+    m = _GRAPH_POOL.search(t) if "graph pool memory" in t else None
     if m:
         read(m, (("graph_gib", 1), ("graph_estimate_gib", 2)))
         return _Parsed(ev, [_clue((0, 18, 0), None, "CUDA graph pool memory line")])
@@ -490,12 +551,12 @@ def parse_line(line: Line) -> _Parsed:
     # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
     # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
     num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None
-    line = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
-    m = num or line
+    blocks_m = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
+    m = num or blocks_m
     if m:
-        cpu = int(line.group(2)) if line is not None and line.group(2) else None
+        cpu = int(blocks_m.group(2)) if blocks_m is not None and blocks_m.group(2) else None
         ev.append(Blocks(n, t, rank_at(m), "target", int(m.group(1)), cpu))
-        if line is not None and "CPU blocks" not in t:
+        if blocks_m is not None and "CPU blocks" not in t:
             clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
         elif "# cuda blocks" in t:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
@@ -507,10 +568,26 @@ def parse_line(line: Line) -> _Parsed:
         msg = m.group("msg")
         return _Parsed([Failure(n, t, _rank(t, len(t)), "target", "exception",
                                 quote(f"{m.group('exc')}: {msg}"), {"generic": float(_generic_wrapper(msg))})], [])
+    m = _CORE_ERROR.search(t) if "ERROR" in t and "EngineCore" in t else None
+    if m:
+        # the engine core logs at ERROR from core.py only when it dies (run_engine_core's handler: "EngineCore
+        # failed to start." / "EngineCore encountered a fatal error.", then the traceback): a line of it, even cut
+        # short where an excerpt ends, is the failure; traceback frames are not quoted
+        msg = t[m.end():].strip()
+        if not msg.startswith(("File ", "Traceback", "^", "~", "raise ", "return ", "self.", "|")) and not t[
+                m.end():m.end() + 2].startswith("  "):
+            return _Parsed([Failure(n, t, _rank(t, len(t)), "target", "engine_failed",
+                                    quote(msg or "(an EngineCore ERROR line, cut short)"), {"generic": 1.0})], [])
+    if "Worker_" in t and has_process_tag(t):
+        r = rank_of(t)
+        if "TP" in r.label:  # any line of a tagged worker: the rank exists, whatever the line says
+            return _Parsed([Setting(n, t, "worker_tag", r.label)], [])
     return _Parsed([], [])
 
 
 #: the exception a Python traceback ends with, as vLLM's processes print it (after the process tag and level)
+#: an ERROR line of the engine core's own handler (v1/engine/core.py run_engine_core, 0.8+)
+_CORE_ERROR = lazy(r"\(EngineCore[^()]*" + _PID_KEY + r"=\d+\)\s+ERROR\s+[\d-]+ [\d:.]+ \[core\.py:\d+\]")
 _EXCEPTION = lazy(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
 _LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
@@ -523,7 +600,8 @@ def _after_prefix(text: str) -> str:
     """The message after a paste's quote bar (``▎``, ``│``, ``>``), the process tag, the level and the
     ``[file.py:N]`` location (a traceback's exception line has nothing before it but these)."""
     text = _PASTE_BAR.sub("", text, count=1)
-    return text[_LINE_PREFIX.match(text).end():]
+    m = _LINE_PREFIX.match(text)
+    return text[m.end() if m else 0:]
 
 
 _PASTE_BAR = lazy(r"^[\s\u258e\u2502\u2503|>]+")
@@ -539,10 +617,34 @@ def _message(text: str, start: int) -> str:
     return quote(_PASTE_BAR.sub("", text[prefix + 2 if prefix >= 0 else 0:], count=1))
 
 
-def _config(text: str) -> dict[str, Any]:
-    """The banner's ``key=value, ...`` config (model='...', dtype=torch.bfloat16, tensor_parallel_size=8...)."""
+_NESTED_CONFIG = lazy(r"(\w+)=[A-Z]\w*\(")
+
+
+def _config(text: str, depth: int = 0) -> dict[str, Any]:
+    """The banner's ``key=value, ...`` config (model='...', dtype=torch.bfloat16, tensor_parallel_size=8...).
+    A nested ``key=Name(...)`` value (``speculative_config=SpeculativeConfig(method='dflash',
+    model='/models/drafter', num_spec_tokens=15)``, 0.10+) is read as its own dict: its ``model`` is the draft's,
+    never the engine's."""
     out: dict[str, Any] = {}
+    flat, i = [], 0
+    while depth < 3:
+        m = _NESTED_CONFIG.search(text, i)
+        if m is None:
+            break
+        level, end = 0, len(text)
+        for k in range(m.end() - 1, len(text)):
+            level += {"(": 1, ")": -1}.get(text[k], 0)
+            if level == 0:
+                end = k
+                break
+        out[m.group(1)] = _config(text[m.end():end], depth + 1)
+        flat.append(text[i:m.start()])
+        i = end + 1
+    flat.append(text[i:])
+    text = "".join(flat)
     for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", text):
+        if k in out:
+            continue
         v = v.strip()
         try:
             out[k] = literal(v)
@@ -574,6 +676,7 @@ class VLLMParser:
         first = last = 0
         config: dict[str, Any] = {}
         seen_memory = False
+        tags_seen: set[str] = set()
 
         def flush() -> None:
             # a traceback's exception is any Python program's: it makes a vLLM startup only beside vLLM's banner
@@ -596,6 +699,11 @@ class VLLMParser:
             if not kept:
                 continue  # the engine's words without its prefix, in a log whose lines carry it: not its line
             p.events = kept
+            tags = [e for e in kept if isinstance(e, Setting) and e.key == "worker_tag"]
+            if tags and len(tags) == len(kept):
+                if all(e.value in tags_seen for e in tags):
+                    continue  # a rank already named: one line per rank is enough
+                tags_seen.update(e.value for e in tags)
             banner = next((e for e in p.events if isinstance(e, Banner)), None)
             # a new start: a banner once memory lines were seen, or a second weight load on the same rank
             restart = banner is not None and seen_memory
@@ -617,15 +725,15 @@ class VLLMParser:
             clues.extend(p.clues)
             if banner is not None:
                 config.update(banner.config)
-            else:
-                seen_memory = True
+            elif not all(isinstance(e, Setting) for e in p.events):
+                seen_memory = True  # a setting the API server states before the engine's banner starts nothing
         flush()
         if events and startups and all(isinstance(e, Banner) for e in events) and not any(
                 "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):
             # a pasted excerpt with the args line after the memory lines (no version banner): the args belong
             # to the startup above; keys it already has stay as they are
             prev = startups[-1]
-            merged = {**config, **prev.server_args}
+            merged = {**config, **(prev.server_args or {})}
             path = merged.get("model")
             startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
         return with_unprefixed(startups, dropped)

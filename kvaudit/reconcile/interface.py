@@ -113,6 +113,8 @@ class Formula:
     #: the formula worked on this startup's numbers, in the engine's words (``(post - (1 - f) x T) GiB / B per
     #: token``): the verdict quotes it in TOKENS_MATCH
     check_text: str | None = None
+    #: where page_size came from ("log", "engine args", "default (16 on CUDA)"); None: the log
+    page_size_source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,19 @@ from typing import Any
 from kvaudit.planning.model import Plan, Term
 
 
+def _span(lo: float, hi: float, fmt: str, unit: str = "") -> str:
+    """A range as a person reads it: ``1.20-3.40 GiB``, and with a negative end ``-26.94 to -22.81 GiB`` (never
+    ``-26.94--22.81``)."""
+    sep = " to " if lo < 0 or hi < 0 else "-"
+    return f"{lo:{fmt}}{sep}{hi:{fmt}}{unit}"
+
+
 def _range(t: Term) -> str:
     if t.unit == "B":
-        return f"{t.lo:,.0f} B" if t.exact else f"{t.lo:,.0f}-{t.hi:,.0f} B"
+        return f"{t.lo:,.0f} B" if t.exact else _span(t.lo, t.hi, ",.0f", " B")
     if t.unit == "":
         return f"{t.lo:g}"
-    return f"{t.lo:.2f} GiB" if abs(t.hi - t.lo) < 0.005 else f"{t.lo:.2f}-{t.hi:.2f} GiB"
+    return f"{t.lo:.2f} GiB" if abs(t.hi - t.lo) < 0.005 else _span(t.lo, t.hi, ".2f", " GiB")
 
 
 def _tokens(p: Plan) -> str:
@@ -48,7 +55,7 @@ def render_text(p: Plan, color: bool = False) -> str:
 def outcome(p: Plan) -> list[tuple[str, str]]:
     """What the plan concludes, as (name, value) lines the text and Markdown views both print."""
     kv = (f"{p.kv_gib_low:.2f} GiB" if abs(p.kv_gib_high - p.kv_gib_low) < 0.005 else
-          f"{p.kv_gib_low:.2f}-{p.kv_gib_high:.2f} GiB")
+          _span(p.kv_gib_low, p.kv_gib_high, ".2f", " GiB"))
     out = [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")]
     if p.concurrency is not None:
         c = p.concurrency

@@ -148,9 +148,16 @@ def level_of(engine: str, dimension: str, kind: str, releases: VersionRange) -> 
     unknown = releases.lo == (0,) and releases.hi is None  # the lines name no era: the kind's own rows decide
     rows = [r for r in table(engine) if r.dimension == dimension and r.kind == kind
             and r.releases.overlaps(releases.lo, releases.hi)]
-    if not rows or (not unknown and not _covered(rows, releases)):
+    if not rows:
         return "not", None
     worst = max(rows, key=lambda r: LEVELS.index(r.level))
+    gap = not unknown and not _covered(rows, releases)
+    if (gap or worst.level == "not") and any(r.level != "not" for r in rows):
+        # the range straddles releases kvaudit models and releases it does not (the lines leave the era open):
+        # the engine's own era rules decide, and the report says which part is not modelled
+        return "partly", (worst if worst.level == "not" else None)
+    if gap:
+        return "not", None
     return worst.level, worst
 
 
@@ -159,7 +166,11 @@ def _limit(engine: str, kind: str, level: str, row: Row | None, releases: Versio
     what = KIND_WORDS.get(kind, kind)
     if level == "not":
         return f"{what} in {where}" + (f" ({row.source})" if row is not None else "")
-    return f"{what} in {where}: {row.note if row is not None and row.note else 'see docs/support.md'}"
+    if row is not None and row.level == "not":  # a range only part of which is modelled
+        return f"{what} in {where}: not modelled in {row.releases} ({row.note or row.source})"
+    if row is None:
+        return f"{what} in {where}: only some of these releases are modelled (docs/support.md)"
+    return f"{what} in {where}: {row.note if row.note else 'see docs/support.md'}"
 
 
 def coverage(s: Subject) -> Coverage:

@@ -45,7 +45,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     if pool.self_pool is not None:
         pred = Prediction(None, Verdict.UNKNOWN, _encoder_decoder(ctx, budget, pool))
     elif (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
-            and budget.smallest is not None and budget.smallest.cpp and pool.gib < 0.8 * budget.lo):
+            and budget.mid is not None and budget.smallest is not None and budget.smallest.cpp
+            and pool.gib < 0.8 * budget.lo):
         # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
         findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
         pred = Prediction(None, Verdict.UNKNOWN, f"the pool ({pool.gib:.2f} GiB) is far below the fraction's "
@@ -55,10 +56,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         text = f"({budget.smallest.text}) x {ctx.fraction:g}" if budget.smallest else "the available KV memory"
         if budget.capped:
             text = f"min({text}, the configured cap)"
-        findings.append(F.tokens_match(formula, f"{text} -> floor(/ {cell.bytes:,} B) rounded up to blocks of "
-                                                f"{ctx.block}"))
-    elif pred.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
-        findings.append(F.tokens_mismatch(formula, pred.verdict))
+        # the worked formula; the verdict raises TOKENS_* from the formula's verdict (kvaudit.verdict, rule 6)
+        formula = dataclasses.replace(formula, check_text=f"{text} -> floor(/ {cell.bytes:,} B) rounded up to "
+                                                          f"blocks of {ctx.block}")
 
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx.fraction, pool.finals.get(r), ctx.multimodal_gib,
                                 (ctx.facts[r].encoder_decoder_pair() or (None, None))[0])
@@ -154,8 +154,17 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
                  and (peak_line is None or c.line > peak_line)]
     est = ctx.first("estimated_tokens")
-    free, total = ctx.first("both_free_gib"), ctx.first("both_total_gib")
-    both = next((c for c in ctx.caps if c.kind == "both_set"), None)
+    # the free and total memory of the same warning line as the cap it names (the profiling cache's line and the
+    # final one each carry their own); the last such line before the pool, which is the one that sized it
+    from kvaudit.parse.trtllm import Reading
+
+    on_line = {(r.line, r.key): r.value for r in ctx.startup.of(Reading)
+               if r.key in ("both_free_gib", "both_total_gib")}
+    boths = [c for c in ctx.caps if c.kind == "both_set" and (c.line, "both_free_gib") in on_line
+             and (final is None or c.line < final.line)]
+    both = boths[-1] if boths else None
+    free = on_line.get((both.line, "both_free_gib")) if both else None
+    total = on_line.get((both.line, "both_total_gib")) if both else None
     if both is not None and free is not None and total is not None:
         notes.append(f"line {both.line}: both the fraction and max_tokens were set; {free:.2f} GiB of {total:.2f} GiB "
                      f"was free there, so the fraction allowed {both.fraction or ctx.fraction:g} x {free:.2f} = "
@@ -198,8 +207,9 @@ def _encoder_decoder(ctx: Context, b: Budget, pool: Pool) -> str:
     own, cross = pool.self_pool, pool.smallest
     assert own is not None and cross is not None
     said = ctx.first("cross_fraction")
-    text = (f"an encoder-decoder model: two KV caches, self-attention ({own.tokens:,} tokens, {own.gib:.2f} GiB, line "
-            f"{own.line}) and cross-attention ({cross.tokens:,} tokens, {cross.gib:.2f} GiB, line {cross.line}), "
+    text = (f"an encoder-decoder model: two KV caches, self-attention ({own.tokens:,} tokens, {own.gib or 0:.2f} GiB, "
+            f"line {own.line}) and cross-attention ({cross.tokens:,} tokens, {cross.gib or 0:.2f} GiB, line "
+            f"{cross.line}), "
             "split by crossKvCacheFraction")
     if said is not None:
         return text + f" ({said:g}); the bytes per token of each cache are not in the log"

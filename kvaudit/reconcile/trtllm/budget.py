@@ -73,13 +73,13 @@ def kv_budget(ctx: Context, pool: Pool, findings: list[Finding]) -> Budget:
     smallest = min(frees.values(), key=lambda f: f.lo) if frees else None
     available = ctx.first("available_gib")
     b = Budget(frees, smallest, None, None, smallest.rule if smallest else None, available)
-    f, mm = ctx.fraction, ctx.multimodal_gib
+    frac, mm = ctx.fraction, ctx.multimodal_gib
     if smallest is not None:
-        b.lo, b.hi = smallest.lo * f - mm, smallest.hi * f - mm
+        b.lo, b.hi = smallest.lo * frac - mm, smallest.hi * frac - mm
         if mm and available is not None:
             # the multimodal encoder reservation comes off the KV budget; whether before or after the fraction
             # is not documented: the logged available memory says which
-            before = ((smallest.lo - mm) * f, (smallest.hi - mm) * f)
+            before = ((smallest.lo - mm) * frac, (smallest.hi - mm) * frac)
             if not b.lo - LOG_HALF_ULP <= available <= b.hi + LOG_HALF_ULP and \
                     before[0] - LOG_HALF_ULP <= available <= before[1] + LOG_HALF_ULP:
                 b.lo, b.hi = before
@@ -94,7 +94,8 @@ def kv_budget(ctx: Context, pool: Pool, findings: list[Finding]) -> Budget:
     quota = ctx.first("quota_gib")
     if quota is not None:
         ctx.notes.append(f"KV cache manager v2: device quota {quota:.2f} GiB")
-        b.lo, b.hi = (min(b.lo, quota), min(b.hi, quota)) if b.lo is not None else (quota, quota)
+        b.lo, b.hi = ((min(b.lo, quota), min(b.hi, quota)) if b.lo is not None and b.hi is not None
+                      else (quota, quota))
     for c in ctx.caps:
         if c.kind in ("max_tokens", "max_gpu_total_bytes") and c.result_gib is not None:
             budget_hi = b.hi
@@ -178,8 +179,10 @@ def _why_not(ctx: Context, b: Budget, cell: Cell, logged: int | None, pool: Pool
         return ("cannot check: the log has neither the profiling peak line nor the C++ 'Memory usage when "
                 "calculating max tokens' line")
     if cell.source == "kv_line":
-        return ("bytes per token were derived from the pool line itself (no --model-config and no 'kv size' in the "
-                "log), so the token count cannot be checked independently")
+        why = ("the config's were not used and the log has no 'kv size'" if ctx.opts.model_geometry is not None
+               else "no --model-config and no 'kv size' in the log")
+        return (f"bytes per token were derived from the pool line itself ({why}), so the token count cannot be "
+                "checked independently")
     if ctx.block is None:
         return "the log does not state the tokens per block ('Number of tokens per block')"
     return ""

@@ -85,5 +85,7 @@ def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | No
                       free_after_weights_gib=None, free_after_pool_gib=None, free_at_end_gib=None,
                       free_at_end_source=None, end_is_final=False, items=tuple(items), unexplained_gib=unexplained,
                       unexplained_tolerance_gib=tol,
-                      logged=tuple(sorted({**r, **({"kv_pool_gib": final.gib, "kv_pool_tokens": final.tokens}
-                                                   if final else {})}.items())))
+                      # a pool line that states no GiB (the C++ runtime's token-only lines) records none, not 0.0
+                      logged=tuple(sorted({**r, **({"kv_pool_tokens": final.tokens} if final else {}),
+                                           **({"kv_pool_gib": final.gib} if final and final.gib is not None
+                                              else {})}.items())))

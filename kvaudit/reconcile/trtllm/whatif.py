@@ -26,30 +26,46 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None, None,
                       "unknown", ("the log lacks the profiling peak (or the C++ available memory), bytes per token "
                                   "or the tokens per block",), reserve_label=RESERVE_LABEL)
+    if "encoder-decoder" in (f0.verdict_reason or ""):
+        return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None,
+                      None, "unknown", ("an encoder-decoder model: the self- and cross-attention caches split the "
+                                        "budget by crossKvCacheFraction, which the log does not state",),
+                      reserve_label=RESERVE_LABEL)
     f_old = f0.mem_fraction_static or DEFAULT_FRACTION
     f_new = new_opts.mem_fraction_static or f_old
     cell = f0.bytes_per_token
     explanation: list[str] = []
+    # "now" is the pool the log allocated ("Allocated X GiB for max tokens in paged KV cache (N)"), as explain's
+    # ledger shows it, not the fraction's budget when something smaller sized the pool
+    pools = [r.kv_gib for r in base.ranks if r.kv_gib is not None]
+    pool_now = min(pools) if pools else f0.rest_gib
+    budget_now = free * f_old
+    cap_tokens = getattr(new_opts, "max_tokens", None)
+    if cap_tokens is None and pool_now is not None and f0.logged_tokens and pool_now < 0.9 * budget_now:
+        # a cap the log does not show (max_tokens, max_attention_window x batch) sized the pool: it holds next time
+        cap_tokens = f0.logged_tokens
+        explanation.append(f"the pool ({pool_now:.2f} GiB, {f0.logged_tokens:,} tokens) is below the fraction's "
+                           f"{budget_now:.2f} GiB: a cap the log does not show sized it, and it still applies")
     if new_opts.kv_cache_dtype:
         new_elt = element_bytes(new_opts.kv_cache_dtype) or 2
         old_elt = base.model.kv_dtype_bytes or 2
         cell = int(cell * new_elt / old_elt)
         explanation.append(f"KV element {old_elt:g} -> {new_elt:g} B: {f0.bytes_per_token:,} -> {cell:,} B/token")
     kv1 = free * f_new
-    tokens = math.floor(kv1 * GIB / cell)
-    cap = getattr(new_opts, "max_tokens", None)
-    if cap is not None and cap < tokens:
-        explanation.append(f"max_tokens {cap:,} caps the {tokens:,} tokens the fraction allows")
-        tokens, kv1 = cap, cap * cell / GIB
-    tokens = round_up(tokens, f0.page_size)
-    r0, r1 = free * (1 - f_old), free - kv1
+    tokens = round_up(math.floor(kv1 * GIB / cell), f0.page_size)
+    explanation.append(f"KV budget = {free:.2f} GiB free after profiling x {f_new:g} = {kv1:.2f} GiB")
+    if cap_tokens is not None and cap_tokens < tokens:
+        explanation.append(f"max_tokens {cap_tokens:,} caps the {tokens:,} tokens the fraction allows")
+        tokens = round_up(cap_tokens, f0.page_size)
+        kv1 = tokens * cell / GIB
+    r0, r1 = free - (pool_now if pool_now is not None else budget_now), free - kv1
     risk = "oom" if r1 < 0 else ("low" if r1 < opts.thresholds.low_headroom_gib else "ok")
-    explanation.append(f"KV = {free:.2f} GiB free after profiling x {f_new:g} = {free * f_new:.2f} GiB; the rest "
-                       f"({r1:.2f} GiB) stays free")
+    explanation.append(f"the pool would be {kv1:.2f} GiB ({tokens:,} tokens); {r1:.2f} GiB of the {free:.2f} GiB "
+                       "stays free")
     # KvCacheConfig(max_tokens=N) caps the pool at N whatever the profiling measures (the fraction still applies
     # when it allows fewer); max_gpu_total_bytes does the same in bytes (Jul 2025+)
     pin = (f"kv_cache_config max_tokens={tokens} (or max_gpu_total_bytes={int(tokens * cell)})"
            if tokens > 0 else None)
-    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), f0.rest_gib, round(kv1, 2), round(r0, 2),
+    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), pool_now, round(kv1, 2), round(r0, 2),
                   round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation), pin,
                   reserve_label=RESERVE_LABEL)

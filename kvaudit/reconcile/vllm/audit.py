@@ -3,9 +3,11 @@ findings, assembled into an :class:`Audit`."""
 
 from __future__ import annotations
 
+import math
+import dataclasses
 from dataclasses import dataclass
 
-from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens
+from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens, Setting
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -18,7 +20,14 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.vllm.cell import HybridPool, cell_size, hybrid_pool
+from kvaudit.reconcile.vllm.cell import (
+    HybridPool,
+    SlidingWindowPool,
+    cell_size,
+    hybrid_pool,
+    sliding_window_pool,
+    sliding_window_unmodelled,
+)
 from kvaudit.reconcile.vllm.checks import (
     budget_findings,
     concurrency_findings,
@@ -37,8 +46,10 @@ from kvaudit.reconcile.vllm.formula import (
     block_interval,
     budget,
     estimate_applied,
-    hybrid_interval,
+    hybrid_candidates,
     rule_text,
+    sliding_candidates,
+    sliding_fits_some_batch,
 )
 from kvaudit.reconcile.vllm.ledger import rank_ledger
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
@@ -54,13 +65,11 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     pool_seen = logged_pool(ctx)
     kv = kv_budgets(ctx)
     cells = bytes_per_token(ctx, kv, pool_seen, findings)
-    pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells.cell, cells.source, cells.pool, kv.kvs,
-                    cells.tp_fit_note)
+    pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs)
     formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
-    if pred.verdict == Verdict.MATCH:
-        findings.append(F.tokens_match(formula, _match_text(kv.K, cells.cell, ctx.block_size, cells.pool)))
-    elif pred.verdict == Verdict.MISMATCH:
-        findings.append(F.tokens_mismatch(formula, pred.verdict))
+    if pred.verdict == Verdict.MATCH:  # the worked formula; the verdict raises TOKENS_* (kvaudit.verdict, rule 6)
+        formula = dataclasses.replace(formula, check_text=_match_text(kv.K, cells.cell, ctx.block_size, cells.pool,
+                                                                       cells.swa))
     peers = list(ctx.facts.values())
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
@@ -71,17 +80,18 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     return Audit(
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
-        model=_model_summary(ctx, cells.pool),
+        model=_model_summary(ctx, cells.pool, cells.swa),
         formula=formula,
         ranks=ledgers,
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
-        speculative=None,
+        speculative=_speculative_summary(ctx.args),
         hicache_host_gb=None,
         notes=tuple(ctx.notes + ([f"bytes per token: {cells.description}"] if cells.description else [])),
         engine_display="vLLM",
         # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
-        formula_text=(f"KV = {formula.rule.split(': ', 1)[-1]};  "
-                      "tokens = floor(KV / (bytes per token x block)) x block"),
+        formula_text=(f"KV = {(formula.rule or '').split(': ', 1)[-1]};  " + (
+            "tokens = floor(KV / (bytes per token x block)) x block" if cells.pool is None and cells.swa is None
+            else "blocks = KV // page // group size; tokens per the release's count (see the predicted row)")),
         formula_rows=(
             FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
             FormulaRow("gpu_memory_utilization", ctx.util, "", ctx.util_source or ""),
@@ -118,6 +128,7 @@ class KVBudgets:
     T: float | None
     T_note: float | None  # a total recovered from the CUDA-graph note, when no line states it
     budgets: tuple[Budget, ...]
+    T_note_range: tuple[float, float] | None = None  # what the note's rounding allows of that total
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,8 @@ class Cells:
     source: str | None
     line_cell: Interval | None
     tp_fit_note: str | None
+    swa: SlidingWindowPool | None = None  # a sliding-window hybrid's groups (Gemma-3/4)
+    unmodelled: str | None = None  # why the config's pool is not modelled here (no check, no geometry finding)
 
 
 def logged_pool(ctx: Context) -> LoggedPool:
@@ -166,12 +179,21 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     if setter is not None:
         T = setter.r["total_gib"]
     T_note = None
+    T_range = None
     if T is None:
         est, u_note, equiv = first(facts, "graph_estimate_gib"), first(facts, "util"), first(facts, "equiv_util")
-        if None not in (est, u_note, equiv) and u_note > equiv:  # type: ignore[operator]
+        if None not in (est, u_note, equiv) and u_note > equiv and est > 0:  # type: ignore[operator]
             T_note = est / (u_note - equiv)  # type: ignore[operator]
-            notes.append(f"total GPU memory ~{T_note:.1f} GiB recovered from the CUDA-graph note: estimate {est} GiB = "
-                         f"({u_note} - {equiv}) x total (approximate: the estimate is rounded to 0.01 GiB)")
+            # gpu_worker.py: equiv = round(util - estimate / total, 4), the estimate printed to 0.01 GiB: both
+            # roundings carry into the total (0.04 / 0.0003 is anything from 116 to 180 GiB)
+            d_lo, d_hi = u_note - equiv - 0.00005, u_note - equiv + 0.00005  # type: ignore[operator]
+            lo = max(0.0, est - LOG_HALF_ULP) / d_hi  # type: ignore[operator]
+            hi = (est + LOG_HALF_ULP) / d_lo if d_lo > 0 else float("inf")  # type: ignore[operator]
+            T_range = (lo, hi)
+            hi_text = f"{hi:.1f}" if hi != float("inf") else "unbounded"
+            notes.append(f"total GPU memory {lo:.1f}..{hi_text} GiB (about {T_note:.1f}) recovered from the CUDA-graph "
+                         f"note: estimate {est} GiB = ({u_note} - {equiv}) x total, both rounded: every figure "
+                         "derived from it carries that interval")
     peers = list(facts.values())
     budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
                                 if b is not None]
@@ -181,7 +203,7 @@ def kv_budgets(ctx: Context) -> KVBudgets:
                          f"process (0.32+): of the {rr.r.get('budget_gib', 0):.2f} GiB budget, "
                          f"{rr.r.get('engine_budget_gib', 0):.2f} GiB remained for the engine")
             break
-    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets))
+    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range)
 
 
 def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: list[Finding]) -> Cells:
@@ -193,18 +215,32 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
     description = None
     source = None
     tp_fit_note = None
+    swa: SlidingWindowPool | None = None
+    unmodelled = None
     if geom is not None:
         pool = hybrid_pool(geom, ctx.tp, ctx.kv_elt, ctx.block_size)
+        unmodelled = _swa_unmodelled(ctx, geom)
+        swa = sliding_window_pool(geom, ctx.tp, ctx.kv_elt, ctx.block_size) if unmodelled is None else None
+        if geom.is_hybrid_swa and not geom.is_mamba_hybrid and swa is None and unmodelled is None:
+            unmodelled = "the sliding and full layers' pages cannot be unified (vLLM raises NotImplementedError)"
+        if (pool is not None or swa is not None) and unmodelled is None:
+            unmodelled = _grouped_layers_unknown(ctx, pool, swa)
+            if unmodelled is not None:
+                pool = swa = None
         if pool is not None:
             cell, description = pool.bytes_per_token, pool.describe()
+        elif swa is not None:
+            cell, description = swa.bytes_per_token, swa.describe()
+        elif unmodelled is not None:
+            description = f"not modelled here: {unmodelled}"
         else:
             cell, description = cell_size(geom, ctx.tp, ctx.kv_elt, ctx.pp, split_v=ctx.era.lo >= (0, 14, 0))
-        source = "config"
+        source = "config" if unmodelled is None else None
     line_cell = None
     if K is not None and logged and K - LOG_HALF_ULP > 0 and (logged_ev is None or not logged_ev.with_host):
         line_cell = Interval((K - LOG_HALF_ULP) * GIB / logged, (K + LOG_HALF_ULP) * GIB / logged)
     slack_b = ctx.block_size
-    if (cell is not None and pool is None and line_cell is not None
+    if (cell is not None and pool is None and swa is None and line_cell is not None
             and not line_cell.contains(cell, slack=cell * 0.002 + slack_b)
             and logged * cell > (K + LOG_HALF_ULP) * GIB):  # type: ignore[operator]
         fitted = _tp_that_fits(ctx, line_cell, slack_b) if ctx.tp_at_least or ctx.tp_assumed else None
@@ -219,7 +255,63 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
             cell, source = int(line_cell.mid), "kv_line (config disagrees)"
     if cell is None and line_cell is not None:
         cell, source = int(round(line_cell.mid)), "kv_line"
-    return Cells(pool, cell, description, source, line_cell, tp_fit_note)
+    return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled)
+
+
+#: speculative methods whose drafter has no attention layers of its own (``config/speculative.py``)
+DRAFTS_WITHOUT_KV = ("ngram", "ngram_gpu", "suffix")
+
+
+def _draft(args) -> dict | None:
+    spec = args.get("speculative_config")
+    return spec if isinstance(spec, dict) and spec else None
+
+
+def _speculative_summary(args) -> str | None:
+    """The draft as the log names it: its method, its model (never taken for the engine's model) and tokens."""
+    spec = _draft(args)
+    if spec is None:
+        return None
+    method = spec.get("method") or "draft model"
+    parts = [f"draft {spec['model']}" if isinstance(spec.get("model"), str) else "",
+             f"{_speculative_tokens(args)} speculative tokens" if _speculative_tokens(args) else ""]
+    inner = ", ".join(p for p in parts if p)
+    return f"{method}" + (f" ({inner})" if inner else "")
+
+
+def _grouped_layers_unknown(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool | None) -> str | None:
+    """Why the config's layers are not the pool's groups: a drafter's attention layers join the target's KV
+    groups (``kv_cache_utils.get_kv_cache_groups`` sees every layer's spec: EAGLE, DFlash, MTP, draft models), or
+    the log's "Add N padding layers" warnings show other groups than the config's layers make."""
+    spec = _draft(ctx.args)
+    if spec is not None and str(spec.get("method") or "") not in DRAFTS_WITHOUT_KV:
+        return (f"the {spec.get('method') or 'draft'} drafter's attention layers join the KV groups, and its "
+                "layers are not in the model config")
+    logged = sorted({int(e.value) for e in ctx.startup.of(Setting) if e.key == "padding_layers"})
+    if pool is not None:
+        g = pool.group_size
+        mine = sorted({n for n in (g * math.ceil(pool.full_layers / g) - pool.full_layers,
+                                   g * pool.other_groups - pool.other_layers) if n})
+    else:
+        assert swa is not None
+        g = swa.group_size
+        mine = sorted({n for n in (g * swa.full_groups - swa.full_layers, g * swa.swa_groups - swa.swa_layers) if n})
+    if logged != mine:
+        said = ", ".join(f"Add {n} padding layers" for n in logged) or "no padding warning"
+        counts = (pool.full_layers, pool.other_layers) if pool is not None else (swa.full_layers, swa.swa_layers)  # type: ignore[union-attr]
+        return (f"the log's grouping ({said}) is not the one the config's {counts[0]} + {counts[1]} layers give "
+                f"({', '.join(f'{n} padding' for n in mine) or 'no padding'}): other layers share the pool")
+    return None
+
+
+def _swa_unmodelled(ctx: Context, geom) -> str | None:
+    """Why a sliding-window model's pool is not modelled here: the model's own reason, or the hybrid KV cache
+    manager switched off (every layer then sized as full attention, ``unify_hybrid_kv_cache_specs``)."""
+    if not geom.is_hybrid_swa or geom.is_mamba_hybrid:
+        return None
+    if ctx.args.get("disable_hybrid_kv_cache_manager") is True:
+        return "the hybrid KV cache manager is disabled (--disable-hybrid-kv-cache-manager)"
+    return sliding_window_unmodelled(geom)
 
 
 def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred: Prediction, applied) -> Formula:
@@ -241,6 +333,9 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         rule=rule_text(ctx, list(kv.budgets), applied),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
+        # "default (16 on CUDA)" when neither the args nor a hybrid layout line set it: not "log"
+        page_size_source=("default" if ctx.block_source.startswith("default") else
+                          "engine args" if ctx.block_source == "engine args" else "log"),
         max_total_tokens_cap=None,
         speculative_headroom_tokens=None,
         kv_bytes_per_token_logged=round(cells.line_cell.mid, 1) if cells.line_cell else None,
@@ -256,10 +351,10 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += budget_findings(list(kv.budgets))
     out += rank_findings(ctx, ledgers, T, cell, th)
     out += failure_findings(ctx, kv.K, T, cell, logged, kv.fixed)
-    out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib)
-    out += suggestion_findings(ctx, applied, T_any)
+    out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
+    out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
-    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None)
+    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None)
     return out
 
 
@@ -276,16 +371,27 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             f"attention block size {h.block_size} tokens (set so an attention page holds a Mamba page)"
             if h.block_size else "",
             f"Mamba page padded by {h.mamba_padding_pct:g}%" if h.mamba_padding_pct is not None else "") if x))
+    pads = sorted({(int(e.value), e.extra) for e in ctx.startup.of(Setting) if e.key == "padding_layers"})
+    if pads:
+        # _get_kv_cache_groups_uniform_page_size pads the last group of a layer type; a padded layer takes its
+        # share of every block, so the pool holds fewer tokens than its memory suggests
+        notes.append("vLLM padded its KV cache groups (" + "; ".join(
+            f"{n} padding layers, up to {pct:.2f}% of the KV memory unused" for n, pct in pads) +
+            ", its warning): a padded layer takes its share of every block, which is why the pool holds fewer "
+            "tokens than its GiB suggest")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
     if ctx.block_source.startswith("default") and (kv.K is not None or seen.logged is not None):
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
 
 
-def _model_summary(ctx: Context, pool: HybridPool | None) -> ModelSummary:
+def _model_summary(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool | None = None) -> ModelSummary:
     geom = ctx.geom
     arch = ctx.args.get("model") or (geom.architecture if geom else None)
-    attention = ("mla" if geom.is_mla else ("hybrid" if pool is not None else "mha")) if geom else "unknown"
+    attention = "unknown"
+    if geom is not None:
+        attention = "mla" if geom.is_mla else "hybrid" if pool is not None else (
+            "hybrid" if geom.is_mamba_hybrid else "sliding-window" if geom.is_hybrid_swa else "mha")
     return ModelSummary(str(arch) if arch else None, attention,
                         geom.num_layers if geom else None, geom.num_kv_heads if geom else None,
                         (None if geom.is_mla else max(1, (geom.num_kv_heads or 1) // ctx.tp)) if geom else None,
@@ -310,46 +416,46 @@ def _tp_that_fits(ctx: Context, line_cell: Interval, slack_b: int) -> tuple[int,
     return None
 
 
-def _match_text(K, cell, block, pool: HybridPool | None) -> str:
+def _match_text(K, cell, block, pool: HybridPool | None, swa: SlidingWindowPool | None = None) -> str:
+    if swa is not None:
+        return (f"available KV {K} GiB in {swa.page_bytes:,} B pages x group size {swa.group_size}, "
+                f"{swa.full_groups} full + {swa.swa_groups} sliding groups (window {swa.sliding_window})")
     if pool is not None:
         return (f"available KV {K} GiB in {pool.page_bytes:,} B pages x group size {pool.group_size}, "
                 f"{pool.groups} groups, block {pool.block_size}")
     return f"floor(available KV {K} GiB / ({cell:,} B x block {block})) x {block}"
 
 
-def _predict(ctx: Context, K, T, logged, logged_ev, cell, bpt_source, pool: HybridPool | None,
-             kvs: dict[str, float], tp_fit_note: str | None) -> Prediction:
+def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str, float]) -> Prediction:
+    cell, bpt_source, pool, swa = cells.cell, cells.source, cells.pool, cells.swa
     if logged_ev is not None and logged_ev.with_host:
         return Prediction(None, Verdict.UNKNOWN, f"the {logged_ev.device} + host count ({logged:,} tokens) includes "
                                                  "host-offloaded cache, which the GPU budget does not size")
     if K is None or logged is None:
         return Prediction(None, Verdict.UNKNOWN, "cannot check: the log lacks " + " and ".join(
             x for x, v in (("the available KV memory", K), ("the KV token or block count", logged)) if v is None))
-    if tp_fit_note:
-        return Prediction(None, Verdict.UNKNOWN, tp_fit_note)
+    if cells.unmodelled:
+        return Prediction(None, Verdict.UNKNOWN, f"the pool's layout is not modelled here: {cells.unmodelled}")
+    if cells.tp_fit_note:
+        return Prediction(None, Verdict.UNKNOWN, cells.tp_fit_note)
     if bpt_source != "config":
         if ctx.hybrid is not None:
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")
+        why = ("the config's bytes per token were not used (see GEOMETRY_MISMATCH)" if ctx.opts.model_geometry
+               is not None else "no --model-config")
         return Prediction(None, Verdict.UNKNOWN,
-                          "bytes per token were derived from this same line (no --model-config), so the token count "
+                          f"bytes per token were derived from this same line ({why}), so the token count "
                           "cannot be checked independently")
     block = ctx.block_size
-    if pool is not None:
-        mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
-            ctx.args.get("max_model_len"))
-        spec = _speculative_tokens(ctx.args)
-        interval, how = hybrid_interval(K, pool, ctx, mml, spec)
-        if interval is None:
-            return Prediction(None, Verdict.UNKNOWN, f"hybrid pool: {how}")
-        slack = 0
-        rule = how
-    else:
-        interval = block_interval(K, cell, block)
-        # V1 >= 0.21 reports int(concurrency x max_model_len), not blocks x block_size: allow one block
-        slack = block if ctx.era.hi is None or ctx.era.hi >= (0, 21, 0) else 0
-        rule = f"floor({K} GiB / ({cell:,} B x {block})) blocks x {block}"
+    if pool is not None or swa is not None:
+        return _predict_grouped(ctx, K, logged, pool, swa)
+    assert cell is not None  # bpt_source "config" above: the config gave bytes per token
+    interval = block_interval(K, cell, block)
+    # V1 >= 0.21 reports int(concurrency x max_model_len), not blocks x block_size: allow one block
+    slack = block if ctx.era.hi is None or ctx.era.hi >= (0, 21, 0) else 0
+    rule = f"floor({K} GiB / ({cell:,} B x {block})) blocks x {block}"
     seen = sorted(kvs)
     complete = "all" in kvs or (not ctx.tp_at_least and len(seen) >= ctx.workers)
     if interval.low - slack <= logged <= interval.high + slack:
@@ -370,10 +476,47 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cell, bpt_source, pool: Hybr
                       f"({interval.low:,}..{interval.high:,}); the count implies {implied:.2f} GiB", eff)
 
 
+def _predict_grouped(ctx: Context, K: float, logged: int, pool: HybridPool | None,
+                     swa: SlidingWindowPool | None) -> Prediction:
+    """A grouped pool (Mamba hybrid or sliding window): each rule the era and the count admit is checked on its
+    own; the verdict names the one that holds. A setting the log does not state (max_num_batched_tokens, the Mamba
+    cache mode) is tried at the release's values, each named; when none holds but another value of it would, the
+    count is not checked (UNKNOWN), and it is a mismatch only when no value could give it."""
+    mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
+        ctx.args.get("max_model_len"))
+    if pool is not None:
+        cands, why = hybrid_candidates(K, pool, ctx, mml, _speculative_tokens(ctx.args), logged)
+    else:
+        assert swa is not None
+        cands, why = sliding_candidates(K, swa, ctx, mml, logged)
+    if why:
+        ctx.notes.append(why)
+    kind = "hybrid pool" if pool is not None else "sliding-window pool"
+    if not cands:
+        return Prediction(None, Verdict.UNKNOWN, f"{kind}: {why}")
+    hit = next((c for c in cands if c.interval.contains(logged)), None)
+    if hit is not None:
+        if hit.assumed:
+            ctx.notes.append(f"the count was checked with {hit.assumed}: the value that reproduces it")
+        return Prediction(hit.interval, Verdict.MATCH, f"{logged:,} tokens = {hit.how}")
+    near = min(cands, key=lambda c: min(abs(logged - c.interval.low), abs(logged - c.interval.high)))
+    tried = "; ".join(f"{c.interval.low:,}..{c.interval.high:,} ({c.how})" for c in cands)
+    if swa is not None and mml and any(c.assumed for c in cands):
+        other = sliding_fits_some_batch(K, swa, mml, logged)
+        if other is not None:
+            return Prediction(near.interval, Verdict.UNKNOWN, (
+                f"sliding-window pool: max_num_batched_tokens is not stated and none of its defaults gives "
+                f"{logged:,} tokens; about {other:,} would: the count is not checked ({tried})"))
+    if pool is not None and any(c.assumed for c in cands):
+        return Prediction(near.interval, Verdict.UNKNOWN, (
+            f"hybrid pool: the Mamba cache mode is not stated and neither mode gives {logged:,} tokens ({tried})"))
+    return Prediction(near.interval, Verdict.MISMATCH, f"{logged:,} tokens is none of: {tried}")
+
+
 def _speculative_tokens(args) -> int:
     spec = args.get("speculative_config")
     if isinstance(spec, dict):
-        return as_int(spec.get("num_speculative_tokens")) or 0
+        return as_int(spec.get("num_speculative_tokens")) or as_int(spec.get("num_spec_tokens")) or 0
     return as_int(args.get("num_speculative_tokens")) or 0
 
 

@@ -3,9 +3,11 @@ that cost KV memory, imbalance between workers, headroom. Codes and severities a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvaudit.parse.vllm import Concurrency, Failure
 from kvaudit.reconcile import findings as F
-from kvaudit.reconcile.interface import Finding, RankLedger, Thresholds
+from kvaudit.reconcile.interface import Finding, RankLedger, Severity, Thresholds
 from kvaudit.reconcile.vllm.context import Context
 from kvaudit.reconcile.vllm.facts import graph_estimate
 from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
@@ -29,7 +31,7 @@ def budget_findings(budgets: list[Budget]) -> list[Finding]:
 
 
 def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int | None,
-                   low_headroom_gib: float = 1.0) -> list[Finding]:
+                   low_headroom_gib: float = 1.0, total_range: tuple[float, float] | None = None) -> list[Finding]:
     """The CUDA-graph estimate against what the capture took, both ways: reserved and never used
     (GRAPH_ESTIMATE_HIGH), or too little, so the rest of the capture comes out of the (1 - util) headroom after
     the KV pool is allocated (GRAPH_ESTIMATE_LOW: the estimate is measured with a minimal KV cache, vllm#57475)."""
@@ -38,24 +40,71 @@ def graph_findings(ctx: Context, applied: bool, total: float | None, cell: int |
     peers = list(ctx.facts.values())
     for rr in peers:
         est, act = graph_estimate(rr, rr.r.get("total_gib") or total, peers), rr.r.get("graph_gib")
+        if (est is not None and est.gib < 0) or (act is not None and act < 0):
+            # capture_model / profile_cudagraph_memory measure free-before minus free-after
+            # (v1/worker/gpu_model_runner.py, 0.18+): a negative reading is memory released during the capture
+            # (common on unified memory, where the page cache moves), not a size: neither side is compared
+            neg = ", ".join(f"{name} {v:.2f} GiB" for name, v in (("estimate", est.gib if est else None),
+                                                                   ("capture", act)) if v is not None and v < 0)
+            note = (f"{rr.rank.display}: the CUDA-graph {neg} is negative: memory was released while it was "
+                    "measured (free before minus free after), not a size; the estimate is not compared")
+            if note not in ctx.notes:
+                ctx.notes.append(note)
+            return []
         if est is not None and act is not None and est.gib > 1.5 * act + 0.25:
             return [F.graph_estimate_high(rr.rank.display, est.gib, act, cell, ctx.block_size, est.source)]
         if est is not None and act is not None and act > est.gib + 2 * LOG_HALF_ULP * 2:
-            t, util = rr.r.get("total_gib") or total, rr.r.get("util") or ctx.util
-            headroom = (1 - util) * t if t and util else None
-            return [F.graph_estimate_low(rr.rank.display, est.gib, act, headroom, low_headroom_gib)]
+            util = rr.r.get("util") or ctx.util
+            if rr.r.get("total_gib"):
+                return [F.graph_estimate_low(rr.rank.display, est.gib, act, (1 - util) * rr.r["total_gib"]
+                                             if util else None, low_headroom_gib)]
+            return [_graph_low_bounded(rr, ctx, est.gib, act, util, total_range, low_headroom_gib)]
     return []
+
+
+def _graph_low_bounded(rr, ctx: Context, est: float, act: float, util: float | None,
+                       total_range: tuple[float, float] | None, threshold: float) -> Finding:
+    """GRAPH_ESTIMATE_LOW when no line states the card's total: the headroom is only bounded, from below, by
+    the total the CUDA-graph note allows (its rounding interval), or by the budget the log's own lines fill
+    (total x util >= weights + KV + estimate, so (1 - util) x total >= (1 - util) / util x that); it warns
+    only when even that leaves too little, and says "at least"."""
+    bounds: list[tuple[float, str]] = []
+    if util and total_range is not None:
+        bounds.append(((1 - util) * total_range[0],
+                       f"the total the CUDA-graph note allows ({total_range[0]:.1f}+ GiB)"))
+    w, kv = rr.r.get("weights_gib") or rr.r.get("consumed_gib"), rr.r.get("kv_gib")
+    if util and 0 < util < 1 and w is not None and kv is not None:
+        used = w + kv + max(0.0, est)
+        bounds.append(((1 - util) / util * used, f"the budget's own weights + KV + estimate ({used:.2f} GiB = "
+                                                  f"at most {util:g} x total)"))
+    f = F.graph_estimate_low(rr.rank.display, est, act, None, threshold)
+    if not bounds:
+        return f
+    head, why = max(bounds, key=lambda b: b[0])
+    left = head - (act - est)
+    if left < threshold:
+        return replace(f, message=f.message.replace(
+            "(1 - util) headroom", f"(1 - util) headroom, at least {head:.2f} GiB (from {why}; the log states no "
+                                   f"total), leaving at least {left:.2f} GiB"))
+    return replace(f, severity=Severity.INFO, message=(
+        f"{rr.rank.display}: the CUDA graphs took {act:.2f} GiB, {act - est:.2f} GiB more than the {est:.2f} GiB "
+        f"estimate taken out of the KV budget (it is measured with a minimal KV cache); that comes out of the "
+        f"(1 - util) headroom, which is at least {head:.2f} GiB (from {why}; the log states no total), leaving at "
+        f"least {left:.2f} GiB"), fields={**f.fields, "headroom_at_least_gib": round(head, 3),
+                                          "headroom_left_at_least_gib": round(left, 3)})
 
 
 SPARE_GIB = 150 / 1024  # gpu_worker.py redundancy_buffer_memory = 150 * (1 << 20), kept out of both suggestions
 
 
-def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> list[Finding]:
+def suggestion_findings(ctx: Context, applied: bool, total: float | None,
+                        budgets: list[Budget] | None = None) -> list[Finding]:
     """The suggestion line's two ``--kv-cache-memory`` values (0.10.2+), for the worker whose value is smallest,
     recomputed from that line's own parts (0.27+ "consumed", before it weights + non-torch)."""
     peers = list(ctx.facts.values())
     rows = [rr for rr in peers if "suggest_fit_bytes" in rr.r and "suggest_full_bytes" in rr.r
-            and "requested_gib" in rr.r and "activation_printed_gib" in rr.r and "graph_gib" in rr.r]
+            and "requested_gib" in rr.r and ("activation_printed_gib" in rr.r or "activation_gib" in rr.r)
+            and "graph_gib" in rr.r]
     if not rows:
         return []
     rr = min(rows, key=lambda f: f.r["suggest_fit_bytes"])
@@ -66,11 +115,16 @@ def suggestion_findings(ctx: Context, applied: bool, total: float | None) -> lis
         terms = [("weights", r["weights_gib"]), ("non-torch", r["non_torch_gib"])]
     else:
         return []
-    terms += [("peak activation as printed", r["activation_printed_gib"]), ("CUDA graphs captured", r["graph_gib"])]
+    # vllm-ascend's "Actual usage: ... for peak activation" (its worker.py) is the plain peak: the same sum
+    peak = ("peak activation as printed", r["activation_printed_gib"]) if "activation_printed_gib" in r else (
+        "peak activation", r["activation_gib"])
+    terms += [peak, ("graphs captured", r["graph_gib"])]
     recomputed = r["requested_gib"] - sum(v for _, v in terms) - SPARE_GIB
     fit = r["suggest_fit_bytes"] / GIB
     agrees = abs(recomputed - fit) <= LOG_HALF_ULP * (len(terms) + 2)
     est = graph_estimate(rr, r.get("total_gib") or total, peers) if applied else None
+    if any(b.rank == rr.rank.display and "excludes the graph estimate" in b.note for b in budgets or []):
+        est = None  # the budget adds up with the printed peak outside the estimate: no double count to report
     full = min(int(f.r["suggest_full_bytes"]) for f in rows)  # the card with the least free memory
     return [F.kv_memory_suggested(rr.rank.display, int(r["suggest_fit_bytes"]), full,
                                   r["requested_gib"], terms, recomputed, agrees, est.gib if est else None, len(rows))]
@@ -109,11 +163,11 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
         # one of the fatal lines above says the engine died
         raised = [f for f in failures if f.kind == "exception"]
-        cause = [f for f in raised if not f.numbers.get("generic")] or raised
-        if cause and not fatal:
-            fatal = [cause[-1]]
-        elif cause and fatal and fatal[-1].kind == "engine_failed":
-            fatal = fatal[:-1] + [cause[-1]] if cause[-1].line < fatal[-1].line else fatal
+        causes = [f for f in raised if not f.numbers.get("generic")] or raised
+        if causes and not fatal:
+            fatal = [causes[-1]]
+        elif causes and fatal and fatal[-1].kind == "engine_failed":
+            fatal = fatal[:-1] + [causes[-1]] if causes[-1].line < fatal[-1].line else fatal
     if fatal:
         last = fatal[-1]
         if last.line in quoted:
@@ -186,10 +240,12 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
 def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, cell: int | None,
                   th: Thresholds) -> list[Finding]:
     out: list[Finding] = []
+    unified = ctx.opts.platform is not None and getattr(ctx.opts.platform, "unified_memory", False)
     for rr in ctx.facts.values():
         nt, tot = rr.r.get("non_torch_gib"), rr.r.get("total_gib") or T
         if nt is not None and tot and nt > max(2.0, 0.05 * tot):
-            out.append(F.non_torch_high(rr.rank.display, nt, tot))
+            f = F.non_torch_high(rr.rank.display, nt, tot)
+            out.append(_unified_non_torch(f, rr, nt) if unified else f)
             break
     kv_by_rank = {rr.rank.display: rr.r["kv_gib"] for rr in ctx.facts.values() if "kv_gib" in rr.r}
     if len(kv_by_rank) >= 2:
@@ -198,6 +254,34 @@ def rank_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None
         if hi[1] - lo[1] > max(th.rank_imbalance_gib, th.rank_imbalance_fraction * (T or hi[1])):
             out.append(F.rank_imbalance("available KV cache memory", lo, hi, hi[1] - lo[1], cell))
     return out
+
+
+#: what non-torch memory holds on a discrete card (CUDA context, NCCL, cuBLAS workspaces): the cap the DGX Spark
+#: community applies to non_torch_increase (eugr/spark-vllm-docker#286), and kvaudit's line between the two
+UNIFIED_NON_TORCH_GIB = 2.0
+
+
+def _unified_non_torch(f: Finding, rr, nt: float) -> Finding:
+    """On unified memory (GB10, Jetson) vLLM's profiler reads the system's available memory
+    (``utils/mem_utils.py`` MemorySnapshot: ``psutil.virtual_memory().available`` when ``is_integrated_gpu``, read in
+    the 0.22.0 wheel), so the page cache of the checkpoint just read
+    and the compiler's transient heap during ``profile_run`` are charged as non-torch memory and taken from the KV
+    budget; they are gone once the server runs. Say so, and give the ``--kv-cache-memory-bytes`` (0.10.2+) that
+    sizes the pool without that charge."""
+    kv = rr.r.get("kv_gib")
+    extra = nt - UNIFIED_NON_TORCH_GIB
+    pin = ""
+    fields = dict(f.fields)
+    if kv is not None and extra > 0:
+        want = int((kv + extra) * 2**30)
+        pin = (f"; --kv-cache-memory-bytes {want} ({kv:.2f} + {extra:.2f} GiB: the pool without the charge beyond "
+               f"{UNIFIED_NON_TORCH_GIB:g} GiB) sizes it from the profile's other terms, or drop the page cache "
+               "(sync; echo 3 > /proc/sys/vm/drop_caches) before the start")
+        fields["kv_cache_memory_bytes"] = want
+    return replace(f, message=(
+        f"{rr.rank.display}: non-torch memory {nt:.2f} GiB was counted against the KV budget on unified memory, "
+        "where the profiler reads the system's available memory: the page cache (the checkpoint just read) and the "
+        f"compiler's heap during profiling count as non-torch and leave the KV cache smaller{pin}"), fields=fields)
 
 
 def headroom_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | None, th: Thresholds) -> list[Finding]:

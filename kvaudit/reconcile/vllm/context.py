@@ -10,7 +10,7 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry, element_bytes
 from kvaudit.parse.interface import Rank, RankEvent, Startup
-from kvaudit.parse.vllm import Banner, HybridLayout, has_process_tag, rank_of
+from kvaudit.parse.vllm import Banner, HybridLayout, Setting, has_process_tag, rank_of
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.vllm.facts import RankFacts, gather_facts
@@ -90,6 +90,9 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     pp = as_int(args.get("pipeline_parallel_size")) or (max((r.sort_key[0] for r in _ranks(startup)), default=0) + 1)
     dp = as_int(args.get("data_parallel_size")) or (max((r.sort_key[2] for r in _ranks(startup)), default=0) + 1)
 
+    logged_dtype = next((e.value for e in reversed(startup.of(Setting)) if e.key == "kv_cache_dtype"), None)
+    if logged_dtype and not args.get("kv_cache_dtype"):
+        args["kv_cache_dtype"] = logged_dtype  # "Using fp8_e4m3 data type to store kv cache" (config/cache.py)
     kv_dtype, elt, kv_assumed = _kv_dtype(args, opts, args_seen, opts.model_geometry)
     return Context(startup, opts, args, facts, startup.era, opts.model_geometry, util, util_source, block,
                    block_source, tp, at_least, assumed, tp_source, pp, dp, kv_dtype, elt, kv_assumed, hybrid,

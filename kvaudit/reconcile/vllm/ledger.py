@@ -59,11 +59,15 @@ def rank_ledger(i: int, rr: RankFacts, ctx: Context, applied: bool, peers: list[
     elif "peak_torch_gib" in r:
         add("non_torch", "non-torch memory", r.get("non_torch_gib"), line_key="non_torch_gib")
     if est is not None:
-        add("graphs_target_estimate", "CUDA graph estimate (reserved in the budget)", est.gib,
+        add("graphs_target_estimate", "CUDA graph estimate (reserved in the budget)" if est.gib >= 0 else
+            "CUDA graph estimate (negative: memory released while measured, reserves nothing)", est.gib,
             "log" if est.source == "log" else "derived")
     add("kv_cache", "KV cache", r.get("kv_gib"), line_key="kv_gib")
     captured = r.get("graph_gib")
-    beyond = captured if est is None else (max(0.0, captured - est.gib) if captured is not None else None)
+    if captured is not None and captured < 0:
+        captured = None  # capture_model's free-before minus free-after: memory released, not a size
+    reserved = max(0.0, est.gib) if est is not None else None  # a negative estimate reserved nothing
+    beyond = captured if reserved is None else (max(0.0, captured - reserved) if captured is not None else None)
     if beyond:
         add("graphs_target_decode", "CUDA graphs (captured after the KV cache" +
             (", beyond the estimate)" if est is not None else ")"), beyond, in_reserve=True, line_key="graph_gib")
