@@ -57,11 +57,9 @@ def measure(cmd: list[str]) -> tuple[float, int, int, float, float]:
                 (_busy() - b) / os.sysconf("SC_CLK_TCK"))
 
 
-def main() -> dict:
-    if hostsim.JOURNAL_REMOTE is None or not os.path.exists(hostsim.SSHD):
-        print("fleet scaling: skipped (sshd or systemd-journal-remote missing)")
-        return {}
-    root = HERE / "out" / "fleet"
+def make_fleet(root: Path, n: int) -> list:
+    """n loopback hosts under ``root``, each a real sshd with its own journal and replayed nvidia-smi: writes
+    ``one.ini`` (the first host), ``all.ini``, ``known_hosts`` and ``ssh_config``; returns the daemons (stop them)."""
     subprocess.run(["rm", "-rf", str(root)])
     root.mkdir(parents=True)
     key = root / "client_key"
@@ -72,7 +70,7 @@ def main() -> dict:
     daemons, lines, known = [], [], []
     user = sim_user()
     try:
-        for i in range(N):
+        for i in range(n):
             h = hostsim.make_host(root / f"h{i:02d}", log, (cap / "nvidia-smi-gpus.csv").read_text(),
                                   (cap / "nvidia-smi-apps.csv").read_text(), cfg)
             d = hostsim.start_sshd(root / f"h{i:02d}" / "sshd", pub, [h.bin])
@@ -82,11 +80,25 @@ def main() -> dict:
             for f in h.journal.iterdir():  # journal-remote writes 0640: let the simulated login read it
                 f.chmod(0o644)
             known.append(f"[127.0.0.1]:{d.port} {d.host_pub}")
-        (root / "one.ini").write_text("[gpus]\n" + lines[0] + "\n")
-        (root / "all.ini").write_text("[gpus]\n" + "\n".join(lines) + "\n")
-        (root / "known_hosts").write_text("\n".join(known) + "\n")
-        (root / "ssh_config").write_text(f"Host 127.0.0.1\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-                                         f"  UserKnownHostsFile {root}/known_hosts\n")
+    except BaseException:
+        for d in daemons:
+            d.stop()
+        raise
+    (root / "one.ini").write_text("[gpus]\n" + lines[0] + "\n")
+    (root / "all.ini").write_text("[gpus]\n" + "\n".join(lines) + "\n")
+    (root / "known_hosts").write_text("\n".join(known) + "\n")
+    (root / "ssh_config").write_text(f"Host 127.0.0.1\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+                                     f"  UserKnownHostsFile {root}/known_hosts\n")
+    return daemons
+
+
+def main() -> dict:
+    if hostsim.JOURNAL_REMOTE is None or not os.path.exists(hostsim.SSHD):
+        print("fleet scaling: skipped (sshd or systemd-journal-remote missing)")
+        return {}
+    root = HERE / "out" / "fleet"
+    daemons = make_fleet(root, N)
+    try:
         kvaudit = str(Path(sys.executable).with_name("kvaudit"))
         base = [kvaudit, "fleet", "--ssh-config", str(root / "ssh_config"), "--quiet", "--format", "json",
                 "--unit", "sglang.service"]

@@ -8,6 +8,9 @@
 4. The fleet JSON report for 100 and 500 hosts, the whole document against the streamed one (bench/fleet_json.py).
 5. kvaudit plan's accuracy: leave-one-out over the corpus, and on families it has never seen
    (bench/plan_unseen.py over bench/plan_cases.json).
+6. Start-up side by side (bench/startup.py: --version, --help, explain of a small log, check of a capture and of an
+   SSH target, against `python -c pass`) and kvaudit's CPU per added host in a loopback fleet (bench/host_cpu.py);
+   both take BENCH_BEFORE_TREE=DIR, an earlier checkout, to print its figures next to these.
 
 Each figure is the best of N runs (the least disturbed by other load). Results go to bench/out/results.json;
 bench/baseline.json holds an earlier run, printed side by side. `python bench/run.py --save-baseline`
@@ -157,9 +160,13 @@ def main() -> None:
     import fleet_json
     import fleet_scaling
     import health_check
+    import host_cpu
     import journal_bytes
     import plan_unseen
+    import startup
     import wan
+
+    starts = startup.main()
 
     report = fleet_json.main()
     network = journal_bytes.main()
@@ -173,12 +180,13 @@ def main() -> None:
     unseen = plan_unseen.main()
     fleet = fleet_scaling.main()
     health = health_check.main()  # issue 37: the health check's time against NPD's 5 s
+    per_host = host_cpu.main()
     doc = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
            "results": res, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "check_network": network,
            "check_wan": wan_check,
            "plan_validation": validation, "plan_unseen": unseen,
            "fleet_json": report,
-           "fleet": fleet, "health_check": health}
+           "fleet": fleet, "health_check": health, "startup": starts, "host_cpu": per_host}
     (OUT / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     if "--save-baseline" in sys.argv:
         baseline_path.write_text(json.dumps(doc, indent=2) + "\n")

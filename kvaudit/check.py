@@ -3,6 +3,7 @@ reconcile it with the GPUs' live readings. Orchestration only."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,14 +52,14 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
     if capture_mod.is_capture(target):
         c = capture_mod.read(target)
         return c, _parse(c), []
-    from kvaudit.collect.kube import is_pod_target
+    from kvaudit.targets import is_pod_target
 
     if is_pod_target(target):
         return _collect_pod(target, opts)
     from kvaudit.collect.commands import setting_problem
     from kvaudit.collect.interface import BadSetting
 
-    problem = setting_problem(opts.unit, opts.journal_directory)
+    problem = setting_problem(opts.unit, opts.journal_directory, opts.source)
     if problem is not None:
         raise BadSetting(problem)
     notes: list[str] = []
@@ -294,6 +295,10 @@ NO_GPU_READINGS_ENDPOINT = ("no GPU readings: an HTTP endpoint does not give the
                             "over SSH)")
 
 
+#: what an engine's release string is made of (0.5.9, 0.6.3.post1, 0.10.1+cu128, 0.6.4.dev12+g1a2b3c)
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}")
+
+
 def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCapture"]:
     """Fetch a live server's documents and audit them with the engine they belong to."""
     from kvaudit.collect.endpoint import NotAnEndpoint, fetch
@@ -302,6 +307,10 @@ def endpoint_audit(target: str, opts: CheckOptions) -> tuple[Audit, "EndpointCap
     cap = fetch(target, endpoint_paths(), opts.deadline_s)
     docs = {d.path: d.body for d in cap.documents if d.status == 200}
     a = audit_endpoint(docs, cap.url, opts.audit)
+    if a is not None and not _VERSION.fullmatch(a.engine_version or "unknown"):
+        # the server's words are data (issue 39): a version string with an escape or Markdown is no version
+        a = replace(a, engine_version="unknown", version_evidence=(
+            "the endpoint's version string is not a version (letters, digits and . + _ - only): not shown",))
     if a is None:
         answered = ", ".join(sorted(docs)) or "nothing"
         raise NotAnEndpoint(f"{cap.url}: answers {answered}, but none of it is an engine's KV pool ("
@@ -344,7 +353,7 @@ def cross_check(h: HostAudit, endpoint: str, opts: CheckOptions) -> HostAudit:
 
 def check(target: str, opts: CheckOptions) -> HostAudit:
     """One host, start to finish; a host that cannot be audited comes back as data (``error``), not raised."""
-    from kvaudit.collect.endpoint import is_endpoint
+    from kvaudit.targets import is_endpoint
 
     if is_endpoint(target):
         return check_endpoint(target, opts)

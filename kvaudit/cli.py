@@ -246,9 +246,10 @@ def explain(
     log = _open_log(file)
     rules = _ignore_rules(ignore, baseline)
     audits = audit(log, opts, startup, all_startups)
-    from kvaudit import ignores
+    if rules:
+        from kvaudit import ignores
 
-    audits = [ignores.apply_audit(a, rules) for a in audits]
+        audits = [ignores.apply_audit(a, rules) for a in audits]
     _write(chosen.audits(audits, color=_color(color) and output is None, width=_width(output)), output)
     return int(judge_audits(audits))
 
@@ -368,14 +369,15 @@ TARGET_HELP = ("user@host[:port], an ssh_config alias, 'local' (this machine), a
 def _check_target(target: str, endpoint_only: bool = False, selector: str | None = None,
                   namespace: str | None = None) -> None:
     """A target that cannot be one, said before anything is contacted."""
-    from kvaudit.collect.endpoint import base_url, is_endpoint
-    from kvaudit.collect.kube import is_pod_target, parse_target
+    from kvaudit.targets import is_endpoint, is_pod_target
 
     if is_pod_target(target) and not endpoint_only:
         bare = target[len("k8s:"):]
         if selector is None and bare and "/" not in bare:  # k8s:sglang-0: a namespace, with no pod and no -l
             raise Fail(f"{target} names the namespace {bare!r}, which needs -l SELECTOR; the pod {bare} is "
                        f"k8s:/{bare} (in the context's namespace, or -n NAMESPACE) or k8s:NAMESPACE/{bare}")
+        from kvaudit.collect.kube import parse_target
+
         try:
             parse_target(target, selector, namespace)
         except ValueError as exc:
@@ -387,6 +389,8 @@ def _check_target(target: str, endpoint_only: bool = False, selector: str | None
         raise Fail("-n/--namespace goes with a k8s: target")
 
     if is_endpoint(target):
+        from kvaudit.collect.endpoint import base_url
+
         try:
             base_url(target)
         except ValueError as exc:
@@ -579,9 +583,9 @@ def capture(
 ) -> int:
     """Save everything check reads from a host into a directory (attach it to a ticket; check DIR replays it)."""
     from kvaudit.check import capture as run_capture
-    from kvaudit.collect.endpoint import is_endpoint
     from kvaudit.collect.interface import CollectError
     from kvaudit.status import for_error
+    from kvaudit.targets import is_endpoint
 
     if is_endpoint(target):
         raise Fail(f"{target}: a live endpoint is not captured (its documents are small and change): "
@@ -698,7 +702,7 @@ def fleet(
     elif node is not None:
         raise Fail("--node goes with a k8s:NAMESPACE -l SELECTOR inventory")
     elif inventory:
-        fleet_hosts = inv.load(inventory, hosts)
+        fleet_hosts = inv.load(inventory, hosts, timeout=st.run_timeout)
     elif st.ssh_config and hosts:
         fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
     else:
@@ -810,6 +814,8 @@ def _host_settings(config: Optional[Path], no_config: bool, **flags):
 
 
 def _ignore_rules(ignore: list[str], baseline: Optional[Path]):
+    if not ignore and not baseline:
+        return ()  # nothing acknowledged: kvaudit.ignores (and the findings' codes) need not load
     from kvaudit import ignores
 
     return ignores.parse(list(ignore), str(baseline) if baseline else None)
@@ -1043,11 +1049,59 @@ def history_cmd(
     return 0
 
 
+class _Deferred(type):
+    """A class standing in for one of rich's in typer.rich_utils (see :func:`_help_renderer`): calling it, or
+    reading any attribute of it (``Traceback.from_exception``), loads the real class and hands over to it."""
+
+    module: str
+
+    def _real(cls) -> Any:
+        from importlib import import_module
+
+        return getattr(import_module(cls.module), cls.__name__)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, attr: str) -> Any:
+        return getattr(cls._real(), attr)
+
+
+def _help_renderer() -> None:
+    """typer renders --help through typer.rich_utils, whose first lines import rich.markdown (markdown_it) and
+    rich.traceback (pygments, rich.pretty) for markdown markup and pretty tracebacks: kvaudit uses neither (rich
+    markup; pretty_exceptions_enable=False), and they were a quarter of what --help executes (bench/README.md).
+    rich_utils is imported here with stand-ins for those two classes, each loading the real one when first used; the
+    help is the same."""
+    if "typer.rich_utils" in sys.modules or not typer.core.HAS_RICH:
+        return
+    from importlib import import_module
+    from types import ModuleType
+
+    placed = []
+    for module, name in (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback")):
+        if module not in sys.modules:
+            stand_in = ModuleType(module)
+            setattr(stand_in, name, _Deferred(name, (), {"module": module}))
+            sys.modules[module] = stand_in
+            placed.append((module, stand_in))
+    try:
+        import_module("typer.rich_utils")
+    except ImportError:
+        pass  # a typer that takes more from them: it imports the real modules when it renders, as without this
+    finally:
+        for module, stand_in in placed:
+            if sys.modules.get(module) is stand_in:
+                del sys.modules[module]  # a later import of it loads the real module
+
+
 def run(argv: list[str], env: Environment | None = None) -> int:
     """Run the CLI in-process and return its exit status; never raises, never prints a traceback
     (set KVAUDIT_DEBUG=1 to see one)."""
     global _env
     _env = env or Environment()
+    if not argv or "--help" in argv:
+        _help_renderer()
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)

@@ -109,22 +109,28 @@ def request_markers() -> tuple[str, ...]:
 
 
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
+    """The startups in the selected lines, by the grammar of the engine that wrote them. When the lines carry the
+    markers of exactly one engine (:func:`_engine_of`), that engine's grammar reads them alone (one grammar instead
+    of every one: a fleet parses each host's lines); when it finds no startup there, or the markers name no engine
+    or several, every grammar reads them, and a mixed log is told as before."""
     stats = stats or ScanStats()
     if len(lines) > 2 * FLOOD_KEEP:  # lines that did not come through read_log's scan (check, kube): the same bound
         lines = bounded_lines(lines, stats)
-    markers = request_markers()
-    sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text)
-            and not any(m in ln.text for m in markers)]
-    stats.absurd_lines += len(lines) - len(sane)
-    lines = sane
+    lines = _sane(lines, stats)
+    text = "\n".join(ln.text for ln in lines)  # no marker spans a line's end
     found: list[tuple[Engine, list[Startup]]] = []
-    for engine in ENGINES:
-        startups = engine.parser.parse(lines)
+    known = _engine_of(text)
+    if known is not None:
+        startups = known.parser.parse(lines)
         if startups:
-            found.append((engine, startups))
-    head = stats.first_bytes.decode("utf-8", "replace")
-    foreign = [name for name, markers in RECOGNISED_ONLY.items()
-               if any(m in head for m in markers) or any(m in ln.text for ln in lines for m in markers)]
+            found.append((known, startups))
+    if not found:
+        for engine in ENGINES:
+            if engine is known:
+                continue  # read above, with no startup found
+            startups = engine.parser.parse(lines)
+            if startups:
+                found.append((engine, startups))
     if len(found) > 1:
         # a stray line that one grammar also accepts must not hide the other: the engine with clearly more
         # memory lines wins; comparable evidence for two engines is a mixed log
@@ -135,6 +141,9 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
             names = " and ".join(e.display for e, _ in found)
             raise NoStartupError(f"the input mixes {names} startup lines; split it per server (--source file:...)")
     if not found:
+        head = stats.first_bytes.decode("utf-8", "replace")
+        foreign = [name for name, markers in RECOGNISED_ONLY.items()
+                   if any(m in head for m in markers) or any(m in text for m in markers)]
         if foreign:
             raise NoStartupError(
                 f"this looks like {'an' if foreign[0][0] in 'AEILMNORSX' else 'a'} {foreign[0]} log; kvaudit reads "
@@ -157,6 +166,19 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     engine, startups = found[0]
     return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines),
                      tuple(ln for ln in lines if is_memory_line(ln.text)))
+
+
+def _sane(lines: list[Line], stats: ScanStats) -> list[Line]:
+    """The lines without an absurd number or a request's payload (counted in ``stats``). Both are looked for in
+    the lines joined first (neither spans a line's end): most hosts' lines hold neither, and one search over
+    the text is cheaper than one per line."""
+    markers = request_markers()
+    text = "\n".join(ln.text for ln in lines)
+    if not _ABSURD_NUMBER.search(text) and not any(m in text for m in markers):
+        return lines
+    sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text) and not any(m in ln.text for m in markers)]
+    stats.absurd_lines += len(lines) - len(sane)
+    return sane
 
 
 def engine_names(last: str = " and ") -> str:

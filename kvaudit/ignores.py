@@ -7,7 +7,10 @@ A *state* is acknowledged the same way (``STATES``: ``NO_GPU_READINGS``, ``NO_CO
 endpoints or pods that by design give no GPU readings can be green.
 
 Baseline file: one rule per line, ``CODE`` or ``CODE@HOST`` (``HOST`` a glob on the host's name or target),
-``#`` comments. A code that kvaudit does not emit is an error (a typo would silently ignore nothing)."""
+``#`` comments. A code that kvaudit does not emit is an error (a typo would silently ignore nothing). The file is
+read only when it is a regular file of at most 1 MiB (a FIFO, a device or a huge file is refused before anything
+is read), and it is a baseline only when every line parses as a rule: any other file (``/etc/shadow``, a
+credentials file) is refused by its name and line number, never by its text."""
 
 from __future__ import annotations
 
@@ -15,11 +18,14 @@ from kvaudit.collect.interface import NO_CONFIG, SMI_FAILED, SMI_MISSING
 from kvaudit.errors import KvauditError
 import fnmatch
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 
 class IgnoreError(KvauditError):
     pass
+
+
+#: a baseline is a short list of rules
+MAX_BASELINE_BYTES = 1 << 20
 
 
 #: states a target may be in by design, acknowledged like a finding (``--ignore NO_GPU_READINGS@k8s:*``): a live
@@ -44,41 +50,44 @@ class IgnoreRule:
 def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ...]:
     from kvaudit.reconcile.findings import CODES
 
-    texts = [(r, "--ignore") for r in rules]
+    from kvaudit.safefile import read_regular
+
+    texts = [(r, "--ignore", True) for r in rules]
     if baseline:
+        raw = read_regular(baseline, MAX_BASELINE_BYTES, "--baseline", IgnoreError)
         try:
-            lines = Path(baseline).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise IgnoreError(f"--baseline {baseline}: cannot read it ({getattr(exc, 'strerror', None) or exc})") \
-                from None
-        texts += [(line.split("#", 1)[0].strip(), f"{baseline}:{i}") for i, line in enumerate(lines, 1)]
+            lines = raw.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise IgnoreError(f"--baseline {baseline}: not UTF-8 text, not a baseline") from None
+        texts += [(line.split("#", 1)[0].strip(), f"{baseline}:{i}", False) for i, line in enumerate(lines, 1)]
     out = []
-    for text, where in texts:
+    for text, where, echo in texts:
         if not text:
             continue
         code, _, host = text.partition("@")
         code = code.strip().upper()
         if code not in CODES and code not in STATES:
-            raise IgnoreError(f"{where}: {text!r}: no finding has code {code!r} (codes: docs/findings.md; "
-                              f"states: {', '.join(STATES)})")
+            said = f"{text!r}: no finding has code {code!r}" if echo else "not CODE or CODE@HOST with a code kvaudit "\
+                "emits, so not a baseline"
+            raise IgnoreError(f"{where}: {said} (codes: docs/findings.md; states: {', '.join(STATES)})")
         out.append(IgnoreRule(code, host.strip() or None))
     return tuple(out)
 
 
-def apply(h, rules: tuple[IgnoreRule, ...], *names: str):
+def apply(h, rules: tuple[IgnoreRule, ...], *names: str | None):
     """The host's audit with matching findings marked ignored (``names``: how the host is called: its report
     name, its target, its own host name)."""
     if not rules:
         return h
-    names = tuple(n for n in names if n)
+    called: tuple[str, ...] = tuple(n for n in names if n)
 
     def mark(findings):
-        return tuple(replace(f, ignored=True) if any(r.matches(f.code, names) for r in rules) else f
+        return tuple(replace(f, ignored=True) if any(r.matches(f.code, called) for r in rules) else f
                      for f in findings)
 
     audit = replace(h.audit, findings=mark(h.audit.findings)) if h.audit is not None else None
     h = replace(h, audit=audit, findings=mark(h.findings))
-    accepted = [code for code in STATES if any(r.matches(code, names) for r in rules)]
+    accepted = [code for code in STATES if any(r.matches(code, called) for r in rules)]
     if not accepted or h.collected is None or not h.collected.partial:
         return h
     kept, said = [], []

@@ -13,9 +13,10 @@ import re
 #: C0 and C1 controls (keeping tab), and the invisible format characters that reorder or hide text (issue 21):
 #: bidi embeddings, overrides and isolates (U+202A-202E, U+2066-2069, U+200E/200F, U+061C: a host name with
 #: U+202E shows its characters reversed), zero-width spaces and joiners (U+200B-200D, U+2060-2064), the BOM
-#: (U+FEFF) and the soft hyphen (U+00AD)
+#: (U+FEFF), the soft hyphen (U+00AD), and the Unicode tag characters (U+E0000-E007F: invisible, they spell
+#: ASCII text a reader does not see but a model or a copy-paste does)
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064"
-                      "\u2066-\u2069\ufeff]")
+                      "\u2066-\u2069\ufeff\U000e0000-\U000e007f]")
 
 
 def printable(s: str) -> str:

@@ -470,20 +470,22 @@ _SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ")
 BRIEF_CHARS = 240
 
 
-def brief(message: str) -> str:
+def brief(message: str, whole_under: str | None = "Findings") -> str:
     """A finding's message for a summary: whole when short; else its first sentences up to a sentence end
-    (an error quoted from the log is printed whole once, in the findings, not twice)."""
+    (an error quoted from the log is printed whole once, in the findings, not twice). ``whole_under``: the
+    section of the same report that holds the whole message (None: the report has none, and none is named)."""
     message = message.rstrip(".")
     if len(message) <= BRIEF_CHARS:
         return message
     ends = [m.start() for m in re.finditer(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bvs)\. ", message[:BRIEF_CHARS])]
     cut = ends[-1] if ends else -1
+    where = f" (whole under {whole_under})" if whole_under else ""
     if cut < 40:
         cut = message.rfind("; ", 0, BRIEF_CHARS)
     if cut < 40:
         cut = message.rfind(" ", 0, BRIEF_CHARS)
-        return message[:cut] + " ... (whole under Findings)"
-    return message[:cut] + " (whole under Findings)"
+        return message[:cut] + " ..." + where
+    return message[:cut] + where
 
 
 def _first_sentence(text: str, limit: int = 160) -> str:

@@ -43,7 +43,8 @@ class FakePod:
     #: the API server answers the exec upgrade with this HTTP status and a Status body (500: the kubelet
     #: unreachable, as a real API server says it), response headers and all
     exec_refused: int | None = None
-    #: a hostile pods/exec: "frame" announces a 2 GiB stdout frame (and sends its first MiB), "stdout" floods
+    #: a hostile pods/exec: "frame" announces a 2 GiB stdout frame (and sends its first MiB), "whole" announces
+    #: 1 GiB and sends all of it, "stdout" floods
     #: stdout with frames without end, "fragments" sends continuation frames of one message without end
     exec_flood: str | None = None
     #: fields that replace the pod object's (a malformed answer: {"spec": {"containers": None}}, a bad name)
@@ -228,6 +229,12 @@ def api_server(pods: list[FakePod], forbidden: set[str] = frozenset()) -> Iterat
                     self.wfile.flush()
                     while self.rfile.read(1):
                         pass
+                elif kind == "whole":  # the frame's whole payload, as fast as the client takes it
+                    self.wfile.write(b"\x82\x7f" + struct.pack(">Q", 1 << 30) + b"\x01")
+                    chunk = b"0" * (1 << 20)
+                    for _ in range(1 << 10):
+                        self.wfile.write(chunk)
+                    self.wfile.flush()
                 elif kind == "stdout":
                     line = b"\x01" + b"0, GPU-0, H100, 00:19.0, 81559, 469, 74990, 6100, 580.95\n" * 500
                     while True:

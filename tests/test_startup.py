@@ -1,13 +1,17 @@
-"""What start-up loads (issue 23, item 2): the version without the CLI, a log with its own engine's formula
-only. Asserted as modules loaded, never as time (the bench measures the time: `make bench`)."""
+"""What start-up loads (issues 23 and 40): the version without the CLI, a log with its own engine's formula only,
+an SSH check without paramiko's optional ``invoke``, a capture without paramiko. Asserted as modules loaded, never as
+time (the bench measures the time: `make bench`, bench/startup.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
-from tests.conftest import SAMPLES
+import pytest
+
+from tests.conftest import FIXTURES, SAMPLES
 
 PROBE = """
 import io, json, sys
@@ -22,7 +26,8 @@ except SystemExit:
     pass
 sys.stdout = real
 print(json.dumps({"out": out.getvalue()[:200], "modules": sorted(m for m in sys.modules
-                  if m.split(".")[0] in ("kvaudit", "typer", "pydantic", "rich"))}))
+                  if m.split(".")[0] in ("kvaudit", "typer", "pydantic", "rich", "paramiko", "invoke", "markdown_it",
+                                         "pygments", "unittest", "asyncio"))}))
 """
 
 
@@ -44,3 +49,39 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.reconcile.sglang.audit" in mods
     assert not {m for m in mods if m.startswith(("kvaudit.reconcile.vllm", "kvaudit.reconcile.trtllm",
                                                   "kvaudit.reconcile.lmdeploy"))}
+    assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="without OpenSSH's client, paramiko reads ssh_config itself "
+                    "and invoke is loaded for its Match exec, as before")
+def test_an_ssh_check_loads_paramiko_without_invoke(tmp_path):
+    """paramiko.config imports ``invoke`` (unittest.mock, asyncio, a vendored yaml) only for ssh_config's
+    ``Match exec``: kvaudit keeps it out; the check still goes as far as the connection (refused here)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there: the connection is refused
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host refused\n  HostName 127.0.0.1\n  Port {port}\n  User nobody\n")
+    _, mods = _loaded("check", "refused", "--ssh-config", str(cfg), "--timeout", "10", "--format", "json")
+    assert "paramiko.transport" in mods  # it did connect (or try to)
+    assert not {m for m in mods if m.split(".")[0] in ("invoke", "unittest", "asyncio")}
+    assert not {"kvaudit.collect.endpoint", "kvaudit.collect.kube"} & mods  # neither is this target's collector
+
+
+def test_a_capture_loads_no_ssh_library():
+    out, mods = _loaded("check", str(FIXTURES / "hosts" / "kimi-k25-tp8"), "--format", "json")
+    assert out.lstrip().startswith("{"), out
+    assert not {m for m in mods if m.split(".")[0] in ("paramiko", "invoke")}
+    assert not {"kvaudit.collect.endpoint", "kvaudit.collect.kube"} & mods
+
+
+def test_help_loads_neither_markdown_nor_pygments():
+    """typer.rich_utils imports rich.markdown and rich.traceback for markdown markup and pretty tracebacks, which
+    kvaudit does not use: --help renders with stand-ins for them (the help itself: tests/test_cli.py)."""
+    out, mods = _loaded("--help")
+    assert "Usage" in out and "typer.rich_utils" in mods
+    assert not {m for m in mods if m.split(".")[0] in ("markdown_it", "pygments")}
+    assert not {"rich.markdown", "rich.traceback"} & mods

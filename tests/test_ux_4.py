@@ -249,7 +249,7 @@ def test_one_host_is_one_host(tmp_path):
     inv = tmp_path / "hosts.txt"
     inv.write_text(f"{FIXTURES / 'hosts' / 'kimi-k25-tp8'}\n")
     r = cli("fleet", inv, "-q")
-    assert r.code == 0 and r.stdout.startswith("kvaudit fleet: 1 host in "), r.stdout[:200]
+    assert r.code == 0 and r.stdout.startswith("kvaudit fleet: 1 ok - 1 host in "), r.stdout[:200]
     md = cli("fleet", inv, "-q", "-f", "markdown")
     assert "\n1 host (" in md.stdout
 

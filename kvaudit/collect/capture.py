@@ -190,8 +190,8 @@ def _list(meta: dict, key: str, kind: type) -> list:
     return [printable(x)[:1000] if isinstance(x, str) else x for x in v]
 
 
-_RECORD_FIELDS = {"command": str, "rc": (int, type(None)), "bytes_received": int, "seconds": (int, float),
-                  "truncated": bool}
+_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "command": str, "rc": (int, type(None)), "bytes_received": int, "seconds": (int, float), "truncated": bool}
 
 
 def _record(r: dict) -> dict:

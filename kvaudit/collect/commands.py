@@ -12,6 +12,9 @@ import functools
 import re
 import shlex
 
+#: the most seconds one nvidia-smi may take (it answers in about a second; a hung driver never does)
+SMI_TIMEOUT_S = 20
+SMI_MIN_S = 3
 #: largest line we keep from a log (a 50 MB journal line is cut on the host, never shipped)
 MAX_LINE = 1 << 20
 CONFIG_MAX_BYTES = 4 << 20
@@ -115,11 +118,20 @@ def hostname() -> str:
 # A unit name or journal directory comes from the command line or an inventory: one the gate would refuse is
 # the user's input, said as such before anything runs (the gate's refusal stays a kvaudit bug).
 
+def printable_repr(text: str) -> str:
+    """A user's value in a message: its repr (escapes shown, not sent to the terminal), cut."""
+    return repr(text[:120])
+
+
 _UNIT_NAME = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]{1,255}")
 
 
-def setting_problem(unit: str | None, journal_directory: str | None) -> str | None:
-    """Why a --unit or --journal-directory cannot be passed to a host command, or None."""
+def setting_problem(unit: str | None, journal_directory: str | None, source: str | None = None) -> str | None:
+    """Why a --unit, --journal-directory or --source cannot be passed to a host command, or None (one host's
+    inventory variable with a newline was a command the gate refused: exit 70 for the whole fleet)."""
+    if source is not None and (any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in source) or len(source) > 4096):
+        return (f"--source {printable_repr(source)}: a docker:NAME or file:PATH without newlines or control "
+                "characters")
     if unit is not None and not _UNIT_NAME.fullmatch(unit):
         return (f"--unit {unit!r}: a unit name is 1-255 characters without spaces, newlines or control characters "
                 "(as systemd names units)")
@@ -136,6 +148,17 @@ def setting_problem(unit: str | None, journal_directory: str | None) -> str | No
 # the expected kind, and anything else is refused. A refusal is a bug in kvaudit, never user input.
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_DOCKER_TIME = re.compile(r"[0-9T:.+\-Z]{1,64}")
+
+
+def is_invocation_id(text: str) -> bool:
+    """A systemd invocation id as systemd prints it (32 lower-case hex digits): what the gate lets through."""
+    return _HEX32.fullmatch(text) is not None
+
+
+def is_docker_time(text: str) -> bool:
+    """A ``docker logs --since`` value the gate lets through."""
+    return _DOCKER_TIME.fullmatch(text) is not None
 
 
 def _argv_ok(argv: list[str]) -> bool:
@@ -210,7 +233,7 @@ def _cut(args: list[str]) -> bool:
 
 def _docker(args: list[str]) -> bool:
     if args[:1] == ["logs"]:
-        return _options(args[1:], set(), {"--since": re.compile(r"[0-9T:.+\-Z]{1,64}")}, {}, after_dashdash=1)
+        return _options(args[1:], set(), {"--since": _DOCKER_TIME}, {}, after_dashdash=1)
     if args[:1] == ["inspect"]:
         return args[1:3] == ["-f", "{{.State.StartedAt}}"] and len(args) == 5 and args[3] == "--"
     return False
@@ -226,12 +249,13 @@ def _head(args: list[str]) -> bool:
 
 
 def _sh(args: list[str]) -> bool:
-    if len(args) >= 11 and args[:3] == ["-c", HOST_SCRIPT, "sh"]:
+    if len(args) >= 12 and args[:3] == ["-c", HOST_SCRIPT, "sh"]:
         return _host_script_args(args[3:])
     return len(args) == 4 and args[0] == "-c" and args[1] in SCRIPTS and args[2] == "sh"
 
 
 _NONCE = re.compile(r"[0-9a-f]{16}")
+_SECONDS = re.compile(r"[1-9][0-9]{0,4}")
 _FRAGMENT = re.compile(r"[a-z0-9._-]{1,64}")
 
 
@@ -248,7 +272,9 @@ def _host_script_args(args: list[str]) -> bool:
     if (kind in ("docker", "file")) != bool(source) or "\n" in source or "\n" in model:
         return False
     fragments = args[8:8 + int(k)]
-    return len(fragments) == int(k) and all(_FRAGMENT.fullmatch(f) for f in fragments)
+    smi = args[8 + int(k)] if len(args) > 8 + int(k) else ""
+    return (len(fragments) == int(k) and all(_FRAGMENT.fullmatch(f) for f in fragments)
+            and _SECONDS.fullmatch(smi) is not None)
 
 
 _PROGRAMS = {
@@ -257,50 +283,56 @@ _PROGRAMS = {
 }
 
 
+#: what _stages steps over at a time outside quotes: a run of plain characters, a quoted string (a double-quoted one
+#: with its backslash escapes), a backslash and the character it escapes, the pipe `` | ``, or one character (a lone
+#: quote here is one left open: no closing quote follows it)
+_TOKEN = re.compile(r"""[^'"\\ ]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.?| \| |.""", re.S)
+
+
 def _stages(command: str) -> list[str] | None:
     """The pipeline's stages: split at each `` | `` outside quotes (a model path may hold `` | ``; quoted by
     ``shlex.join`` it is one argument, not a pipe). None when a quote is left open."""
-    stages, start, quote, i = [], 0, "", 0
-    while i < len(command):
-        c = command[i]
-        if quote:
-            if c == quote:
-                quote = ""
-            elif c == "\\" and quote == '"':
-                i += 1
-        elif c in ("'", '"'):
-            quote = c
-        elif c == "\\":
-            i += 1
-        elif command.startswith(" | ", i):
-            stages.append(command[start:i])
-            start = i = i + 3
-            continue
-        i += 1
-    if quote:
-        return None
+    stages, start = [], 0
+    for m in _TOKEN.finditer(command):
+        tok = m.group()
+        if tok == " | ":
+            stages.append(command[start:m.start()])
+            start = m.end()
+        elif tok in ("'", '"'):
+            return None
     stages.append(command[start:])
     return stages
 
 
-@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
 def is_allowed(command: str) -> bool:
     """True when every stage of the pipeline is a read-only program from the list, with exactly the options
     kvaudit's builders use, and quoted exactly as ``shlex.join`` quotes it (so no unquoted ``;``, ``$(...)``,
-    redirection or glob can hide in it)."""
+    redirection or glob can hide in it). The host script's nonce is new for every host; the answer does not
+    depend on which nonce it is (16 hex digits, quoted by nothing, checked only for its form), so the script is
+    checked with a placeholder in its place and a fleet's hosts share one parse of it."""
+    if command.startswith(_SCRIPT_HEAD):
+        at = len(_SCRIPT_HEAD)
+        nonce, rest = command[at:at + 16], command[at + 16:]
+        if _NONCE.fullmatch(nonce) and rest[:1] in ("", " "):
+            command = _SCRIPT_HEAD + _PLACEHOLDER_NONCE + rest
+    return _is_allowed(command)
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet sends the same commands to every host
+def _is_allowed(command: str) -> bool:
     stages = _stages(command)
-    if stages is None:
+    return stages is not None and all(_stage_allowed(stage, i == 0) for i, stage in enumerate(stages))
+
+
+@functools.lru_cache(maxsize=4096)  # a host's journal_lines differs from the next one's only in its first stage
+def _stage_allowed(stage: str, first: bool) -> bool:
+    if first and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
+        stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
+    try:
+        argv = shlex.split(stage)
+    except ValueError:
         return False
-    for i, stage in enumerate(stages):
-        if i == 0 and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
-            stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
-        try:
-            argv = shlex.split(stage)
-        except ValueError:
-            return False
-        if not argv or shlex.join(argv) != stage or not _argv_ok(argv):
-            return False
-    return True
+    return bool(argv) and shlex.join(argv) == stage and _argv_ok(argv)
 
 
 # --- the whole collection in one exec -----------------------------------------------------------------------
@@ -313,15 +345,20 @@ def is_allowed(command: str) -> bool:
 # session rebuilds each command with the builders above and keeps the output as that command's result, so that
 # its own logic runs unchanged on them. A decision the script took differently (or a part it did not reach, or
 # framing a hostile host broke) only means a command the session asks for is not among them: it then runs on
-# its own, as before. The config.json candidates are the absolute paths and Hugging Face ids the selected lines
-# quote: every path quoted in the lines is tried (a stat, no exec), and at most four config.json files are read.
+# its own, as before. The config.json candidates are the absolute paths and Hugging Face ids quoted by the
+# selected lines that name a model (``model_path=``, ``'model':``, ``models--org--name``: every engine's line that
+# says where the model is has the word): each is tried (a stat, no exec), and at most four config.json files are
+# read; the session keeps only the one at the selected startup's model path, and only if it parses as a model config.
 # The GPU readings come last: an nvidia-smi that hangs costs only itself (the parts before it are kept).
 #
 # $1 nonce  $2 kind: journal | dir | docker | file | none  $3 unit ('' = find it)  $4 journal directory
 # $5 docker name or file path  $6 model path known beforehand (a pod's)  $7 bytes of lines kept
-# $8 k, then k lower-case unit-name fragments; the rest: the anchors
+# $8 k, then k lower-case unit-name fragments; then the seconds each nvidia-smi may take (coreutils/BusyBox
+# ``timeout``, where the host has it: a hung driver costs the readings, exit 124, never the audit); the rest: the
+# anchors
 _HOST_SCRIPT = r"""n=$1 kind=$2 unit=$3 dir=$4 src=$5 model=$6 cap=$7 k=$8; shift 8
 frags=; while [ "$k" -gt 0 ]; do frags="$frags $1"; shift; k=$((k-1)); done
+st=$1; shift
 c=$#; for a do set -- "$@" -e "$a"; done; shift "$c"
 set -f; nl='
 '; IFS=$nl; exec 3>&1
@@ -332,7 +369,8 @@ val() { open "$@"; shift "$(($1+1))"; out=$("$@"; printf ' %s' "$?"); rc=${out##
   close "$rc"; }
 flow() { open "$@"; shift "$(($1+1))"; "$@"; close "$?"; }
 lines() { open "$@"; shift "$(($1+1))"
-  cands=$( { "$@" | head -c "$cap" | tee /dev/fd/4 >&3; } 4>&1 | grep -aoE -e "['\"=: (]/[A-Za-z0-9._@+~/-]+" \
+  cands=$( { "$@" | head -c "$cap" | tee /dev/fd/4 >&3; } 4>&1 | grep -aiF -e model \
+    | grep -aoE -e "['\"=: (]/[A-Za-z0-9._@+~/-]+" \
     -e "'[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+'" | awk 'c < 64 && !s[$0]++ { c++; print }'); close 0; }
 hexid() { v=${1%%[!0-9a-f]*}; case $v in ????????????????????????????????) printf '%s' "$v";; esac; }
 pick() { printf '%s\n' "$1" | awk -v f="$frags" -v sys="$2" 'BEGIN { nf = split(f, F, " ") }
@@ -349,6 +387,7 @@ dread() { s=$1; shift; if [ -n "$s" ]; then docker logs --since "$s" -- "$src" 2
 fread() { grep -a -n -F "$@" -- "$src" | cut -c 1-@MAX_LINE@; }
 hub() { printf '%s' "${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}/models--$1/snapshots"; }
 snaps() { set +f; for d in "$(hub "$1")"/*/; do [ -f "$d/config.json" ] && echo "$d"; done; return 0; }
+smi() { if command -v timeout >/dev/null 2>&1; then timeout -k 1 "$st" nvidia-smi "$@"; else nvidia-smi "$@"; fi; }
 procs() { for f in "/sys/fs/cgroup$1/cgroup.procs" "/sys/fs/cgroup/systemd$1/cgroup.procs"; do
   if [ -r "$f" ]; then cat "$f"; return; fi; done; return 0; }
 val 1 hostname hostname
@@ -402,17 +441,36 @@ for x in $cands; do
     done
   fi
 done
-val 1 gpus nvidia-smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits
-val 1 apps nvidia-smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
+val 1 gpus smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits
+[ "$rc" = 124 ] || val 1 apps smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
 exit 0"""
 HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
                     .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))
                     .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)))
 
 
+#: the host script's command up to its nonce, as :func:`host_script` writes it, and the nonce :func:`is_allowed`
+#: checks it with
+_SCRIPT_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT, "sh"]) + " "
+_PLACEHOLDER_NONCE = "0" * 16
+
+
 def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, source: str | None,
-                model: str | None, cap: int, fragments: tuple[str, ...], anchors: tuple[bytes, ...]) -> str:
+                model: str | None, cap: int, fragments: tuple[str, ...], anchors: tuple[bytes, ...],
+                smi_timeout: int = SMI_TIMEOUT_S) -> str:
     """The one exec that collects everything (see HOST_SCRIPT)."""
     argv = ["sh", "-c", HOST_SCRIPT, "sh", nonce, kind, unit or "", directory or "", source or "", model or "",
-            str(cap), str(len(fragments)), *fragments, *(a.decode("latin-1") for a in anchors)]
+            str(cap), str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout)))),
+            *(a.decode("latin-1") for a in anchors)]
     return shlex.join(argv)
+
+
+_SCRIPT_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT])[:60]
+
+
+def shown(command: str, limit: int = 80) -> str:
+    """A command as a message names it: the host script by what it is (its text, 3 KB of shell, helps nobody in a
+    health-check headline or a fleet report), any other command by its first ``limit`` characters."""
+    if command.startswith(_SCRIPT_HEAD):
+        return "kvaudit's collection script (the log, the config, nvidia-smi: one exec)"
+    return command[:limit]

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 
 from kvaudit.collect.interface import CollectError, CommandRecord, HostTimeout, Unreachable
 from kvaudit.collect.watchdog import Watchdog
+from kvaudit.targets import is_endpoint  # noqa: F401  (defined where telling it loads nothing: kvaudit.targets)
 from kvaudit.textsafe import printable
 
 #: what one endpoint may return: a /metrics page of a big server is ~100 KiB, /server_info a few KiB
@@ -53,10 +54,6 @@ class EndpointCapture:
             if d.path == path and d.status == 200:
                 return d.body
         return None
-
-
-def is_endpoint(target: str) -> bool:
-    return target.startswith(("http://", "https://"))
 
 
 def base_url(target: str) -> str:

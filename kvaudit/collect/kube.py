@@ -27,6 +27,7 @@ from typing import Any, Callable
 from kvaudit.collect.interface import (AuthFailed, CollectError, Collected, CommandRecord, HostTimeout,
                                        NoEngineFound, Unreachable)
 from kvaudit.collect.watchdog import Watchdog
+from kvaudit.targets import is_pod_target  # noqa: F401  (defined where telling it loads nothing: kvaudit.targets)
 from kvaudit.textsafe import printable
 
 #: the head of each container's log that is read (the startup is at the head; the API bounds it server-side)
@@ -73,10 +74,6 @@ class PodTarget:
         if self.pod:
             return f"k8s:{self.namespace}/{self.pod}" + (f"/{self.container}" if self.container else "")
         return f"k8s:{self.namespace} -l {self.selector}"
-
-
-def is_pod_target(target: str) -> bool:
-    return target.startswith("k8s:")
 
 
 def parse_target(target: str, selector: str | None = None, namespace: str | None = None) -> PodTarget:
@@ -248,7 +245,7 @@ def _core_api(kubeconfig: str | None, context: str | None = None) -> Any:
         raise KubeError("reading pods needs the Kubernetes client: pip install 'kvaudit[k8s]'") from None
     import logging
 
-    import yaml
+    import yaml  # type: ignore[import-untyped,unused-ignore]
 
     # urllib3 logs each retry as a WARNING on stderr: kvaudit reports the outcome in its own one line
     logging.getLogger("urllib3").setLevel(logging.ERROR)
@@ -536,6 +533,12 @@ class PodExecRunner:
                         status += payload[:max(0, (64 << 10) - len(status))]
             rc = _exit_code(bytes(status), err) if status or (closed and not dog.fired) else None
         finally:
+            if not closed or dog.fired:
+                # websocket-client's close() waits up to 3 s for the server's close frame and reads whatever comes
+                # first, a refused frame's payload included (its length is already read, so the bound above no
+                # longer sees it: a frame announcing 16 GiB was read whole, 5 GB past the deadline): an exchange
+                # that did not end cleanly is cut at the socket, with no closing handshake
+                _abort(sock)
             ws.close()
         return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
 
@@ -599,6 +602,15 @@ def _shut(sock: Any) -> None:
         pass
 
 
+def _abort(sock: Any) -> None:
+    """Drop the exec websocket at once: no close frame is awaited, nothing more is read."""
+    _shut(sock)
+    try:
+        sock.shutdown()  # websocket-client: closes the socket and marks it not connected (close() then reads nothing)
+    except Exception:  # noqa: BLE001 - a socket already gone
+        pass
+
+
 def _exit_code(status: bytes | str, err: bytearray) -> int | None:
     """The exit status from the exec's error channel (a Status object): Success -> 0, ``ExitCode`` cause -> its
     value; a failure to start the command (``executable file not found``) -> 127 with the message in ``err``."""
@@ -615,7 +627,7 @@ def _exit_code(status: bytes | str, err: bytearray) -> int | None:
     for cause in (doc.get("details") or {}).get("causes") or []:
         if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
             try:
-                return int(cause.get("message"))
+                return int(str(cause.get("message")))
             except (TypeError, ValueError):
                 break
     message = printable(str(doc.get("message") or ""))[:500]

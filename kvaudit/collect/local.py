@@ -80,7 +80,7 @@ def journal_python(unit: str | None, invocation: str | None, directory: str | No
     """The journal through systemd-python, filtered with the same anchors; None when the module is absent.
     Line numbers count the unit's messages in order, like ``journalctl -o cat | grep -n``."""
     try:
-        from systemd import journal  # type: ignore[import-not-found]
+        from systemd import journal  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         return None
     reader = journal.Reader(path=directory) if directory else journal.Reader()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from kvaudit.collect.interface import ComputeApp, GpuReading
+from kvaudit.textsafe import printable
 
 
 class SmiParseError(ValueError):
@@ -25,6 +26,12 @@ def _num(s: str) -> float | None:
     return v
 
 
+def _text(s: str, limit: int = 200) -> str:
+    """A text field as data: no control or invisible characters (an ESC in a UUID reached 72 lines of a .prom
+    textfile), bounded."""
+    return printable(s)[:limit]
+
+
 def parse_gpus(text: str) -> list[GpuReading]:
     out = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -36,8 +43,9 @@ def parse_gpus(text: str) -> list[GpuReading]:
         idx = _num(cells[0])
         if idx is None:
             raise SmiParseError(f"nvidia-smi GPU line {n}: index {cells[0]!r} is not a number")
-        out.append(GpuReading(int(idx), cells[1], cells[2], cells[3], _num(cells[4]), _num(cells[5]),
-                              _num(cells[6]), _num(cells[7]), cells[8] if len(cells) > 8 else None))
+        out.append(GpuReading(int(idx), _text(cells[1]), _text(cells[2]), _text(cells[3]), _num(cells[4]),
+                              _num(cells[5]), _num(cells[6]), _num(cells[7]),
+                              _text(cells[8]) if len(cells) > 8 else None))
     return out
 
 
@@ -52,5 +60,5 @@ def parse_apps(text: str) -> list[ComputeApp]:
         pid = _num(cells[0])
         if pid is None:
             continue
-        out.append(ComputeApp(int(pid), cells[1], ", ".join(cells[2:-1]), _num(cells[-1])))
+        out.append(ComputeApp(int(pid), _text(cells[1]), _text(", ".join(cells[2:-1]), 1000), _num(cells[-1])))
     return out

@@ -17,14 +17,17 @@ class NvmlUnavailable(Exception):
 
 
 def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """A driver's string as data: decoded whatever its bytes, no control or invisible characters, bounded."""
+    from kvaudit.textsafe import printable
+
+    return printable(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))[:200]
 
 
 def read(nvml: Any = None) -> tuple[list[GpuReading], list[ComputeApp], str]:
     """Returns (gpus, apps, memory-info version used). ``nvml`` is the pynvml module (a double in tests)."""
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[no-redef]
+            import pynvml as nvml  # type: ignore[no-redef,import-untyped,unused-ignore]
         except ImportError:
             raise NvmlUnavailable("nvidia-ml-py is not installed") from None
     try:

@@ -71,7 +71,7 @@ class HostSession:
     def _gate(self, command: str) -> None:
         if not C.is_allowed(command):  # a programming error, never user input: refuse loudly
             raise CommandRefused(f"kvaudit refused to run a command that is not on its read-only list (a bug in "
-                                 f"kvaudit; nothing was run on the host): {command[:200]}")
+                                 f"kvaudit; nothing was run on the host): {C.shown(command, 200)}")
 
     def _record(self, res: CommandResult) -> None:
         self.records.append(CommandRecord(res.command, res.rc, len(res.stdout) + len(res.stderr),
@@ -126,7 +126,7 @@ class HostSession:
         nonce = secrets.token_hex(8)
         script = C.host_script(nonce, kind, o.unit if kind in ("journal", "dir") else None, o.journal_directory
                                if kind == "dir" else None, src.partition(":")[2] or None, model_path,
-                               o.max_output + 1, o.unit_fragments, o.anchors)
+                               o.max_output + 1, o.unit_fragments, o.anchors, smi_timeout=self._smi_timeout())
         self._gate(script)
         limit = o.max_output + 1 + 4 * C.CONFIG_MAX_BYTES + BATCH_MAX_BYTES
         res = self.runner.run(script, 2 * o.command_timeout, limit)
@@ -181,7 +181,7 @@ class HostSession:
 
     def _docker(self, name: str) -> list[tuple[int, str]]:
         started = self.run(C.docker_started(name))
-        since = started.stdout.decode(errors="replace").strip() if started.rc == 0 else None
+        since = docker_since(started.stdout.decode(errors="replace")) if started.rc == 0 else None
         if started.rc != 0:
             raise NoEngineFound(f"{self.target}: docker container {name!r}: "
                                 f"{_first_line(started.stderr) or _first_line(started.stdout) or f'rc {started.rc}'}")
@@ -197,7 +197,9 @@ class HostSession:
         if not d:
             res = self.run(C.invocation_id(unit))
             if res.rc == 0:
-                inv = res.stdout.decode(errors="replace").strip() or None
+                said = res.stdout.decode(errors="replace").strip()
+                # systemd prints 32 lower-case hex digits; anything else is no id (as the host script's hexid)
+                inv = said if C.is_invocation_id(said) else None
         if inv is None:
             res = self.run(C.last_invocation_in_journal(unit, d))
             m = re.search(rb"^_SYSTEMD_INVOCATION_ID=([0-9a-f]{32})$", res.stdout, re.M)
@@ -294,9 +296,26 @@ class HostSession:
         return tuple(int(x) for x in pids.stdout.split() if x.isdigit())
 
     # --- GPUs ---------------------------------------------------------------------------------------------
+    def _smi_timeout(self) -> int:
+        """The seconds one nvidia-smi may take: SMI_TIMEOUT_S, and at most a third of what is left of the host's
+        deadline (a runner that has one), never under SMI_MIN_S (nvidia-smi answers in about a second on a healthy
+        node), so that a hung driver costs the readings, never the audit of the log already read (the health check
+        then says a node problem, not unknown). The process list is not asked for when the GPU query hung."""
+        import time
+
+        t = float(C.SMI_TIMEOUT_S)
+        deadline = getattr(self.runner, "deadline", None)
+        if isinstance(deadline, (int, float)):
+            t = min(t, (deadline - time.monotonic()) / 3)
+        return max(C.SMI_MIN_S, int(t))
+
     def gpus(self) -> tuple[list[GpuReading], list[ComputeApp]]:
-        res = self.run(C.query_gpus())
+        smi_t = self._smi_timeout()
+        res = self.run(C.query_gpus(), timeout=smi_t)
         self.raw["gpus"] = res.stdout
+        if res.rc is None or res.rc == 124:  # the runner's timeout, or the host's own `timeout` wrapper
+            self.partial.append(f"{SMI_FAILED}: no answer within {smi_t} s (a hung driver or GPU); no GPU readings")
+            return [], []
         if res.rc != 0:
             why = _first_line(res.stderr) or _first_line(res.stdout) or f"rc {res.rc}"
             if res.rc == 127 or "not found" in why:
@@ -309,7 +328,7 @@ class HostSession:
         except SmiParseError as exc:
             self.partial.append(str(exc))
             return [], []
-        apps_res = self.run(C.query_apps())
+        apps_res = self.run(C.query_apps(), timeout=smi_t)
         self.raw["apps"] = apps_res.stdout
         try:
             apps = parse_apps(apps_res.stdout.decode(errors="replace")) if apps_res.rc == 0 else []
@@ -340,6 +359,13 @@ class HostSession:
         for path in candidates:
             res = self.run(C.read_config(path))
             if res.rc == 0 and res.stdout.strip():
+                if not is_model_config(res.stdout):
+                    # a forged or stray path (a request's text naming ~/.docker): its config.json is not a
+                    # model's and reaches neither the report nor a capture
+                    self.partial.append(f"{NO_CONFIG}: {printable(path)!r} is not a model's config.json (a JSON "
+                                        "object with model_type, architectures or the model's dimensions): not "
+                                        "used; bytes per token from the KV line")
+                    return None, None
                 self.raw["config"] = res.stdout
                 return res.stdout.decode("utf-8", "replace"), path
         self.partial.append(f"{NO_CONFIG} found for model_path {model_path!r}; bytes per token from the KV line")
@@ -358,6 +384,43 @@ class HostSession:
             collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
         )
+
+
+_GO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(\.\d{1,9})? ([+-]\d{2})(\d{2})(?: [A-Za-z0-9+-]{1,8})?"
+                      r"(?: m=[+-][0-9.]+)?")
+
+
+def docker_since(text: str) -> str | None:
+    """``docker inspect``'s StartedAt as ``docker logs --since`` takes it (RFC 3339). A Go ``time.String()`` form
+    (``2026-02-25 10:12:01.5 +0000 UTC``: a wrapper or an older client) is rewritten; anything else is no start
+    time (all the container's lines are read), never a command the gate refuses."""
+    first = text.strip().split("\n", 1)[0].strip()
+    m = _GO_TIME.fullmatch(first)
+    if m:
+        first = f"{m.group(1)}T{m.group(2)}{m.group(3) or ''}{m.group(4)}:{m.group(5)}"
+    return first if C.is_docker_time(first) else None
+
+
+#: keys one of which every model config has (Hugging Face's config.json, a multimodal one's nested language model,
+#: a TensorRT-LLM checkpoint's or engine's config.json); a registry's auth file, a package.json, a tool's settings
+#: have none of them
+MODEL_CONFIG_KEYS = frozenset({
+    "model_type", "architectures", "architecture", "num_hidden_layers", "hidden_size", "num_attention_heads",
+    "n_layer", "num_layers", "text_config", "llm_config", "language_config", "thinker_config", "pretrained_config"})
+
+
+def is_model_config(data: bytes) -> bool:
+    """Whether ``data`` (a config.json read from a host, at most CONFIG_MAX_BYTES) parses as a model config: a
+    JSON object with a model config's keys. Only such a file reaches a report or a capture."""
+    import json
+
+    if len(data) > C.CONFIG_MAX_BYTES:
+        return False
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return isinstance(doc, dict) and not MODEL_CONFIG_KEYS.isdisjoint(doc)
 
 
 @dataclass(frozen=True)

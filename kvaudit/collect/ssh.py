@@ -36,6 +36,7 @@ from kvaudit.collect.interface import (
     HostTimeout,
     Unreachable,
 )
+from kvaudit.collect.commands import shown
 from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
 
@@ -47,6 +48,35 @@ _append_lock = threading.Lock()
 _plog = logging.getLogger("paramiko")
 _plog.addHandler(logging.NullHandler())
 _plog.propagate = False
+_paramiko_lock = threading.Lock()
+
+
+def _paramiko(match_exec: bool = False):
+    """paramiko, imported without ``invoke``: paramiko.config imports it (with unittest.mock, asyncio and a vendored
+    yaml: ~50 ms of every SSH check's start) for ssh_config's ``Match exec`` alone, and tolerates its absence until
+    a ``Match exec`` is evaluated (``invoke_import_error`` is raised there). ``match_exec``: paramiko is about to
+    evaluate ssh_config itself (no OpenSSH client): invoke is loaded back first, so ``Match exec`` runs as before."""
+    import sys
+
+    with _paramiko_lock:
+        if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+            sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
+            try:
+                import paramiko  # type: ignore[import-untyped]  # noqa: F401
+            finally:
+                if sys.modules.get("invoke", 0) is None:
+                    del sys.modules["invoke"]
+    import paramiko
+    import paramiko.config  # type: ignore[import-untyped]
+
+    if match_exec and paramiko.config.invoke is None:
+        try:
+            import invoke
+        except ImportError as exc:
+            paramiko.config.invoke_import_error = exc
+        else:
+            paramiko.config.invoke = invoke
+    return paramiko
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,8 @@ class HostConfig:
     proxy_command: str | None
     #: ssh_config's StrictHostKeyChecking as OpenSSH normalises it (``ssh -G``: true, false, ask, accept-new)
     strict_host_key_checking: str = "ask"
+    #: ssh_config's HashKnownHosts: a key trusted on first use is recorded hashed (``|1|salt|hmac``), as OpenSSH does
+    hash_known_hosts: bool = False
 
     @property
     def accepts_new_keys(self) -> bool:
@@ -97,6 +129,22 @@ class HostConfig:
 
 class SshConfigError(CollectError):
     reason = "ssh_config"  # the ssh_config cannot be applied to this host: a usage problem (exit 2)
+
+
+#: what OpenSSH (9.6+, ``valid_hostname``/``valid_ruser``) refuses in a host or user name from the command line:
+#: shell syntax, which a ProxyCommand's ``%h``/``%r`` would hand to a shell (an inventory's ``ansible_host``)
+_SHELL_SYNTAX = set("'`\"$\\;&<>|(){}*?!~#")
+
+
+def check_names(t: "Target") -> None:
+    """Refuse a target whose host or user name holds shell syntax, whitespace or control characters, or starts with
+    ``-``, before any ssh_config is applied (with or without ``ssh -G``: KVAUDIT_NO_SSH_G=1 expanded ``%h`` in a
+    ProxyCommand all the same)."""
+    for what, name in (("host", t.host), ("user", t.user)):
+        if name is not None and (name.startswith("-") or any(c in _SHELL_SYNTAX or c.isspace() or not c.isprintable()
+                                                             for c in name)):
+            raise SshConfigError(f"{printable(name)[:80]!r}: a {what} name holds shell syntax, a space or a control "
+                                 "character (refused before any ProxyCommand could run it, as OpenSSH refuses it)")
 
 
 def _ssh_g(t: "Target", ssh_config: str | None) -> dict[str, list[str]] | None:
@@ -152,6 +200,7 @@ def _from_ssh_g(t: "Target", g: dict[str, list[str]]) -> HostConfig:
         proxy_jump=None if not pj or pj.lower() == "none" else pj,
         proxy_command=pc if pc and pc.lower() != "none" else None,
         strict_host_key_checking=(one("stricthostkeychecking", "ask") or "ask").lower(),
+        hash_known_hosts=(one("hashknownhosts", "no") or "no").lower() == "yes",
     )
 
 
@@ -159,15 +208,15 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
     """Apply ssh_config (``--ssh-config`` or ~/.ssh/config) to a ``user@host[:port]`` or an alias: with
     OpenSSH's own ``ssh -G`` when the client is installed (exactly what ``ssh`` would do), else paramiko's
     reader (no Match, no Include of globs, no canonicalisation)."""
-    import paramiko
-
     t = Target.parse(target)
+    check_names(t)
     if ssh_config and not Path(ssh_config).expanduser().exists():
         raise SshConfigError(f"ssh config {ssh_config} does not exist")
     g = _ssh_g(t, ssh_config)
     if g is not None:
         return _from_ssh_g(t, g)
     path = Path(ssh_config).expanduser() if ssh_config else Path("~/.ssh/config").expanduser()
+    paramiko = _paramiko(match_exec=True)
     cfg = paramiko.SSHConfig()
     if path.exists():
         try:
@@ -194,6 +243,7 @@ def resolve(target: str, ssh_config: str | None) -> HostConfig:
         proxy_command=hc.get("proxycommand") if str(hc.get("proxycommand", "none")).lower() != "none" else None,
         strict_host_key_checking={"yes": "true", "no": "false"}.get(
             str(hc.get("stricthostkeychecking", "ask")).lower(), str(hc.get("stricthostkeychecking", "ask")).lower()),
+        hash_known_hosts=str(hc.get("hashknownhosts", "no")).lower() == "yes",
     )
 
 
@@ -264,12 +314,21 @@ def known_keys(files: tuple[str, ...], name: str) -> list[KnownKey]:
     return out
 
 
+def hashed_name(name: str) -> str:
+    """A known_hosts host field as OpenSSH's HashKnownHosts writes it: ``|1|`` base64(salt) ``|`` base64(HMAC-SHA1
+    of the name keyed by the salt)."""
+    salt = secrets.token_bytes(20)
+    mac = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(mac).decode()}"
+
+
 class HostKeyPolicy:
     """Decides on every host key (paramiko is given no keys of its own, so all of them come here)."""
 
-    def __init__(self, files: tuple[str, ...], accept_new: bool):
+    def __init__(self, files: tuple[str, ...], accept_new: bool, hashed: bool = False):
         self.files = files
         self.accept_new = accept_new
+        self.hashed = hashed
         self.accepted_new: str | None = None
 
     def missing_host_key(self, client, hostname: str, key) -> None:
@@ -296,7 +355,7 @@ class HostKeyPolicy:
         with _append_lock:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with path.open("a", encoding="utf-8") as fh:
-                fh.write(f"{hostname} {key.get_name()} {blob}\n")
+                fh.write(f"{hashed_name(hostname) if self.hashed else hostname} {key.get_name()} {blob}\n")
         self.accepted_new = f"{hostname} {key.get_name()} {fingerprint(key)} -> {path}"
 
 
@@ -382,7 +441,7 @@ class SSHRunner:
 
     def _connect(self, hc: HostConfig, accept_new: bool, connect_timeout: float | None, depth: int,
                  ssh_config: str | None, sock=None):
-        import paramiko
+        paramiko = _paramiko()
 
         if depth > 5:
             raise CollectError(f"{hc.alias}: more than 5 ProxyJump hops")
@@ -404,7 +463,7 @@ class SSHRunner:
         elif sock is None and hc.proxy_command:
             sock = paramiko.ProxyCommand(hc.proxy_command)
         client = paramiko.SSHClient()
-        policy = HostKeyPolicy(hc.known_hosts, accept_new or hc.accepts_new_keys)
+        policy = HostKeyPolicy(hc.known_hosts, accept_new or hc.accepts_new_keys, hc.hash_known_hosts)
         client.set_missing_host_key_policy(policy)
         name = f"{hc.user}@{hc.hostname}:{hc.port}"
         pinned = {e.keytype for e in known_keys(hc.known_hosts, _server_name(hc.hostname, hc.port)) if not e.revoked}
@@ -480,7 +539,7 @@ class SSHRunner:
         """Run one command; drain stdout and stderr as they come (never wait for the exit status first,
         which can deadlock on a full window); stop at the command timeout, the host deadline, or
         ``max_bytes`` of output."""
-        import paramiko
+        paramiko = _paramiko()
 
         start = time.monotonic()
         limit = min(timeout, self._remaining())
@@ -496,7 +555,7 @@ class SSHRunner:
                 if dog.fired:
                     self.close()
                     raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
-                                      f"(the server did not answer the request to run: {command[:80]})") from None
+                                      f"(the server did not answer the request to run: {shown(command)})") from None
                 raise ConnectionDropped(f"{self.target}: could not start a command ({_said(exc)})") from None
         out, err = bytearray(), bytearray()
         truncated = False
@@ -507,7 +566,7 @@ class SSHRunner:
                 if time.monotonic() >= self.deadline:
                     self.close()
                     raise HostTimeout(f"{self.target}: no answer within the {self.deadline_s:g} s host deadline "
-                                      f"(while running: {command[:80]})")
+                                      f"(while running: {shown(command)})")
                 return CommandResult(command, None, bytes(out), bytes(err) + b"\n[kvaudit: timed out]",
                                      now - start, truncated)
             got = False
@@ -537,14 +596,14 @@ class SSHRunner:
                     if not transport.is_active():
                         raise ConnectionDropped(
                             f"{self.target}: the connection dropped in the middle of a command's output "
-                            f"({len(out):,} bytes received of: {command[:80]})")
+                            f"({len(out):,} bytes received of: {shown(command)})")
                     return CommandResult(command, None, bytes(out), bytes(err), time.monotonic() - start, truncated)
                 return CommandResult(command, rc, bytes(out), bytes(err), time.monotonic() - start, truncated)
             if got:
                 continue
             if not transport.is_active():
                 raise ConnectionDropped(f"{self.target}: the connection dropped in the middle of a command's output "
-                                        f"({len(out):,} bytes received of: {command[:80]})")
+                                        f"({len(out):,} bytes received of: {shown(command)})")
             if chan.eof_received:
                 chan.status_event.wait(0.1)  # output is complete; the exit status is on its way
             else:
@@ -579,7 +638,7 @@ def bounded(command: str, limit: float) -> str:
 
 def _said(exc: BaseException) -> str:
     """An SSH library error in kvaudit's words (paramiko's own text is kept after them, in quotes)."""
-    import paramiko
+    paramiko = _paramiko()
 
     if isinstance(exc, paramiko.ChannelException):
         return (f"the server refused to open a session channel: '{getattr(exc, 'text', '') or exc}' (its MaxSessions, "

@@ -8,7 +8,7 @@ from kvaudit.results import Drift
 import json
 from pathlib import Path
 import sqlite3
-from typing import Any
+from typing import Any, Sequence
 
 #: ``gpus_by_run``: drift reads one run's GPU rows (``WHERE run_id = ?``); without the index every run scanned the
 #: whole table, so a fleet run grew slower with its history (issue 23: +13 % at 1,000 runs)
@@ -63,13 +63,13 @@ STARTUP_COLUMNS = ("host", "startup_id", "engine", "version", "gpu_name", "gpu_t
 
 
 def record(path: str, started_at: str, started_ts: float, duration_s: float, summaries: list[dict],
-           gpu_rows: list[dict], startup_rows: list[dict] = ()) -> int:
+           gpu_rows: list[dict], startup_rows: Sequence[dict] = ()) -> int:
     db = connect(path)
     try:
         with db:
             cur = db.execute("INSERT INTO runs (started_at, started_ts, duration_s, hosts) VALUES (?, ?, ?, ?)",
                              (started_at, started_ts, duration_s, len(summaries)))
-            run_id = int(cur.lastrowid)
+            run_id = int(cur.lastrowid or 0)
             db.executemany(
                 "INSERT INTO hosts (run_id, host, status, reason, tokens, verdict, weights_gib, free_min_gib, "
                 "unexplained_gib, findings, startup_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -100,6 +100,13 @@ _REALS = ("weights_gib", "free_min_gib", "unexplained_gib", "kv_gib", "free_now_
           "bpt_high", "rest_gib")
 
 
+#: the largest magnitude a number kvaudit writes can have: counts (tokens, bytes per token) stay exact in a float
+#: below 2**53; seconds since 1970, MiB and GiB stay far below 1e12. A larger one (1e308 in a row: diff and plan
+#: overflowed, exit 70) is not a row kvaudit wrote
+MAX_INT = 1 << 53
+MAX_REAL = 1e12
+
+
 def clean_row(row: dict) -> dict | None:
     """The row with each column of the type kvaudit writes (text printable, numbers finite, findings a list of
     codes), or None when a required one is not (a host row without a host name or status, findings not a list)."""
@@ -112,10 +119,11 @@ def clean_row(row: dict) -> dict | None:
                 return None
             out[k] = printable(v)[:300] if isinstance(v, str) else None
         elif k in _INTS:
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or abs(v) > MAX_INT):
                 return None
         elif k in _REALS:
-            if v is not None and (not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf"))):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v != v
+                                  or abs(v) > MAX_REAL):
                 return None
         elif k in ("started_at", "last_run"):
             out[k] = printable(v)[:64] if isinstance(v, str) else None
@@ -143,14 +151,16 @@ def _cleaned(rows) -> tuple[list[dict], int]:
 def _run_rows(db: sqlite3.Connection, run_id: int) -> tuple[dict[str, dict], dict[tuple[str, Any], dict], int]:
     """A run's host and GPU rows, checked (``clean_row``), and how many were skipped as malformed."""
     db.row_factory = sqlite3.Row
-    hosts, bad_hosts = _cleaned(db.execute("SELECT * FROM hosts WHERE run_id = ?", (run_id,)).fetchall())
-    gpus, bad_gpus = _cleaned(db.execute("SELECT * FROM gpus WHERE run_id = ?", (run_id,)).fetchall())
+    hosts, bad_hosts = _cleaned(db.execute(f"SELECT {_bounded(HOST_COLUMNS)} FROM hosts WHERE run_id = ?",
+                                           (run_id,)).fetchall())
+    gpus, bad_gpus = _cleaned(db.execute(f"SELECT {_bounded(GPU_COLUMNS)} FROM gpus WHERE run_id = ?",
+                                         (run_id,)).fetchall())
     return ({h["host"]: h for h in hosts},
             {(g["host"], g["gpu"] if g["gpu"] is not None else g["rank"]): g for g in gpus}, bad_hosts + bad_gpus)
 
 
 def _failed(status: str | None) -> bool:
-    return bool(status) and status.startswith("failed:")
+    return status is not None and status.startswith("failed:")
 
 
 def _churns(code: str) -> bool:
@@ -176,9 +186,9 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
         baselines, streaks, runs_at = _baselines(db, run_id, h1)
         gpu_rows: dict[int, dict[tuple[str, Any], dict]] = {}
         base_hosts: dict[int, dict[str, dict]] = {}
-        for rid in set(baselines.values()):
-            base_hosts[rid], gpu_rows[rid], bad = _run_rows(db, rid)
-            bad0 += bad if rid != prev else 0
+        for base in set(baselines.values()):
+            base_hosts[base], gpu_rows[base], bad = _run_rows(db, base)
+            bad0 += bad if base != prev else 0
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
@@ -279,9 +289,11 @@ def host_history(path: str, host: str, limit: int = 30) -> list[dict]:
     try:
         db.row_factory = sqlite3.Row
         rows = db.execute(
-            "SELECT r.id AS run_id, r.started_at, h.status, h.reason, h.tokens, h.verdict, h.weights_gib, "
-            "h.free_min_gib, h.unexplained_gib, h.findings FROM hosts h JOIN runs r ON r.id = h.run_id "
-            "WHERE h.host = ? ORDER BY r.id DESC LIMIT ?", (host, limit)).fetchall()
+            "SELECT r.id AS run_id, substr(r.started_at, 1, 64) AS started_at, "
+            + _bounded(("status", "reason", "tokens", "verdict", "weights_gib", "free_min_gib", "unexplained_gib",
+                        "findings"), "h.")
+            + " FROM hosts h JOIN runs r ON r.id = h.run_id WHERE h.host = ? ORDER BY r.id DESC LIMIT ?",
+            (host, limit)).fetchall()
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:
@@ -307,6 +319,29 @@ def overview(path: str) -> tuple[list[dict], list[dict]]:
     return hosts, runs
 
 
+#: a value longer than this is cut inside SQLite, before Python holds it (a 300 MB row cost diff and plan 2.6 GB);
+#: a column of kvaudit's is far shorter (``findings``, a JSON list of codes, gets more), so a cut value then fails
+#: ``clean_row``'s check (a number column, a JSON list) or is the text cut at 300 characters that it keeps anyway
+MAX_VALUE_CHARS = 1000
+MAX_FINDINGS_CHARS = 64 << 10
+#: the most startup rows ``plan --history`` and ``diff`` read: the latest ones (each is a startup a fleet run saw;
+#: a million rows cost plan 46-89 s and 1.8 GB)
+MAX_STARTUP_ROWS = 100_000
+HOST_COLUMNS = ("run_id", "host", "status", "reason", "tokens", "verdict", "weights_gib", "free_min_gib",
+                "unexplained_gib", "findings", "startup_id")
+GPU_COLUMNS = ("run_id", "host", "gpu", "rank", "tokens", "kv_gib", "weights_gib", "free_now_gib", "free_at_end_gib",
+               "unexplained_gib")
+
+
+def _bounded(columns: tuple[str, ...], prefix: str = "") -> str:
+    """A SELECT list whose text and blob values are cut in SQLite (numbers pass as they are)."""
+    def one(c: str) -> str:
+        n = MAX_FINDINGS_CHARS if c == "findings" else MAX_VALUE_CHARS
+        return (f"CASE WHEN typeof({prefix}{c}) IN ('text', 'blob') THEN substr({prefix}{c}, 1, {n}) "
+                f"ELSE {prefix}{c} END AS {c}")
+    return ", ".join(one(c) for c in columns)
+
+
 def _startup_rows(path: str, host: str | None) -> list[dict]:
     """The ``startups`` rows (of ``host``), in run order, each checked into the types kvaudit writes (``clean_row``);
     a row that is not is skipped."""
@@ -317,7 +352,9 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
         db.row_factory = sqlite3.Row
         where, args = ("WHERE host = ?", (host,)) if host is not None else ("", ())
         rows = [dict(r) for r in db.execute(
-            f"SELECT run_id, {', '.join(STARTUP_COLUMNS)} FROM startups {where} ORDER BY run_id", args)]
+            f"SELECT {_bounded(('run_id',) + STARTUP_COLUMNS)} FROM startups {where} ORDER BY run_id DESC LIMIT ?",
+            (*args, MAX_STARTUP_ROWS))]
+        rows.reverse()
     except sqlite3.Error as exc:
         raise HistoryError(f"history database {path}: {exc}") from None
     finally:

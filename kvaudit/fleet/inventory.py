@@ -64,21 +64,35 @@ def kind(path: str, text: str) -> str:
     return "plain"
 
 
-def load(path: str, limit: str | None = None, use_ansible: bool = True) -> list[FleetHost]:
-    p = Path(path)
+#: an inventory file larger than this is not an inventory (a regular file only: a FIFO would block)
+MAX_INVENTORY_BYTES = 16 << 20
+#: the most hosts one inventory may name, its host ranges counted before anything (kvaudit's reader or
+#: ansible-inventory) expands them: 1,000 lines of ``h1-[0:9999]`` are 14 KB and ten million names
+MAX_INVENTORY_HOSTS = 20_000
+
+
+def load(path: str, limit: str | None = None, use_ansible: bool = True, timeout: float = 120.0
+         ) -> list[FleetHost]:
+    """The hosts of an inventory file; ``timeout``: the most seconds ansible-inventory may take (the run's
+    deadline, when shorter than its own 120 s)."""
+    from kvaudit.safefile import read_regular
+
+    raw = read_regular(path, MAX_INVENTORY_BYTES, "inventory", InventoryError)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InventoryError(f"cannot read inventory {path}: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InventoryError(f"inventory {path} is not text") from None
+    named = _ranges_named(text)
+    if named > MAX_INVENTORY_HOSTS:
+        raise InventoryError(f"inventory {path}: its host ranges name more than {MAX_INVENTORY_HOSTS:,} hosts: "
+                             "refused before expanding them (split the fleet into several inventories)")
     k = kind(path, text)
     if k == "plain":
         hosts = _plain(text)
     else:
         own = (lambda: _yaml(text, path)) if k == "yaml" else (lambda: _ini(text, path))
         try:
-            hosts = (ansible_inventory(path) if use_ansible else None) or own()
+            hosts = (ansible_inventory(path, timeout) if use_ansible else None) or own()
         except InventoryError as ansible_says:
             own()  # kvaudit's reader names the line when it can; else Ansible's own words stand
             raise ansible_says
@@ -170,6 +184,17 @@ def _range_count(pattern: str) -> int:
     return n
 
 
+def _ranges_named(text: str) -> int:
+    """How many host names the ranges of a whole inventory expand to, at most (each word with a range, in any
+    line: a host line, a YAML key), counted without expanding any; plain names count one each."""
+    total = 0
+    for word in re.findall(r"[^\s:'\"]*(?:\[[0-9a-zA-Z]+:[0-9a-zA-Z]+(?::[0-9]+)?\][^\s:'\"]*)+", text):
+        total += _range_count(word) if _RANGE.search(word) else 0
+        if total > MAX_INVENTORY_HOSTS:
+            break
+    return total
+
+
 def expand(pattern: str) -> list[str]:
     """Ansible's host ranges: ``gpu-[01:04]`` (zero padded as written), ``[a:c]``, ``[1:9:2]``, several in one
     name. A range Ansible would refuse (mixed kinds, unequal padded widths) is an error, and so is one that names
@@ -217,7 +242,7 @@ def _inventory_limits() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
 
 
-def ansible_inventory(path: str) -> list[FleetHost] | None:
+def ansible_inventory(path: str, timeout: float = 120.0) -> list[FleetHost] | None:
     """The inventory as Ansible resolves it (``ansible-inventory -i FILE --list``, only the ini and yaml
     plugins: no inventory script is ever run); None when Ansible is not installed."""
     exe = _ansible_exe()
@@ -237,7 +262,8 @@ def ansible_inventory(path: str) -> list[FleetHost] | None:
                "ANSIBLE_INVENTORY_PLUGINS": tmp, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "1",
                "ANSIBLE_LOCAL_TEMP": tmp, "ANSIBLE_HOME": tmp}
         try:
-            p = subprocess.run([exe, "-i", os.path.abspath(path), "--list"], capture_output=True, timeout=120,
+            p = subprocess.run([exe, "-i", os.path.abspath(path), "--list"], capture_output=True,
+                               timeout=max(1.0, min(120.0, timeout)),
                                env=env, stdin=subprocess.DEVNULL, cwd=tmp, preexec_fn=_inventory_limits)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise InventoryError(f"ansible-inventory -i {path}: {exc}") from None
@@ -458,7 +484,7 @@ def _expanded_size(doc: object) -> int:
 
 def _yaml(text: str, path: str) -> list[FleetHost]:
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - a dependency
         raise InventoryError("reading a YAML inventory needs PyYAML") from None
     try:

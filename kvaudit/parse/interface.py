@@ -30,7 +30,7 @@ class Rank:
     @staticmethod
     def from_tags(tags: str) -> "Rank":
         tags = " ".join(tags.split())
-        found = dict((k, int(v)) for k, v in re.findall(r"([A-Za-z_]+)=?(\d+)", tags))
+        found: dict[str, int] = {k: int(v) for k, v in re.findall(r"([A-Za-z_]+)=?(\d+)", tags)}
         pp = found.get("PP", 0)
         tp = found.get("TP", found.get("rank", found.get("gpu_id", 0)))
         dp = found.get("DP", 0)

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from collections import deque
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator, cast
 
 from kvaudit.textsafe import printable
 
@@ -305,7 +305,7 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
 
     def selected() -> Iterator[tuple[int, bytes]]:
         nonlocal last
-        for number, body in _grep_output(proc.stdout, stats):
+        for number, body in _grep_output(cast(BinaryIO, proc.stdout), stats):
             last = stats.lines_read = number
             yield number, body
 
@@ -459,7 +459,8 @@ def pipe_descriptor(stream: BinaryIO) -> int | None:
 
 def read_pipe_head(fd: int) -> tuple[bytes, bool]:
     """The head of the pipe, ending at a line's end (or at the end of the input: then True)."""
-    parts, size = [], 0
+    parts: list[bytes] = []
+    size = 0
     while size < PIPE_HEAD_BYTES:
         block = os.read(fd, min(BLOCK_SIZE, PIPE_HEAD_BYTES - size))
         if not block:

@@ -48,6 +48,13 @@ def status_cell(r: dict[str, Any]) -> str:
     return f"{r['status']} ({n} ignored)" if n else r["status"]
 
 
+def _beyond_headline(r: dict[str, Any]) -> list[str]:
+    """A host's reasons the headline does not already give (its own finding code, its cause)."""
+    head = r["headline"]
+    return [w for w in r.get("why_items") or [] if w.split(":", 1)[0] not in head and w not in head
+            and not w.startswith("not checked:")]  # an unchecked host's headline is that reason
+
+
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
     return [host_summary(f.name, h) for f, h in run.results]
 
@@ -123,7 +130,7 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
         codes = cell.split(",")
         return cell if len(codes) == 1 else f"{codes[0]} +{len(codes) - 1}"
 
-    steps = (lambda: drop("verdict"), lambda: shorten("status", lambda c: c.split(":")[0].split(" (")[0]),
+    steps = (lambda: drop("verdict"), lambda: shorten("status", lambda c: re.sub(r":\S+", "", c)),
              lambda: shorten("findings", first_code), lambda: host_to(12), lambda: drop("unexpl."),
              lambda: drop("GPUs"))
     for step in steps:
@@ -142,9 +149,9 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
 def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False,
                 width: int = 120) -> str:
     rows = summary_rows(run)
-    L = [colour(x, "1", color) for x in headline(
-        f"kvaudit fleet: {len(rows)} host{'s' if len(rows) != 1 else ''} in {run.duration_s:.1f} s "
-        f"(parallel {run.parallel}) - " + counts_text(rows), width)]
+    L = [colour(x, "1", color) for x in headline(  # the counts first: they are what the line is read for
+        f"kvaudit fleet: {counts_text(rows)} - {len(rows)} host{'s' if len(rows) != 1 else ''} in "
+        f"{run.duration_s:.1f} s (parallel {run.parallel})", width)]
     if run.deadline_hit:
         L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
@@ -171,8 +178,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
             L.extend(wrap(f"{r['host']}: {r['headline']}", width=width))
-            if r["why"] and r["why"] not in r["headline"]:
-                L.extend(wrap(f"({r['status']}) {r['why']}", indent="    ", width=width))
+            for item in _beyond_headline(r):  # what the headline does not already say, once each
+                L.extend(wrap(f"also {item}", indent="    ", width=width))
     if drift:
         L += ["", colour("Since the last run", "1", color)]
         for d in drift:
@@ -201,8 +208,9 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", "## Why not ok", ""]
-        L += [f"- **{md_cell(r['host'])}**: {md_cell(r['headline'])} ({r['status']}: {md_cell(r['why'])})"
-              for r in others]
+        for r in others:  # the headline, then what it does not already say, once each
+            L.append(f"- **{md_cell(r['host'])}**: {md_cell(r['headline'])}")
+            L += [f"  - also {md_cell(item)}" for item in _beyond_headline(r)]
     if drift:
         L += ["", "## Since the last run", ""] + [f"- {md_cell(d.message)}" for d in drift]
     elif first_run:

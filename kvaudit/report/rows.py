@@ -43,17 +43,22 @@ def startup_id(h: HostAudit) -> str | None:
     return f"{c.source} startup at line {a.first_line}"
 
 
-def why(h: HostAudit) -> str:
-    """Why a host is not ok, in one line: the failure and its reason; else the findings above info (code and
-    the first sentence) and what could not be read. Empty for an ok host."""
+def why_items(h: HostAudit) -> list[str]:
+    """Why a host is not ok, item by item: the failure and its reason; else each finding above info (its code and
+    first sentences) and each thing that could not be read; the pool's reason when it could not be checked.
+    Empty for an ok host. (The fleet's reports have no Findings section: nothing points to one.)"""
     if h.error is not None:
-        return f"{h.error.reason}: {h.error}"
+        return [f"{h.error.reason}: {h.error}"]
     if h.audit is not None and judge_host(h).status is Status.UNCHECKED:
-        return f"not checked: {brief(h.audit.formula.verdict_reason)}"
-    parts = [f"{f.code}: {brief(f.message)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
+        return [f"not checked: {brief(h.audit.formula.verdict_reason, None)}"]
+    parts = [f"{f.code}: {brief(f.message, None)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
              if f.severity != Severity.INFO and not f.ignored]
-    parts += [f"missing: {p}" for p in h.partial]
-    return "; ".join(parts)
+    return parts + [f"missing: {p}" for p in h.partial]
+
+
+def why(h: HostAudit) -> str:
+    """:func:`why_items` in one line."""
+    return "; ".join(why_items(h))
 
 
 def _sum(r: RankLedger | None, pred) -> float | None:
@@ -134,6 +139,7 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "infos": sum(1 for f in fs if f.severity == Severity.INFO and not f.ignored),
         "partial": list(h.partial),
         "why": why(h),
+        "why_items": why_items(h),
         "headline": j.headline,
         "startup_id": startup_id(h),
     }

@@ -83,7 +83,8 @@ def headline(text: str, width: int = WIDTH) -> list[str]:
     if cell_len(text) <= width:
         return [text]
     room = text[:width]
-    cut = max(room.rfind("; "), room.rfind(": ") + 1 if room.rfind(": ") > width // 3 else -1)
+    cut = max(room.rfind("; "), room.rfind(": ") + 1 if room.rfind(": ") > width // 3 else -1,
+              room.rfind(" - ") if room.rfind(" - ") > width // 3 else -1)
     if cut < width // 3:
         cut = room.rfind(" ")
     if cut <= 0:

@@ -39,9 +39,10 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         return None
     version = _version(documents.get("/version"))
     labels = configs[0].labels
-    blocks, block = as_int(labels.get("num_gpu_blocks")), as_int(labels.get("block_size"))
+    # a count past 2**53 is no reading (a 4,000-digit label made float() overflow: exit 70 from data)
+    blocks, block = _count(labels.get("num_gpu_blocks")), _count(labels.get("block_size"))
     util = opts.mem_fraction_static or as_float(labels.get("gpu_memory_utilization"))
-    stated_tokens = as_int(labels.get("kv_cache_size_tokens"))
+    stated_tokens = _count(labels.get("kv_cache_size_tokens"))
     geom = opts.model_geometry
     hybrid = bool(geom is not None and geom.is_mamba_hybrid)
     tp = opts.tp_size or 1
@@ -131,3 +132,9 @@ def _version(body: str | None) -> str | None:
     doc = json_document(body)
     v = doc.get("version") if isinstance(doc, dict) else None
     return v if isinstance(v, str) else None
+
+
+def _count(v: object) -> int | None:
+    """A label's whole number when it is one a server could hold (0 <= n < 2**53), else None."""
+    n = as_int(v)
+    return n if n is not None and 0 <= n < 1 << 53 else None
