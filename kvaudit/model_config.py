@@ -80,6 +80,11 @@ class ModelGeometry:
     swa_kv_heads: int | None = None
     swa_head_dim: int | None = None
     swa_v_head_dim: int | None = None
+    #: keys the config left out that kvaudit took from the model family's defaults (transformers' config class)
+    defaults_used: tuple[str, ...] = ()
+    #: why the geometry is known to be incomplete (a sliding-window family whose split the config does not give):
+    #: bytes per token from it are not judged against the log (no geometry finding; "not modelled" instead)
+    incomplete: str | None = None
     #: the window of the sliding layers (tokens), Gemma-4's ``attention_k_eq_v`` (its full layers keep
     #: ``num_global_key_value_heads`` only when set, vLLM ``models/gemma4.py``) and the layers that reuse an earlier
     #: layer's KV (``num_kv_shared_layers``): what vLLM's sliding-window groups are sized from
@@ -171,14 +176,33 @@ def _short(v: float) -> str:
     return text if len(text) <= 24 else text[:10] + f"...({len(text)} digits)"
 
 
+#: what a text config leaves out because its transformers class defaults it, per ``model_type``: read by SGLang
+#: from the same class (``AutoConfig``), so the KV geometry it logs follows them.
+#: gemma3_text: transformers ``models/gemma3/configuration_gemma3.py::Gemma3TextConfig`` (4.50+): 8 heads, 4 KV
+#: heads, head_dim 256, 26 layers, sliding_window 4096, every 6th layer global (``sliding_window_pattern`` 6;
+#: ``layer_types`` from 4.53 derive from it: layer i slides unless (i + 1) % 6 == 0).
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 26,
+                    "sliding_window": 4096, "sliding_window_pattern": 6},
+}
+#: sliding-window hybrids in SGLang (``HybridSWAPoolConfigurator``: Gemma-2/3/4, Command-R 2 (cohere2), MiMo,
+#: GPT-OSS): a config of these families that does not give the layer split is read incompletely
+_SWA_FAMILIES = ("gemma2", "gemma3", "gemma4", "cohere2", "mimo", "gpt_oss")
+
+
 def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
     outer = raw
     cfg = raw
     for key in _NESTED_KEYS:
         inner = raw.get(key)
-        if isinstance(inner, dict) and "num_hidden_layers" in inner:
+        if isinstance(inner, dict) and ("num_hidden_layers" in inner
+                                        or str(inner.get("model_type")) in _FAMILY_DEFAULTS):
             cfg = inner
             break
+    family = _FAMILY_DEFAULTS.get(str(cfg.get("model_type")), {})
+    filled = tuple(k for k in family if k not in cfg)
+    if filled:
+        cfg = {**family, **cfg}
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", source=source)
     if not layers:
         raise ConfigError(f"model config {source} has no num_hidden_layers")
@@ -211,6 +235,15 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         every = _int(cfg, "sliding_window_pattern", source=source) or 1
         full = layers // every
         swa = layers - full
+    elif str(cfg.get("model_type")) == "gemma2" and cfg.get("sliding_window"):
+        # transformers Gemma2 (and SGLang's gemma2.py): even layers slide, odd layers are global
+        full = layers // 2
+        swa = layers - full
+    incomplete = None
+    family_name = str(cfg.get("model_type") or outer.get("model_type") or "")
+    if cfg.get("sliding_window") and not swa and family_name.startswith(_SWA_FAMILIES):
+        incomplete = (f"{family_name} config with sliding_window but no layer split kvaudit can read "
+                      "(layer_types / sliding_window_pattern): its sliding-window pools are not modelled")
 
     quant = outer.get("quantization_config") or cfg.get("quantization_config") or {}
     kv_algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
@@ -245,6 +278,8 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         swa_kv_heads=_int(cfg, "swa_num_key_value_heads", source=source),
         swa_head_dim=_int(cfg, "swa_head_dim", source=source),
         swa_v_head_dim=_int(cfg, "swa_v_head_dim", source=source),
+        defaults_used=filled,
+        incomplete=incomplete,
         sliding_window=_int(cfg, "sliding_window", source=source),
         attention_k_eq_v=cfg["attention_k_eq_v"] if isinstance(cfg.get("attention_k_eq_v"), bool) else None,
         num_kv_shared_layers=_int(cfg, "num_kv_shared_layers", source=source),

@@ -95,10 +95,10 @@ def test_a_log_with_memory_lines_but_no_startup_names_them(tmp_path):
 
 
 def test_not_modelled_judges_nothing():
-    """Rule 7 on a real startup: the same sglang_c006 audit declared a DeepSeek-V4 pool (not modelled in the
+    """Rule 7 on a real startup: the same sglang_c006 audit declared an encoder-decoder pool (not modelled in the
     table) keeps what the log states but no pool verdict, no geometry or reserve finding, and says why."""
     a = audit_entry("sglang_c006", {"config": None})
-    got = settle(replace(a, coverage=None, pool_kinds=("dsv4",)))
+    got = settle(replace(a, coverage=None, pool_kinds=("encoder_decoder",)))
     assert got.formula.verdict == Verdict.UNKNOWN and got.formula.verdict_reason.startswith("not modelled here")
     codes = {f.code for f in got.findings}
     assert not codes & {"TOKENS_MATCH", "TOKENS_MISMATCH", "GEOMETRY_MISMATCH", "RESERVE_EXPLAINS_FREE"}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank,
@@ -73,6 +73,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"OutOfMemoryError",
     b"LMDeploy: ",
     b"lmdeploy serve",
+    b"Fallback to pytorch engine",
+    b"max cached tokens",
 )
 
 MARKERS: tuple[str, ...] = ("[BlockManager]", "BlockManager.cc:", "[TM][", "- lmdeploy -", "TurbomindEngineConfig(",
@@ -149,11 +151,15 @@ _MODEL_KEYS = {"num_layer": "layers", "kv_head_num": "kv_heads", "size_per_head"
                "quant_policy": "quant_policy"}
 _RELEASE = lazy(r"LMDeploy: (\d+\.\d+\.\d+)")
 #: lines of plain numbers: (a cheap needle, the pattern, the reading key of each group)
+#: ``[TM][INFO] max cached tokens: N`` (src/turbomind/engine/engine.cc, Engine::Impl, 0.12.x: max_block_count x
+#: cache_block_seq_len x attn_cp_size, the pool's token capacity, printed before the session_len truncation)
+_MAX_CACHED = lazy(r"max cached tokens: (\d+)")
 _SIMPLE = (
     ("cache engine with", _INIT_CACHE, ("num_gpu_blocks", "num_cpu_blocks")),
     ("free gpu memory", _FREE, ("free_mib",)),
     ("max runtime memory", _RUNTIME, ("runtime_mib",)),
     ("max_prefill_token_num=", _PREFILL, ("prefill_tokens",)),
+    ("max cached tokens", _MAX_CACHED, ("max_cached_tokens",)),
 )
 #: the Python logger's prefix: with "file.py:N - " since 0.6.2 (lmdeploy/utils.py get_logger), without before
 _PY_PREFIX = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR) - (\w+\.py:\d+ - )?")
@@ -183,7 +189,7 @@ _OWN = lazy(r"- lmdeploy - (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - |\[TM\]\[(?:D
 #: what it prints without one: a traceback's exception (anywhere), the model-config dump's lines (one logger
 #: call, ``model_config:`` and the INI or JSON text on the lines after it) and the PyTorch engine's
 #: ``CacheConfig(...)`` repr on the line after "Building CacheEngine with config:" (engine/cache_engine.py)
-OWN_PREFIX = OwnPrefix(_OWN, bare=lambda e: _dump_line([e]) or e.text.lstrip().startswith("CacheConfig("),
+OWN_PREFIX = OwnPrefix(cast("re.Pattern[str]", _OWN), bare=lambda e: _dump_line([e]) or e.text.lstrip().startswith("CacheConfig("),
                        anywhere=lambda e: isinstance(e, Failure))
 
 
@@ -262,6 +268,11 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         settings = tuple((k, float(v)) for k, v in _SETTING.findall(m.group(2)) if v != "None")
         ev.append(EngineConfig(n, t, m.group(1).lower(), "updated backend_config" in t, settings))
+        return ev, clues
+    if "Fallback to pytorch engine because" in t:
+        # lmdeploy/archs.py autoget_backend (WARNING, 0.2+): TurboMind does not support the model, or is not
+        # installed; the PyTorch engine runs it
+        ev.append(EngineConfig(n, t, "pytorch", False, ()))
         return ev, clues
     m = _CACHE_CONFIG.search(t) if "CacheConfig(" in t else None
     # the PyTorch engine's repr once the count is set (max_batches= from 0.6, window_size= before); vLLM's

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (oom_numbers, SINGLE_RANK, literal, Event, OwnPrefix, Rank, RankEvent, Startup,
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
-from kvaudit.versions import VersionRange, narrow
+from kvaudit.versions import VersionRange, narrow, parse_version, resolve
 from kvaudit.versions import clue as _clue
 
 ENGINE = "sglang"
@@ -57,6 +57,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"Killed",
     b"failed",
     b"exception",
+    # a launcher's version banner (``SGLang Version 0.5.11+05fb6a52``)
+    b"SGLang Version",
+    b"SGLang version",
 )
 
 #: strings only SGLang's startup lines contain: the head of an input that has them (and no other engine's)
@@ -131,6 +134,34 @@ class OtherPool(RankEvent):
     gib: float | None = None  # memory it holds, when the line says (GiB)
     counts_in_total: bool = True  # False for summaries that restate KV lines already counted
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryProfile(RankEvent):
+    """``Memory profiling: available_gpu_memory=X GB, total_gpu_memory=T GB, mem_fraction_static=F,
+    rest_memory=R GB`` (DeepSeek-V4 launch builds, 2026-04..05, ``profile_available_bytes`` beside
+    ``DSv4MemoryCalculator``; not in the 0.5.12+ wheels): the engine's own rest = available - T x (1 - F), GiB,
+    ``available`` the free memory now (min over the world), T the pre-load free memory."""
+
+    available_gib: float = 0.0
+    total_gib: float = 0.0
+    mem_fraction_static: float = 0.0
+    rest_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class DSv4Calc(RankEvent):
+    """``DSv4 memory calculation: bytes_per_full_token=B, available_bytes=A GB, full_token=N`` (launch builds,
+    ``DSv4MemoryCalculator.calculate_pool_sizes``), ``DSV4 memory calculation: ...`` in the same shape (0.5.12..0.5.19,
+    ``model_executor/pool_configurator.py::DSV4PoolConfigurator.calculate_pool_sizes``) and with ``unified=``,
+    ``..._fixed=X GB`` fields from 0.5.20 (the fixed pools come off the budget before the division).
+    ``fixed_gib``: the ``*_fixed`` / ``*_fixed_overhead`` amounts the line names (GiB)."""
+
+    bytes_per_full_token: float = 0.0
+    available_gib: float = 0.0
+    full_token: int = 0
+    fixed_gib: dict[str, float] = field(default_factory=dict)
+    effective_gib: float | None = None  # "effective_available_bytes=" (HiSparse builds)
 
 
 @dataclass(frozen=True)
@@ -256,6 +287,18 @@ _SWA_SPLIT = lazy(
     r"(?:full_layer_tokens=(\d+),\s*)?swa_layer_tokens=(\d+)"
 )
 _INIT_POOL = lazy(r"Initialize (\w*TokenToKVPool) with (?P<rest>.*)")
+_MEM_PROFILE = lazy(
+    r"Memory profiling: available_gpu_memory=" + NUM + r" GB, total_gpu_memory=" + NUM
+    + r" GB, mem_fraction_static=" + NUM + r", rest_memory=" + NUM + r" GB"
+)
+_DSV4_CALC = lazy(r"DS[Vv]4 memory calculation: (?P<rest>.*\bfull_token=(?P<full>\d+)\b.*)")
+_DSV4_BPFT = lazy(r"\bbytes_per_full_token=(\d+(?:\.\d+)?)")
+_DSV4_AVAIL = lazy(r"\b(?:raw_)?available_bytes=" + NUM + r" GB")
+_DSV4_FIXED = lazy(r"\b(\w+_fixed(?:_overhead)?)=" + NUM + r" GB")
+_DSV4_EFFECTIVE = lazy(r"\beffective_available_bytes=" + NUM + r" GB")
+#: a bare version banner a launcher prints before the server (``SGLang Version 0.5.11+05fb6a52``, the
+#: dgx-spark-hijinks harness; ``sglang version: X``): the release itself, which wins over line shapes
+_VERSION_BANNER = lazy(r"^\s*(?:\S+\s+)?SGLang [Vv]ersion:? v?(?P<v>\d+\.\d+\.\d+)(?P<local>\S*)\s*$", re.IGNORECASE)
 _POOL_END = lazy(r"Memory pool end\. avail mem=" + NUM + r" GB")
 _GRAPH = lazy(
     r"Capture (?P<name>[\w ]*?)\s*(?:cuda|CUDA|cpu|CPU|npu|NPU) graph (?P<edge>begin|end)\b(?P<rest>.*)"
@@ -293,7 +336,7 @@ _TRACEBACK = lazy(r"Traceback \(most recent call last\)")
 #: the exception a traceback ends with: ``RuntimeError: msg`` or, when it is the repr Triton and friends print
 #: inside another error, ``ValueError("msg")``
 _EXCEPTION = lazy(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
-                        r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$)")
+                        r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$|(?P<bare>\s*$))")
 #: ``Received sigquit from a child process. It usually means the child failed.`` (srt/entrypoints/engine.py, the
 #: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup
 _CHILD_FAILED = lazy(r"Received sigquit from a child process")
@@ -400,7 +443,7 @@ _OWN = lazy(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-
 #: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), and
 #: bench_one_batch's ``print(f"max_total_num_tokens={...}")`` (after the scheduler's prefixed lines)
 OWN_PREFIX = OwnPrefix(
-    _OWN,
+    cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, the same search/match
     bare=lambda e: isinstance(e, SchedulerSummary) and re.fullmatch(r"max_total_num_tokens=\d+", e.text.strip()) is not None,
     anywhere=lambda e: isinstance(e, Failure),
 )
@@ -523,6 +566,10 @@ def parse_line(line: Line) -> _Parsed:
         dtype = _DTYPE.search(rest)
         quant = _QUANT.search(rest)
         elapsed = _f(_ELAPSED.search(rest))
+        if avail is None and usage is None and mtype is not None and mtype.end() >= len(rest.rstrip()):
+            # every era prints type= before avail mem / mem usage: a line that ends inside type= was cut there
+            # (an excerpt's last line), and the name it shows is a fragment, not the model
+            mtype = None
         if avail is None and usage is None and mtype is None:
             return _Parsed(None, clues)  # the 0.5.18+ overlap note, or a fragment
         elided = "..." in rest
@@ -613,19 +660,19 @@ def parse_line(line: Line) -> _Parsed:
     m = _SUMMARY.search(text) if "max_total_num_tokens=" in text else None
     if m:
         rank, clues = at(m)
-        kv = dict(re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)(?![\d.])", m.group("rest")))
-        avail = kv.get("available_gpu_mem") or kv.get("available_cpu_mem")
-        if avail is not None:
+        fields = dict(re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)(?![\d.])", m.group("rest")))
+        avail_text = fields.get("available_gpu_mem") or fields.get("available_cpu_mem")
+        if avail_text is not None:
             clues.append(_clue((0, 4, 7), None, "scheduler summary with available_gpu_mem"))
-        elif "chunked_prefill_size" in kv:
+        elif "chunked_prefill_size" in fields:
             clues.append(_clue((0, 4, 2), (0, 4, 6), "scheduler summary without available_gpu_mem"))
         else:
             clues.append(_clue(OLDEST, (0, 4, 1), "scheduler summary without chunked_prefill_size"))
         return _Parsed(
             SchedulerSummary(
-                n, text, int(m.group(1)), _int(kv.get("chunked_prefill_size")), _int(kv.get("max_prefill_tokens")),
-                _int(kv.get("max_running_requests")), _int(kv.get("context_len")),
-                float(avail) if avail is not None else None,
+                n, text, int(m.group(1)), _int(fields.get("chunked_prefill_size")),
+                _int(fields.get("max_prefill_tokens")), _int(fields.get("max_running_requests")),
+                _int(fields.get("context_len")), float(avail_text) if avail_text is not None else None,
             ),
             clues,
         )
@@ -670,6 +717,27 @@ def _other_lines(line: Line) -> _Parsed:
     def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
         return _prefix(text, match.start())
 
+    m = _MEM_PROFILE.search(text) if "Memory profiling" in text else None
+    if m:
+        rank, clues = at(m)
+        return _Parsed(MemoryProfile(n, text, rank, "target", float(m.group(1)), float(m.group(2)),
+                                     float(m.group(3)), float(m.group(4))), clues)
+    m = _DSV4_CALC.search(text) if "4 memory calculation" in text else None
+    if m:
+        rank, clues = at(m)
+        rest = m.group("rest")
+        bpft, avail = _f(_DSV4_BPFT.search(rest)), _f(_DSV4_AVAIL.search(rest))
+        if bpft is not None and avail is not None:
+            fixed = {k: float(v) for k, v in _DSV4_FIXED.findall(rest)}
+            if "DSV4" in m.group(0):
+                clues.append(_clue((0, 5, 20), None, "'DSV4 memory calculation: unified='")
+                             if "unified=" in rest else _clue((0, 5, 12), (0, 5, 19), "'DSV4 memory calculation:'"))
+            return _Parsed(DSv4Calc(n, text, rank, "target", bpft, avail, int(m.group("full")), fixed,
+                                    _f(_DSV4_EFFECTIVE.search(rest))), clues)
+    m = _VERSION_BANNER.search(text) if "ersion" in text else None
+    if m:
+        v = parse_version(m.group("v"))
+        return _Parsed(None, [VersionRange(v, v, (f"version banner: {text.strip()[:80]}",))])
     m = _SWA_SUMMARY.search(text)
     if m:
         rank, clues = at(m)
@@ -777,6 +845,9 @@ def _other_lines(line: Line) -> _Parsed:
                                "a child process failed (SGLang received SIGQUIT from it)"), clues)
     m = _EXCEPTION.search(_after_prefix(text))
     if m:
+        if m.group("bare") is not None:
+            # ``AssertionError`` alone: the exception, without a message (its statement is on the line above)
+            return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception", m.group("exc")), [])
         msg = m.group("msg") if m.group("msg") is not None else m.group("arg")[1:-1]
         return _Parsed(Failure(n, text, SINGLE_RANK, "target", "exception",
                                quote(f"{m.group('exc')}: {msg}")), [])
@@ -862,7 +933,9 @@ class _Builder:
         return algo not in (None, "None", "", "NONE")
 
     def build(self) -> Startup:
-        era = narrow(self.clues, VersionRange(OLDEST, None))
+        # a version the log prints wins over the shapes of its lines (a fork of 0.5.11 carries newer lines)
+        banner = any(e.startswith("version banner") for c in self.clues for e in c.evidence)
+        era = (resolve if banner else narrow)(self.clues, VersionRange(OLDEST, None))
         path = (self.server_args or {}).get("model_path")
         return Startup(ENGINE, self.index, self.first_line, self.last_line, self.server_args,
                        tuple(_peer_roles(self.events, self.ranks)), era, path if isinstance(path, str) else None)

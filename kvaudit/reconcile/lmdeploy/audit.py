@@ -4,6 +4,7 @@ and the findings, assembled into an :class:`Audit`."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from kvaudit.parse.interface import SINGLE_RANK, Failure, Rank, Startup
@@ -22,6 +23,27 @@ MB2_HALF_ULP_MIB = 0.005
 #: how the log level hides the sizing lines (lmdeploy/cli: --log-level defaults to ERROR before 0.10, WARNING after)
 LOG_LEVEL_HINT = ("LMDeploy prints its sizing lines at INFO and its default log level hides them: start the server "
                   "with --log-level INFO (DEBUG adds the PyTorch engine's free-memory lines)")
+#: the level a line was logged at: the Python logger's ``%(asctime)s - lmdeploy - LEVEL - ...`` (lmdeploy/utils.py
+#: get_logger, all releases) and TurboMind's ``[TM][LEVEL]`` (src/turbomind/utils/logger.h, all releases). api_server
+#: copies --log-level into TM_LOG_LEVEL, so a log that shows INFO lines had the sizing lines enabled
+_LEVEL = re.compile(r" - lmdeploy - (INFO|DEBUG) - |\[TM\]\[(INFO|DEBUG)\]")
+
+
+def log_level_seen(startup: Startup) -> str | None:
+    """The most verbose level the startup's own lines show (DEBUG over INFO), None when none shows."""
+    seen = {g for e in startup.events for m in [_LEVEL.search(e.text)] if m for g in m.groups() if g}
+    return "DEBUG" if "DEBUG" in seen else ("INFO" if "INFO" in seen else None)
+
+
+def missing_pool_hint(startup: Startup) -> str:
+    """Why the pool line is missing, said truly: a log already at INFO/DEBUG was cut before it (the excerpt ends
+    before TurboMind's '[BlockManager]' lines), not hidden by the level."""
+    level = log_level_seen(startup)
+    if level is None:
+        return LOG_LEVEL_HINT
+    return (f"the log is already at {level} (its lines show it), so the level did not hide them: the excerpt does "
+            "not include them; pass the whole startup, with TurboMind's '[BlockManager] max_block_count' line (or "
+            "the PyTorch engine's CacheConfig)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     # tokens are blocks x the block length: a fact only when the log states the length (never a default's guess)
     block_said = not s.block_source.startswith("default")
     tokens = blocks * s.block if blocks is not None and block_said else None
+    if tokens is None and s.get("max_cached_tokens") is not None:
+        # 0.12.x engine.cc states the pool's token capacity itself (blocks x block length x attention CP)
+        tokens = int(s.value("max_cached_tokens"))
     kv_gib = _kv_gib(cell, blocks)
     pred, verdict, reason, rule, inputs = _check(s, cell, blocks, findings)
     if not block_said and pred is not None:
@@ -54,8 +79,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         mem_fraction_static=s.ratio, mem_fraction_static_source=s.ratio_source,
         pre_load_free_gib=None, pre_load_free_source=None,
         post_load_free_gib=_free_gib(s), reserve_gib=_reserve(s), rest_gib=_budget_gib(s),
-        bytes_per_token=(cell.bytes // s.block) if cell.bytes else None,
-        bytes_per_token_source=cell.source if cell.bytes else None,
+        bytes_per_token=(cell.bytes // s.block) if cell.bytes else _line_bytes_per_token(s, cell),
+        bytes_per_token_source=cell.source if cell.bytes else (
+            "the block line / the tokens per block the log states" if _line_bytes_per_token(s, cell) else None),
         predicted_tokens=pred, logged_tokens=tokens, verdict=verdict, verdict_reason=reason, rule=rule,
         page_size=s.block,
         kv_bytes_per_token_logged=round(cell.lo / s.block, 1) if cell.lo and not cell.bytes else None,
@@ -72,7 +98,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                                                                           for f in findings):
         findings.append(F.incomplete_log(startup.last_line, "KV pool line (TurboMind's '[BlockManager] "
                                          "max_block_count = N' or 'Object cache budget', the PyTorch engine's "
-                                         f"CacheConfig(... num_gpu_blocks=N)); {LOG_LEVEL_HINT}"))
+                                         f"CacheConfig(... num_gpu_blocks=N)); {missing_pool_hint(startup)}"))
     notes = _notes(s, cell, blocks, kv_gib)
     return Audit(
         engine=ENGINE,
@@ -90,6 +116,15 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         formula_rows=_rows(s, cell, blocks, kv_gib),
         pre_load_label="free after the weights",
     )
+
+
+def _line_bytes_per_token(s: Settings, cell: Cell) -> int | None:
+    """Bytes per token from the block line when the log states both the block's size and its length (TurboMind
+    BlockManager ``block_size`` in MiB and ``cache_block_seq_len``, or the truncation line): the block line's
+    MiB / tokens per block; a default length the log does not state gives none."""
+    if cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default"):
+        return None
+    return round((cell.lo + cell.hi) / 2 / s.block)
 
 
 def _model(s: Settings, startup: Startup) -> ModelSummary:
@@ -124,7 +159,7 @@ def _cell(s: Settings, findings: list[Finding]) -> Cell:
                   else ((mib - BLOCK_HALF_ULP_MIB) * MIB, (mib + BLOCK_HALF_ULP_MIB) * MIB))
         if block is not None and block.bytes is not None:
             if _fits(block.bytes, mib, lo, hi, truncated):
-                return Cell(block.bytes, lo, hi, s.geometry.source, block.description
+                return Cell(block.bytes, lo, hi, _source(s), block.description
                             + f"; the block line's {mib:g} MB agrees")
             if s.quant_source.startswith("default"):
                 # rule 3: an assumed quant_policy cannot make a mismatch; the block line says which one it was
@@ -134,14 +169,19 @@ def _cell(s: Settings, findings: list[Finding]) -> Cell:
                         s.quant_policy, s.quant_source = qp, "log (implied by the block size)"
                         s.notes.append(f"the block line's {mib:g} MB is quant_policy {qp} for this model (the log "
                                        "does not state the policy)")
-                        return Cell(other.bytes, lo, hi, s.geometry.source, other.description
+                        return Cell(other.bytes, lo, hi, _source(s), other.description
                                     + f"; the block line's {mib:g} MB agrees")
             findings.append(F.geometry_mismatch(block.bytes // s.block, mib * MIB / s.block,
-                                                f"{s.geometry.source}; {block.description}"))
+                                                f"{_source(s)}; {block.description}"))
         return Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens")
     if block is not None and block.bytes is not None:
-        return Cell(block.bytes, block.bytes, block.bytes, s.geometry.source, block.description)
+        return Cell(block.bytes, block.bytes, block.bytes, _source(s), block.description)
     return Cell(None, None, None, None, block.description if block is not None else "")
+
+
+def _source(s: Settings) -> str:
+    """Where the geometry came from (a block computed from it implies there is one)."""
+    return s.geometry.source if s.geometry is not None else "config"
 
 
 def _fits(nbytes: int, mib: float, lo: float, hi: float, truncated: bool) -> bool:
@@ -151,7 +191,7 @@ def _fits(nbytes: int, mib: float, lo: float, hi: float, truncated: bool) -> boo
 def _blocks(s: Settings) -> int | None:
     for key in ("max_block_count", "num_gpu_blocks"):
         if s.get(key) is not None:
-            return int(s.get(key))
+            return int(s.value(key))
     return None
 
 
@@ -169,18 +209,18 @@ def _free_gib(s: Settings) -> float | None:
     """Free memory after the weights as a line states it (MiB), None when no line does."""
     for key in ("object_free_mib", "free_before_mib", "free_mib"):
         if s.get(key) is not None:
-            return round(s.get(key) / 1024, 4)
+            return round(s.value(key) / 1024, 4)
     return None
 
 
 def _budget_gib(s: Settings) -> float | None:
     if s.get("object_budget_mib") is not None:
-        return round(s.get("object_budget_mib") / 1024, 4)
+        return round(s.value("object_budget_mib") / 1024, 4)
     if s.get("target_mib") is not None:
-        return round(s.get("target_mib") / 1024, 4)
+        return round(s.value("target_mib") / 1024, 4)
     free = _free_gib(s)
     if free is not None and s.get("runtime_mib") is not None:
-        return round((free - s.get("runtime_mib") / 1024) * s.ratio, 4)
+        return round((free - s.value("runtime_mib") / 1024) * s.ratio, 4)
     return None
 
 
@@ -196,7 +236,10 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
         return (None, Verdict.UNKNOWN, _object_cache(s, findings), "object cache: floor(free x ratio) bytes (0.15+)",
                 ())
     if blocks is None:
-        why = "no pool line in the log" + ("" if s.startup.of(Failure) else f" ({LOG_LEVEL_HINT})")
+        cached = s.get("max_cached_tokens")
+        why = (f"the pool holds {int(cached):,} tokens ('max cached tokens'), but the blocks and the memory they were "
+               "sized from are not in the log" if cached is not None else "no pool line in the log")
+        why += "" if s.startup.of(Failure) else f" ({missing_pool_hint(s.startup)})"
         return None, Verdict.UNKNOWN, why, None, ()
     if s.block_source.startswith("default"):
         unsaid = (f"{blocks:,} blocks (the log does not state the tokens per block: at the default {s.block}, "
@@ -228,7 +271,7 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
         missing = ("TurboMind (<=0.14) prints the block count, not the free memory after the weights that the ratio "
                    "applied to (the smallest rank's)")
     implied = ""
-    if kv_lo is not None and r < 1:
+    if kv_lo is not None and r < 1 and cell.hi is not None:
         lo, hi = kv_lo / r, (blocks + 1) * cell.hi / GIB / r
         free = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}..{hi:.2f}"
         per = f"{cell.bytes:,} B" if cell.bytes else f"{s.get('block_mib'):g} MiB"
@@ -242,9 +285,9 @@ def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding])
 def _linear_state(s: Settings, cell: Cell, blocks: int):
     """0.13-0.14 ``SequenceManager``: blocks = (floor(free_before x ratio) - linear) / block bytes, truncated by the
     block manager (``max_block_count_ = block_count``); the MiB figures are printed to 0.01."""
-    target, linear = s.get("target_mib"), s.get("linear_mib")
+    target, linear = s.value("target_mib"), s.value("linear_mib")
     lo_b, hi_b = (cell.bytes, cell.bytes) if cell.bytes else (cell.lo, cell.hi)
-    if not lo_b:
+    if not lo_b or not hi_b:
         return None, Verdict.UNKNOWN, "the block size is not known", None, ()
     lo = math.floor(((target - linear - 2 * MB2_HALF_ULP_MIB) * MIB) / hi_b)
     hi = math.floor(((target - linear + 2 * MB2_HALF_ULP_MIB) * MIB) / lo_b)
@@ -263,7 +306,7 @@ def _pytorch(s: Settings, cell: Cell, blocks: int):
     """``update_configs``: int((free - runtime) x ratio / block bytes); free and runtime are ``>> 20`` (MiB, cut)."""
     if not cell.bytes:
         return (None, Verdict.UNKNOWN, "the bytes per block need the model's config (--model-config)", None, ())
-    free, run = s.get("free_mib"), s.get("runtime_mib")
+    free, run = s.value("free_mib"), s.value("runtime_mib")
     lo = int((free - run - 1) * MIB * s.ratio / cell.bytes)
     hi = int((free + 1 - run) * MIB * s.ratio / cell.bytes)
     pred = TokenInterval(lo * s.block, hi * s.block)
@@ -276,9 +319,10 @@ def _pytorch(s: Settings, cell: Cell, blocks: int):
 
 def _object_cache(s: Settings, findings: list[Finding]) -> str:
     """0.15+: one region of floor(free x ratio) bytes. A check of the arithmetic, in MiB to the printed 0.01."""
-    budget, free, said = s.get("object_budget_mib"), s.get("object_free_mib"), s.get("object_ratio")
-    exact = s.ratio_source != "log (the object cache line)"
-    r = s.ratio if exact else said
+    budget, free = s.value("object_budget_mib"), s.value("object_free_mib")
+    said = s.get("object_ratio")
+    exact = s.ratio_source != "log (the object cache line)" or said is None
+    r = s.ratio if exact or said is None else said
     tol = MB2_HALF_ULP_MIB * (1 + r) + (0 if exact else free * 0.0005)
     residual = budget - free * r
     label = "TP0"
@@ -320,17 +364,17 @@ def _ledgers(s: Settings, kv_gib: float | None) -> tuple[RankLedger, ...]:
     line = s.lines.get("max_block_count") or s.lines.get("num_gpu_blocks")
     if s.get("object_budget_mib") is not None:
         items.append(LedgerItem("kv_cache", "object cache (the KV blocks and the engine's other caches, one region)",
-                                round(s.get("object_budget_mib") / 1024, 4), "log",
+                                round(s.value("object_budget_mib") / 1024, 4), "log",
                                 line=s.lines.get("object_budget_mib")))
-        kv_gib = s.get("object_budget_mib") / 1024
+        kv_gib = s.value("object_budget_mib") / 1024
     else:
         if s.get("linear_mib") is not None:
-            items.append(LedgerItem("linear_state", "linear-attention state (pooled)", round(s.get("linear_mib") / 1024,
-                                                                                            4), "log",
+            items.append(LedgerItem("linear_state", "linear-attention state (pooled)",
+                                    round(s.value("linear_mib") / 1024, 4), "log",
                                     line=s.lines.get("linear_mib")))
         if s.get("runtime_mib") is not None:
             items.append(LedgerItem("runtime_estimate", "runtime estimate (logits of a prefill, kept out of the KV "
-                                    "budget)", round(s.get("runtime_mib") / 1024, 4), "log",
+                                    "budget)", round(s.value("runtime_mib") / 1024, 4), "log",
                                     line=s.lines.get("runtime_mib")))
         if kv_gib is not None:
             items.append(LedgerItem("kv_cache", "KV cache (blocks x bytes per block)", round(kv_gib, 4), "derived",
@@ -393,7 +437,7 @@ def _rows(s: Settings, cell: Cell, blocks: int | None, kv_gib: float | None) -> 
     rows = [FormulaRow("free after the weights (min over ranks)", _free_gib(s), "GiB", src),
             FormulaRow("cache_max_entry_count", s.ratio, "", s.ratio_source)]
     if s.get("object_budget_mib") is not None:
-        rows.append(FormulaRow("object cache budget", s.get("object_budget_mib") / 1024, "GiB", "log"))
+        rows.append(FormulaRow("object cache budget", s.value("object_budget_mib") / 1024, "GiB", "log"))
         return tuple(rows)
     if cell.bytes:
         rows.append(FormulaRow("MiB per block", round(cell.bytes / MIB, 6), "", cell.source or ""))
@@ -412,7 +456,7 @@ def _notes(s: Settings, cell: Cell, blocks: int | None, kv_gib: float | None) ->
     notes = list(s.notes)
     if cell.description:
         notes.append(f"bytes per block: {cell.description}")
-    if blocks is not None and kv_gib is None and cell.lo is not None:
+    if blocks is not None and kv_gib is None and cell.lo is not None and cell.hi is not None:
         notes.append(f"the block line prints whole MiB, cut (<=0.7): {blocks:,} blocks hold "
                      f"{blocks * cell.lo / GIB:.2f}..{blocks * cell.hi / GIB:.2f} GiB")
     for name, source in (("cache_max_entry_count", s.ratio_source), ("the block size", s.block_source),
@@ -422,7 +466,7 @@ def _notes(s: Settings, cell: Cell, blocks: int | None, kv_gib: float | None) ->
     if s.geometry is None and s.backend != "unknown":
         notes.append("no model config: pass --model-config (config.json) to check the block size against the model")
     if s.get("prefill_tokens") is not None and s.lines.get("prefill_tokens"):
-        notes.append(f"the engine lowered max_prefill_token_num to {int(s.get('prefill_tokens')):,} to leave room "
+        notes.append(f"the engine lowered max_prefill_token_num to {int(s.value('prefill_tokens')):,} to leave room "
                      f"for its runtime estimate (line {s.lines['prefill_tokens']})")
     cpu = s.get("num_cpu_blocks")
     if cpu:

@@ -47,6 +47,13 @@ class Settings:
     def get(self, key: str) -> float | None:
         return self.readings.get(key)
 
+    def value(self, key: str) -> float:
+        """A reading the caller has checked is there (``get`` is not None)."""
+        v = self.readings.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
     @property
     def ratio_assumed(self) -> bool:
         return self.ratio_source.startswith("default")

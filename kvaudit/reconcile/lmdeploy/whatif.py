@@ -45,13 +45,13 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
                       (why,), reserve_label=RESERVE_LABEL)
     cell = float(per_token)
     qp = policy_of(new_opts.kv_cache_dtype)
-    if qp is not None and not (base.model.kv_dtype_bytes and base.model.head_dim):
+    elt, d = base.model.kv_dtype_bytes, base.model.head_dim
+    if qp is not None and not (elt and d):
         return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
                       ("another quant_policy needs the head size: pass --model-config (config.json)",),
                       reserve_label=RESERVE_LABEL)
-    if qp is not None:
-        d = base.model.head_dim
-        old = _per_elem(base.model.kv_dtype_bytes, d)
+    if qp is not None and elt and d:
+        old = _per_elem(elt, d)
         new = _per_elem({0: 2.0, 8: 1.0, 4: 0.5}[qp], d)
         cell = cell * new / old
         explanation.append(f"quant_policy {qp}: {per_token:,.0f} -> {cell:,.0f} B/token (data and scales per head)")

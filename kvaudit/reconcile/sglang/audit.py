@@ -8,7 +8,7 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightEnd
+from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightBegin, WeightEnd
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -31,12 +31,27 @@ from kvaudit.reconcile.sglang.context import (
     logged_token_count,
     rounded,
 )
-from kvaudit.reconcile.sglang.formula import Prediction, explain_mismatch, min_interval, predict_stages, rules_for
+from kvaudit.reconcile.sglang import dsv4 as DSV4
+from kvaudit.reconcile.sglang.formula import (Prediction, Rule, explain_mismatch, min_interval, predict_stages,
+                                          rules_for)
 from kvaudit.reconcile.sglang.pool import components, state_gib
 from kvaudit.reconcile.sglang.ledger import rank_ledger, request_table
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 ENGINE = "sglang"
+
+#: On unified memory (GB10 / DGX Spark, Jetson: kvaudit.platforms) SGLang's T is the free memory it reads at the end
+#: of ``init_torch_distributed`` (model_runner.py ``init_torch_distributed`` -> ``get_available_gpu_memory``, all
+#: 0.4.x-0.5.x releases), and the ``Load weight begin`` line prints a second reading taken later; on a card the two
+#: agree to the rounding, on unified memory the host's own allocations between them (the same pool of system
+#: memory) lower the printed one. Measured on 21 real GB10 startups (jethac/dgx-spark-hijinks @2916605, corpus
+#: sglang_c026/c027/c030/c032..c035): every pool lies below the formula from the printed numbers, each needs T
+#: 0.03..0.10 GiB above the printed line (none matches without it, all with it); the largest gap reported on GB10
+#: is 0.063 GiB of budget at (1 - mfs) = 0.4, i.e. 0.16 GiB of T. The prediction therefore takes T in
+#: [printed, printed + 0.16] there, and says so.
+UNIFIED_T_DRIFT_GIB = 0.16
+#: a widened prediction wider than this share of the pool checks nothing (a small budget on unified memory)
+UNIFIED_MAX_SPREAD = 0.05
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
@@ -45,11 +60,23 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     free = free_memory(ctx)
     fraction = fraction_of(ctx, opts)
     cells = bytes_per_token(ctx, opts, findings)
+    pools4 = DSV4.check(startup, ctx.args, _platform_T(ctx, opts, free.T, free.pre_source) if free.T else None,
+                        free.post, fraction.value)
+    if pools4 is not None:
+        # DeepSeek-V4: one coefficient over the full/SWA/compressed pools, printed by the engine (reconcile/sglang/
+        # dsv4.py); the KV lines of other models do not exist here
+        cells = Cells(None, pools4.cell, "DSv4 memory calculation (bytes per full token)", None, pools4.logged, False)
+        ctx.notes.extend(pools4.notes)
+    elif DSV4.has_dsv4(startup):
+        ctx.notes.append("DeepSeek-V4 pools (DeepSeekV4TokenToKVPool): checked from the engine's 'DSv4 memory "
+                         "calculation' line, which this excerpt lacks; their sizes are not derived from a config")
     state = state_pool(ctx)
     budget = PoolBudget(cells.iv, state)
     cap = cap_of(ctx, cells, budget, findings)
     free, fraction = solve_unknowns(ctx, free, fraction, cells, budget, cap, findings)
     outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
+    if pools4 is not None:
+        outcome = dsv4_outcome(pools4)
     if cap.cap and cells.logged is not None and cells.logged == cap.cap:
         findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
@@ -150,6 +177,12 @@ def free_memory(ctx: Context) -> FreeMemory:
     pres = [rf.pre for rf in facts.values() if rf.pre is not None]
     T = min_interval(pres)
     post = min_interval([rf.post for rf in facts.values() if rf.post is not None])
+    prof = DSV4.memory_profile(ctx.startup)
+    if prof is not None and (T is None or post is None):
+        # DeepSeek-V4 launch builds print the two readings the budget is made of (reconcile/sglang/dsv4.py):
+        # total_gpu_memory is the model runner's pre-load free memory, available_gpu_memory the free memory now
+        return FreeMemory(T or Interval.logged(prof.total_gib), post or Interval.logged(prof.available_gib),
+                          "Load weight begin" if T is not None else "Memory profiling (total_gpu_memory)")
     if T is not None and len(pres) < len(facts):
         ctx.notes.append(f"T is the minimum over the {len(pres)} of {len(facts)} ranks whose lines are in the log")
     return FreeMemory(T, post, next((rf.pre_source for rf in facts.values() if rf.pre_source), None))
@@ -163,14 +196,31 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
         if mfs is not None and abs(mfs - opts.mem_fraction_static) > 1e-9:
             ctx.notes.append(f"--mem-fraction-static {opts.mem_fraction_static} overrides server_args' {mfs}")
         mfs, source = opts.mem_fraction_static, "cli"
+    prof = DSV4.memory_profile(ctx.startup)
+    if mfs is None and prof is not None:
+        mfs, source = prof.mem_fraction_static, "Memory profiling line (two decimals)"
     adjust = ctx.startup.of(MfsAdjust)
     if adjust and source != "cli":
         mfs, source = adjust[-1].mem_fraction_static, "log (multimodal reduction)"
-    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and source != "cli":
+    if mfs is not None and str(ctx.args.get("attention_backend")) == "aiter" and source == "server_args":
+        # AMD aiter with a context above 8192 scales the fraction by 0.85. 0.4.9-0.5.4 do it in ModelRunner, after
+        # server_args is printed (model_runner.py model_specific_adjustment): the printed value is scaled here.
+        # From 0.5.5 ServerArgs.__post_init__ does it (server_args.py _handle_attention_backend_compatibility;
+        # arg_groups/attention_hook.py from 0.5.20, also on an explicit fraction unless
+        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION): the printed value already includes it.
         ctx_len = context_length_of(ctx)
-        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), None):
-            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang uses {mfs} x 0.85")
-            mfs, source = round(mfs * 0.85, 6), f"{source} x 0.85 (aiter)"
+        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
+            if ctx.era.within((0, 4, 9), (0, 5, 4)):
+                ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang <=0.5.4 uses {mfs} x 0.85 "
+                                 "(ModelRunner, after server_args is printed)")
+                mfs, source = round(mfs * 0.85, 6), f"{source} x 0.85 (aiter)"
+            else:
+                ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang 0.4.9-0.5.4 scales the "
+                                 "printed fraction by 0.85, 0.5.5+ prints it already scaled; this log's release "
+                                 f"range ({ctx.era}) spans both, so the printed {mfs} is used")
+        elif ctx_len and ctx_len > 8192 and ctx.era.lo >= (0, 5, 5):
+            ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: the printed fraction {mfs} already "
+                             "includes SGLang's x 0.85 (ServerArgs post-processing, 0.5.5+)")
     return Fraction(mfs, source)
 
 
@@ -184,13 +234,27 @@ def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -
     iv: Interval | None = None
     if cell is not None:
         iv, source = Interval.exact(cell.profile), "config"
-        if line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
+        if line_cell is not None and cell.pool_without_scales is not None and not line_cell.contains(
+                cell.pool, slack=0.5) and line_cell.contains(cell.pool_without_scales, slack=0.5):
+            # an FP4 pool whose KV line counts the packed values only (SGLang <=0.5.14's get_kv_size_bytes)
+            ctx.notes.append(f"the KV line counts the FP4 values without their scales ({cell.pool_without_scales:,} "
+                             f"of the {cell.pool:,} B a token holds): SGLang up to 0.5.14 logs k/v_buffer only")
+            cell = replace(cell, pool=cell.pool_without_scales)
+        mixed = _mixed_kv(ctx, geom)
+        if mixed and line_cell is not None:
+            # the config gives K and V one size; the lines do not: a layout kvaudit does not model, not a wrong model
+            ctx.notes.append(mixed)
+            iv, source = line_cell, "kv_line"
+        elif line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
             findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
             iv, source = line_cell, "kv_line (config disagrees)"
     elif line_cell is not None:
         iv, source = line_cell, "kv_line"
     if cell_note:
         ctx.notes.append(cell_note)
+    if geom is not None and geom.defaults_used and cell is not None:
+        ctx.notes.append(f"the config leaves out {', '.join(geom.defaults_used)}: taken from its model family's "
+                         f"defaults ({geom.model_type}), as SGLang's AutoConfig does")
     return Cells(cell, iv, source, line_mid, logged, approx)
 
 
@@ -219,7 +283,7 @@ def cap_of(ctx: Context, cells: Cells, budget: PoolBudget, findings: list[Findin
         elif logged % 1000 == 0:
             probable = f"{logged:,} is a round number, not what a memory budget divides into"
     capped = (cap is not None and cap == logged) or bool(ctx.startup.of(CapWarning)) or probable is not None
-    if probable:
+    if probable and logged:
         findings.append(F.tokens_capped_probably(logged, probable))
     return Cap(cap, probable, capped, engine_rest)
 
@@ -237,7 +301,8 @@ def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Ce
         inferred = 1 - (post.mid - budget.gib(logged)) / T.mid
         if 0 < inferred < 1:
             fraction = Fraction(round(inferred, 4), "inferred")
-            findings.append(F.mfs_inferred(fraction.value, budget.state.mid if budget.state is not None else None))
+            findings.append(F.mfs_inferred(round(inferred, 4),
+                                           budget.state.mid if budget.state is not None else None))
     mfs = fraction.value
     if T is None and mfs is not None and mfs < 1 and post is not None and logged and cells.iv is not None \
             and not cells.approx:
@@ -260,8 +325,19 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         geom = opts.model_geometry
         draft_layers = (geom.num_nextn_predict_layers or 1) if geom is not None else None
         stages = _stage_inputs(ctx, post, cell_iv, cells.source)
-        preds = [predict_stages(ctx, r, T, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
-                 for r in rules_for(ctx.era, ctx.spec_algo is not None)]
+        t_pred = _platform_T(ctx, opts, T, free.pre_source)
+        preds = [predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
+                 for r in _spec_rules(ctx)]
+        if cells.source == "kv_line" and ctx.kv_elt == 0.5 and not any(
+                k.kv_gib is not None for rf in ctx.facts.values() for k in rf.kv):
+            # FP4 MHA without a config: the budget divides by values + scales (pool_configurator.py
+            # _compute_cell_size: 1 scale byte per 16 half-byte values, 9/8 of the values), and the KV line counts
+            # the values alone up to 0.5.14 (get_kv_size_bytes) and both from 0.5.16: each reading is checked
+            scaled = [(p, Interval(c.lo * 9 / 8, c.hi * 9 / 8)) for p, c in stages]
+            preds += [predict_stages(ctx, replace(r, name=r.name + "; FP4 cell = the KV line's values x 9/8 "
+                                                  "(scales the line does not count)"),
+                                     t_pred, scaled, mfs, state, draft_layers, geom.num_layers if geom else None)
+                      for r in _spec_rules(ctx)]
     first = preds[0] if preds else None
     if cap.probable:
         reason = (f"the pool looks capped ({cap.probable}); a capped pool does not follow from the formula, "
@@ -271,9 +347,16 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
     if missing or logged is None:
         wants = missing + ([] if logged is not None else ["the KV pool's token count"])
+        died = _failed_before_pool(ctx)
+        if died is not None and logged is None:
+            # the server never made a pool: nothing is missing from the log, and no more of it would help
+            reason = f"no pool to check: the startup failed before the KV pool was allocated (line {died})"
+            if first is not None:
+                reason += f"; the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens"
+            return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
         if first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
-                      + _how_to_check(wants, opts.model_geometry is not None))
+                      + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
         else:
             reason = (f"the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens; the log does not say "
                       "what the engine allocated (no KV line or scheduler summary)")
@@ -292,6 +375,13 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        "T was solved from the token count, so the token count cannot be checked independently",
                        None, negative)
     hit = next((p for p in preds if p.tokens.contains(logged)), None)
+    widened = T is not None and _platform_T(ctx, opts, T, free.pre_source) != T
+    if hit is not None and widened and hit.tokens.high - hit.tokens.low > UNIFIED_MAX_SPREAD * hit.tokens.high:
+        # a small budget: the platform's drift alone spans much of it, and a check that cannot fail is no match
+        return Outcome(hit, Verdict.UNKNOWN,
+                       f"{logged:,} tokens lie in {hit.tokens.low:,}..{hit.tokens.high:,}, but on unified memory T "
+                       f"may be up to {UNIFIED_T_DRIFT_GIB} GiB above the printed reading, which spans more than "
+                       f"{UNIFIED_MAX_SPREAD:.0%} of this small pool: not checked", None, negative)
     if hit is not None:
         return Outcome(hit, Verdict.MATCH,
                        f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}",
@@ -299,6 +389,55 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     assert T is not None and post is not None and mfs is not None and cell_iv is not None
     verdict, reason, eff_mfs = explain_mismatch(ctx, first, logged, T, post, mfs, cell_iv, cap.cap, state)
     return Outcome(first, verdict, reason, eff_mfs, negative)
+
+
+def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
+    """The DeepSeek-V4 verdict: the engine's division checked to the page, and the budget it started from checked
+    against post - (1 - mfs) x T (a budget off the formula is a mismatch even when the division is right)."""
+    rule = Rule(DSV4.RULE, (0, 5, 10), None)
+    pred = Prediction(c.tokens, rule, None, c.cell)
+    reason = c.reason + (f"; {c.budget_note}" if c.budget_note else "")
+    verdict = c.verdict
+    if c.budget_off and verdict == Verdict.MATCH:
+        verdict = Verdict.MISMATCH
+        reason = f"{c.budget_note}; the division itself is right ({c.reason})"
+    return Outcome(pred, verdict, reason, None, ())
+
+
+#: Frozen-KV MTP (0.5.14+, speculative/frozen_kv_mtp_worker_v2.py): the draft reads the target's KV and has no pool of
+#: its own. 0.5.14-0.5.17 ``scheduler.py::init_model_worker`` allocates the target pool *before* building the draft
+#: worker (``if self.spec_algorithm.is_frozen_kv_mtp(): self.init_target_memory_pool()``), so the draft's weights are
+#: not in the memory the pool was sized from; ``is_eagle()`` includes FROZEN_KV_MTP there, which inflates the cell
+#: only in ``DefaultPoolConfigurator`` (pool_configurator.py); ``HybridSWAPoolConfigurator`` (the Gemma-4 models
+#: this draft exists for) adds no draft term in 0.5.14-0.5.17.
+FROZEN_KV_HYBRID_RULE = Rule("0.5.14-0.5.17 Frozen-KV MTP on a sliding-window hybrid: target pool sized before the "
+                             "draft loads, no draft term (HybridSWAPoolConfigurator)", (0, 5, 14), (0, 5, 17))
+
+
+def _spec_rules(ctx: Context) -> list[Rule]:
+    rules = rules_for(ctx.era, ctx.spec_algo is not None)
+    if (ctx.spec_algo or "").upper() != "FROZEN_KV_MTP":
+        return rules
+    hybrid = any(rf.swa_summary is not None for rf in ctx.facts.values()) or bool(
+        ctx.opts.model_geometry is not None and ctx.opts.model_geometry.is_hybrid_swa)
+    if not hybrid:
+        return rules
+    return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
+
+
+def _platform_T(ctx: Context, opts: AuditOptions, T: Interval, pre_source: str | None) -> Interval:
+    """T as the engine read it: on a unified-memory platform up to UNIFIED_T_DRIFT_GIB above the printed
+    'Load weight begin' reading (see the constant); elsewhere the printed reading itself."""
+    platform = opts.platform
+    if platform is None or not getattr(platform, "unified_memory", False) or pre_source != "Load weight begin":
+        return T
+    note = (f"unified memory ({platform.name}): SGLang's T is read at the end of init_torch_distributed, and the "
+            "host's own allocations before the printed 'Load weight begin' reading lower that one; the prediction "
+            f"takes T up to {UNIFIED_T_DRIFT_GIB} GiB above it (measured on GB10 startups), so a pool up to "
+            f"{UNIFIED_T_DRIFT_GIB} x (1 - mfs) GiB below the printed numbers' formula is not a mismatch")
+    if note not in ctx.notes:
+        ctx.notes.append(note)
+    return Interval(T.lo, T.hi + UNIFIED_T_DRIFT_GIB)
 
 
 def shortfall_of(ctx: Context, free: FreeMemory, budget: PoolBudget, outcome: Outcome
@@ -382,7 +521,9 @@ def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
     return (
         FormulaRow("T (free before weights, min over ranks)", f.pre_load_free_gib, "GiB", f.pre_load_free_source or ""),
         FormulaRow("post (free after weights, min)", f.post_load_free_gib, "GiB",
-                   "Load weight end" if f.post_load_free_gib else ""),
+                   ("Memory profiling (available_gpu_memory)"
+                    if (f.pre_load_free_source or "").startswith("Memory profiling")
+                    else "Load weight end") if f.post_load_free_gib else ""),
         FormulaRow("mem_fraction_static", f.mem_fraction_static, "", f.mem_fraction_static_source or ""),
         FormulaRow("reserve = (1 - mfs) x T", f.reserve_gib, "GiB"),
         FormulaRow("rest = post - reserve", f.rest_gib, "GiB", "the KV budget"),
@@ -393,7 +534,8 @@ def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
 
 def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
     types = [e.model_type for e in ctx.startup.of(WeightEnd) if e.role == "target" and e.model_type]
-    tp_bits = dict(attention_tp_size_at_least=ctx.tp_at_least, attention_tp_size_source=ctx.attn_tp_source)
+    tp_bits: dict[str, Any] = dict(attention_tp_size_at_least=ctx.tp_at_least,
+                                   attention_tp_size_source=ctx.attn_tp_source)
     if geom is None:
         kvs = [kv for rf in ctx.facts.values() for kv in rf.kv]
         attention = "mla" if any(k.kv_gib is not None for k in kvs) else ("mha" if kvs else "unknown")
@@ -405,15 +547,54 @@ def _model_summary(ctx: Context, geom: ModelGeometry | None) -> ModelSummary:
                         ctx.attn_tp, geom.source, **tp_bits)
 
 
-def _how_to_check(missing: list[str], have_config: bool) -> str:
-    """What the user can add so that the check runs."""
+def _mixed_kv(ctx: Context, geom: ModelGeometry | None) -> str | None:
+    """K and V logged at different sizes where the config gives them the same head size: the cache stores K and
+    V in different dtypes (a fork's FP8 K with NVFP4 V, 2026) or layouts; kvaudit models one dtype for both."""
+    if geom is None or geom.is_mla or (geom.v_head_dim and geom.v_head_dim != geom.head_dim) \
+            or geom.swa_v_head_dim or geom.full_head_dim:
+        return None
+    for rf in ctx.facts.values():
+        for kv in rf.kv:
+            k, v = kv.k_gib, kv.v_gib
+            if k is not None and v is not None and min(k, v) > 0.05 and abs(k - v) > 0.1 * max(k, v):
+                return (f"K and V are logged at different sizes (line {kv.line}: K {k:.2f} GB, V {v:.2f} GB) where "
+                        "the config gives them one head size: the cache stores K and V in different dtypes or layouts "
+                        "(e.g. FP8 K with NVFP4 V), which kvaudit does not model; bytes per token from the KV lines")
+    return None
+
+
+def _failed_before_pool(ctx: Context) -> int | None:
+    """The line of a fatal failure logged before any KV pool line (the target's), None when the pool came first
+    or nothing failed."""
+    from kvaudit.reconcile.sglang.checks import FATAL
+
+    first_kv = min((k.line for rf in ctx.facts.values() for k in rf.kv), default=None)
+    fails = [f.line for f in ctx.startup.of(Failure) if f.kind in FATAL and f.kind != "unbalanced"]
+    if not fails:
+        return None
+    line = min(fails)
+    return line if first_kv is None or line < first_kv else None
+
+
+def _how_to_check(missing: list[str], have_config: bool, startup: Startup) -> str:
+    """What the user can add so that the check runs: only what would help, said truly of this log."""
     hints = []
+    dsv4 = DSV4.has_dsv4(startup)
     if "mem_fraction_static" in missing:
         hints.append("--mem-fraction-static (the value the server ran with)")
-    if "bytes per token" in missing and not have_config:
+    if "bytes per token" in missing and dsv4:
+        # DeepSeek-V4's coefficient is the engine's own (DSv4 memory calculation); a config does not give it here
+        hints.append("the log's 'DSv4 memory calculation' line (DeepSeek-V4 pools are checked from it)")
+    elif "bytes per token" in missing and not have_config:
         hints.append("--model-config (the model's config.json)")
-    if any(m.startswith("T ") or m.startswith("free memory") for m in missing):
-        hints.append("the log from 'Load weight begin' on (the excerpt starts after it)")
+    begins = [e for e in startup.of(WeightBegin) if e.role == "target"]
+    if any(m.startswith("T ") for m in missing):
+        if not begins:
+            hints.append("the log from 'Load weight begin' on (the excerpt starts after it)")
+        elif all(e.avail_gib is None for e in begins):
+            hints.append("a release that prints 'Load weight begin. avail mem=' (this line carries no reading)")
+    if any(m.startswith("free memory") for m in missing) and not startup.of(WeightEnd):
+        hints.append("the log's 'Load weight end' line")
     if "the KV pool's token count" in missing:
         hints.append("the log up to the scheduler summary (max_total_num_tokens=...)")
     return ("; to check it, pass " + ", ".join(hints)) if hints else ""

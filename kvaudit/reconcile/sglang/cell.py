@@ -6,7 +6,7 @@ Upstream: ``ModelRunner.profile_max_num_token`` (0.3.0-0.5.6), ``get_cell_size_p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
@@ -27,6 +27,10 @@ class CellSize:
     pool: int  # bytes per token the pool tensors really hold
     buffers: tuple[int, ...]  # per-layer tensor bytes per token (for allocator rounding)
     description: str
+    #: FP4: the packed values alone. MHATokenToKVPool.get_kv_size_bytes (mem_cache/memory_pool.py) counts only
+    #: k_buffer/v_buffer up to 0.5.14 and adds k/v_scale_buffer from 0.5.16 (forks differ): the KV line may
+    #: state either
+    pool_without_scales: int | None = None
 
 
 def element_bytes(dtype: str | None) -> float | None:
@@ -92,10 +96,18 @@ def cell_size(geom: ModelGeometry, era: VersionRange, attn_tp: int, kv_elt: floa
         profile = int(h * (hd + vhd) * layers * kv_elt)
     else:
         profile = int(h * hd * layers * 2 * kv_elt)
-    split = f"{kv_heads} KV heads / attention-TP {attn_tp}" if attn_tp > 1 else f"{kv_heads} KV heads"
+    heads_note = f"{kv_heads} KV heads / attention-TP {attn_tp}" if attn_tp > 1 else f"{kv_heads} KV heads"
     if kv_heads < attn_tp:
-        split += " (replicated: 1 per rank)"
-    desc = f"MHA/GQA {h} head(s) ({split}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
+        heads_note += " (replicated: 1 per rank)"
+    desc = f"MHA/GQA {h} head(s) ({heads_note}) x ({hd} + {vhd}) x {layers} layers x {kv_elt:g} B"
+    if kv_elt == 0.5:
+        # FP4 (float4_e2m1fn_x2, 0.5.x): two values a byte plus one scale byte per 16 elements of K and of V
+        # (pool_configurator.py _compute_cell_size "kv_scale_buffer", scale_block_size 16; MHATokenToKVPool's
+        # k/v_scale_buffer): the pool holds the scales too, and the KV line's K/V sizes include them
+        scale = h * hd // 16
+        desc += f" + scales 2 x {scale} B x {layers} layers (1 B per 16 elements)"
+        buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers + [scale] * (2 * layers))
+        return CellSize(profile, profile, buffers, desc, int((k_bytes + v_bytes) * layers))
     buffers = tuple([int(k_bytes)] * layers + [int(v_bytes)] * layers)
     return CellSize(profile, int((k_bytes + v_bytes) * layers), buffers, desc)
 
@@ -114,6 +126,23 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
     geom: ModelGeometry | None = ctx.opts.model_geometry
     if geom is None or ctx.kv_elt is None:
         return None, None
+    if geom.incomplete:
+        # a config kvaudit reads incompletely proves nothing about the pool: no cell, no geometry finding
+        return None, f"{geom.incomplete}; bytes per token from the KV lines"
+    if geom.is_hybrid_swa and _one_full_pool(ctx):
+        # the config is a sliding-window hybrid, the log shows one plain pool: SGLang did not treat it as one
+        # (configs/model_config.py::is_hybrid_swa_model keeps an allow-list: Gemma-2/3 are not in it, 0.5.x;
+        # --disable-hybrid-swa-memory does the same): every layer holds every token
+        if geom.full_kv_heads or geom.full_head_dim or geom.swa_kv_heads or geom.swa_head_dim:
+            return None, ("a sliding-window hybrid given one full-length pool, with layers of two shapes: not "
+                          "modelled; bytes per token from the KV lines")
+        note = (f"{geom.architecture or 'the model'} is a sliding-window hybrid by its config "
+                f"({geom.full_attention_layers} full + {geom.sliding_window_layers} sliding layers), but SGLang gave "
+                "it one full-length pool (no SWA pool in the log): the architecture is outside is_hybrid_swa_model's "
+                "allow-list (configs/model_config.py), or --disable-hybrid-swa-memory was set, so every layer holds "
+                "every token; from 0.5.16 a text_config with is_hybrid_swa: true opts a model in")
+        flat = replace(geom, full_attention_layers=None, sliding_window_layers=None)
+        return cell_size(flat, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), note
     if geom.is_hybrid_swa:
         ratio = ctx.args.get("swa_full_tokens_ratio")
         if ctx.era.lo >= (0, 5, 9) and isinstance(ratio, (int, float)) and not isinstance(ratio, bool) \
@@ -126,6 +155,18 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
                       "bytes per token are the whole pool's (both kinds of layers) per full-attention token, "
                       "from the KV lines")
     return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), None
+
+
+def _one_full_pool(ctx: Context) -> bool:
+    """Every rank logged one unnamed KV pool and nothing of an SWA pool (no SWAKVPool summary, no sliding-window
+    split line): SGLang did not size this model as a sliding-window hybrid."""
+    from kvaudit.parse.sglang import SlidingWindowSplit
+
+    if ctx.startup.of(SlidingWindowSplit):
+        return False
+    ranks = [rf for rf in ctx.facts.values() if rf.kv]
+    return bool(ranks) and all(len(rf.kv) == 1 and not rf.kv[0].label and rf.swa_summary is None for rf in ranks) \
+        and not any(rf.swa_summary is not None for rf in ctx.facts.values())
 
 
 def swa_cell(geom: ModelGeometry, attn_tp: int, kv_elt: float, ratio: float) -> CellSize:

@@ -6,7 +6,7 @@ import re
 
 from dataclasses import replace
 
-from kvaudit.parse.sglang import Failure
+from kvaudit.parse.sglang import Failure, KVDtype, OtherPool, WeightEnd
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Thresholds
 from kvaudit.reconcile.sglang.context import Context
@@ -214,9 +214,30 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
         if stage is not None:
             detail = stage.message.split("Traceback", 1)[0].rstrip(" :") + ": " + telling.message
         after = ctx.summary.line if ctx.summary is not None and ctx.summary.line < first.line else None
-        out.append(F.startup_failed(telling.line, detail + _unquantized_layer(ctx, telling.message),
+        out.append(F.startup_failed(telling.line, detail + _unquantized_layer(ctx, telling.message)
+                                    + _dsv4_store_dtype(ctx, telling),
                                     after_summary_line=after))
     return out
+
+
+def _dsv4_store_dtype(ctx: Context, failure: Failure) -> str:
+    """DeepSeek-V4's KV pool on ROCm with an fp8 KV cache: ``DeepSeekV4SingleKVPool.create_buffer``
+    (mem_cache/deepseek_v4_memory_pool.py, 0.5.12 and the launch builds) asserts ``self.store_dtype == torch.uint8``,
+    and ``KVCache.__init__`` (mem_cache/memory_pool.py) stores as uint8 only float8_e5m2 and float8_e4m3fn; ROCm's
+    fp8 is float8_e4m3fnuz, which stays itself, so the pool's creation fails the assertion (sglang#25118). The
+    pool line before it shows the sizing succeeded: a configuration or build failure, not memory."""
+    if not failure.message.startswith("AssertionError"):
+        return ""
+    if "store_dtype" not in failure.message and failure.message.strip() != "AssertionError":
+        return ""
+    v4 = any(e.kind == "DeepSeekV4TokenToKVPool" for e in ctx.startup.of(OtherPool)) or any(
+        (e.model_type or "").startswith("DeepseekV4") for e in ctx.startup.of(WeightEnd))
+    fnuz = next((e.dtype for e in ctx.startup.of(KVDtype) if "fnuz" in e.dtype), None)
+    if not v4 or fnuz is None:
+        return ""
+    return (f"; a configuration failure, not memory: this ROCm build's KV dtype {fnuz} fails DeepSeek-V4's "
+            "assertion that its KV pool stores torch.uint8 (DeepSeekV4SingleKVPool.create_buffer; SGLang stores as "
+            "uint8 only float8_e4m3fn/float8_e5m2), after the pool's sizing succeeded; no memory setting changes it")
 
 
 # tensor names only a quantized checkpoint has (AWQ/GPTQ qweight/qzeros/scales/g_idx, FP8 weight_scale)

@@ -114,9 +114,9 @@ def resolve_kv_dtype(startup: Startup, args: dict[str, Any], opts: AuditOptions,
         for kv in rf.kv:
             if kv.dtype and element_bytes(kv.dtype):
                 return kv.dtype, element_bytes(kv.dtype)
-    for ev in startup.of(KVDtype):
-        if element_bytes(ev.dtype):
-            return ev.dtype, element_bytes(ev.dtype)
+    for logged in startup.of(KVDtype):
+        if element_bytes(logged.dtype):
+            return logged.dtype, element_bytes(logged.dtype)
     arg = args.get("kv_cache_dtype")
     if isinstance(arg, str) and arg != "auto" and element_bytes(arg) and opts.kv_cache_dtype != "auto":
         return arg, element_bytes(arg)

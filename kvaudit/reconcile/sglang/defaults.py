@@ -83,7 +83,10 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
         f = (gpu_mem_mib - 13 * GIB_MIB) / gpu_mem_mib
         return f, f"SGLang 0.4.6: ({gpu_mem_mib:,.0f} - 13 GiB) / {gpu_mem_mib:,.0f} MiB"
     if v < (0, 4, 8):
-        f = _by_tp(p, v) if gpu_mem_mib <= 80 * GIB_MIB else 0.88
+        by_tp = _by_tp(p, v) if gpu_mem_mib <= 80 * GIB_MIB else 0.88
+        if by_tp is None:
+            return None, f"SGLang 0.4.7's default for {p} ranks is not established"
+        f = by_tp
         if gpu_mem_mib > 180_000:
             f = 0.79
         elif gpu_mem_mib > 96 * GIB_MIB:

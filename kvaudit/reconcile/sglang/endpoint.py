@@ -54,7 +54,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         return None
     args = {k: v for k, v in doc.items() if k not in _NOT_ARGS}
     states = [s for s in doc.get("internal_states") or [] if isinstance(s, dict)]
-    usages = [s.get("memory_usage") if isinstance(s.get("memory_usage"), dict) else {} for s in states]
+    usages: list[dict[str, Any]] = [u if isinstance(u := s.get("memory_usage"), dict) else {} for s in states]
     version = doc.get("version") if isinstance(doc.get("version"), str) else None
     era = _era(version)
     mfs = opts.mem_fraction_static or as_float(args.get("mem_fraction_static"))
@@ -125,9 +125,9 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
                                           "an estimate: assumes the budget paid for nothing else"))
             notes.append(f"T is not reported by this server version (startup_available, later releases): "
                          f"estimated {t_est:.2f} GiB from weight + kvcache = mfs x T")
-    if verdict == Verdict.MATCH:
+    if verdict == Verdict.MATCH and tokens is not None and predicted is not None:
         findings.append(F.tokens_match_text(tokens, predicted, reason))
-    elif verdict == Verdict.MISMATCH:
+    elif verdict == Verdict.MISMATCH and tokens is not None:
         findings.append(F.live_pool_mismatch(tokens, predicted, implied, cell.pool if cell else None))
 
     formula = Formula(

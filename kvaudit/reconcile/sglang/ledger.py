@@ -109,7 +109,8 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
     if cell is not None and tokens is not None and kv_logged is not None and not is_swa(comps):
         # the modelled size at the padding the log allows that comes closest to this rank's line
         pad_lo, pad_hi = pad_rows(ctx.era, ctx.page_size if ctx.page_size_known else None)
-        pad = min({pad_lo, pad_hi, ctx.page_size}, key=lambda p: abs((tokens + p) * cell.pool / GIB - kv_logged))
+        logged_gib: float = kv_logged
+        pad = min({pad_lo, pad_hi, ctx.page_size}, key=lambda p: abs((tokens + p) * cell.pool / GIB - logged_gib))
         kv_exact = (tokens + pad) * cell.pool / GIB
         if abs(kv_exact - kv_logged) > LOG_HALF_ULP * max(1, kv_parts(comps)) + 0.001:
             kv_exact = None  # the config disagrees with this rank's line: trust the log

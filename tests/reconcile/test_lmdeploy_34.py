@@ -1,0 +1,60 @@
+"""Issue 34, item 11 (LMDeploy) on real corpus startups (provenance in fixtures/corpus/corpus.json)."""
+
+from __future__ import annotations
+
+import io
+
+from kvaudit.explain import audit, read_log
+from kvaudit.reconcile.interface import AuditOptions, Verdict
+from tests.conftest import ROOT
+
+CORPUS = ROOT / "fixtures" / "corpus"
+RAISE = "--log-level INFO"
+
+
+def run(name: str):
+    with open(CORPUS / f"{name}.log", "rb") as fh:
+        return audit(read_log(io.BytesIO(fh.read())), AuditOptions())[-1]
+
+
+def said(a) -> str:
+    return " ".join([a.formula.verdict_reason] + [f.message for f in a.findings])
+
+
+def test_a_log_already_at_info_is_not_told_to_raise_the_level():
+    """lmdeploy_c006 (--log-level INFO in its command) and c013 (INFO lines): the excerpt ends before the block
+    manager's lines; what is missing is the rest of the log, not a level."""
+    for name in ("lmdeploy_c006", "lmdeploy_c013"):
+        a = run(name)
+        assert a.formula.verdict == Verdict.UNKNOWN
+        assert RAISE not in said(a) and "already at INFO" in said(a), name
+
+
+def test_a_log_at_the_default_level_is_told_to_raise_it():
+    """lmdeploy_c008: only WARNING lines (the default level hides the INFO sizing lines)."""
+    assert RAISE in said(run("lmdeploy_c008"))
+
+
+def test_bytes_per_token_follow_from_the_block_line_and_its_stated_length():
+    """lmdeploy_c003: 0.844 MiB blocks of 64 tokens (both in the log): 13,824..13,832 B per token."""
+    f = run("lmdeploy_c003").formula
+    assert f.bytes_per_token is not None and 13824 <= f.bytes_per_token <= 13832
+    assert "tokens per block" in (f.bytes_per_token_source or "")
+
+
+def test_a_fallback_to_the_pytorch_engine_is_an_lmdeploy_startup():
+    """lmdeploy_c014 (lmdeploy#2208): only archs.py's WARNING that TurboMind does not support the model. The log
+    is LMDeploy's, the engine is the PyTorch one, and at the default level the sizing lines are hidden."""
+    a = run("lmdeploy_c014")
+    assert a.engine == "lmdeploy" and a.engine_display == "LMDeploy (PyTorch engine)"
+    assert RAISE in said(a)
+
+
+def test_max_cached_tokens_is_the_pool_and_an_info_log_is_not_told_to_raise_its_level():
+    """lmdeploy_c016 (lmdeploy#4367, 0.12.x): '[TM][INFO] max cached tokens: 42880' is the pool's capacity
+    (engine.cc); the log is at INFO, so what it lacks is the rest of the startup, not a level."""
+    a = run("lmdeploy_c016")
+    assert a.formula.logged_tokens == 42880 and "42,880 tokens ('max cached tokens')" in a.formula.verdict_reason
+    assert RAISE not in said(a) and "already at INFO" in said(a)
+    b = run("lmdeploy_c015")  # lmdeploy#4366: WARNING lines only, at the default level
+    assert RAISE in said(b)
