@@ -38,6 +38,7 @@ explain-demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/ruff check kvaudit tests scripts bench
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # Regenerate golden report files after a reviewed change of the output.

@@ -66,7 +66,6 @@ def main(argv: list[str]) -> int:
         (CORPUS / "INDEX.md").write_text(index_text(), encoding="utf-8")
         print(f"wrote {CORPUS / 'INDEX.md'}")
         return 0
-    from kvaudit.status import for_audits
     from kvaudit.verdict import judge
     from tests.corpus_run import audit_entry
 
@@ -78,7 +77,7 @@ def main(argv: list[str]) -> int:
             continue
         j = judge(a)
         codes = ",".join(f.code for f in a.findings) or "-"
-        print(f"{name:16} {a.engine:7} {a.engine_version:16} exit {int(for_audits([a]))}  {j.status:9} "
+        print(f"{name:16} {a.engine:7} {a.engine_version:16} exit {int(j.exit_status)}  {j.label:9} "
               f"{a.formula.verdict.value:9} {codes}")
         print(f"{'':16} {j.headline[:140]}")
     return 0
