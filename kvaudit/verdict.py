@@ -188,6 +188,8 @@ def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
         else:
             made = F.tokens_match(formula, formula.verdict_reason)
         return [replace(made, ignored=_was_ignored(own))] + rest
+    if v == Verdict.MISMATCH and any(f.code == "LIVE_POOL_MISMATCH" for f in rest):
+        return rest  # a live endpoint's pool mismatch is its own finding, with the bytes per token it implies
     if v in (Verdict.MISMATCH, Verdict.EXPLAINED):
         made = F.tokens_mismatch(formula, v)
         return [replace(made, ignored=_was_ignored(own))] + rest

@@ -485,12 +485,6 @@ def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: fl
               "free_gpu_memory_fraction", {"headroom_gib": round(head, 3), "threshold_gib": threshold})
 
 
-def tokens_match_text(tokens: int, predicted: TokenInterval, reason: str) -> Finding:
-    """A pool that matches what another rerun (a live endpoint's own numbers) predicts; ``reason`` says how."""
-    return _f("TOKENS_MATCH", f"KV pool of {tokens:,} tokens: {reason}",
-              {"logged_tokens": tokens, "predicted_low": predicted.low, "predicted_high": predicted.high})
-
-
 def live_pool_mismatch(tokens: int, predicted: TokenInterval | None, implied: float | None,
                        cell: int | None) -> Finding:
     """A live server's pool bytes and token count disagree with the config's bytes per token."""

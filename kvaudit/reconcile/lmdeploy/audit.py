@@ -85,13 +85,10 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         predicted_tokens=pred, logged_tokens=tokens, verdict=verdict, verdict_reason=reason, rule=rule,
         page_size=s.block,
         kv_bytes_per_token_logged=round(cell.lo / s.block, 1) if cell.lo and not cell.bytes else None,
-        check_inputs=inputs)
+        check_inputs=inputs, check_text=rule if verdict == Verdict.MATCH and tokens is not None else None)
+    # a match of tokens is raised by kvaudit.verdict from the formula (rule 6); blocks alone are a budget that adds up
     if verdict == Verdict.MATCH and tokens is None:
         findings.append(F.budget_reconciles(f"{blocks:,} blocks = {rule}", [r.display for r in _ranks(s)]))
-    elif verdict == Verdict.MATCH:
-        findings.append(F.tokens_match(formula, rule))
-    elif verdict == Verdict.MISMATCH:
-        findings.append(F.tokens_mismatch(formula, verdict))
     findings += _session_findings(s, tokens, blocks)
     findings += _failures(startup)
     if blocks is None and s.get("object_budget_mib") is None and not any(f.severity == Severity.ERROR

@@ -81,10 +81,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
     formula = formula_of(ctx, free, fraction, cells, state, cap, replace(outcome, eff_mfs=eff_mfs))
-    if formula.verdict == Verdict.MATCH:
-        findings.append(F.tokens_match(formula))
-    elif formula.verdict in (Verdict.MISMATCH, Verdict.EXPLAINED):
-        findings.append(F.tokens_mismatch(formula, formula.verdict))
+    # the formula's verdict stands in the formula: kvaudit.verdict raises TOKENS_* from it (rule 6)
     ledgers = ledgers_of(ctx, cells)
     findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells, outcome))
     hicache = startup.of(HiCacheHost)

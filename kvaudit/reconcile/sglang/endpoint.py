@@ -125,8 +125,11 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
                                           "an estimate: assumes the budget paid for nothing else"))
             notes.append(f"T is not reported by this server version (startup_available, later releases): "
                          f"estimated {t_est:.2f} GiB from weight + kvcache = mfs x T")
-    if verdict == Verdict.MATCH and tokens is not None and predicted is not None:
-        findings.append(F.tokens_match_text(tokens, predicted, reason))
+    check_text = None
+    if verdict == Verdict.MATCH and tokens is not None and predicted is not None and cell is not None:
+        # the worked formula: kvaudit.verdict raises TOKENS_MATCH from it (rule 6)
+        check_text = (f"the {kv:.2f} GiB pool over {cell.pool:,} B per token ({cell.description}), less {page} "
+                      "padding row(s)")
     elif verdict == Verdict.MISMATCH and tokens is not None:
         findings.append(F.live_pool_mismatch(tokens, predicted, implied, cell.pool if cell else None))
 
@@ -138,7 +141,7 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
         bytes_per_token=cell.pool if cell else None, bytes_per_token_source="config" if cell else None,
         predicted_tokens=predicted, logged_tokens=tokens, verdict=verdict, verdict_reason=reason,
         rule="live endpoint: kvcache = (tokens + page) x bytes per token", page_size=page,
-        kv_bytes_per_token_logged=round(implied, 1) if implied else None,
+        kv_bytes_per_token_logged=round(implied, 1) if implied else None, check_text=check_text,
     )
     rows = (
         FormulaRow("weight (rank 0 of DP group 0)", weight, "GiB", "server_info memory_usage"),
