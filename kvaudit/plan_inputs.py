@@ -51,8 +51,8 @@ def log_rows(directory: Path) -> list[Observed]:
         if parsed.engine.plan is None:
             continue
         for a, s in zip(audit(parsed, AuditOptions(source=str(log)), None, True), parsed.startups):
-            if a.formula.pre_load_free_gib is None:
-                continue
+            if a.formula.pre_load_free_gib is None or a.platform is not None:
+                continue  # no T; or T is a unified-memory host's system memory, which the plan does not model
             key = f"{a.model.architecture or 'model'} @ {Path(s.model_path).name}" if s.model_path else None
             row: dict[str, Any] = from_audit(log.name, a, f"startup {a.startup_index}", None, None, key)
             out.append(Observed(run_id=0, **{k: row[k] for k in Observed.__dataclass_fields__ if k != "run_id"}))

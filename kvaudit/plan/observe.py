@@ -12,8 +12,8 @@ def observed_row(name: str, h: Any, geometry: Any = None) -> dict[str, Any] | No
     from kvaudit.planning.model import model_key
 
     a = h.audit
-    if a is None or a.from_endpoint or a.formula.pre_load_free_gib is None:
-        return None
+    if a is None or a.from_endpoint or a.formula.pre_load_free_gib is None or a.platform is not None:
+        return None  # no T to calibrate on; or T is a unified-memory host's system memory (not modelled by plan)
     if geometry is None and h.collected is not None and h.collected.config_json:
         from kvaudit.model_config import geometry_from_text
 
