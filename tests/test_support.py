@@ -104,3 +104,40 @@ def test_not_modelled_judges_nothing():
     assert not codes & {"TOKENS_MATCH", "TOKENS_MISMATCH", "GEOMETRY_MISMATCH", "RESERVE_EXPLAINS_FREE"}
     assert any(n.startswith("not modelled here") for n in got.notes)
     assert got.coverage.level == "not"
+
+
+def test_a_cause_the_log_rules_out_is_not_offered():
+    """Rule 10 on a real startup (sglang_c002: Gemma-4 12B, multimodal, 130 tokens short of the formula). SGLang
+    0.5.18+ prints 'Reserving X GB of the KV budget' whenever it takes the multimodal reservation, between the
+    weights' end and the pool. Read as a 0.5.18+ startup: the log covers that span and has no such line, so the
+    reservation is not offered; the same startup without its pool lines (an excerpt that stops at the scheduler's
+    summary) does not cover the span, and leaves it open."""
+    import io
+    from dataclasses import replace as rep
+
+    from kvaudit.explain import read_log
+    from kvaudit.parse.sglang import KVAlloc, PoolEnd, WeightEnd
+    from kvaudit.reconcile.interface import AuditOptions
+    from kvaudit.reconcile.sglang import audit as sg
+    from kvaudit.reconcile.sglang.context import build_context
+    from kvaudit.versions import VersionRange
+
+    data = (FIXTURES / "corpus" / "sglang_c002.log").read_bytes()
+    assert b"Reserving" not in data
+
+    def causes(startup) -> str:
+        ctx = build_context(startup, AuditOptions())
+        ctx = rep(ctx, era=VersionRange((0, 5, 18), None))
+        free, fraction = sg.free_memory(ctx), sg.fraction_of(ctx, AuditOptions())
+        cells = sg.bytes_per_token(ctx, AuditOptions(), [])
+        state = sg.state_pool(ctx)
+        budget = sg.PoolBudget(cells.iv, state)
+        cap = sg.cap_of(ctx, cells, budget, [])
+        return sg.verdict_of(ctx, AuditOptions(), free, fraction, cells, state, cap).reason
+
+    whole = read_log(io.BytesIO(data)).startups[-1]
+    assert whole.of(WeightEnd)
+    said = causes(whole)
+    assert "fewer" in said and "multimodal runtime reservation" not in said, said
+    cut = rep(whole, events=tuple(e for e in whole.events if not isinstance(e, (KVAlloc, PoolEnd))))
+    assert "multimodal runtime reservation" in causes(cut)

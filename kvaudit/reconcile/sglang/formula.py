@@ -119,6 +119,17 @@ def _multimodal(ctx: Context) -> bool:
     return any("ConditionalGeneration" in (e.model_type or "") for e in ctx.startup.of(WeightEnd))
 
 
+def _reservation_span_logged(ctx: Context) -> bool:
+    """Does the log cover the span where 0.5.18+ prints 'Reserving X GB of the KV budget' (between the weights'
+    end and the pool's allocation, kv_cache_configurator.py)? Then a reservation it does not print is not there
+    (docs/findings.md, rule 10)."""
+    from kvaudit.parse.sglang import KVAlloc, PoolEnd, WeightEnd
+
+    ends = [e.line for e in ctx.startup.of(WeightEnd)]
+    pools = [e.line for e in ctx.startup.of(KVAlloc)] + [e.line for e in ctx.startup.of(PoolEnd)]
+    return bool(ends) and bool(pools) and min(ends) < max(pools)
+
+
 def _reserve_logged(ctx: Context) -> bool:
     from kvaudit.parse.sglang import OtherPool
 
@@ -162,10 +173,12 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
         causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
                       "(max((1 - mfs) x T, a pre-capture activation reserve))")
-    if logged < lo and _multimodal(ctx) and not _reserve_logged(ctx) and ctx.era.overlaps((0, 5, 18), None):
+    if (logged < lo and _multimodal(ctx) and not _reserve_logged(ctx) and ctx.era.overlaps((0, 5, 18), None)
+            and not _reservation_span_logged(ctx)):
         # 0.5.18+ takes SGLANG_VLM_CACHE_SIZE_MB (100 MiB by default) out of a multimodal model's budget
-        # (kv_cache_configurator.py mm_runtime_reservation_gb) and logs "Reserving X GB of the KV budget"; an
-        # excerpt without that line leaves it open. Older releases have no such reservation, so it is not
+        # (kv_cache_configurator.py mm_runtime_reservation_gb) and logs "Reserving X GB of the KV budget"; only an
+        # excerpt that does not cover the span where that line stands leaves it open (rule 10: a log that covers
+        # the span and has no such line rules the cause out). Older releases have no such reservation, so it is not
         # offered for them. Offered only when it can hold the gap.
         gap_gib = (lo - logged) * pred.cell.mid / GIB
         if gap_gib <= 0.5:
