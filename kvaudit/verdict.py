@@ -95,6 +95,7 @@ def settle(a: Audit, geometry: Any = None) -> Audit:
     a = _within_the_model(a, geometry)
     a = _checks_that_can_fail(a)
     findings = _token_findings(list(a.findings), a.formula)
+    findings = _incomplete(findings, a)
     findings = _advice_for_the_platform(findings, a.platform is not None, a.coverage)
     findings = _one_account_per_gib(findings)
     findings = _causes_that_hold(findings, a.ranks)
@@ -194,6 +195,16 @@ def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
         made = F.tokens_mismatch(formula, v)
         return [replace(made, ignored=_was_ignored(own))] + rest
     return rest
+
+
+def _incomplete(findings: list[Finding], a: Audit) -> list[Finding]:
+    """Rule 6, its other half: a startup whose log does not reach the line that ends the pool's sizing
+    (``Audit.lacks``, the engine's words for that line) is INCOMPLETE_LOG, here, for every engine; not when the
+    startup failed (a failure is its own end) or when it is said already."""
+    if not a.lacks or any(f.code == "INCOMPLETE_LOG" for f in findings) or any(
+            f.severity == Severity.ERROR for f in findings):
+        return findings
+    return findings + [F.incomplete_log(a.last_line, a.lacks)]
 
 
 def _was_ignored(own: dict[str, Finding]) -> bool:

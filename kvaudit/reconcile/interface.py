@@ -220,6 +220,10 @@ class Audit:
     coverage: Any = None
     #: memory-bearing lines of the startup window that no grammar read: (line number, text), listed in the report
     uninterpreted: tuple[tuple[int, str], ...] = ()
+    #: the line that ends the pool's sizing, when the startup's log does not reach it (the engine's words: "KV
+    #: cache size line (...)"); None when it does. The verdict raises INCOMPLETE_LOG from it (unless the startup
+    #: failed: a failure is its own end)
+    lacks: str | None = None
 
     @property
     def worst(self) -> Severity | None:

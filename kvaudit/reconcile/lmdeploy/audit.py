@@ -11,7 +11,7 @@ from kvaudit.parse.interface import SINGLE_RANK, Failure, Rank, Startup
 from kvaudit.parse.lmdeploy import ModelArch, Reading
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (Audit, AuditOptions, Finding, Formula, FormulaRow, LedgerItem, ModelSummary,
-                                         RankLedger, Severity, TokenInterval, Verdict, startup_identity)
+                                         RankLedger, TokenInterval, Verdict, startup_identity)
 from kvaudit.reconcile.lmdeploy.cell import Block, pytorch_block, turbomind_block
 from kvaudit.reconcile.lmdeploy.settings import Settings, build_settings
 from kvaudit.units import GIB, MIB
@@ -91,13 +91,12 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         findings.append(F.budget_reconciles(f"{blocks:,} blocks = {rule}", [r.display for r in _ranks(s)]))
     findings += _session_findings(s, tokens, blocks)
     findings += _failures(startup)
-    if blocks is None and s.get("object_budget_mib") is None and not any(f.severity == Severity.ERROR
-                                                                          for f in findings):
-        findings.append(F.incomplete_log(startup.last_line, "KV pool line (TurboMind's '[BlockManager] "
-                                         "max_block_count = N' or 'Object cache budget', the PyTorch engine's "
-                                         f"CacheConfig(... num_gpu_blocks=N)); {missing_pool_hint(startup)}"))
+    lacks = None if blocks is not None or s.get("object_budget_mib") is not None else (
+        "KV pool line (TurboMind's '[BlockManager] max_block_count = N' or 'Object cache budget', the PyTorch "
+        f"engine's CacheConfig(... num_gpu_blocks=N)); {missing_pool_hint(startup)}")
     notes = _notes(s, cell, blocks, kv_gib)
     return Audit(
+        lacks=lacks,
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
         model=_model(s, startup),

@@ -17,7 +17,6 @@ from kvaudit.reconcile.interface import (
     Formula,
     FormulaRow,
     ModelSummary,
-    Severity,
     Verdict,
     startup_identity,
 )
@@ -85,9 +84,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     ledgers = ledgers_of(ctx, cells)
     findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells, outcome))
     hicache = startup.of(HiCacheHost)
-    if ctx.summary is None and not any(f.severity == Severity.ERROR for f in findings):
-        findings.append(F.incomplete_log(startup.last_line))
     return Audit(
+        lacks="scheduler summary (max_total_num_tokens=...)" if ctx.summary is None else None,
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
         model=_model_summary(ctx, opts.model_geometry),

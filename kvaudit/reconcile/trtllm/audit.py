@@ -16,7 +16,6 @@ from kvaudit.reconcile.interface import (
     Formula,
     FormulaRow,
     ModelSummary,
-    Severity,
     Verdict,
     startup_identity,
 )
@@ -67,16 +66,15 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                  f"{pool.tokens:,}") if pool.self_pool is not None and pool.tokens else None
     findings += rank_and_failure_findings(startup, ctx.facts, budget.frees, ctx.fraction, cell.bytes, pool.tokens,
                                           opts.thresholds, pair_text)
-    if pool.tokens is None and not any(f.severity == Severity.ERROR for f in findings):
-        findings.append(F.incomplete_log(startup.last_line, "KV pool line ('Allocated ... for max tokens in paged "
-                                                            "KV cache (N)') after the profiling pass"
-                                         if pool.temporary else "KV pool line ('Allocated ... for max tokens in "
-                                                                "paged KV cache (N)')"))
+    lacks = None if pool.tokens is not None else (
+        "KV pool line ('Allocated ... for max tokens in paged KV cache (N)')"
+        + (" after the profiling pass" if pool.temporary else ""))
     _notes(ctx, budget, pool, cell)
 
     geom = ctx.geom
     cpp = budget.smallest.cpp if budget.smallest else ctx.first("peak_gib") is None
     return Audit(
+        lacks=lacks,
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
         model=ModelSummary(geom.architecture if geom else _model_name(startup.model_path),

@@ -16,7 +16,6 @@ from kvaudit.reconcile.interface import (
     Formula,
     FormulaRow,
     ModelSummary,
-    Severity,
     Verdict,
     startup_identity,
 )
@@ -74,10 +73,9 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
     findings += checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)
-    if not pool_seen.stated and not any(f.severity == Severity.ERROR for f in findings):
-        findings.append(F.incomplete_log(startup.last_line, "KV cache size line (GPU KV cache size / # GPU blocks)"))
     closing_notes(ctx, kv, pool_seen)
     return Audit(
+        lacks=None if pool_seen.stated else "KV cache size line (GPU KV cache size / # GPU blocks)",
         engine=ENGINE,
         **startup_identity(startup, opts.source, startups_total),
         model=_model_summary(ctx, cells.pool, cells.swa),
