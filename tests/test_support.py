@@ -129,10 +129,10 @@ def test_a_cause_the_log_rules_out_is_not_offered():
         ctx = build_context(startup, AuditOptions())
         ctx = rep(ctx, era=VersionRange((0, 5, 18), None))
         free, fraction = sg.free_memory(ctx), sg.fraction_of(ctx, AuditOptions())
-        cells = sg.bytes_per_token(ctx, AuditOptions(), [])
+        cells, _ = sg.bytes_per_token(ctx, AuditOptions())
         state = sg.state_pool(ctx)
         budget = sg.PoolBudget(cells.iv, state)
-        cap = sg.cap_of(ctx, cells, budget, [])
+        cap, _ = sg.cap_of(ctx, cells, budget)
         return sg.verdict_of(ctx, AuditOptions(), free, fraction, cells, state, cap).reason
 
     whole = read_log(io.BytesIO(data)).startups[-1]

@@ -55,10 +55,10 @@ UNIFIED_MAX_SPREAD = 0.05
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
-    findings: list[Finding] = []
     free = free_memory(ctx)
     fraction = fraction_of(ctx, opts)
-    cells = bytes_per_token(ctx, opts, findings)
+    cells, raised = bytes_per_token(ctx, opts)
+    findings: list[Finding] = list(raised)
     pools4 = DSV4.check(startup, ctx.args, _platform_T(ctx, opts, free.T, free.pre_source) if free.T else None,
                         free.post, fraction.value)
     if pools4 is not None:
@@ -71,8 +71,10 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                          "calculation' line, which this excerpt lacks; their sizes are not derived from a config")
     state = state_pool(ctx)
     budget = PoolBudget(cells.iv, state)
-    cap = cap_of(ctx, cells, budget, findings)
-    free, fraction = solve_unknowns(ctx, free, fraction, cells, budget, cap, findings)
+    cap, raised = cap_of(ctx, cells, budget)
+    findings += raised
+    (free, fraction), raised = solve_unknowns(ctx, free, fraction, cells, budget, cap)
+    findings += raised
     outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
     if pools4 is not None:
         outcome = dsv4_outcome(pools4)
@@ -219,8 +221,10 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
     return Fraction(mfs, source)
 
 
-def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -> Cells:
-    """From config.json when there is one, checked against what the KV line implies; else the KV line's."""
+def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Finding, ...]]:
+    """From config.json when there is one, checked against what the KV line implies; else the KV line's. With
+    the findings this step raised (a config that disagrees with the line)."""
+    findings: list[Finding] = []
     logged, approx = logged_token_count(ctx)
     geom: ModelGeometry | None = opts.model_geometry
     cell, cell_note = config_cell(ctx)
@@ -250,7 +254,7 @@ def bytes_per_token(ctx: Context, opts: AuditOptions, findings: list[Finding]) -
     if geom is not None and geom.defaults_used and cell is not None:
         ctx.notes.append(f"the config leaves out {', '.join(geom.defaults_used)}: taken from its model family's "
                          f"defaults ({geom.model_type}), as SGLang's AutoConfig does")
-    return Cells(cell, iv, source, line_mid, logged, approx)
+    return Cells(cell, iv, source, line_mid, logged, approx), tuple(findings)
 
 
 def state_pool(ctx: Context) -> Interval | None:
@@ -264,9 +268,9 @@ def state_pool(ctx: Context) -> Interval | None:
     return Interval(g - parts * LOG_HALF_ULP, g + parts * LOG_HALF_ULP)
 
 
-def cap_of(ctx: Context, cells: Cells, budget: PoolBudget, findings: list[Finding]) -> Cap:
+def cap_of(ctx: Context, cells: Cells, budget: PoolBudget) -> tuple[Cap, tuple[Finding, ...]]:
     """A capped pool (--max-total-tokens, the engine's cap warning, or one that looks capped): the fraction
-    cannot be read from it."""
+    cannot be read from it. With the finding of a probable cap."""
     logged = cells.logged
     cap = as_int(ctx.args.get("max_total_tokens"))
     engine_rest = min((rf.kv_budget for rf in ctx.facts.values() if rf.kv_budget is not None), default=None)
@@ -278,15 +282,16 @@ def cap_of(ctx: Context, cells: Cells, budget: PoolBudget, findings: list[Findin
         elif logged % 1000 == 0:
             probable = f"{logged:,} is a round number, not what a memory budget divides into"
     capped = (cap is not None and cap == logged) or bool(ctx.startup.of(CapWarning)) or probable is not None
-    if probable and logged:
-        findings.append(F.tokens_capped_probably(logged, probable))
-    return Cap(cap, probable, capped, engine_rest)
+    raised = (F.tokens_capped_probably(logged, probable),) if probable and logged else ()
+    return Cap(cap, probable, capped, engine_rest), raised
 
 
-def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, budget: PoolBudget, cap: Cap,
-                   findings: list[Finding]) -> tuple[FreeMemory, Fraction]:
+def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, budget: PoolBudget, cap: Cap
+                   ) -> tuple[tuple[FreeMemory, Fraction], tuple[Finding, ...]]:
     """The fraction from the engine's own KV budget, else inferred; T from the tokens when the log lacks it.
-    A value solved here is said so: the check that would use it cannot be made (verdict_of)."""
+    A value solved here is said so: the check that would use it cannot be made (verdict_of). With the finding
+    of an inferred fraction."""
+    findings: list[Finding] = []
     T, post, logged = free.T, free.post, cells.logged
     if fraction.value is None and cap.engine_rest is not None and T is not None and post is not None:
         fraction = Fraction(round(1 - (post.mid - cap.engine_rest) / T.mid, 4),
@@ -304,7 +309,7 @@ def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Ce
         t_mid = (post.mid - budget.gib(logged)) / (1 - mfs)
         free = FreeMemory(Interval(t_mid - 0.01, t_mid + 0.01), post,
                           "solved from the logged tokens (no 'Load weight begin' line)")
-    return free, fraction
+    return (free, fraction), tuple(findings)
 
 
 def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fraction, cells: Cells,
