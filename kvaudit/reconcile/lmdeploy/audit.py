@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvaudit.parse.interface import SINGLE_RANK, Failure, Rank, Startup
 from kvaudit.parse.lmdeploy import ModelArch, Reading
@@ -60,8 +60,8 @@ class Cell:
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     s = build_settings(startup, opts)
-    findings: list[Finding] = []
-    cell = _cell(s, findings)
+    cell, s, raised = _cell(s)
+    findings: list[Finding] = list(raised)
     blocks = _blocks(s)
     # tokens are blocks x the block length: a fact only when the log states the length (never a default's guess)
     block_said = not s.block_source.startswith("default")
@@ -70,7 +70,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         # 0.12.x engine.cc states the pool's token capacity itself (blocks x block length x attention CP)
         tokens = int(s.value("max_cached_tokens"))
     kv_gib = _kv_gib(cell, blocks)
-    pred, verdict, reason, rule, inputs = _check(s, cell, blocks, findings)
+    (pred, verdict, reason, rule, inputs), raised = _check(s, cell, blocks)
+    findings += raised
     if not block_said and pred is not None:
         # the check compared blocks; in tokens it would rest on the default block length
         reason += f" (blocks; the tokens per block are not in the log: {s.block} assumed)"
@@ -146,7 +147,9 @@ def _block(s: Settings, quant_policy: int | None = None) -> Block | None:
     return turbomind_block(g.layers, g.kv_heads, g.head_dim, s.tp, s.block, qp, s.startup.era)
 
 
-def _cell(s: Settings, findings: list[Finding]) -> Cell:
+def _cell(s: Settings) -> tuple[Cell, Settings, tuple[Finding, ...]]:
+    """Bytes per block, the settings as the block line establishes them (an assumed quant_policy the line shows to
+    be another: a new Settings, the given one unchanged), and the findings this step raised."""
     block = _block(s)
     mib = s.get("block_mib")
     if mib is not None:
@@ -156,23 +159,25 @@ def _cell(s: Settings, findings: list[Finding]) -> Cell:
         if block is not None and block.bytes is not None:
             if _fits(block.bytes, mib, lo, hi, truncated):
                 return Cell(block.bytes, lo, hi, _source(s), block.description
-                            + f"; the block line's {mib:g} MB agrees")
+                            + f"; the block line's {mib:g} MB agrees"), s, ()
             if s.quant_source.startswith("default"):
                 # rule 3: an assumed quant_policy cannot make a mismatch; the block line says which one it was
                 for qp in (8, 4):
                     other = _block(s, qp)
                     if other is not None and other.bytes is not None and _fits(other.bytes, mib, lo, hi, truncated):
-                        s.quant_policy, s.quant_source = qp, "log (implied by the block size)"
-                        s.notes.append(f"the block line's {mib:g} MB is quant_policy {qp} for this model (the log "
-                                       "does not state the policy)")
-                        return Cell(other.bytes, lo, hi, _source(s), other.description
-                                    + f"; the block line's {mib:g} MB agrees")
-            findings.append(F.geometry_mismatch(block.bytes // s.block, mib * MIB / s.block,
-                                                f"{_source(s)}; {block.description}"))
-        return Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens")
+                        said = replace(s, quant_policy=qp, quant_source="log (implied by the block size)", notes=[
+                            *s.notes, f"the block line's {mib:g} MB is quant_policy {qp} for this model (the log "
+                                      "does not state the policy)"])
+                        return Cell(other.bytes, lo, hi, _source(said), other.description
+                                    + f"; the block line's {mib:g} MB agrees"), said, ()
+            raised = (F.geometry_mismatch(block.bytes // s.block, mib * MIB / s.block,
+                                          f"{_source(s)}; {block.description}"),)
+            return (Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s,
+                    raised)
+        return Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s, ()
     if block is not None and block.bytes is not None:
-        return Cell(block.bytes, block.bytes, block.bytes, _source(s), block.description)
-    return Cell(None, None, None, None, block.description if block is not None else "")
+        return Cell(block.bytes, block.bytes, block.bytes, _source(s), block.description), s, ()
+    return Cell(None, None, None, None, block.description if block is not None else ""), s, ()
 
 
 def _source(s: Settings) -> str:
@@ -225,12 +230,16 @@ def _reserve(s: Settings) -> float | None:
     return round(free - budget, 4) if free is not None and budget is not None else None
 
 
-def _check(s: Settings, cell: Cell, blocks: int | None, findings: list[Finding]):
-    """(prediction, verdict, reason, rule, the inputs it rests on), by era."""
-    r = s.ratio
+def _check(s: Settings, cell: Cell, blocks: int | None) -> tuple[tuple, tuple[Finding, ...]]:
+    """(prediction, verdict, reason, rule, the inputs it rests on), by era, and the findings the check raised."""
     if s.get("object_budget_mib") is not None:
-        return (None, Verdict.UNKNOWN, _object_cache(s, findings), "object cache: floor(free x ratio) bytes (0.15+)",
-                ())
+        why, raised = _object_cache(s)
+        return (None, Verdict.UNKNOWN, why, "object cache: floor(free x ratio) bytes (0.15+)", ()), raised
+    return _check_pool(s, cell, blocks), ()
+
+
+def _check_pool(s: Settings, cell: Cell, blocks: int | None):
+    r = s.ratio
     if blocks is None:
         cached = s.get("max_cached_tokens")
         why = (f"the pool holds {int(cached):,} tokens ('max cached tokens'), but the blocks and the memory they were "
@@ -313,7 +322,7 @@ def _pytorch(s: Settings, cell: Cell, blocks: int):
     return pred, verdict, reason, rule, ("mem_fraction_static",)
 
 
-def _object_cache(s: Settings, findings: list[Finding]) -> str:
+def _object_cache(s: Settings) -> tuple[str, tuple[Finding, ...]]:
     """0.15+: one region of floor(free x ratio) bytes. A check of the arithmetic, in MiB to the printed 0.01."""
     budget, free = s.value("object_budget_mib"), s.value("object_free_mib")
     said = s.get("object_ratio")
@@ -323,13 +332,13 @@ def _object_cache(s: Settings, findings: list[Finding]) -> str:
     residual = budget - free * r
     label = "TP0"
     if abs(residual) <= tol:
-        findings.append(F.budget_reconciles(f"the object cache {budget:,.2f} MiB = {free:,.2f} MiB free x {r:g} "
-                                            f"(to the printed 0.01 MiB)", [label], "TurboMind 0.15+: one region "
-                                            "shared by the KV blocks and every other cache"))
+        raised = F.budget_reconciles(f"the object cache {budget:,.2f} MiB = {free:,.2f} MiB free x {r:g} "
+                                     f"(to the printed 0.01 MiB)", [label], "TurboMind 0.15+: one region "
+                                     "shared by the KV blocks and every other cache")
     else:
-        findings.append(F.budget_mismatch(label, residual / 1024, tol / 1024, [label]))
+        raised = F.budget_mismatch(label, residual / 1024, tol / 1024, [label])
     return (f"TurboMind 0.15+ sizes one object cache in bytes ({budget / 1024:.2f} GiB), shared by the KV blocks and "
-            "the engine's other caches: the log gives no token count to check")
+            "the engine's other caches: the log gives no token count to check"), (raised,)
 
 
 def _session_findings(s: Settings, tokens: int | None, blocks: int | None) -> list[Finding]:
