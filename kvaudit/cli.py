@@ -958,7 +958,7 @@ def plan_cmd(
                         speculative_algorithm=speculative_algorithm, max_num_batched_tokens=max_num_batched_tokens,
                         sampler=sampler, dtype=dtype, quantization=quantization, cpu_offload_gib=cpu_offload_gib),
             history_rows(history))
-    _env.stdout.write(chosen.plan(p))
+    _env.stdout.write(chosen.plan(p, width=_width()))
     return exit_status(p)  # 0 starts, 1 at risk or unknown, 3 will not start (docs/plan.md, "Exit status")
 
 

@@ -37,10 +37,10 @@ class Format:
     fleet_stream_fn: str | None = None
     plan_fn: str | None = None  # kvaudit plan
 
-    def plan(self, plan: Any) -> str:
+    def plan(self, plan: Any, width: int = 80) -> str:
         if self.plan_fn is None:
             raise FormatError(f"--format {self.name}: plan prints text, json or markdown")
-        return _fn(self.plan_fn)(plan)
+        return _fn(self.plan_fn)(plan, **({"width": width} if self.colour else {}))
 
     def audits(self, audits: list[Any], color: bool = False, width: int = 80) -> str:
         return _fn(self.audits_fn)(audits, color=color and self.colour, **({"width": width} if self.colour else {}))

@@ -36,19 +36,26 @@ def _title(p: Plan) -> str:
     return f"{i.engine} {i.version} on {card}, {par}, {arch or 'model'} ({i.model_key})"
 
 
-def render_text(p: Plan, color: bool = False) -> str:
-    import textwrap
+def render_text(p: Plan, color: bool = False, width: int = 80) -> str:
+    """The plan within ``width`` columns (the terminal's, as every text report takes it)."""
+    from kvaudit.report.text import wrap
 
-    L = [f"plan: {_title(p)}", ""]
+    L = wrap(f"plan: {_title(p)}", "", width) + [""]
     shown = p.terms + ((p.left_after_graphs,) if p.left_after_graphs else ())
-    width = max(len(t.label) for t in shown)
+    label_w = min(max(len(t.label) for t in shown), max(16, width - 34))
     for t in shown:
-        L.append(f"  {t.label:<{width}}  {_range(t):>17}  {t.kind}")
+        row = f"  {t.label:<{label_w}}  {_range(t):>17}  {t.kind}"
+        if len(row) <= width:
+            L.append(row)
+        else:  # the label on its own line(s), the figures under it
+            L += wrap(t.label, "  ", width) + [f"  {'':<{label_w}}  {_range(t):>17}  {t.kind}"[:width]]
         if t.basis not in ("formula", "T - weights", "--fraction"):
-            L += textwrap.wrap(t.basis, 110, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            L += wrap(t.basis, " " * 6, width)
     L.append("")
-    L += [f"  {name}: {value}" for name, value in outcome(p)]
-    L += [f"  note: {n}" for n in p.notes]
+    for name, value in outcome(p):
+        L += wrap(f"{name}: {value}", "  ", width)
+    for n in p.notes:
+        L += wrap(f"note: {n}", "  ", width)
     return "\n".join(L) + "\n"
 
 
