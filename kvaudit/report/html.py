@@ -40,7 +40,8 @@ details>summary{cursor:pointer;font-weight:600;margin:10px 0 4px}.trend{margin:6
 td:first-child,td.l.s-ok,td.l.s-warning,td.l.s-partial,td.l.s-error,td.l.s-failed{white-space:nowrap}
 .wide{overflow-x:auto;max-width:100%}
 @media (max-width:640px){body{margin:8px}table{font-size:12px}th,td{padding:3px 4px}td.why{max-width:none}
-.bar{width:100%}.trend{width:100%}.narrow-hide{display:none}}
+.bar{width:100%}.trend{width:100%}.narrow-hide{display:none}
+#fleet td:first-child{white-space:normal;overflow-wrap:anywhere;max-width:32vw}#fleet td.why{max-width:44vw}}
 """
 
 JS = """
