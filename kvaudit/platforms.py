@@ -45,12 +45,16 @@ _MARKERS: tuple[tuple[re.Pattern[str], Platform], ...] = (
 )
 
 #: bytes that select the lines carrying a marker (the scan's anchors: parse.lines keeps only anchored lines)
-ANCHORS: tuple[bytes, ...] = (b"GB10", b"sm121", b"sm_121", b"Jetson", b"MI300A", b"is_integrated",
+ANCHORS: tuple[bytes, ...] = (b"GB10", b"sm121", b"sm_121", b"Jetson", b"Orin", b"Thor", b"MI300A", b"is_integrated",
                               b"cudaDevAttrIntegrated", b"Falling back to torch.cuda.mem_get_info")
+#: the same words as text: a line holding none of them names no platform (no regex runs on it)
+_WORDS: tuple[str, ...] = tuple(a.decode() for a in ANCHORS)
 
 
 def detect(texts: Iterable[str]) -> Platform | None:
     for text in texts:
+        if not any(w in text for w in _WORDS):
+            continue
         for rx, platform in _MARKERS:
             if rx.search(text):
                 return platform
