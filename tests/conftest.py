@@ -91,3 +91,14 @@ def golden(request: pytest.FixtureRequest):
         assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (make golden to accept)"
 
     return check
+
+
+def openpty() -> tuple[int, int]:
+    """A pseudo-terminal (master, slave); the test is skipped where the machine has none to give (a chroot or a
+    container without /dev/pts: 'out of pty devices')."""
+    import pty
+
+    try:
+        return pty.openpty()
+    except OSError as exc:
+        pytest.skip(f"no pseudo-terminal on this machine: {exc}")

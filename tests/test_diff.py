@@ -11,7 +11,7 @@ from kvaudit.diff import diff
 from kvaudit.explain import audit, read_log
 from kvaudit.model_config import load_config
 from kvaudit.reconcile.interface import AuditOptions
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli, openpty
 
 GIB = 2 ** 30
 
@@ -272,14 +272,13 @@ def _on_a_terminal(columns: int, *args) -> str:
     """kvaudit diff with its stdout a pseudo-terminal of ``columns`` columns (no $COLUMNS): what it printed."""
     import fcntl
     import os
-    import pty
     import struct
     import subprocess
     import sys
     import termios
     from pathlib import Path
 
-    master, slave = pty.openpty()
+    master, slave = openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     exe = Path(sys.executable).with_name("kvaudit")

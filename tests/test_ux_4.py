@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli, cli_process
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli, cli_process, openpty
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRIB = ROOT / "contrib"
@@ -201,9 +201,8 @@ def test_a_gzip_bomb_is_cut_at_the_bound(tmp_path):
 
 def test_explain_dash_on_a_terminal_says_it_is_reading_stdin():
     import os
-    import pty
 
-    master, slave = pty.openpty()
+    master, slave = openpty()
     exe = Path(sys.executable).with_name("kvaudit")
     p = subprocess.Popen([str(exe), "explain", "-"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.close(slave)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pty
 import struct
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli, openpty
 
 KIMI_HOST = FIXTURES / "hosts" / "kimi-k25-tp8"
 EXE = Path(sys.executable).with_name("kvaudit")
@@ -25,7 +24,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_
 
 
 def _terminal(columns: int) -> tuple[int, int]:
-    master, slave = pty.openpty()
+    master, slave = openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     return master, slave
 
