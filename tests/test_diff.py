@@ -11,7 +11,7 @@ from kvaudit.diff import diff
 from kvaudit.explain import audit, read_log
 from kvaudit.model_config import load_config
 from kvaudit.reconcile.interface import AuditOptions
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli, openpty
+from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli
 
 GIB = 2 ** 30
 
@@ -270,32 +270,9 @@ def test_a_300_mb_history_row_is_refused_without_loading_it(tmp_path):
 
 def _on_a_terminal(columns: int, *args) -> str:
     """kvaudit diff with its stdout a pseudo-terminal of ``columns`` columns (no $COLUMNS): what it printed."""
-    import fcntl
-    import os
-    import struct
-    import subprocess
-    import sys
-    import termios
-    from pathlib import Path
+    from tests.test_width import on_a_terminal
 
-    master, slave = openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    exe = Path(sys.executable).with_name("kvaudit")
-    p = subprocess.Popen([str(exe), "diff", *map(str, args)], stdout=slave, stderr=subprocess.PIPE, env=env)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            block = os.read(master, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not block:
-            break
-        chunks.append(block)
-    os.close(master)
-    assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return "\n".join(on_a_terminal(columns, "diff", *args)) + "\n"
 
 
 def test_diff_fits_the_terminal_it_runs_on_and_80_columns_piped():
