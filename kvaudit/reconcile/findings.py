@@ -114,15 +114,19 @@ def tokens_capped_probably(tokens: int, why: str) -> Finding:
 
 
 def reserve_explains_free(l: RankLedger, reserve: float, f: Formula, req: float, rnd: float | None,
-                          ranks: list[str], total_ranks: int) -> Finding:
-    """``rnd``: the allocator rounding, None when it could not be sized (no config): then it is not printed as 0."""
+                          ranks: list[str], total_ranks: int, most: float | None = None) -> Finding:
+    """``rnd``: the allocator rounding, None when it could not be sized (no config): then it is not printed as 0.
+    ``l`` is the rank with the least free; ``most`` the most any of ``ranks`` had: a figure from one rank is not
+    quoted for every GPU, their range is."""
     after = [it for it in l.items if it.in_reserve and it.key not in ("request_table", "allocator_rounding")
              and it.gib is not None]
     spent = ", ".join(f"{it.label} {it.gib:.2f}" for it in after)
     where = "every GPU" if len(ranks) == total_ranks and total_ranks > 1 else (
         "the GPU" if total_ranks == 1 else f"{len(ranks)} of {total_ranks} GPUs")
+    low = l.free_after_pool_gib or 0.0
+    amount = f"{low:.2f}-{most:.2f}" if most is not None and f"{most:.2f}" != f"{low:.2f}" else f"{low:.2f}"
     msg = (
-        f"The {l.free_after_pool_gib:.2f} GiB free after the KV pool on {where} is the static reserve "
+        f"The {amount} GiB free after the KV pool on {where} is the static reserve "
         f"(1 - {f.mem_fraction_static:g}) x T {f.pre_load_free_gib:.2f} = {reserve:.2f} GiB, less the request "
         f"table ({req:.2f})" + (f" and allocator rounding ({rnd:.2f})" if rnd is not None else "")
         + ". SGLang holds it back by design"

@@ -58,7 +58,8 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
             l = min(explained, key=lambda x: x.free_after_pool_gib or 0)
             out.append(F.reserve_explains_free(l, reserve.mid, formula, item_gib(l, "request_table"),
                                                item_gib(l, "allocator_rounding") if l.item("allocator_rounding")
-                                               else None, [x.label for x in explained], len(ledgers)))
+                                               else None, [x.label for x in explained], len(ledgers),
+                                               max(x.free_after_pool_gib or 0 for x in explained)))
 
     off = [l for l in ledgers if l.unexplained_gib is not None
            and abs(l.unexplained_gib) > th.unexplained_gib + (l.unexplained_tolerance_gib or 0)]
