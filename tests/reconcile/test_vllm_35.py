@@ -1,5 +1,5 @@
-"""Issue 35: vLLM fidelity on real 2026 startups (fixtures/corpus vllm_c016..c022, entries in corpus.json and
-new-vllm.json): sliding-window groups, one counting era per verdict, readings that are not sizes, lines and tags
+"""Issue 35: vLLM fidelity on real 2026 startups (fixtures/corpus vllm_c016..c022, entries in corpus.json):
+sliding-window groups, one counting era per verdict, readings that are not sizes, lines and tags
 that were not read."""
 
 from __future__ import annotations
