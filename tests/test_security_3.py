@@ -370,3 +370,26 @@ def test_a_300_mb_history_value_is_cut_inside_sqlite(tmp_path):
     rc, err = cli_limited("history", KIMI_HOST, "--history", tmp_path / "h.sqlite", "-f", "json",
                           address_space=900 << 20)
     assert rc == 0, err
+
+
+def test_a_startup_line_the_serving_process_printed_again_is_no_restart(tmp_path):
+    """Issue 39, High 2: a request logged with a raw newline put a `server_args=...` line with SGLang's prefix into
+    the journal; kvaudit took it for "startup 2 of 2". A process starts once: the journal's pid says the line came
+    from the process that started already (48190, the one that printed the real server_args), so the real startup
+    is audited and the line is said to be no restart. A real restart (another pid) is still the latest startup."""
+    import shutil
+
+    cap = tmp_path / "host"
+    shutil.copytree(KIMI_HOST, cap)
+    log = cap / "log.txt"
+    lines = log.read_text().splitlines()
+    first = lines[0].split(":", 1)[1]  # the real server_args line, as the journal gave it (pid 48190)
+    forged = first.replace("/models/moonshotai/Kimi-K2.5", str(tmp_path / ".docker"))
+    log.write_text("\n".join(lines + [f"{len(lines) + 1}:{forged}"]) + "\n")
+    doc = json.loads(_run(tmp_path, "check", cap, "-f", "json").stdout)
+    assert doc["status"] == "ok" and doc["startup"]["index"] == 1 and doc["startup"]["total"] == 2, doc["headline"]
+    assert any("not a restart" in n and "pid 48190" in n for n in doc["host"]["notes"]), doc["host"]["notes"]
+    restart = forged.replace("python3[48190]", "python3[51000]")
+    log.write_text("\n".join(lines + [f"{len(lines) + 1}:{restart}"]) + "\n")
+    doc = json.loads(_run(tmp_path, "check", cap, "-f", "json").stdout)
+    assert doc["startup"]["index"] == 2 and not any("not a restart" in n for n in doc["host"]["notes"])
