@@ -173,7 +173,7 @@ def _checks_that_can_fail(a: Audit) -> Audit:
 def _token_findings(findings: list[Finding], formula: Formula) -> list[Finding]:
     """Rule 6. The pool check's finding follows from the formula's verdict, here, for every engine: an engine
     states its verdict and the worked formula (``Formula.check_text``); TOKENS_MATCH, TOKENS_EXPLAINED and
-    TOKENS_MISMATCH are this layer's. (An engine's own, older message for a match is kept as the worked text.)"""
+    TOKENS_MISMATCH are this layer's. (The finding a first settling raised is kept: settling twice changes nothing.)"""
     own = {f.code: f for f in findings if f.code in TOKEN_CODES}
     rest = [f for f in findings if f.code not in TOKEN_CODES]
     v = formula.verdict

@@ -8,7 +8,7 @@ from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
 from kvaudit.report.text import WIDTH, STATUS_COLOURS, colour, fit_columns, headline, wrap, render_one
 from kvaudit.textsafe import md_cell
-from kvaudit.verdict import judge, judge_host
+from kvaudit.verdict import judge_host
 
 #: "rsvd": what the driver keeps of the card (NVML), not SGLang's static reserve
 GPU_COLUMNS = ("GPU", "rank", "total", "rsvd", "CUDA total", "before T", "T", "free@end", "used now",
@@ -120,8 +120,7 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         L.append("")
         if h.audit is not None:
             # the audit without its own headline: the host's, above, is the same judgement with the live findings
-            own = render_one(h.audit, color, width=width).rstrip("\n").split("\n")
-            L.append("\n".join(own[len(headline(judge(h.audit).headline, width)):]))
+            L.append(render_one(h.audit, color, width=width, with_headline=False).rstrip("\n"))
             L.append("")
         if h.gpus:
             L.extend(colour(x, "1", color) for x in wrap(

@@ -100,16 +100,17 @@ def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
 
 
 def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple = (),
-               partial: tuple[str, ...] = (), width: int = WIDTH) -> str:
+               partial: tuple[str, ...] = (), width: int = WIDTH, with_headline: bool = True) -> str:
     """One audit; its first line is the verdict's headline (``extra``/``partial``: a checked host's live
     findings and what could not be read, which the headline weighs too)."""
     m = a.model
     L: list[str] = []
     engine = a.engine_display or a.engine
-    j = judge(a, extra, partial)
-    head = headline(j.headline, width)
-    L.append(colour(head[0], STATUS_COLOURS.get(j.status.value, "1"), color))
-    L.extend(head[1:])
+    if with_headline:  # a checked host's report prints its own (the same judgement with the live findings)
+        j = judge(a, extra, partial)
+        head = headline(j.headline, width)
+        L.append(colour(head[0], STATUS_COLOURS.get(j.status.value, "1"), color))
+        L.extend(head[1:])
     L.extend(colour(x, "1", color) for x in wrap(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "", width))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,

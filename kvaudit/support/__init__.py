@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kvaudit.versions import Version, VersionRange, format_version, parse_version
+from kvaudit.versions import Version, VersionRange, parse_version
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,29 +98,23 @@ def release_range(text: str | None) -> VersionRange:
     return VersionRange((0,), None)
 
 
-def _range(text: str) -> VersionRange:
-    return release_range(text)
+@lru_cache(maxsize=None)
+def _doc(engine: str) -> dict[str, Any]:
+    """An engine's table file, read once (empty for an engine without one: nothing is modelled)."""
+    path = HERE / f"{engine}.toml"
+    return tomllib.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 @lru_cache(maxsize=None)
 def table(engine: str) -> tuple[Row, ...]:
-    """Every row of an engine's table (empty for an engine without one: nothing is modelled)."""
-    path = HERE / f"{engine}.toml"
-    if not path.is_file():
-        return ()
-    doc: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
-    rows = []
-    for dim in DIMENSIONS:
-        for r in doc.get(dim, []):
-            rows.append(Row(engine, dim, r["kind"], _range(r["releases"]), r["level"], r["source"], r.get("note", "")))
-    return tuple(rows)
+    """Every row of an engine's table."""
+    doc = _doc(engine)
+    return tuple(Row(engine, dim, r["kind"], release_range(r["releases"]), r["level"], r["source"], r.get("note", ""))
+                 for dim in DIMENSIONS for r in doc.get(dim, []))
 
 
 def display(engine: str) -> str:
-    path = HERE / f"{engine}.toml"
-    if not path.is_file():
-        return engine
-    return str(tomllib.loads(path.read_text(encoding="utf-8")).get("display", engine))
+    return str(_doc(engine).get("display", engine))
 
 
 def engines() -> tuple[str, ...]:
@@ -206,12 +200,3 @@ def kv_dtype_kind(dtype: str | None) -> str | None:
     if d in ("int4", "4"):
         return "int4"
     return None
-
-
-def row_text(r: Row) -> tuple[str, str, str, str, str]:
-    """A row as the docs print it."""
-    return (r.kind, str(r.releases), r.level, r.source, r.note)
-
-
-def version_text(v: Version) -> str:
-    return format_version(v)
