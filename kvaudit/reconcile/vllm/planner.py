@@ -46,9 +46,17 @@ from kvaudit.versions import VersionRange
 #:     default when FlashInfer is installed: top_k_top_p_sampling_from_logits, no sort) holds the bf16 logits,
 #:     their float32 copy, the masked logits and the probabilities: 8-16 B an element, read in the code. Which
 #:     one runs is an installation fact (--sampler); not known, the range spans both.
+#:   From 0.17 the native path sorts no more for 8 rows or more (v1/sample/ops/topk_topp_triton.py, new in
+#:     0.17.0, absent from 0.16.0's wheel: apply_top_k_top_p_triton masks the float32 logits in place with a
+#:     per-SM buffer): it holds the bf16 logits, their float32 copy (sampler.py: logits.to(torch.float32)), the
+#:     float32 probabilities and random_sample's float32 exponential draw: 10-16 B an element, read in the code;
+#:     FlashInfer's sampler became opt-in (VLLM_USE_FLASHINFER_SAMPLER=1) in the same releases. So from 0.17 both
+#:     paths hold 8-16 B and the sampler need not be known.
 #: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
 FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
-SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0)}
+TRITON_SAMPLER = "native, Triton top-k/top-p (0.17+)"
+SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0), TRITON_SAMPLER: (10.0, 16.0)}
+TRITON_SAMPLER_SINCE = (0, 17, 0)
 #: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
 #: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
@@ -233,6 +241,12 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
         kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
         b_lo, b_hi = SAMPLER_BYTES[kind]
+    elif version >= TRITON_SAMPLER_SINCE and inp.sampler != "flashinfer":
+        triton = SAMPLER_BYTES[TRITON_SAMPLER]
+        if inp.sampler:
+            kind, (b_lo, b_hi) = TRITON_SAMPLER, triton
+        else:  # either path: 8-16 B
+            kind, b_lo, b_hi = "native (Triton top-k/top-p) or flashinfer", SAMPLER_BYTES["flashinfer"][0], triton[1]
     elif inp.sampler:
         kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
     else:
