@@ -267,7 +267,7 @@ def test_every_failed_startup_of_the_validation_set_is_planned_no_or_at_risk_and
     # every failure is called, but those the plan says it cannot call yet (each says why, in the case and the
     # bench's report): the day one of them is called, this test asks for its note to go
     assert s["failed_planned_no_or_at_risk"] == s["failed"] - len(missed)
-    assert len(s["not_caught"]) == len(missed) == 2
+    assert len(s["not_caught"]) == len(missed) == 3
 
 
 # issue 36 item 2: the run-to-run spread of one deployment, which a history of one startup cannot show
