@@ -92,6 +92,29 @@ def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(t
     assert not new["low"] <= 41.94 and (new["high"] - new["low"]) < 0.5 * (old["high"] - old["low"])
 
 
+def test_mxfp4_experts_are_padded_as_the_cards_kernel_backend_lays_them_out(tmp_path):
+    """gpt-oss-120b at TP 4 on A100s (dennislee22's vLLM 0.10.1.1 log: 'Model loading took 17.2217 GiB', Marlin):
+    Marlin pads each rank's expert width 720 to 768 and the hidden size 2880 to 3072 (mxfp4.py create_weights), which
+    the checkpoint's 15.19 GiB a rank does not show; the plan's weights hold what loading took, and its budget the
+    45.32 GiB logged. Without the quantization_config the padding is not added."""
+    model = _model(tmp_path, "gpt-oss-120b.json", 65248815744)
+    args = ("--engine", "vllm==0.10.1.1", "--gpu", "a100-80g", "--tp", "4", "--fraction", "0.8",
+            "--context-length", "16384", "--sampler", "flashinfer")
+    _, p = _plan(model, *args)
+    w = _term(p, "weights_gib")
+    assert w["low"] <= 17.2217 <= w["high"] and "marlin" in w["basis"] and "SM 8" in w["basis"]
+    rest = _term(p, "rest_gib")
+    assert rest["low"] <= 45.32 <= rest["high"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    cfg = json.loads((BENCH / "plan_configs" / "gpt-oss-120b.json").read_text())
+    del cfg["quantization_config"]
+    (plain / "config.json").write_text(json.dumps(cfg))
+    (plain / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 65248815744}}))
+    _, q = _plan(str(plain), *args)
+    assert _term(q, "weights_gib")["high"] < 17.2217 and "MXFP4" not in _term(q, "weights_gib")["basis"]
+
+
 # class 3: failures outside the budget are `no` or `at risk` with the term that decides them
 
 def test_a_tp_that_does_not_divide_the_attention_heads_does_not_start(tmp_path):

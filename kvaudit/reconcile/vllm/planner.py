@@ -72,6 +72,18 @@ CONTEXT_GIB = (0.25, 0.6)
 #: TP 1 and 30.59 for 30.51 at TP 2)
 VLLM_WEIGHT_EXTRA = (0.0, 0.15)  # GiB, plus up to 0.5 % of the weights
 VLLM_WEIGHT_SHARE = 0.005
+#: an MXFP4 checkpoint's experts (gpt-oss) are re-laid out at load, padded per kernel backend
+#: (model_executor/layers/quantization/mxfp4.py ``Mxfp4MoEMethod.create_weights``, read in 0.10.1.1 and 0.11.0):
+#: Marlin (a card below SM 9.0, where FP4 has no native support) pads each rank's expert width to a multiple of 128
+#: and the hidden size to 256; the SM 9.0+ backends pad the width to 64 (Triton; its swizzle, in the triton_kernels
+#: package, was not read), 128 (FlashInfer on SM 9.0 with VLLM_USE_FLASHINFER_MOE_MXFP4_BF16, both sizes) or 256
+#: (FlashInfer on SM 10.0, both sizes). (multiple of the width, multiple of hidden) per backend:
+MXFP4_PAD = {"marlin": (128, 256), "triton": (64, 1), "flashinfer-sm90": (128, 128), "flashinfer-sm100": (256, 256)}
+MXFP4_BLOCK = 32  # values per u8 scale; 4-bit values, two a byte
+#: the compute capability of the cards plan names (NVIDIA's CUDA GPU table), for the MXFP4 backend
+CARD_CAPABILITY = {"a100": 8.0, "a10": 8.6, "a10g": 8.6, "a40": 8.6, "l4": 8.9, "l40s": 8.9, "rtx-4090": 8.9,
+                   "rtx 4090": 8.9, "h100": 9.0, "h200": 9.0, "h20": 9.0, "b200": 10.0, "rtx-5090": 12.0,
+                   "rtx 5090": 12.0, "rtx-pro-6000": 12.0, "rtx pro 6000": 12.0}
 
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
@@ -178,12 +190,64 @@ def _weights(inp: PlanInput, history: Any) -> Term:
         lo, words = lo / 2, words + ("; a float32 config is served in 16 bits (--dtype auto): a float32 checkpoint "
                                      f"loads at half its bytes, down to {lo / 2:.2f}")
     hi = even * (1 + VLLM_WEIGHT_SHARE) + VLLM_WEIGHT_EXTRA[1]
+    pad = mxfp4_padding(inp)
+    if pad is not None:
+        p_lo, p_hi, p_words = pad
+        lo, hi, words = lo + p_lo, hi + p_hi, words + "; " + p_words
     if inp.pp > 1 and sz is not None and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
         hi += sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / inp.tp / GIB  # the first/last stage
         words += "; pipeline stages are uneven by an embedding"
     return Term("weights_gib", "weights per rank (what loading took)", lo, hi, "GiB", ASSUMED,
                 f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
                 f"up to {VLLM_WEIGHT_EXTRA[1]} GiB + {VLLM_WEIGHT_SHARE:.1%} loaded with them (assumed){words}")
+
+
+def _capability(card: str | None) -> float | None:
+    name = (card or "").lower()
+    for key in sorted(CARD_CAPABILITY, key=len, reverse=True):
+        if key in name:
+            return CARD_CAPABILITY[key]
+    return None
+
+
+def mxfp4_padding(inp: PlanInput) -> tuple[float, float, str] | None:
+    """What vLLM's MXFP4 experts take per rank beyond the checkpoint's bytes (GiB, low and high): their width per
+    rank and the hidden size padded to the backend's multiples (MXFP4_PAD), 4-bit values and one u8 scale per 32.
+    None unless the checkpoint is MXFP4 with its experts' sizes in the config."""
+    sz = inp.sizes
+    if sz is None or sz.quant_method != "mxfp4":
+        return None
+    width = sz.moe_intermediate_size or sz.intermediate_size
+    hidden, experts, layers = sz.hidden_size, sz.num_experts, sz.num_layers
+    if not (width and hidden and experts and layers):
+        return None
+
+    def expert_bytes(w: int, h: int) -> float:  # gate_up (2w x h) and down (h x w), values and scales
+        return 3 * w * h * (0.5 + 1 / MXFP4_BLOCK)
+
+    per_rank = width / inp.tp
+    plain = expert_bytes(width, hidden) / inp.tp
+
+    def padded(backend: str) -> float:
+        mw, mh = MXFP4_PAD[backend]
+        w = math.ceil(per_rank / mw) * mw
+        h = math.ceil(hidden / mh) * mh
+        return (expert_bytes(w, h) - plain) * experts * layers / inp.pp / GIB
+
+    cap = _capability(inp.card)
+    if cap is not None and cap < 9.0:
+        backends = ["marlin"]
+    elif cap is not None and cap < 10.0:
+        backends = ["triton", "flashinfer-sm90", "marlin"]  # Marlin without triton_kernels or torch 2.8
+    elif cap is not None:
+        backends = ["triton", "flashinfer-sm100", "marlin"]
+    else:
+        backends = list(MXFP4_PAD)
+    amounts = {b: padded(b) for b in backends}
+    lo, hi = min(amounts.values()), max(amounts.values())
+    which = ", ".join(f"{b} {v:.2f}" for b, v in amounts.items())
+    return lo, hi, (f"MXFP4 experts padded at load by the kernel backend ({which} GiB; vLLM mxfp4.py "
+                    "create_weights; card " + (f"SM {cap:g}" if cap is not None else "not known") + ")")
 
 
 def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[int, int, int, int, str]:
