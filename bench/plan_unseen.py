@@ -120,6 +120,8 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
             print(f"  {len(sized)} budgets: KV GiB mean abs error {summary['mean_abs_error']:.1%}, median "
                   f"{summary['median_abs_error']:.1%}, p95 {summary['p95_abs_error']:.1%}; interval held "
                   f"{summary['interval_held']:.0%}, median width {summary['median_width']:.1%}")
+        print(f"  {len(rows)} startups ({summary['distinct_configurations']} configurations), engines "
+              f"{', '.join(summary['engines'])}")
         print(f"  failed: {len(failed)} ({len(memory)} from memory), planned no/at risk: "
               f"{summary['failed_planned_no_or_at_risk']} ({summary['failed_from_memory_planned_no_or_at_risk']} of "
               f"those from memory); started but planned no: {summary['started_planned_no']}")
