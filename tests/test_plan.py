@@ -48,7 +48,7 @@ def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_hi
     startup's, so the plan's tokens are what the formula gives rerun on its log at 0.92 (whatif), widened by the
     run-to-run spread of one deployment that one startup cannot show (calibrate.RUN_TO_RUN_GIB on T and post)."""
     r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
-    assert r.code == 0, r.stderr
+    assert r.code == ExitStatus.WARNINGS, r.stderr  # at risk: LOW HEADROOM, as whatif says (below)
     w = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.92", "-m", KIMI_CONFIG, "-f", "json")
     assert w.stdout, w.stderr  # its exit status is the audit's (1: a warning), the answer is in the JSON
     after = json.loads(w.stdout)["whatif"]["tokens_after"]
@@ -66,7 +66,18 @@ def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_hi
     # the reserve held 4.35 GiB at 0.88 (graphs, the EAGLE draft): at 0.92 it is 7.52 GiB, 3.16 left
     left = next(t for t in p["terms"] if t["key"] == "left_after_graphs_gib")
     assert left["kind"] == "calibrated" and 3.1 < left["low"] <= left["high"] < 3.2
-    assert p["starts"] == "yes"
+    assert p["starts"] == "at risk" and p["starts_reason"].startswith("LOW HEADROOM")
+
+
+@pytest.mark.parametrize("fraction", ["0.89", "0.9", "0.91", "0.92"])
+def test_a_plan_and_a_whatif_of_one_startup_agree_on_headroom(kimi_history, fraction):
+    """The same rule decides both (issue 38: the plan said 'starts: yes' where whatif said LOW HEADROOM): what is
+    left for activations under low_headroom_gib, or under half of what the startup left, is at risk."""
+    _, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", fraction, "--history", kimi_history)
+    w = json.loads(cli("whatif", KIMI_LOG, "--mem-fraction-static", fraction, "-m", KIMI_CONFIG, "-f", "json").stdout)
+    low = w["whatif"]["risk"] == "low"
+    assert (p["starts"] == "at risk") == low, (p["starts"], p["starts_reason"], w["whatif"]["risk"])
+    assert low == (fraction == "0.92")
 
 
 def test_at_the_logged_fraction_the_plan_is_the_audits_prediction(kimi_history):

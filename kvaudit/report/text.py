@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import Any, Sequence
 
@@ -169,7 +170,7 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-",
-         f.bytes_per_token_source or ""),
+         _cell_source(f)),
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", logged_tokens_text(f, "-"), ""),
     ]
@@ -186,6 +187,18 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
     L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason, "  ", width))
     return L
+
+
+def _cell_source(f: Formula) -> str:
+    """Where bytes per token came from; a figure read off the KV line carries the range the line's rounding and
+    the pool's padding rows leave, so that the one number shown is not taken for an exact one."""
+    source = f.bytes_per_token_source or ""
+    span = f.bytes_per_token_range
+    if source.startswith("kv_line") and span is not None and f.bytes_per_token:
+        spread = max(f.bytes_per_token - math.ceil(span[0]), math.floor(span[1]) - f.bytes_per_token)
+        if spread >= 1:
+            return f"{source} +-{spread:,}"
+    return source
 
 
 def render(audits: list[Audit], color: bool = False, width: int = WIDTH, **_: Any) -> str:

@@ -474,7 +474,11 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         post_load_free_gib=rounded(post.mid) if post else None,
         reserve_gib=rounded(reserve.mid, 4) if reserve else None,
         rest_gib=rounded(rest.mid, 4) if rest else None,
+        # from the KV line: the figure at the stated page's padding (the one kv_line_bytes_per_token says), so
+        # one quantity is never printed as two numbers; the padding's whole range is bytes_per_token_range
         bytes_per_token=(cells.cell.profile if (cells.cell is not None and cells.source == "config")
+                         else round(cells.line_mid) if cells.line_mid and cells.iv is not None
+                         and cells.iv.contains(cells.line_mid)
                          else (round(cells.iv.mid) if cells.iv else None)),
         bytes_per_token_source=cells.source,
         predicted_tokens=prediction.tokens if prediction else None,
