@@ -118,8 +118,11 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 def _line_bytes_per_token(s: Settings, cell: Cell) -> int | None:
     """Bytes per token from the block line when the log states both the block's size and its length (TurboMind
     BlockManager ``block_size`` in MiB and ``cache_block_seq_len``, or the truncation line): the block line's
-    MiB / tokens per block; a default length the log does not state gives none."""
-    if cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default"):
+    MiB / tokens per block; a default length the log does not state gives none, and so does a whole-MiB line
+    (<=0.7, ``block_size_ >> 20``, cut): its block is anywhere in [N, N+1) MiB, a third of N wide at N = 2, and a
+    midpoint would be a figure no line states."""
+    if (cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default")
+            or s.get("block_mib_truncated")):
         return None
     return round((cell.lo + cell.hi) / 2 / s.block)
 
