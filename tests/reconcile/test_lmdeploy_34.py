@@ -77,3 +77,25 @@ def test_the_turbomind_config_fields_narrow_the_release():
     assert a.engine_version == "0.4.2..0.5.3"
     assert "spans both" not in a.formula.verdict_reason
     assert "free memory after" in a.formula.verdict_reason
+
+
+def test_whatif_with_nothing_to_compute_says_so_and_exits_1():
+    """lmdeploy_c008 (a WARNING-level log: no pool, no free memory): the what-if has no figure to show. It says
+    what the log lacks in one plain line, prints no table of dashes, and exits 1 (WARNINGS: no answer is not
+    'the change leaves the headroom', docs/exit-codes.md), in text and JSON alike."""
+    from tests.conftest import cli
+
+    r = cli("whatif", CORPUS / "lmdeploy_c008.log", "--cache-max-entry-count", "0.5")
+    assert r.code == 1, r.stdout
+    assert "nothing could be computed" in r.stdout and "KV tokens" not in r.stdout
+    assert "free memory after the weights" in r.stdout and " or the bytes per token" not in r.stdout
+    j = cli("whatif", CORPUS / "lmdeploy_c008.log", "--cache-max-entry-count", "0.5", "-f", "json")
+    assert j.code == 1 and j.json()["whatif"]["risk"] == "unknown"
+
+
+def test_whatif_on_a_cut_block_line_names_what_it_lacks():
+    """lmdeploy_c018: the pool's tokens are in the log, its bytes are not (2 MB, cut): said, exit 1."""
+    from tests.conftest import cli
+
+    r = cli("whatif", CORPUS / "lmdeploy_c018.log", "--cache-max-entry-count", "0.5")
+    assert r.code == 1 and "683,712 tokens are in the log" in r.stdout
