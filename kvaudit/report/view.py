@@ -179,7 +179,7 @@ def summary_sentences(a: Audit) -> list[str]:
         if r.unexplained_gib is None:
             # no unexplained figure: a term of the sum is missing; say how much the listed items leave and which
             # terms the log does not give, so the sentence still adds up to T
-            rest = r.pre_load_free_gib - listed - (r.free_at_end_gib or 0.0)
+            rest = (r.pre_load_free_gib or 0.0) - listed - (r.free_at_end_gib or 0.0)
             s += (f"; the other {rest:.2f} GiB is not broken down: the log gives no figure for "
                   + (", ".join(unread[:-1]) + " or " + unread[-1] if len(unread) > 1 else
                      unread[0] if unread else "every item"))
