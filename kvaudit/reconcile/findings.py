@@ -256,14 +256,19 @@ def mfs_inferred(mfs: float, state_gib: float | None = None) -> Finding:
               {"mem_fraction_static": mfs, "state_pool_gib": state_gib})
 
 
-def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None) -> Finding:
-    extra = ""
+def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None,
+                 pools: list[str] | None = None) -> Finding:
+    """``tokens``: the device pool, when --hicache-ratio sized the host pool (None otherwise: no expected size);
+    ``pools``: each host pool's line, when there are several or they state their own tokens (0.5.20+)."""
+    extra = f" ({'; '.join(pools)})" if pools else ""
     fields: dict[str, Any] = {"host_gb": gb, "host_gib": round(gb * GB_DECIMAL / GIB, 2)}
+    if pools:
+        fields["host_pools"] = pools
     if tokens and pool_cell:
         size = int(tokens * (ratio or 2.0)) + 1
         expected = size * pool_cell / GB_DECIMAL
         fields["expected_host_gb"] = round(expected, 2)
-        extra = f"; {tokens:,} tokens x ratio {ratio or 2.0:g} x {pool_cell:,} B = {expected:.2f} GB"
+        extra += f"; {tokens:,} tokens x ratio {ratio or 2.0:g} x {pool_cell:,} B = {expected:.2f} GB"
     return _f("HICACHE_HOST_MEMORY",
               f"hierarchical cache holds {gb:.2f} GB (decimal, = {gb * GB_DECIMAL / GIB:.2f} GiB) of host RAM per "
               f"rank, outside the GPU ledger{extra}", fields)

@@ -307,3 +307,29 @@ def test_a_hybrid_outside_the_allow_list_gets_one_full_pool_not_a_geometry_findi
     assert "GEOMETRY_MISMATCH" not in codes(a)
     assert a.formula.bytes_per_token == 507904 and a.formula.verdict == Verdict.MATCH
     assert any("allow-list" in n for n in a.notes)
+
+
+# --- item 10: 2026 sizing modes ------------------------------------------------------------------------------
+
+
+def test_a_post_capture_upper_bound_is_not_the_pool():
+    """fixtures/samples/sglang_026 (sglang#35996, real, hand-abridged): 'KV Cache VA upper bound ... #tokens:
+    273K' is post-capture KV sizing's pre-capture address space (0.5.17+ memory_pool.py prints 'VA upper bound'
+    when post_capture_active), not the pool: the pool is re-sized after capture (kv_pool_runtime.py
+    compute_post_capture_kv_resize) from terms the log does not print. Not modelled: no pool figure from the
+    bound, no mismatch, and the reason says so."""
+    (a,) = run((ROOT / "fixtures" / "samples" / "sglang_026.log").read_bytes())
+    assert a.formula.logged_tokens is None  # not 273,000
+    assert a.formula.verdict == Verdict.UNKNOWN
+    assert "post-capture KV sizing" in a.formula.verdict_reason and "273,000" in a.formula.verdict_reason
+    assert "TOKENS_MISMATCH" not in codes(a) and judge(a).status == "unchecked"
+    assert "273,000 tokens" not in judge(a).headline
+
+
+def test_hicache_host_ram_stays_out_of_the_gpu_ledger():
+    """fixtures/samples/sglang_210 (udbhav-ag/SGLang_setup@fdeaea3, real): 'Allocating 11.55 GB host memory for
+    hierarchical KV cache' is host RAM: the finding books it outside the ledger, and no GPU item holds it."""
+    (a,) = run((ROOT / "fixtures" / "samples" / "sglang_210.log").read_bytes())
+    assert a.hicache_host_gb == 11.55 and "HICACHE_HOST_MEMORY" in codes(a)
+    kv = [it.gib for r in a.ranks for it in r.items if it.key.startswith("kv_cache")]
+    assert kv and all(abs(g - 11.55) > 0.01 and abs(g - 10.76) > 0.01 for g in kv)

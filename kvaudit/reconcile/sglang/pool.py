@@ -73,6 +73,11 @@ def components(rf: RankFacts) -> tuple[PoolComponent, ...]:
     elif kvs:
         gib, parts = _kv_size(kvs)
         out.append(PoolComponent("kv_cache", "KV cache (target)", gib, parts, kvs[-1].line, kvs[0].tokens))
+    elif rf.post_capture_kv is not None and rf.post_capture_kv.kv_gib is not None:
+        # post-capture sizing (0.5.17+): the memory backed after the resize, not the pre-capture address space
+        pc = rf.post_capture_kv
+        out.append(PoolComponent("kv_cache", "KV cache (backed after CUDA-graph capture)", pc.kv_gib or 0.0, 1,
+                                 pc.line, pc.tokens))
     for pool in rf.other_pools:
         if pool.kind == "mamba":
             sizes = [k for k in pool.detail if k != "max_mamba_cache_size"]
