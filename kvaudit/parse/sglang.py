@@ -52,6 +52,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Error",
     b"TokenToKVPool",
     b"fraction-static",
+    b"HONOR_EXPLICIT",
     # failures that carry none of the above: "Killed" (the kernel's OOM killer / the shell), "Initialization
     # failed. warmup error", "Scheduler hit an exception"
     b"Killed",
@@ -267,6 +268,15 @@ class RequestsReduced(Event):
 
 
 @dataclass(frozen=True)
+class AiterFractionKept(RankEvent):
+    """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
+    normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
+    mem_fraction_static=X is used as-is.`` (WARNING): the explicit fraction was not scaled."""
+
+    mem_fraction_static: float = 0.0
+
+
+@dataclass(frozen=True)
 class MfsAdjust(RankEvent):
     """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
 
@@ -350,6 +360,7 @@ _HICACHE_POOL = lazy(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens,
 _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
+_AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
 _KV_BUDGET = lazy(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
@@ -857,6 +868,11 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1)), None, m.group(2)), clues)
+    m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 5, 19), None, "SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION warning (0.5.19+)"))
+        return _Parsed(AiterFractionKept(n, text, rank, "target", float(m.group(1))), clues)
     m = _MFS_ADJUST.search(text)
     if m:
         rank, clues = at(m)

@@ -333,3 +333,21 @@ def test_hicache_host_ram_stays_out_of_the_gpu_ledger():
     assert a.hicache_host_gb == 11.55 and "HICACHE_HOST_MEMORY" in codes(a)
     kv = [it.gib for r in a.ranks for it in r.items if it.key.startswith("kv_cache")]
     assert kv and all(abs(g - 11.55) > 0.01 and abs(g - 10.76) > 0.01 for g in kv)
+
+
+_AITER_KEPT = ("[2025-10-01 10:00:00] attention_backend=aiter with context_len=32768 (>8192) normally scales "
+               "mem_fraction_static by 0.85 to reserve non-static workspace, but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION "
+               "is set, so mem_fraction_static=0.680 is used as-is. Ensure enough memory is left for attention "
+               "workspace and CUDA graphs.\n")
+
+
+def test_aiters_opt_out_is_read_and_not_called_scaled():
+    """0.5.19+ (attention_hook.py, PR 37242): with SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION the explicit fraction
+    is kept and the engine says so; the format strings of 0.5.19 (no public aiter startup in the corpus). The
+    printed 0.68 is the one used (the same pool as above) and no note claims it includes x 0.85."""
+    text = _AITER.format(version="0.5.19", mfs="0.68")
+    head, rest = text.split("[2025-10-01 10:00:01", 1)
+    (a,) = run((head + _AITER_KEPT + "[2025-10-01 10:00:01" + rest).encode())
+    assert a.formula.verdict == Verdict.MATCH and abs(a.formula.mem_fraction_static - 0.68) < 1e-9
+    assert any("kept the explicit fraction 0.68" in n for n in a.notes)
+    assert not any("already includes" in n for n in a.notes)

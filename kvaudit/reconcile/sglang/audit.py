@@ -8,8 +8,8 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.sglang import (CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust, WeightBegin,
-                                  WeightEnd)
+from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
+                                  WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -208,10 +208,16 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
         # AMD aiter with a context above 8192 scales the fraction by 0.85. 0.4.9-0.5.4 do it in ModelRunner, after
         # server_args is printed (model_runner.py model_specific_adjustment): the printed value is scaled here.
         # From 0.5.5 ServerArgs.__post_init__ does it (server_args.py _handle_attention_backend_compatibility;
-        # arg_groups/attention_hook.py from 0.5.20, also on an explicit fraction unless
-        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION): the printed value already includes it.
+        # arg_groups/attention_hook.py from 0.5.19, also on an explicit fraction unless
+        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION, PR 37242, which logs that it kept it): the printed value
+        # (resolved_dict) already includes it, or is the kept one.
         ctx_len = context_length_of(ctx)
-        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
+        kept = ctx.startup.of(AiterFractionKept)
+        if kept:
+            ctx.notes.append(f"aiter backend: SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION kept the explicit fraction "
+                             f"{kept[0].mem_fraction_static:g} as-is (0.5.19+, attention_hook.py; no x 0.85), so "
+                             "less is left for the attention workspace and CUDA graphs")
+        elif ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
             if ctx.era.within((0, 4, 9), (0, 5, 4)):
                 ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang <=0.5.4 uses {mfs} x 0.85 "
                                  "(ModelRunner, after server_args is printed)")
