@@ -41,6 +41,8 @@ CODES: dict[str, Severity] = {
     "SMALL_KV_BUDGET": WARNING,
     # LMDeploy (reconcile/lmdeploy/)
     "SESSION_EXCEEDS_POOL": WARNING,
+    # SGLang: a sliding-window hybrid sized as one full-length pool (reconcile/sglang/cell.py)
+    "SWA_POOL_UNUSED": WARNING,
     # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
@@ -513,3 +515,14 @@ def live_pool_changed(live_tokens: int, startup_tokens: int, source: str) -> Fin
               f"the live server reports {live_tokens:,} KV tokens but its startup log sized {startup_tokens:,}: "
               f"the log is not the running server's latest start (restarted since?), or the pool was resized "
               f"({source})", {"live_tokens": live_tokens, "startup_tokens": startup_tokens})
+
+
+def swa_pool_unused(arch: str, full: int, sliding: int, flat_cell: int, full_cell: int, advice: str) -> Finding:
+    """SGLang gave a sliding-window hybrid one full-length pool: every layer holds every token."""
+    return _f("SWA_POOL_UNUSED",
+              f"{arch} is a sliding-window hybrid by its config ({full} full + {sliding} sliding layers), but SGLang "
+              f"sized it as one full-length pool: every layer holds every token, {flat_cell:,} B per token instead "
+              f"of {full_cell:,} B for the full layers plus a sliding-window pool sized by --swa-full-tokens-ratio: "
+              f"the sliding layers hold KV for tokens outside their window; {advice}",
+              {"architecture": arch, "full_attention_layers": full, "sliding_window_layers": sliding,
+               "bytes_per_token": flat_cell, "full_layer_bytes_per_token": full_cell})

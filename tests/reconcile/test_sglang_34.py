@@ -309,6 +309,21 @@ def test_a_hybrid_outside_the_allow_list_gets_one_full_pool_not_a_geometry_findi
     assert any("allow-list" in n for n in a.notes)
 
 
+def test_a_hybrid_given_one_full_pool_is_a_finding_that_says_what_to_set():
+    """The same startup (0.5.11's format strings, Gemma-3-27B's config): SWA_POOL_UNUSED says the pool is one
+    full-length pool (507,904 B per token on 62 layers) against 81,920 B on the 10 full layers plus the SWA pool
+    (sgl-project/sglang#39308's class), and what to set for the release (0.5.11: before the 0.5.13 opt-in)."""
+    (a,) = run(_GEMMA3_ONE_POOL.encode(), model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    f = next(f for f in a.findings if f.code == "SWA_POOL_UNUSED")
+    assert f.fields["bytes_per_token"] == 507904 and f.fields["full_layer_bytes_per_token"] == 81920
+    assert "allow-list" in f.message and "0.5.13" in f.message and "hybrid_layer_pattern" in f.message
+    (b,) = run(_GEMMA3_ONE_POOL.replace("swa_full_tokens_ratio=0.8,", "swa_full_tokens_ratio=0.8, "
+                                        "disable_hybrid_swa_memory=True,").encode(),
+               model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    g = next(f for f in b.findings if f.code == "SWA_POOL_UNUSED")
+    assert "drop --disable-hybrid-swa-memory" in g.message
+
+
 # --- item 10: 2026 sizing modes ------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell
+from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, swa_pool_unused
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -262,6 +262,9 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
         iv, source = line_cell, "kv_line"
     if cell_note:
         ctx.notes.append(cell_note)
+    unused = swa_pool_unused(ctx)
+    if unused is not None:
+        findings.append(unused)
     if geom is not None and geom.defaults_used and cell is not None:
         ctx.notes.append(f"the config leaves out {', '.join(geom.defaults_used)}: taken from its model family's "
                          f"defaults ({geom.model_type}), as SGLang's AutoConfig does")
