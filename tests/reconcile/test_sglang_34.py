@@ -366,3 +366,17 @@ def test_aiters_opt_out_is_read_and_not_called_scaled():
     assert a.formula.verdict == Verdict.MATCH and abs(a.formula.mem_fraction_static - 0.68) < 1e-9
     assert any("kept the explicit fraction 0.68" in n for n in a.notes)
     assert not any("already includes" in n for n in a.notes)
+
+
+@pytest.mark.parametrize("version,tp,expected", [("0.5.17", 1, 0.992), ("0.5.18", 8, 0.969), ("0.5.23", 8, 0.969)])
+def test_the_post_capture_default_fraction_is_the_releases_rule(version, tp, expected):
+    """Under SGLANG_ENABLE_POST_CAPTURE_KV_SIZING the default skips the graph and activation reserve: 0.5.16-0.5.17
+    keep 512 MiB + TP x PP / 8 GiB, 0.5.18+ 1536 MiB + TP x PP / 8 GiB (server_args.py, memory_hook.py from 0.5.19),
+    no 10 GiB floor. On an H100's 81,559 MiB (nvidia-smi memory.total): (81,559 - 640) / 81,559 = 0.992 at TP1 in
+    0.5.17, (81,559 - 2,560) / 81,559 = 0.969 at TP8 in 0.5.18+. MLA models are never post-capture sized."""
+    from kvaudit.reconcile.sglang.defaults import default_fraction
+
+    f, how = default_fraction(version, 81559, tp, 1, 1, False, False, post_capture=True)
+    assert f == expected and "post-capture" in how
+    assert default_fraction(version, 81559, tp, 1, 1, True, False, post_capture=True)[0] is None
+    assert default_fraction("0.5.15", 81559, tp, 1, 1, False, False, post_capture=True)[0] is None
