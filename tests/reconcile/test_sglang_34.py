@@ -380,3 +380,30 @@ def test_the_post_capture_default_fraction_is_the_releases_rule(version, tp, exp
     assert f == expected and "post-capture" in how
     assert default_fraction(version, 81559, tp, 1, 1, True, False, post_capture=True)[0] is None
     assert default_fraction("0.5.15", 81559, tp, 1, 1, False, False, post_capture=True)[0] is None
+
+
+_POST_CAPTURE = """SGLang Version 0.5.17
+[2026-07-01 10:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2-7B', mem_fraction_static=0.9, kv_cache_dtype='auto', page_size=1, tp_size=1)
+[2026-07-01 10:00:01 TP0] Load weight begin. avail mem=78.00 GB
+[2026-07-01 10:00:20 TP0] Load weight end. elapsed=19.00 s, type=Qwen2ForCausalLM, quant=None, avail mem=63.50 GB, mem usage=14.50 GB.
+[2026-07-01 10:00:21 TP0] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 1042958, K size: 27.85 GB, V size: 27.85 GB
+[2026-07-01 10:00:21 TP0] Memory pool end. avail mem=63.14 GB
+[2026-07-01 10:00:22 TP0] Capture target decode CUDA graph begin. avail mem=63.09 GB
+[2026-07-01 10:00:32 TP0] Capture target decode CUDA graph end. elapsed=10.10 s, mem usage=0.60 GB, avail mem=62.49 GB.
+[2026-07-01 10:00:33 TP0] Post-capture KV sizing: full_layer_tokens=1026094, swa_layer_tokens=0
+[2026-07-01 10:00:33 TP0] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 1026094, KV size: 54.85 GB, avail mem=7.75 GB
+[2026-07-01 10:00:34 TP0] max_total_num_tokens=1026094, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=32768, available_gpu_mem=7.75 GB
+"""
+
+
+def test_a_post_capture_pool_is_read_whole_and_not_judged():
+    """0.5.17's format strings (no public startup of the opt-in mode was found), Qwen2-7B's config: the pool is
+    the resize's 1,026,094 tokens (not the 1,042,958 of the VA upper bound), the ledger books the backed 54.85 GiB
+    as the KV cache, the verdict is unknown and says why, and the backed size (each buffer rounded up to the VMM
+    granularity, kv_vmm_backing.py) is not taken for a cell: no GEOMETRY_MISMATCH against 57,344 B."""
+    (a,) = run(_POST_CAPTURE.encode(), model_geometry=load_config(CONFIGS / "qwen2-7b.json"))
+    assert a.formula.logged_tokens == 1026094 and a.formula.verdict == Verdict.UNKNOWN
+    assert "post-capture KV sizing" in a.formula.verdict_reason and "1,042,958" in a.formula.verdict_reason
+    assert a.formula.bytes_per_token == 57344
+    assert a.ranks[0].kv_gib == 54.85
+    assert not codes(a) & {"GEOMETRY_MISMATCH", "TOKENS_MISMATCH", "UNEXPLAINED_MEMORY"}

@@ -177,8 +177,8 @@ def _cell(s: Settings) -> tuple[Cell, Settings, tuple[Finding, ...]]:
                                           f"{_source(s)}; {block.description}"),)
             return (Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s,
                     raised)
-        said = f"{mib:g}..{mib + 1:g} MiB (whole MiB, cut)" if truncated else f"{mib:g} MiB"
-        return Cell(None, lo, hi, "kv_line", f"the block line: {said} per block of {s.block} tokens"), s, ()
+        per_block = f"{mib:g}..{mib + 1:g} MiB (whole MiB, cut)" if truncated else f"{mib:g} MiB"
+        return Cell(None, lo, hi, "kv_line", f"the block line: {per_block} per block of {s.block} tokens"), s, ()
     if block is not None and block.bytes is not None:
         return Cell(block.bytes, block.bytes, block.bytes, _source(s), block.description), s, ()
     return Cell(None, None, None, None, block.description if block is not None else ""), s, ()

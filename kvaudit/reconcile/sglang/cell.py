@@ -249,6 +249,8 @@ def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, flo
     size, parts = None, 0
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
         comps = components(rf)
+        if any(c.backed for c in comps):
+            return None, None  # rounded up per buffer to the VMM granularity: no cell from it
         if kv_gib(comps) is not None:
             size, parts = kv_gib(comps), kv_parts(comps)
             break
