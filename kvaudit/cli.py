@@ -340,6 +340,8 @@ def whatif(
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     _write(chosen.whatif(audit, w, color=_color(color) and output is None, width=_width(output)), output)
+    if not w.computed:  # no answer at all: not "the change leaves the headroom" (docs/exit-codes.md)
+        return int(ExitStatus.WARNINGS)
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 

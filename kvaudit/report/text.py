@@ -213,6 +213,13 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) 
     def g(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
+    if not w.computed:
+        # no figure to put in the table: say so, and why, instead of a table of dashes
+        L.extend(wrap(colour("unknown", "2", color) + ": nothing could be computed for this change: the "
+                      "what-if needs what the log lacks.", "  ", width))
+        for e in w.explanation:
+            L.extend(wrap("- " + e, "  ", width))
+        return "\n".join(L) + "\n"
     after = f"{w.tokens_after.low:,}..{w.tokens_after.high:,}" if w.tokens_after else "-"
     rows_ = [
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
