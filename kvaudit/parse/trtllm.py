@@ -88,6 +88,13 @@ ANCHORS: tuple[bytes, ...] = (
     b"allottedPrimaryMemBytes",
     b"KV Memory Percentage",
     b"free_gpu_mem",
+    # the window lines carry none of the words above (resource_manager.py, 1.0+: the attention window cut to what
+    # the pool holds, and the per-window pools of the Python VSWA sizing)
+    b"exceeds upper bound",
+    b"max_attention_window_vec",
+    b"in blocks_per_window",
+    b"Adjusted max_seq_len",
+    b"primary_blocks: ",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -154,10 +161,22 @@ class WindowPool(RankEvent):
 
 @dataclass(frozen=True)
 class WindowNote(RankEvent):
-    """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.``"""
+    """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.`` and its follow-up
+    ``Adjusted window size W to N in blocks_per_window`` (``resource_manager.py``
+    ``_validate_and_adjust_attention_windows``, 1.0+): the window W is cut to N, the most tokens one sequence can
+    hold in that window's pool (``get_max_atten_window_upper_bound``: the pool's blocks x tokens per block for
+    beam width 1 without sink tokens)."""
 
     window: int = 0
     bound: int = 0
+
+
+@dataclass(frozen=True)
+class WindowVector(RankEvent):
+    """``Adjusted max_attention_window_vec to [w, ...]``: the attention window of each layer group after the cut;
+    more than one distinct value is variable sliding-window attention (VSWA)."""
+
+    windows: tuple[int, ...] = ()
 
 
 _RANK = lazy(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
@@ -207,6 +226,13 @@ _MAX_TOKENS_BYTES = lazy(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+
 _OLD_TOKENS = lazy(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
 _SEQ = lazy(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
 _WINDOW = lazy(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
+_WINDOW_ADJUSTED = lazy(r"Adjusted window size (\d+) to (\d+) in blocks_per_window")
+_WINDOW_VEC = lazy(r"Adjusted max_attention_window_vec to \[([\d, ]*)\]")
+_SEQ_ADJUSTED = lazy(r"Adjusted max_seq_len to (\d+)")
+# a cross (encoder-decoder) cache has one window, rekeyed to max_seq_len (resource_manager.py)
+_CROSS_WINDOW = lazy(r"Adjusted attention window size to (\d+) in blocks_per_window")
+# the Python VSWA sizing (resource_manager.py, later builds; no release pinned): one line per window
+_WINDOW_BLOCKS = lazy(r"Window size = (\d+), primary_blocks: (\d+), secondary_blocks: (\d+)")
 _BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT) backend")
 #: Failure kinds this grammar emits: executor_failed | oom | oom_component | too_small | no_fit | no_blocks | bad_fraction | instance_failed
 _FAILURES = (
@@ -471,6 +497,27 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _WINDOW.search(t) if "exceeds upper bound" in t else None
     if m:
         ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
+        return ev, []
+    m = _WINDOW_ADJUSTED.search(t) if "in blocks_per_window" in t else None
+    if m:
+        ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
+        return ev, []
+    m = _CROSS_WINDOW.search(t) if "in blocks_per_window" in t else None
+    if m:
+        read("cross_window", m.group(1))
+        return ev, []
+    m = _WINDOW_VEC.search(t) if "max_attention_window_vec" in t else None
+    if m:
+        ev.append(WindowVector(n, t, rank, "target",
+                               tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)))
+        return ev, []
+    m = _SEQ_ADJUSTED.search(t) if "Adjusted max_seq_len" in t else None
+    if m:
+        read("max_seq_len_adjusted", m.group(1))
+        return ev, []
+    m = _WINDOW_BLOCKS.search(t) if "primary_blocks: " in t else None
+    if m:
+        ev.append(WindowPool(n, t, rank, "target", int(m.group(1)), None, int(m.group(2))))
         return ev, []
     return [], []
 

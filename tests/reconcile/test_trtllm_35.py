@@ -34,3 +34,48 @@ def test_a_pool_never_sized_in_gib_records_no_gib():
     a = d["audits"][0] if "audits" in d else d
     logged = a["ranks"][0]["logged"]
     assert logged["kv_pool_tokens"] == 10718 and "kv_pool_gib" not in logged
+
+
+def _startup(path):
+    from kvaudit.explain import read_log
+
+    with open(path, "rb") as fh:
+        return read_log(fh).startups[-1]
+
+
+def test_window_lines_are_read_and_the_cut_is_the_whole_pool():
+    """trtllm_c013 (1.1.0rc3, gpt-oss-120b on GB10): the 'Attention window size ... exceeds upper bound',
+    'Adjusted max_attention_window_vec', 'Adjusted window size ... in blocks_per_window' and 'Adjusted max_seq_len'
+    lines carried none of the grammar's anchors and were never read. The cut is get_max_atten_window_upper_bound:
+    2,710 blocks x 32 = 86,720, the whole pool, and max_seq_len follows it."""
+    from kvaudit.parse.trtllm import Reading, WindowNote, WindowVector
+
+    st = _startup(CORPUS / "trtllm_c013.log")
+    read = {e.line for e in st.events}
+    assert {73, 74, 75, 76, 106, 107, 108, 109} <= read
+    assert [(w.window, w.bound) for w in st.of(WindowNote)][-2:] == [(131072, 86720), (131072, 86720)]
+    assert st.of(WindowVector)[-1].windows == (86720,)
+    assert [e.value for e in st.of(Reading) if e.key == "max_seq_len_adjusted"] == [8224, 86720]
+    d = cli("explain", CORPUS / "trtllm_c013.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    notes = " ".join(a["notes"])
+    assert "cut to 86,720 tokens" in notes and "the whole pool (2,710 blocks x 32)" in notes
+    assert "max_seq_len became 86,720" in notes
+    assert a["formula"]["verdict"] == "match"  # one window: the pool is still checked
+
+
+def test_several_windows_are_vswa_and_not_checked():
+    """A window vector with two distinct windows (resource_manager.py's format string; no real VSWA log of the
+    PyTorch backend was found) is variable sliding-window attention: its per-window split is not modelled, so the
+    count is neither matched nor mismatched, and the report says why."""
+    text = (CORPUS / "trtllm_c013.log").read_text(encoding="utf-8").replace(
+        "Adjusted max_attention_window_vec to [86720]", "Adjusted max_attention_window_vec to [128, 86720]")
+    import io
+
+    from kvaudit.explain import audit, read_log
+    from kvaudit.reconcile.interface import AuditOptions
+
+    a = audit(read_log(io.BytesIO(text.encode())), AuditOptions())[-1]
+    assert a.formula.verdict.value == "unknown"
+    assert "variable sliding-window" in a.formula.verdict_reason
+    assert not {"TOKENS_MATCH", "TOKENS_MISMATCH"} & {f.code for f in a.findings}

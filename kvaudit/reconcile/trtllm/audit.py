@@ -182,9 +182,21 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
         notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
     if ctx.tp_at_least:
         notes.append(f"TP size at least {ctx.tp}: {ctx.tp_source}")
-    for w in ctx.startup.of(WindowNote)[-1:]:
-        notes.append(f"the attention window {w.window:,} was reduced to {w.bound:,} tokens: the pool holds no more "
-                     f"(line {w.line})")
+    cut = ctx.startup.of(WindowNote)
+    if cut:
+        # _validate_and_adjust_attention_windows (resource_manager.py): a window longer than its pool can hold for
+        # one sequence is cut to get_max_atten_window_upper_bound, which for beam width 1 and no sink tokens is
+        # the pool's blocks x tokens per block, i.e. the whole pool; max_seq_len follows it
+        w = cut[-1]
+        whole = ""
+        if len(ctx.windows) <= 1 and logged and block and w.bound == logged:
+            whole = f" = the whole pool ({logged // block:,} blocks x {block}): one request may fill it"
+        elif len(ctx.windows) <= 1 and logged and w.bound > logged:
+            whole = f", more than the pool's {logged:,} tokens"
+        seq = ctx.first("max_seq_len_adjusted")
+        notes.append(f"the attention window {w.window:,} was cut to {w.bound:,} tokens (line {w.line}){whole}"
+                     + (f"; max_seq_len became {int(seq):,}: a longer request is refused" if seq else
+                        ": a sequence cannot attend beyond it"))
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
         fits = _block_sizes(b, int(blocks), cell.bytes if cell.source == "config" else None)
