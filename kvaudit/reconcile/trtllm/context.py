@@ -86,8 +86,8 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     # split kvaudit does not model
     vectors = startup.of(WindowVector)
     if vectors and len(set(vectors[-1].windows)) > 1:
-        for w in set(vectors[-1].windows):
-            windows.setdefault(w, (None, None))
+        for size in set(vectors[-1].windows):
+            windows.setdefault(size, (None, None))
     return Context(startup, opts, facts, geom, fraction, source, assumed,
                    int(first(facts, "tokens_per_block") or 0) or None, tp, not opts.tp_size and bool(tagged),
                    tp_source, kv_dtype, elt, kv_assumed, caps, windows, bool(first(facts, "speculative")),
