@@ -79,3 +79,12 @@ def test_several_windows_are_vswa_and_not_checked():
     assert a.formula.verdict.value == "unknown"
     assert "variable sliding-window" in a.formula.verdict_reason
     assert not {"TOKENS_MATCH", "TOKENS_MISMATCH"} & {f.code for f in a.findings}
+
+
+def test_a_pool_below_an_assumed_fraction_names_a_lower_fraction_too():
+    """trtllm_c015 (0.17 engine): 29.95 GiB of 74.87 available is 0.40 of it; the log states no fraction, so a lower
+    fraction is as likely as a cap the log does not show, and the report says both."""
+    d = cli("explain", CORPUS / "trtllm_c015.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    why = a["formula"]["verdict_reason"]
+    assert "a fraction of about 0.40 instead of the assumed 0.9" in why and "or a cap" in why
