@@ -49,8 +49,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
         findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
         # the fraction itself is unknown when the log does not state it: a lower one is as likely as a cap
-        why = (f"a fraction of about {pool.gib / budget.smallest.mid:.2f} instead of the assumed {ctx.fraction:g} (the log "
-               "does not state it), or a cap the log does not show, sized it" if ctx.fraction_assumed
+        share = pool.gib / budget.smallest.mid
+        why = (f"a fraction of about {share:.2f} instead of the assumed {ctx.fraction:g} (the log does not state it), "
+               "or a cap the log does not show, sized it" if ctx.fraction_assumed
                else "a cap the log does not show sized it")
         pred = Prediction(None, Verdict.UNKNOWN, f"the pool ({pool.gib:.2f} GiB) is far below the fraction's "
                                                  f"budget: {why}")
