@@ -290,3 +290,51 @@ def test_the_0_20_0_count_is_modelled_per_release():
               AuditOptions(model_geometry=geom))[-1]
     assert b.formula.verdict == Verdict.MATCH and b.formula.logged_tokens == 177_440
     assert "to 0.20.0" in b.formula.verdict_reason
+
+
+# StartupPlan (v1/worker/startup_plan.py, VLLM_ENABLE_STARTUP_PLAN=1) --------------------------------------------
+# No public log with these lines was found: each is written from the 0.26.0 wheel's format string, with numbers
+# that agree with the real log it is put into (vllm_c002, 0.26: 'reserved 49.0 GiB memory for KV Cache as specified
+# by kv_cache_memory_bytes config'; vllm_c012: a profiled start). The saved path is one a public run printed.
+
+PLAN_APPLIED = ("(EngineCore pid=83) INFO 07-26 12:29:34 [startup_plan.py:153] Applying persisted startup plan "
+                "(fingerprint faaa0e6a718763db): kv_cache_memory_bytes=52613349376 (49.00 GiB), recorded free-memory "
+                "baseline 93.50 GiB, current 93.88 GiB. Memory profiling will be skipped.")
+PLAN_NOT_APPLIED = ("(Worker_TP0 pid=223) INFO 08-22 04:42:01 [startup_plan.py:123] Startup plan not applied: current "
+                    "free memory (30.27 GiB) is below the recorded baseline (30.61 GiB); falling back to full memory "
+                    "profiling.")
+PLAN_SAVED = ("(Worker_TP0 pid=223) INFO 08-22 04:42:13 [startup_plan.py:189] Saved startup plan to "
+              "/cache/vllm/startup_plan/startup_plan_faaa0e6a718763db.json")
+
+
+def _insert(name: str, after: str, line: str) -> str:
+    lines = (CORPUS / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if after in x)
+    return "".join(lines[:at] + [line + "\n"] + lines[at:])
+
+
+def test_an_applied_startup_plan_is_named_not_the_flag():
+    """An applied plan sets kv_cache_memory_bytes from a file; the next line says 'as specified by
+    kv_cache_memory_bytes config', but no flag was passed: the report names the plan and its baseline."""
+    a = text_audit(_insert("vllm_c002", "as specified by kv_cache_memory_bytes", PLAN_APPLIED))
+    notes = " ".join(a.notes)
+    assert "a persisted startup plan (VLLM_ENABLE_STARTUP_PLAN=1, line 5), not --kv-cache-memory-bytes" in notes
+    assert "recorded with 93.50 GiB free; 93.88 GiB free at this start" in notes
+    assert "fixed the KV cache at 49.0 GiB" in notes
+    assert not any(n.startswith("--kv-cache-memory-bytes fixed") for n in a.notes)
+
+
+def test_a_plan_not_applied_says_what_the_free_memory_lacked_and_a_saved_one_is_said():
+    text = _insert("vllm_c012", "Free memory on device (30.27/31.4 GiB)", PLAN_NOT_APPLIED)
+    text = _insert_text(text, "Free memory on device (30.5/31.4 GiB)", PLAN_SAVED)
+    a = text_audit(text)
+    notes = " ".join(a.notes)
+    assert "was not applied (line 2): 30.27 GiB was free at the start, 0.34 GiB less than the 30.61 GiB" in notes
+    assert "saved as a startup plan (line 5)" in notes
+    assert not any(line == 2 for line, _ in a.uninterpreted)  # a memory line, read
+
+
+def _insert_text(text: str, after: str, line: str) -> str:
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if after in x)
+    return "".join(lines[:at] + [line + "\n"] + lines[at:])
