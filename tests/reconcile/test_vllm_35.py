@@ -338,3 +338,23 @@ def _insert_text(text: str, after: str, line: str) -> str:
     lines = text.splitlines(keepends=True)
     at = next(i for i, x in enumerate(lines) if after in x)
     return "".join(lines[:at] + [line + "\n"] + lines[at:])
+
+
+# 5. unified memory ------------------------------------------------------------------------------------------------
+
+
+def test_a_gb10_startup_is_recognised_checked_and_never_told_to_raise_the_fraction():
+    """vllm_c042 (0.20.0, Gemma-4 26B-A4B bf16 on DGX Spark; entry in new-vllm.json): the fused-MoE config path
+    names NVIDIA_GB10, so the platform is unified memory; the sliding-window count is modelled for 0.20.0 and
+    matches (177,440); vLLM's own 'increase --gpu-memory-utilization to 0.8141' note is not repeated as advice,
+    and no finding or note tells the operator to raise the fraction (on GB10 that memory is the host's)."""
+    import re
+
+    geom = load_config(CONFIGS / "gemma-4-26b-a4b-it.json")
+    a = audit(read_log(io.BytesIO((CORPUS / "vllm_c042.log").read_bytes())), AuditOptions(model_geometry=geom))[-1]
+    assert a.platform is not None and "GB10" in str(a.platform)
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == 177_440
+    raise_it = re.compile(r"(rais|increas|higher|more).{0,60}(gpu[-_ ]memory[-_ ]utilization|fraction)", re.I)
+    said = [f.message for f in a.findings] + list(a.notes) + [judge(a).headline]
+    assert not [s for s in said if raise_it.search(s)], said
+    assert any("unified memory" in n for n in a.notes)
