@@ -88,3 +88,11 @@ def test_a_pool_below_an_assumed_fraction_names_a_lower_fraction_too():
     a = d["audits"][0] if "audits" in d else d
     why = a["formula"]["verdict_reason"]
     assert "a fraction of about 0.40 instead of the assumed 0.9" in why and "or a cap" in why
+
+
+def test_a_failing_rank_tag_counts_for_the_tp_size():
+    """trtllm_c019 (1.0rc, Qwen3-235B at TP8): the only tagged line is rank 1's error; TP is at least 2, not an
+    assumed 1."""
+    d = cli("explain", CORPUS / "trtllm_c019.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    assert any("TP size at least 2" in n for n in a["notes"])

@@ -65,7 +65,9 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     if fraction is None:
         fraction, source = DEFAULT_FRACTION, "default 0.9 (the log does not state it)"
 
-    tagged = [r for r in facts if r.label]
+    # every rank a line names counts, a failing rank's error too ('[RANK 1] [E] Failed to initialize executor'),
+    # not only the ranks that logged a reading
+    tagged = [r for r in {*facts, *startup.ranks()} if r.label]
     tp = opts.tp_size or (max(r.sort_key[1] for r in tagged) + 1 if tagged else 1)
     tp_source = "--tp-size" if opts.tp_size else ("rank tags (at least)" if tagged else "assumed (no rank tags)")
 
