@@ -95,6 +95,11 @@ ANCHORS: tuple[bytes, ...] = (
     b"in blocks_per_window",
     b"Adjusted max_seq_len",
     b"primary_blocks: ",
+    # the executor's OOM table rows (py_executor_creator.py _maybe_explain_if_oom): 'Model: 139.55 / 110.70'
+    b"Model: ",
+    b"Sampler: ",
+    b"Drafter: ",
+    b"executor resources",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -169,6 +174,17 @@ class WindowNote(RankEvent):
 
     window: int = 0
     bound: int = 0
+
+
+@dataclass(frozen=True)
+class ComponentRow(RankEvent):
+    """A row of the executor's OOM table under 'Previously created components and free GPU memory before/after
+    creation (GiB):' (``py_executor_creator.py`` ``_maybe_explain_if_oom``, 1.0+): the free memory before and after
+    one component was created, so ``before - after`` is what it took."""
+
+    name: str = ""
+    before_gib: float = 0.0
+    after_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -253,6 +269,9 @@ _ALLOTTED = lazy(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=
 _SPEC = lazy(r"has_speculative_draft_tokens=(True|False)")
 _COMPONENT = lazy(r"The following component could not be created: (.+)$")
 _OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
+_OOM_ROW = lazy(r"^\s*(Model|Sampler|Drafter|Initial KV cache \(temporary for KV cache size estimation\)|Additional "
+                r"executor resources \(temporary for KV cache size estimation\)|KV cache|Guided decoder|Executor): "
+                + NUM + r" / " + NUM + r"\s*$")
 _TOO_SMALL = lazy(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
                         r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
 _BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
@@ -277,7 +296,7 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
 OWN_PREFIX = OwnPrefix(
     cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
-    bare=lambda e: isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
+    bare=lambda e: isinstance(e, ComponentRow) or isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
                                                or _PERCENTAGE.search(e.text) is not None),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
 )
@@ -324,6 +343,9 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _COMPONENT.search(t) if "could not be created" in t else None
     if m:  # the executor's OOM table (py_executor_creator.py::_maybe_explain_if_oom), one line each
         return [Failure(n, t, rank, "target", "oom_component", m.group(1).strip(), {})], []
+    m = _OOM_ROW.search(t) if " / " in t else None
+    if m:
+        return [ComponentRow(n, t, rank, "target", m.group(1), float(m.group(2)), float(m.group(3)))], []
     m = _OOM_TABLE.search(t) if "(GiB): " in t else None
     if m:
         read("oom_total_gib" if m.group(1) == "Total" else "oom_free_gib", m.group(2))

@@ -96,3 +96,12 @@ def test_a_failing_rank_tag_counts_for_the_tp_size():
     d = cli("explain", CORPUS / "trtllm_c019.log", "-f", "json").json()
     a = d["audits"][0] if "audits" in d else d
     assert any("TP size at least 2" in n for n in a["notes"])
+
+
+def test_the_oom_tables_component_rows_are_read():
+    """trtllm_c019: the rows under 'Previously created components and free GPU memory before/after creation (GiB):'
+    carry no unit of their own and were neither read nor listed; what each component took is now in the finding."""
+    d = cli("explain", CORPUS / "trtllm_c019.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    nem = next(f for f in a["findings"] if f["code"] == "NOT_ENOUGH_MEMORY")
+    assert "before it: Model 28.85 GiB, Sampler 0.00 GiB, Initial KV cache 0.37 GiB, Drafter 0.00 GiB" in nem["message"]
