@@ -516,12 +516,9 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("max_num_requests", m.group(2))
         read("max_num_tokens", m.group(3))
         return ev, []
-    m = _WINDOW.search(t) if "exceeds upper bound" in t else None
-    if m:
-        ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
-        return ev, []
-    m = _WINDOW_ADJUSTED.search(t) if "in blocks_per_window" in t else None
-    if m:
+    m = ((_WINDOW.search(t) if "exceeds upper bound" in t else None)
+         or (_WINDOW_ADJUSTED.search(t) if "in blocks_per_window" in t else None))
+    if m:  # the cut and its follow-up name the same window and bound
         ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
         return ev, []
     m = _CROSS_WINDOW.search(t) if "in blocks_per_window" in t else None
