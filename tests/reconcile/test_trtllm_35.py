@@ -79,6 +79,8 @@ def test_several_windows_are_vswa_and_not_checked():
     assert a.formula.verdict.value == "unknown"
     assert "variable sliding-window" in a.formula.verdict_reason
     assert not {"TOKENS_MATCH", "TOKENS_MISMATCH"} & {f.code for f in a.findings}
+    note = next(n for n in a.notes if n.startswith("variable sliding-window"))
+    assert "window 128: its pool not printed" in note and "not modelled" in note
 
 
 def test_a_pool_below_an_assumed_fraction_names_a_lower_fraction_too():

@@ -148,10 +148,11 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     notes, block, logged = ctx.notes, ctx.block, pool.tokens
     if len(ctx.windows) > 1:
         notes.append("variable sliding-window attention: the pool is split per window size ("
-                     + "; ".join(f"window {w:,}: " + ", ".join(x for x in (
+                     + "; ".join(f"window {w:,}: " + (", ".join(x for x in (
                          f"{tokens:,} max tokens" if tokens is not None else "",
-                         f"{blocks:,} primary blocks" if blocks is not None else "") if x)
-                         for w, (tokens, blocks) in sorted(ctx.windows.items())) + ")")
+                         f"{blocks:,} primary blocks" if blocks is not None else "") if x) or "its pool not printed")
+                         for w, (tokens, blocks) in sorted(ctx.windows.items()))
+                     + "); the split itself is not modelled, so the count is not checked")
     peak_line = min((rr.lines["peak_gib"] for rr in ctx.facts.values() if "peak_gib" in rr.lines), default=None)
     final = pool.smallest
     writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
