@@ -81,6 +81,8 @@ def test_several_windows_are_vswa_and_not_checked():
     assert not {"TOKENS_MATCH", "TOKENS_MISMATCH"} & {f.code for f in a.findings}
     note = next(n for n in a.notes if n.startswith("variable sliding-window"))
     assert "window 128: its pool not printed" in note and "not modelled" in note
+    # rule 7: the support table marks VSWA not modelled, so no model judgement rests on the pool
+    assert a.pool_kinds == ("dense", "swa") and a.coverage is not None and a.coverage.level == "not"
 
 
 def test_a_pool_below_an_assumed_fraction_names_a_lower_fraction_too():
