@@ -100,6 +100,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Sampler: ",
     b"Drafter: ",
     b"executor resources",
+    b"PyTorch memory fraction",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -269,6 +270,9 @@ _ALLOTTED = lazy(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=
 _SPEC = lazy(r"has_speculative_draft_tokens=(True|False)")
 _COMPONENT = lazy(r"The following component could not be created: (.+)$")
 _OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
+# py_executor_creator.py _adjust_torch_mem_fraction (1.x, at the end of start-up): torch's allocator is capped at
+# free + torch-reserved - 32 MiB, printed as a fraction of the device total and in GiB (full float precision)
+_TORCH_CAP = lazy(r"Setting PyTorch memory fraction to " + NUM + r" \(" + NUM + r" GiB\)")
 _OOM_ROW = lazy(r"^\s*(Model|Sampler|Drafter|Initial KV cache \(temporary for KV cache size estimation\)|Additional "
                 r"executor resources \(temporary for KV cache size estimation\)|KV cache|Guided decoder|Executor): "
                 + NUM + r" / " + NUM + r"\s*$")
@@ -343,6 +347,11 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _COMPONENT.search(t) if "could not be created" in t else None
     if m:  # the executor's OOM table (py_executor_creator.py::_maybe_explain_if_oom), one line each
         return [Failure(n, t, rank, "target", "oom_component", m.group(1).strip(), {})], []
+    m = _TORCH_CAP.search(t) if "PyTorch memory fraction" in t else None
+    if m:
+        read("torch_cap_fraction", m.group(1))
+        read("torch_cap_gib", m.group(2))
+        return ev, []
     m = _OOM_ROW.search(t) if " / " in t else None
     if m:
         return [ComponentRow(n, t, rank, "target", m.group(1), float(m.group(2)), float(m.group(3)))], []

@@ -109,3 +109,13 @@ def test_the_oom_tables_component_rows_are_read():
     a = d["audits"][0] if "audits" in d else d
     nem = next(f for f in a["findings"] if f["code"] == "NOT_ENOUGH_MEMORY")
     assert "before it: Model 28.85 GiB, Sampler 0.00 GiB, Initial KV cache 0.37 GiB, Drafter 0.00 GiB" in nem["message"]
+
+
+def test_the_torch_memory_cap_line_is_read():
+    """trtllm_c013: 'Setting PyTorch memory fraction to 0.5983721838660735 (71.62367630004883 GiB)' was listed as not
+    interpreted; py_executor_creator.py _adjust_torch_mem_fraction caps torch at free + reserved - 32 MiB, and the
+    two numbers give the device total (71.62 / 0.5984 = 119.70, the peak line's total)."""
+    d = cli("explain", CORPUS / "trtllm_c013.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    assert not any("Setting PyTorch memory fraction" in u["text"] for u in a.get("uninterpreted_lines") or [])
+    assert any("capped at 71.62 GiB (0.5984 of 119.70 GiB" in n for n in a["notes"])

@@ -187,6 +187,13 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
                      + (" = the pool" if round_up(n, block) == logged else f", but the pool has {logged:,}"))
     elif est is not None:
         notes.append(f"the engine estimated {int(est):,} tokens")
+    cap, cap_fraction = ctx.first("torch_cap_gib"), ctx.first("torch_cap_fraction")
+    if cap is not None and cap_fraction:
+        # _adjust_torch_mem_fraction: cap = free + torch-reserved - 32 MiB after the pool, as a fraction of the total
+        notes.append(f"after the pool PyTorch's allocator was capped at {cap:.2f} GiB ({cap_fraction:.4f} of "
+                     f"{cap / cap_fraction:.2f} GiB: what was free plus what torch held, less 32 MiB; "
+                     "_adjust_torch_mem_fraction): near it torch releases its cached blocks, and an allocation past "
+                     "it fails with OOM")
     if ctx.fraction_assumed:
         notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
     if ctx.tp_at_least:
