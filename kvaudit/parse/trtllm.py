@@ -273,8 +273,9 @@ _OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt
 # py_executor_creator.py _adjust_torch_mem_fraction (1.x, at the end of start-up): torch's allocator is capped at
 # free + torch-reserved - 32 MiB, printed as a fraction of the device total and in GiB (full float precision)
 _TORCH_CAP = lazy(r"Setting PyTorch memory fraction to " + NUM + r" \(" + NUM + r" GiB\)")
+# the row names seen in real tables (trtllm_c019) and the final KV cache, which is created last
 _OOM_ROW = lazy(r"^\s*(Model|Sampler|Drafter|Initial KV cache \(temporary for KV cache size estimation\)|Additional "
-                r"executor resources \(temporary for KV cache size estimation\)|KV cache|Guided decoder|Executor): "
+                r"executor resources \(temporary for KV cache size estimation\)|KV cache): "
                 + NUM + r" / " + NUM + r"\s*$")
 _TOO_SMALL = lazy(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
                         r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
