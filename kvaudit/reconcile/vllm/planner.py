@@ -64,6 +64,15 @@ ACTIVATION_GIB = (0.2, 6.5)
 #: c014, vllm_016, llm-d's 0.13-0.14) and 0.2-0.55 at TP 2-4 (vllm_c007, llm-d's 0.54-0.55). LMCache-style
 #: connectors hold more (vllm_c013: 7.33 GiB) and are not modelled.
 NON_TORCH_GIB = {("0.6", 1): (1.0, 2.0), ("0.6", 2): (2.0, 4.0), ("0.7+", 1): (0.03, 0.4), ("0.7+", 2): (0.15, 0.8)}
+#: from 0.17.0 the default optimization level (O2) fuses the all-reduce with the RMS norm when TP > 1 on SM 9.0 or
+#: 10.x with PP 1 and DP 1 (config/vllm.py enable_allreduce_rms_fusion, read in 0.17.0 and 0.19.0; 0.16.0's O2 has it
+#: off), through FlashInfer's all-reduce workspace. Under 0.19.0 on H100s a rank's non-torch memory is then 2.07 GiB
+#: at TP 2 and 2.13 at TP 4 against 0.25 at TP 1 and 0.07 at PP 2 and 4 (the calibration set's Llama-3.1-8B runs of
+#: llm-d-planner's sweep); 0.11.0's TP 2 had 0.54. What the ~2 GiB are made of (the workspace, NCCL's buffers for the
+#: fused path) was not sized from the code: 0.19+ takes the calibration range, 0.17-0.18 (no startup) the union.
+FUSED_ALLREDUCE_SINCE = (0, 17, 0)
+FUSED_ALLREDUCE_MEASURED = (0, 19, 0)
+NON_TORCH_FUSED_GIB = (1.9, 2.4)
 GRAPH_ESTIMATE_GIB = (0.05, 2.0)
 #: what is in use before vLLM compares the free memory with total x util: the CUDA context and torch's own
 CONTEXT_GIB = (0.25, 0.6)
@@ -326,7 +335,23 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
 
 def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
     era = "0.6" if version < (0, 7, 0) else "0.7+"
-    return NON_TORCH_GIB[(era, 1 if inp.tp * inp.pp == 1 else 2)]
+    base = NON_TORCH_GIB[(era, 1 if inp.tp * inp.pp == 1 else 2)]
+    fused = fused_allreduce(inp, version)
+    if fused is None or fused is False:
+        return base
+    lo = NON_TORCH_FUSED_GIB[0] if fused is True and version >= FUSED_ALLREDUCE_MEASURED else base[0]
+    return lo, NON_TORCH_FUSED_GIB[1]
+
+
+def fused_allreduce(inp: PlanInput, version: tuple[int, ...]) -> bool | None:
+    """Whether vLLM fuses the all-reduce with the RMS norm (FUSED_ALLREDUCE_SINCE): True or False, or None when the
+    card's compute capability is not known (a card given by its memory only)."""
+    if version < FUSED_ALLREDUCE_SINCE or inp.tp < 2 or inp.pp > 1:
+        return False
+    cap = _capability(inp.card)
+    if cap is None:
+        return None
+    return cap == 9.0 or 10.0 <= cap < 11.0
 
 
 def _besides(inp: PlanInput, history: Any, version: tuple[int, ...], total: Term) -> Term:
@@ -343,7 +368,11 @@ def _besides(inp: PlanInput, history: Any, version: tuple[int, ...], total: Term
     else:
         a_lo, a_hi, words = act
     parts = [(a_lo, a_hi), nt]
-    words += f", non-torch {nt[0]}-{nt[1]} GiB ({'one rank' if inp.tp * inp.pp == 1 else 'several ranks'})"
+    fused = fused_allreduce(inp, version)
+    why = ("TP > 1 with the all-reduce + RMS norm fusion (0.17+ on SM 9.0/10.x)" if fused else
+           "TP > 1, the all-reduce fusion not known (the card's compute capability is not)" if fused is None else
+           "one rank" if inp.tp * inp.pp == 1 else "several ranks")
+    words += f", non-torch {nt[0]}-{nt[1]} GiB ({why})"
     if version >= (0, 20, 0):
         parts.append(GRAPH_ESTIMATE_GIB)
         words += f", CUDA graph estimate {GRAPH_ESTIMATE_GIB[0]}-{GRAPH_ESTIMATE_GIB[1]} GiB (assumed)"
