@@ -301,7 +301,7 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
             + f": left by an earlier start; free {'them' if len(rows) != 1 else 'it'} with `kill {pids}` "
             f"(`kill -9 {pids}` if still there after 30 s)",
             {"gib": total, "pids": [r["pid"] for r in rows], "processes": rows,
-             "command": f"kill {pids}"}))
+             "gpus": sorted({i for r in rows for i in r["gpus"]}), "command": f"kill {pids}"}))
     mapped = {l.index for l in ledgers if l.rank}
     idle: list[dict[str, Any]] = []
     for l in ledgers:

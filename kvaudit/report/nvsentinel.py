@@ -50,6 +50,8 @@ AUDITED_CLEAR = {
     "FOREIGN_PROCESS": "kvaudit finds no other process's memory on the engine's GPUs",
     "OCCUPIED_AT_STARTUP": "kvaudit finds no GPU memory held before the engine started",
     "GPU_COUNT_MISMATCH": "kvaudit matches every rank of the engine to a GPU",
+    "ORPHANED_ENGINE_PROCESS": "kvaudit finds no engine process an earlier start left",
+    "IDLE_TENANT_MEMORY": "kvaudit finds no stopped, swapped-out or sleeping process holding the engine's GPUs",
 }
 READINGS_CLEAR = "kvaudit read the node's GPUs"
 

@@ -223,3 +223,17 @@ def test_a_replayed_pid_that_is_another_program_is_not_mixed_up():
     ledgers, findings = reconcile_gpus(None, _collected([GPU], apps, procs), 0, engine_names=process_names())
     assert ledgers[0].server_gib == 68.359 and not ledgers[0].foreign
     assert not [f for f in findings if f.code == "IDLE_TENANT_MEMORY"]
+
+
+@needs_sshd
+@needs_journal
+def test_health_check_says_the_orphan_first_line(node):
+    """Nagios/NPD read the first line: the orphan's GPU memory is a node problem (critical), with its PID."""
+    r = cli_process("check", "gpu-node", "--ssh-config", node["cfg"], "--journal-directory",
+                    str(node["root"] / "journal-live"), "--health-check", "--timeout", "60", timeout=90)
+    first = r.stdout.splitlines()[0]
+    status = first.split(" | ")[0]  # Nagios perfdata after the bar
+    assert r.code == 2 and status.startswith("KVAUDIT CRITICAL") and len(status.encode()) <= 80, r.stdout
+    assert "node_problems=3;" in first
+    assert f"ORPHANED_ENGINE_PROCESS (node): 1 engine process outside this start (pid {node['engine']})" in r.stdout
+    assert f"`kill {node['orphan']}`" in r.stdout and f"`kill -CONT {node['tenant']}`" in r.stdout
