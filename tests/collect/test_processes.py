@@ -237,3 +237,37 @@ def test_health_check_says_the_orphan_first_line(node):
     assert "node_problems=3;" in first
     assert f"ORPHANED_ENGINE_PROCESS (node): 1 engine process outside this start (pid {node['engine']})" in r.stdout
     assert f"`kill {node['orphan']}`" in r.stdout and f"`kill -CONT {node['tenant']}`" in r.stdout
+
+
+def _kimi_with(extra_apps, processes, server_pids=()):
+    """The bundled Kimi capture (8 ranks mapped by their schedulers' titles), with more processes on its GPUs."""
+    from dataclasses import replace
+
+    from kvaudit.check import CheckOptions, _parse, audit_collected
+    from kvaudit.collect import capture
+    from kvaudit.reconcile.interface import AuditOptions
+
+    c = capture.read(str(CAPTURE))
+    c = replace(c, apps=c.apps + tuple(extra_apps), processes=tuple(processes), server_pids=tuple(server_pids))
+    return audit_collected(c, _parse(c), CheckOptions(AuditOptions()))
+
+
+def test_a_swapped_out_tenant_and_a_sleeping_engine_on_the_engines_gpus():
+    uuid = "GPU-3f9a1c2e-7d41-4c55-9e0b-5a1d7c00000"
+    apps = [ComputeApp(20, uuid + "2", "python3", 4096.0), ComputeApp(31, uuid + "4", "VLLM::EngineCore", 512.0)]
+    procs = [HostProcess(48190, 1, "Sl", "python3 -m sglang.launch_server"),
+             *(HostProcess(48211 + i, 48190, "Sl", f"sglang::scheduler_TP{i}") for i in range(8)),
+             HostProcess(20, 1, "S", "python3 batch.py", rss_mib=100.0, swap_mib=3072.0),
+             HostProcess(30, 1, "Sl", "vllm serve Qwen/Qwen3-8B"),
+             HostProcess(31, 30, "Sl", "VLLM::EngineCore", rss_mib=20480.0)]
+    h = _kimi_with(apps, procs, server_pids=(48190, *range(48211, 48219)))
+    idle = {f.fields["pid"]: f for f in h.findings if f.code == "IDLE_TENANT_MEMORY"}
+    assert set(idle) == {20, 31}
+    assert idle[20].fields["why"] == "swapped" and idle[20].fields["gpu"] == 2 and "3.00 GiB" in idle[20].message
+    assert idle[31].fields["why"] == "asleep" and "takes its GPU memory back when woken" in idle[31].message
+    assert not [f for f in h.findings if f.code == "ORPHANED_ENGINE_PROCESS"]  # a live vLLM start is no orphan
+    assert "another engine start's" in next(f.message for f in h.findings
+                                           if f.code == "FOREIGN_PROCESS" and f.fields["gpu"] == 4)
+    # without the host's processes: nvidia-smi's names alone, no state, nothing said about idleness
+    bare = _kimi_with(apps, ())
+    assert not [f for f in bare.findings if f.code == "IDLE_TENANT_MEMORY"]
