@@ -271,3 +271,26 @@ def test_a_swapped_out_tenant_and_a_sleeping_engine_on_the_engines_gpus():
     # without the host's processes: nvidia-smi's names alone, no state, nothing said about idleness
     bare = _kimi_with(apps, ())
     assert not [f for f in bare.findings if f.code == "IDLE_TENANT_MEMORY"]
+
+
+def test_the_gate_takes_the_process_commands_as_built_and_nothing_else():
+    from kvaudit.collect import commands as C
+
+    built = [C.process_list((48190, 77001), ("sglang", "vllm")), C.process_list((), ()),
+             C.process_memory((48190, 77001)), C.process_memory(()), C.journal_pid("sglang.service", "f" * 32, "/j"),
+             C.journal_pid("sglang.service", None, None), C.docker_pid("sglang")]
+    assert all(C.is_allowed(c) for c in built)
+    import shlex
+
+    def ps(pids: str, fragments: str) -> str:
+        return shlex.join(["sh", "-c", C.PS_SCRIPT, "sh", pids, fragments])
+
+    assert C.is_allowed(ps("1 22", "sglang vllm"))
+    refused = [ps("1; reboot", "sglang"), ps("1", "$(reboot)"), ps("1", "Sglang"), ps("01", "sglang"),
+               shlex.join(["sh", "-c", C.PS_SCRIPT + "; reboot", "sh", "1", "sglang"]),
+               C.process_memory((1,)).replace("/proc/1/status", "/etc/shadow"),
+               C.process_memory((1,)).replace("^VmSwap:", "."),
+               C.process_memory(tuple(range(1, 66))) + " /proc/66/status",
+               C.docker_pid("x").replace("{{.State.Pid}}", "{{json .Config.Env}}"),
+               C.journal_pid("u", None, None).replace("--output-fields=_PID", "--output-fields=MESSAGE")]
+    assert not any(C.is_allowed(c) for c in refused)
