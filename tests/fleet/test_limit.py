@@ -151,3 +151,25 @@ def test_host_ranges():
         "gpu-[01:03], gpu-07, x, gpu-[10:11]"
     assert host_ranges(["n9", "n10", "n11", "n13"]) == "n[9:11], n13"  # Ansible's n[9:11] is n9 n10 n11
     assert host_ranges([f"h{i}" for i in range(0, 20, 2)], most=3) == "h0, h2, h4 and 7 more"
+
+
+def test_ctrl_c_on_a_real_run_says_interrupted_in_the_text_report(tmp_path):
+    """A real fleet run over real servers, one worker: Ctrl-C while the third host is in flight; the report counts
+    the two unfinished hosts as interrupted, in one line, not as failures."""
+    import signal
+
+    from tests.endpointsim import json_doc, serve
+    from tests.fleet.test_fleet_control import KIMI_INFO, _kvaudit, silent_server
+
+    with serve({"/server_info": json_doc(KIMI_INFO)}) as (fast, _), silent_server() as (slow, arrived):
+        inv_file = tmp_path / "servers.txt"
+        inv_file.write_text(f"{fast}\n{fast}/a\n{slow}\n{slow}/b\n")
+        p = _kvaudit("fleet", inv_file, "--parallel", "1", "--timeout", "60", "--no-config")
+        assert arrived.wait(60)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert out.splitlines()[0].startswith("kvaudit fleet: 2 partial, 2 interrupted - 4 hosts"), out
+    said = " ".join(out.split())  # the report wraps at the terminal's width
+    assert f"2 hosts ({slow}, {slow}/b): interrupted: Ctrl-C before it finished" in said
+    assert "failed" not in out
