@@ -294,3 +294,24 @@ def test_the_gate_takes_the_process_commands_as_built_and_nothing_else():
                C.docker_pid("x").replace("{{.State.Pid}}", "{{json .Config.Env}}"),
                C.journal_pid("u", None, None).replace("--output-fields=_PID", "--output-fields=MESSAGE")]
     assert not any(C.is_allowed(c) for c in refused)
+
+
+@needs_sshd
+@needs_journal
+def test_nvsentinel_events_name_the_orphans_gpu(node):
+    """The NVSentinel sink, parsed by its own proto (tests/nvsentinel_stub.py): the orphan and the stopped tenant
+    are fatal GPU events on the GPUs they hold, with their kill command as the custom action."""
+    pytest.importorskip("google.protobuf")
+    from tests.nvsentinel_stub import receive
+
+    out = node["root"] / "events.json"
+    r = cli_process("check", "gpu-node", "--ssh-config", node["cfg"], "--journal-directory",
+                    str(node["root"] / "journal-live"), "--nvsentinel-events", out, "-f", "json", timeout=90)
+    assert r.code == 1, r.stderr
+    msg = receive(out.read_text())
+    checks = {e.checkName: e for e in msg.events}
+    orphan = checks["KvauditOrphanedEngineProcess"]
+    assert not orphan.isHealthy and orphan.isFatal and f"kill {node['orphan']}" in orphan.message
+    assert [(x.entityType, x.entityValue) for x in orphan.entitiesImpacted][0] == ("GPU", "3")
+    idle = checks["KvauditIdleTenantMemory"]
+    assert not idle.isHealthy and ("GPU", "5") in [(x.entityType, x.entityValue) for x in idle.entitiesImpacted]
