@@ -20,6 +20,9 @@ def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[st
 
 @dataclass(frozen=True)
 class ForeignProcess:
+    """One process on a GPU and what it holds there: another tenant's (``GpuLedger.foreign``, the name it has had
+    since before kvaudit told the engine's own apart), or the engine's, or an orphan's."""
+
     pid: int
     name: str  # its title where ps read it (sglang::scheduler_TP0, python3 train.py), else nvidia-smi's name
     gib: float | None
