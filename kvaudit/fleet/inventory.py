@@ -9,7 +9,8 @@ Ansible inventories are read with ``ansible-inventory -i FILE --list`` when Ansi
 itself resolves: ranges, group_vars precedence, plugins limited to ini and yaml), else with kvaudit's own
 reader, which a test holds to the same hosts, groups and variables on a set of inventories. Host ranges
 (``gpu-[01:64]``, ``[a:c]``, ``[1:9:2]``) and ``--limit`` patterns are Ansible's (``a,b``, ``gpu-*``,
-groups, ``!excluded``, ``&required``)."""
+groups, ``sglang[0:3]``, ``~REGEX``, ``!excluded``, ``&required``: :func:`select`), plus ``gpu-[2:7]`` as the
+inventory range where Ansible would select nothing."""
 
 from __future__ import annotations
 
