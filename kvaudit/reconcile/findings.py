@@ -51,6 +51,9 @@ CODES: dict[str, Severity] = {
     "IDLE_GPUS": INFO,
     "MEMORY_DRIFT": INFO,
     "UNATTRIBUTED_GPU_MEMORY": INFO,
+    "ORPHANED_ENGINE_PROCESS": WARNING,  # INFO when the orphans hold no GPU memory
+    "IDLE_TENANT_MEMORY": WARNING,
+    "UNIFIED_PAGE_CACHE": WARNING,  # INFO under a tenth of the host's memory
     # live endpoints (kvaudit check http://...)
     "LIVE_POOL_MISMATCH": WARNING,
     "LIVE_POOL_CHANGED": WARNING,
