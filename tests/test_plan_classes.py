@@ -351,3 +351,22 @@ def test_the_run_to_run_spread_is_measured_on_real_restarts_and_widens_a_one_sta
     v = json.loads(r.stdout)
     assert [c["family_seen"] for c in v["cases"]] == [True, True]
     assert all(c["held"] for c in v["cases"])
+
+
+def test_sglangs_assumed_t_offset_holds_its_calibration_startups_and_is_no_wider():
+    """T_OFFSET_GIB (reconcile/sglang/planner.py) is set on calibration startups only: the 2x RTX 3090 corpus
+    startups (TP 2, 0.5.12; the card's memory.total 24,576 MiB) lost 0.94-1.09 GiB before T. Each is inside the
+    range, and the range is at most 1 GiB wide (it was 0.4-2.5)."""
+    import re
+
+    from kvaudit.reconcile.sglang.planner import T_OFFSET_GIB
+
+    lo, hi = T_OFFSET_GIB
+    corpus = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+    seen = []
+    for name in ("sglang_c002", "sglang_c004", "sglang_c012", "sglang_c016", "sglang_c018", "sglang_c021"):
+        m = re.search(r"Load weight begin\. avail mem=([0-9.]+) GB", (corpus / f"{name}.log").read_text())
+        assert m, name
+        seen.append(24576 / 1024 - float(m.group(1)))
+    assert all(lo <= off <= hi for off in seen), seen
+    assert min(seen) < 1.0 < max(seen) and hi - lo <= 1.0

@@ -28,10 +28,20 @@ from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import VersionRange
 
-#: what is gone before SGLang measures T, when no startup on this card says: the memory the driver reserves, the
-#: CUDA context, NCCL's buffers. The bundled host (RTX PRO 6000, TP 8, 0.5.9) lost 1.58 GiB (32 MiB reserved, 1.55
-#: GiB before T); the range is wide on purpose (docs/plan.md)
-T_OFFSET_GIB = (0.4, 2.5)
+#: what is gone between the card's memory.total and SGLang's T, when no startup on this card says (GiB). T is
+#: ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP group) taken at the end of
+#: ``ModelRunner.init_torch_distributed`` (0.4-0.5.x: after ``set_device``, ``init_distributed_environment``,
+#: ``initialize_model_parallel`` (NCCL communicators, the custom all-reduce's buffers) and DP attention's groups),
+#: before any weight. So it is (a) what the driver keeps out of CUDA's total (H100: memory.total 81,559 MiB,
+#: cudaMemGetInfo's total 79.19 GiB, 0.46 GiB), (b) the CUDA context and the caching allocator's first blocks, and
+#: (c) the distributed init, which SGLang logs itself ("Init torch distributed ends. ... mem usage="): 0.00-0.06 GiB
+#: at TP 1 in every corpus startup that prints it, 0.30 at TP 2 (RCCL, 2x R9700), 0.00 at TP 8 on the bundled host.
+#: The CALIBRATION startups that show the whole offset (none of them in bench/plan_validation.json): 2x RTX 3090 at
+#: TP 2 under 0.5.12 (fixtures/corpus sglang_c002/c004/c012/c016-c021: T 22.91-23.06 of 24.00 GiB, 0.94-1.09), the
+#: bundled host (8x RTX PRO 6000, TP 8, 0.5.9: 1.58); (a) alone is 0.46-0.47 GiB on the H100 of bench/plan_cases.json's
+#: llm-d-llama31-8b-h100-tp1 (CUDA's 79.18 GiB of memory.total's 79.65). The range spans 0.94-1.58 with 0.2 GiB
+#: either side; it was 0.4-2.5 before (docs/plan.md)
+T_OFFSET_GIB = (0.75, 1.75)
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,12 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                       weakest(T.kind, FORMULA), "formula"))
     terms.append(Term("rest_gib", "KV budget (rest = post - reserve)", rest.lo, rest.hi, "GiB",
                       weakest(post.kind, T.kind), "formula"))
+    if inp.post_capture:
+        if version < (0, 5, 16):
+            raise PlanError(f"--post-capture-kv-sizing: SGLang {inp.version} has no post-capture KV sizing (0.5.16+)")
+        notes.append("post-capture KV sizing: SGLang re-sizes the pool after the graphs are captured "
+                     "(compute_post_capture_kv_resize), which plan does not model: the tokens are the budget's "
+                     "before capture, by the fraction")
     page = inp.page_size or 1
     if inp.page_size is None:
         notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
@@ -203,8 +219,11 @@ def _default(inp: PlanInput) -> tuple[float, str] | None:
 
     if inp.geometry is None:
         return None
-    f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, inp.geometry.is_mla,
-                              inp.geometry.multimodal, inp.draft.algorithm if inp.draft else None)
+    g = inp.geometry
+    f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, g.is_mla,
+                              g.multimodal, inp.draft.algorithm if inp.draft else None, inp.post_capture,
+                              g.architecture, inp.max_total_tokens, inp.context_length,
+                              dsa=g.index_head_dim is not None)
     if f is None:
         raise PlanError(f"give --fraction (mem_fraction_static): {how}")
     return f, how + "; the release's default, as --mem-fraction-static is not given"
