@@ -28,20 +28,27 @@ from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import VersionRange
 
-#: what is gone between the card's memory.total and SGLang's T, when no startup on this card says (GiB). T is
-#: ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP group) taken at the end of
-#: ``ModelRunner.init_torch_distributed`` (0.4-0.5.x: after ``set_device``, ``init_distributed_environment``,
-#: ``initialize_model_parallel`` (NCCL communicators, the custom all-reduce's buffers) and DP attention's groups),
-#: before any weight. So it is (a) what the driver keeps out of CUDA's total (H100: memory.total 81,559 MiB,
-#: cudaMemGetInfo's total 79.19 GiB, 0.46 GiB), (b) the CUDA context and the caching allocator's first blocks, and
-#: (c) the distributed init, which SGLang logs itself ("Init torch distributed ends. ... mem usage="): 0.00-0.06 GiB
-#: at TP 1 in every corpus startup that prints it, 0.30 at TP 2 (RCCL, 2x R9700), 0.00 at TP 8 on the bundled host.
-#: The CALIBRATION startups that show the whole offset (none of them in bench/plan_validation.json): 2x RTX 3090 at
-#: TP 2 under 0.5.12 (fixtures/corpus sglang_c002/c004/c012/c016-c021: T 22.91-23.06 of 24.00 GiB, 0.94-1.09), the
-#: bundled host (8x RTX PRO 6000, TP 8, 0.5.9: 1.58); (a) alone is 0.46-0.47 GiB on the H100 of bench/plan_cases.json's
-#: llm-d-llama31-8b-h100-tp1 (CUDA's 79.18 GiB of memory.total's 79.65). The range spans 0.94-1.58 with 0.2 GiB
-#: either side; it was 0.4-2.5 before (docs/plan.md)
-T_OFFSET_GIB = (0.75, 1.75)
+#: what is gone between the card's memory.total and SGLang's T, when no startup on this card says (GiB), by the
+#: number of ranks. T is ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP
+#: group) taken at the end of ``ModelRunner.init_torch_distributed`` (0.4-0.5.x: after ``set_device``,
+#: ``init_distributed_environment``, ``initialize_model_parallel`` (NCCL communicators, the custom all-reduce's
+#: buffers) and DP attention's groups), before any weight. So it is (a) what the driver keeps out of CUDA's total
+#: (H100: memory.total 81,559 MiB, CUDA's 79.18-79.19 GiB: 0.46 GiB, bench/plan_cases.json's llm-d H100 runs), (b)
+#: the CUDA context and the allocator's first blocks, and (c) the distributed init, which SGLang logs itself ("Init
+#: torch distributed ends. ... mem usage="): 0.00-0.09 GiB at TP 1 in every startup seen that prints it; at TP > 1
+#: 0.01 (TP 4/8, 2026), 0.30 (TP 2, RCCL), 0.00 (TP 8 PCIe, the bundled host), but 1.77-2.01 GiB on an H200 at TP 8
+#: (sgl-project/sglang PR #11716's log, T 137.29 of 140.40 GiB). CALIBRATION startups that show the whole offset
+#: (none in bench/plan_validation.json): TP 1 on 80 GB cards taken as H100s (the logs do not name the card) 0.84
+#: (SGLang's CI, 2025-01, T 78.81), 1.17 (2026-08, T 78.48)
+#: and 1.22 (SGLang's documentation build, T 78.43); TP 2 on 2x RTX 3090 0.94-1.09 (fixtures/corpus sglang_c002,
+#: c004, c012, c016-c021); TP 8 1.58 (8x RTX PRO 6000, PCIe, the bundled host) and 3.11 (8x H200, PR #11716). Each
+#: range spans its points with about 0.1 GiB either side. It was 0.4-2.5 GiB for every layout before (docs/plan.md)
+T_OFFSET_GIB = {1: (0.75, 1.35), 4: (0.75, 1.75), 0: (0.75, 3.25)}
+
+
+def t_offset(ranks: int) -> tuple[float, float]:
+    """The assumed offset for ``ranks`` = TP x PP: 1; 2-4; more (``T_OFFSET_GIB``)."""
+    return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[4] if ranks <= 4 else T_OFFSET_GIB[0]
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     notes: list[str] = []
     terms: list[Term] = []
 
-    T = shared.card_memory(inp, history, "free before the weights load (T)", T_OFFSET_GIB,
+    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp),
                            "gone before SGLang measures (driver reserve, CUDA context, NCCL)")
     obs = calibrate.pre_load_free(history, inp) if T.kind == CALIBRATED else None
     terms.append(T)
