@@ -121,6 +121,23 @@ def test_a_layout_that_turns_the_prefill_graph_off_reserves_nothing_for_it(tmp_p
     assert pp15["low"] == round((81559 - (512 + 12_288 + 512 + 256 + 464)) / 81559, 3)
 
 
+@pytest.mark.parametrize("version, config, graph_mib", [
+    # DeepSeek's sparse indexer turns the piecewise graph off to 0.5.12 (model_config.py is_deepseek_nsa) ...
+    ("0.5.12", "deepseek-v3.2.json", 0),
+    # ... not from 0.5.13, where an MLA model reserves its 1.5 GiB again
+    ("0.5.13", "deepseek-v3.2.json", 1536),
+    # Qwen3-Next is on piecewise_cuda_graph_disabled_model_archs in every release 0.5.10-0.5.14
+    ("0.5.11", "qwen3-next-80b-a3b.json", 0),
+])
+def test_an_architecture_sglang_keeps_off_the_prefill_graph_reserves_nothing_for_it(tmp_path, version, config,
+                                                                                   graph_mib):
+    arch = {"qwen3-next-80b-a3b.json": "Qwen3NextForCausalLM"}.get(config)
+    model = _model(tmp_path, config, 8 * 80 * GIB, **({"architectures": [arch]} if arch else {}))
+    p = _plan(model, "--engine", f"sglang=={version}", "--gpu", "h200", "--tp", "8")
+    # H200 at TP 8: 512 + 8192 x 1.5 + 512 x 2 + 1024 = 14,848 MiB, over the 10 GiB floor
+    assert _terms(p)["mem_fraction_static"]["low"] == round((143771 - 14_848 - graph_mib) / 143771, 3)
+
+
 def test_post_capture_kv_sizing_reaches_the_default_and_is_said(tmp_path):
     """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (0.5.16+): the default keeps 512 (1536 from 0.5.18) + p/8 x 1024 MiB."""
     model = _model(tmp_path, "qwen3-32b.json", 60 * GIB)

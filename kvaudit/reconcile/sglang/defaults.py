@@ -75,11 +75,23 @@ def _graph_defaults(gpu_mem: float, tp: int, v: tuple[int, ...]) -> tuple[int, i
     return 16384, 512
 
 
-#: architectures whose piecewise prefill graph SGLang switches off (``configs/model_config.py``
-#: ``piecewise_cuda_graph_disabled_model_archs``, the union over 0.5.10-0.5.18; DeepSeek-V3.2 is MLA, not here)
-PREFILL_GRAPH_OFF_ARCHS = frozenset({"Qwen3NextForCausalLM", "BailingMoeV2_5ForCausalLM", "LLaDAModelLM",
-                                     "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
-                                     "DeepseekV4ForCausalLMDSpark"})
+#: architectures whose piecewise prefill graph SGLang switches off, 0.5.10-0.5.14 (``configs/model_config.py``
+#: ``piecewise_cuda_graph_disabled_model_archs`` of each release; to 0.5.12 also any model with DeepSeek's sparse
+#: indexer, ``is_deepseek_nsa``)
+_GRAPH_OFF_TO_0_5_11 = frozenset({"DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM",
+                                  "BailingMoeV2_5ForCausalLM", "LLaDAModelLM"})
+_GRAPH_OFF_FROM_0_5_13 = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "Qwen3NextForCausalLM",
+                                    "BailingMoeV2_5ForCausalLM", "LLaDAModelLM"})
+
+
+def _graph_off_arch(v: tuple[int, ...], arch: str | None, dsa: bool) -> bool:
+    if v <= (0, 5, 12) and dsa:
+        return True
+    if v <= (0, 5, 11):
+        return arch in _GRAPH_OFF_TO_0_5_11
+    if v == (0, 5, 12):
+        return arch in _GRAPH_OFF_TO_0_5_11 | _GRAPH_OFF_FROM_0_5_13
+    return arch in _GRAPH_OFF_FROM_0_5_13
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
@@ -103,7 +115,7 @@ def _prefill_graph_mib(v: tuple[int, ...], chunked: int, pp: int, dp_attention: 
     draft and PP leave it on."""
     if v < (0, 5, 15):
         off = ("a draft" if speculative else "DP attention" if dp_attention > 1 else "PP > 1" if pp > 1
-               else arch if arch in PREFILL_GRAPH_OFF_ARCHS else None)
+               else (arch or "DeepSeek's sparse indexer") if _graph_off_arch(v, arch, dsa) else None)
     else:
         off = ("MLA" if mla and (v < (0, 5, 17) or (v == (0, 5, 17) and not dsa))
                else "DP attention" if dp_attention > 1 and v < (0, 5, 17) else None)
