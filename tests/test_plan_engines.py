@@ -396,3 +396,13 @@ def test_the_smallest_fraction_with_a_counted_draft_divides_by_the_inflated_cell
     assert spec["smallest_fraction"] == pytest.approx(expected, abs=0.0011)  # the JSON rounds the terms to 4 places
     plain_cell = 131072 * t["bytes_per_token"]["high"] / GIB
     assert need - plain_cell > 0.1  # the draft's layer costs more than the rounding
+
+
+def test_sglang_0_5_4s_larger_all_reduce_buffers_are_said_not_assumed(tmp_path):
+    """0.5.4 alone sizes the custom all-reduce at 256 MiB with --enable-piecewise-cuda-graph (parallel_state.py):
+    T then fell 1.77-2.01 GiB at TP 8 (sglang PR #11716), outside the assumed offset, so the plan says so."""
+    model = _model(tmp_path, "qwen3-32b.json", 60 * GIB)
+    p = _plan(model, "--engine", "sglang==0.5.4", "--gpu", "h200", "--tp", "8", "--fraction", "0.85")
+    assert any("256 MiB" in n for n in p["notes"]), p["notes"]
+    p = _plan(model, "--engine", "sglang==0.5.5", "--gpu", "h200", "--tp", "8", "--fraction", "0.85")
+    assert not any("256 MiB" in n for n in p["notes"])

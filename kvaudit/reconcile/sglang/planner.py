@@ -32,23 +32,24 @@ from kvaudit.versions import VersionRange
 #: number of ranks. T is ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP
 #: group) taken at the end of ``ModelRunner.init_torch_distributed`` (0.4-0.5.x: after ``set_device``,
 #: ``init_distributed_environment``, ``initialize_model_parallel`` (NCCL communicators, the custom all-reduce's
-#: buffers) and DP attention's groups), before any weight. So it is (a) what the driver keeps out of CUDA's total
-#: (H100: memory.total 81,559 MiB, CUDA's 79.18-79.19 GiB: 0.46 GiB, bench/plan_cases.json's llm-d H100 runs), (b)
-#: the CUDA context and the allocator's first blocks, and (c) the distributed init, which SGLang logs itself ("Init
-#: torch distributed ends. ... mem usage="): 0.00-0.09 GiB at TP 1 in every startup seen that prints it; at TP > 1
-#: 0.01 (TP 4/8, 2026), 0.30 (TP 2, RCCL), 0.00 (TP 8 PCIe, the bundled host), but 1.77-2.01 GiB on an H200 at TP 8
-#: (sgl-project/sglang PR #11716's log, T 137.29 of 140.40 GiB). CALIBRATION startups that show the whole offset
-#: (none in bench/plan_validation.json): TP 1 on 80 GB cards taken as H100s (the logs do not name the card) 0.84
-#: (SGLang's CI, 2025-01, T 78.81), 1.17 (2026-08, T 78.48)
-#: and 1.22 (SGLang's documentation build, T 78.43); TP 2 on 2x RTX 3090 0.94-1.09 (fixtures/corpus sglang_c002,
-#: c004, c012, c016-c021); TP 8 1.58 (8x RTX PRO 6000, PCIe, the bundled host) and 3.11 (8x H200, PR #11716). Each
-#: range spans its points with about 0.1 GiB either side. It was 0.4-2.5 GiB for every layout before (docs/plan.md)
-T_OFFSET_GIB = {1: (0.75, 1.35), 4: (0.75, 1.75), 0: (0.75, 3.25)}
+#: buffers: 8 MiB, 16 on ROCm, ``CustomAllreduce._MAX_CAR_SIZE``) and DP attention's groups), before any weight. So
+#: it is (a) what the driver keeps out of CUDA's total (H100: memory.total 81,559 MiB, CUDA's 79.18-79.19 GiB: 0.46
+#: GiB, bench/plan_cases.json's llm-d H100 runs), (b) the CUDA context and the allocator's first blocks, and (c) the
+#: distributed init, which SGLang logs itself ("Init torch distributed ends. ... mem usage="): 0.00-0.09 GiB at TP 1
+#: in every startup seen that prints it, 0.00-0.30 at TP 2-8 (0.01 at TP 4 and 8 in 2026, 0.30 at TP 2 over RCCL,
+#: 0.00 at TP 8 on the bundled host). CALIBRATION startups that show the whole offset (none in
+#: bench/plan_validation.json): TP 1 on 80 GB cards taken as H100s (the logs do not name the card) 0.84 (SGLang's CI,
+#: 2025-01, T 78.81), 1.17 (2026-08, T 78.48) and 1.22 (SGLang's documentation build, T 78.43); TP 2 on 2x RTX 3090
+#: 0.94-1.09 (fixtures/corpus sglang_c002, c004, c012, c016-c021); TP 8 1.58 (8x RTX PRO 6000, the bundled host).
+#: Each range spans its points with about 0.1-0.2 GiB either side; it was 0.4-2.5 GiB before (docs/plan.md).
+#: Not in it: 0.5.4's --enable-piecewise-cuda-graph, which sizes the custom all-reduce at 256 MiB
+#: (``parallel_state.py``, that release only): 1.77-2.01 GiB at TP 8 on H200s (sglang PR #11716, T 137.29 of 140.40)
+T_OFFSET_GIB = {1: (0.75, 1.35), 2: (0.75, 1.75)}
 
 
 def t_offset(ranks: int) -> tuple[float, float]:
-    """The assumed offset for ``ranks`` = TP x PP: 1; 2-4; more (``T_OFFSET_GIB``)."""
-    return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[4] if ranks <= 4 else T_OFFSET_GIB[0]
+    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``)."""
+    return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[2]
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,10 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         notes.append("post-capture KV sizing: SGLang re-sizes the pool after the graphs are captured "
                      "(compute_post_capture_kv_resize), which plan does not model: the tokens are the budget's "
                      "before capture, by the fraction")
+    if version[:3] == (0, 5, 4) and inp.tp * inp.pp > 1:
+        notes.append("SGLang 0.5.4 with --enable-piecewise-cuda-graph sizes the custom all-reduce at 256 MiB "
+                     "(parallel_state.py): T is then up to about 2 GiB lower at TP 8 (sglang PR #11716), which the "
+                     "assumed offset does not hold")
     page = inp.page_size or 1
     if inp.page_size is None:
         notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
