@@ -50,7 +50,8 @@ def plan_case(c: dict, d: Path) -> dict[str, Any]:
                       fraction=c.get("fraction"), context_length=c.get("max_model_len"),
                       page_size=c.get("block_size"), max_running_requests=c.get("max_num_seqs"),
                       max_num_batched_tokens=c.get("max_num_batched_tokens"), kv_dtype=c.get("kv_dtype", "auto"),
-                      sampler=c.get("sampler"))
+                      sampler=c.get("sampler"), max_total_tokens=c.get("max_total_tokens"),
+                      post_capture_kv_sizing=c.get("post_capture", False))
     try:
         p = run(req)
     except KvauditError as exc:

@@ -931,6 +931,8 @@ def plan_cmd(
                                                  help="vLLM: the profile run's dummy batch (default: the release's)."),
     sampler: Optional[str] = _opt(ASSUME, None, "--sampler",
                                   help="vLLM: flashinfer or native (the sampler the profile run peaks in)."),
+    post_capture_kv_sizing: bool = _opt(ASSUME, False, "--post-capture-kv-sizing",
+                                        help="SGLang 0.5.16+: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 is set."),
     dtype: Optional[str] = _opt(ASSUME, None, "--dtype", help="The engine's --dtype (16-bit types are planned)."),
     quantization: Optional[str] = _opt(ASSUME, None, "--quantization",
                                        help="Runtime quantization: not modelled, refused by name."),
@@ -965,7 +967,8 @@ def plan_cmd(
                         max_running_requests=max_running_requests, page_size=page_size,
                         max_total_tokens=max_total_tokens, history=history, backend=backend, draft=draft,
                         speculative_algorithm=speculative_algorithm, max_num_batched_tokens=max_num_batched_tokens,
-                        sampler=sampler, dtype=dtype, quantization=quantization, cpu_offload_gib=cpu_offload_gib),
+                        sampler=sampler, dtype=dtype, quantization=quantization, cpu_offload_gib=cpu_offload_gib,
+                        post_capture_kv_sizing=post_capture_kv_sizing),
             history_rows(history))
     _env.stdout.write(chosen.plan(p, width=_width()))
     return exit_status(p)  # 0 starts, 1 at risk or unknown, 3 will not start (docs/plan.md, "Exit status")

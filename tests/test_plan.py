@@ -99,7 +99,7 @@ def test_without_a_history_every_term_says_it_is_assumed_and_the_interval_is_wid
     _, calibrated = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
     width = p["formula"]["predicted_tokens"]["high"] - p["formula"]["predicted_tokens"]["low"]
     narrow = calibrated["formula"]["predicted_tokens"]["high"] - calibrated["formula"]["predicted_tokens"]["low"]
-    assert width > 50 * narrow
+    assert width > 25 * narrow  # the assumed T offset is 1 GiB wide (0.75-1.75)
     assert not any(t["key"] == "left_after_graphs_gib" for t in p["terms"])  # not established: not printed
     assert "not established" in p["starts_reason"]
 

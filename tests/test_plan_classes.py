@@ -351,3 +351,25 @@ def test_the_run_to_run_spread_is_measured_on_real_restarts_and_widens_a_one_sta
     v = json.loads(r.stdout)
     assert [c["family_seen"] for c in v["cases"]] == [True, True]
     assert all(c["held"] for c in v["cases"])
+
+
+def test_sglangs_assumed_t_offset_holds_its_calibration_startups_and_is_no_wider():
+    """T_OFFSET_GIB (reconcile/sglang/planner.py) is set on calibration startups only: the 2x RTX 3090 corpus
+    startups (TP 2, 0.5.12; the card's memory.total 24,576 MiB) lost 0.94-1.09 GiB before T. Each is inside the
+    range for two ranks, and that range is at most 1 GiB wide (it was 0.4-2.5 for every layout); one rank's is
+    narrower; eight ranks' is two's (the bundled host lost 1.58 GiB at TP 8)."""
+    import re
+
+    from kvaudit.reconcile.sglang.planner import t_offset
+
+    lo, hi = t_offset(2)
+    corpus = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+    seen = []
+    for name in ("sglang_c002", "sglang_c004", "sglang_c012", "sglang_c016", "sglang_c018", "sglang_c021"):
+        m = re.search(r"Load weight begin\. avail mem=([0-9.]+) GB", (corpus / f"{name}.log").read_text())
+        assert m, name
+        seen.append(24576 / 1024 - float(m.group(1)))
+    assert all(lo <= off <= hi for off in seen), seen
+    assert min(seen) < 1.0 < max(seen) and hi - lo <= 1.0
+    one, eight = t_offset(1), t_offset(8)
+    assert one[1] - one[0] < hi - lo and eight == (lo, hi) and lo <= 1.58 <= hi  # the bundled host, TP 8

@@ -85,9 +85,74 @@ def test_sglangs_default_fraction_is_the_releases_own_rule(tmp_path, version, gp
     assert "default" in term["basis"] and round(p["formula"]["mem_fraction_static"], 3) == expected
 
 
+@pytest.mark.parametrize("version, gpu, extra, reserved_mib", [
+    # 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13,440 MiB, + the prefill graph's 58 sizes to 8192 x 8 = 13,904:
+    # SGLang's own documentation builds print it at TP 1 with chunked_prefill_size=8192 and the 58
+    # piecewise_cuda_graph_tokens (wxsms/sgl-project.github.io markdown/basic_usage/offline_engine_api.md): 0.83 on an
+    # 80 GB card (commit 000c898), 0.903 in the build of 2026-03-25, which only a 143,771 MiB card (H200) gives: without
+    # the graph's 464 MiB it would be 0.907 (docs/plan.md)
+    ("0.5.10", "h100", (), 13_904),
+    ("0.5.10", "h200", (), 13_904),
+    ("0.5.14", "h100", (), 13_904),
+    ("0.5.18", "h100", (), 13_904),
+    # --max-total-tokens caps the sizes (0.5.10+): 4096 -> 50 sizes
+    ("0.5.11", "h100", ("--max-total-tokens", "4096"), 13_440 + 50 * 8),
+    # 0.5.13-0.5.16 also cap them at --context-length: 2048 -> 42 sizes; 0.5.17 does not
+    ("0.5.13", "h100", ("--context-length", "2048"), 13_440 + 42 * 8),
+    ("0.5.17", "h100", ("--context-length", "2048"), 13_904),
+])
+def test_a_non_mla_models_default_reserves_its_prefill_graph_sizes(tmp_path, version, gpu, extra, reserved_mib):
+    """server_args.py _handle_gpu_memory_settings, 0.5.10-0.5.18: len(prefill capture sizes) x 8 MiB."""
+    total = {"h100": 81559, "h200": 143771}[gpu]
+    p = _plan(_model(tmp_path, "qwen3-32b.json", 60 * GIB), "--engine", f"sglang=={version}", "--gpu", gpu,
+              "--tp", "1", *extra)
+    term = _terms(p)["mem_fraction_static"]
+    assert term["low"] == round((total - reserved_mib) / total, 3), term
+    assert "prefill graph sizes" in term["basis"]
+
+
+def test_a_layout_that_turns_the_prefill_graph_off_reserves_nothing_for_it(tmp_path):
+    """0.5.10-0.5.14: PP > 1 turns the piecewise graph off (_handle_piecewise_cuda_graph); 0.5.15+'s breakable
+    default keeps it, and its DP-attention rules from 0.5.17 are not modelled."""
+    model = _model(tmp_path, "qwen3-32b.json", 60 * GIB)
+    pp = _terms(_plan(model, "--engine", "sglang==0.5.12", "--gpu", "h100", "--pp", "2"))["mem_fraction_static"]
+    assert pp["low"] == round((81559 - (512 + 12_288 + 512 + 256)) / 81559, 3) and "off with PP > 1" in pp["basis"]
+    pp15 = _terms(_plan(model, "--engine", "sglang==0.5.15", "--gpu", "h100", "--pp", "2"))["mem_fraction_static"]
+    assert pp15["low"] == round((81559 - (512 + 12_288 + 512 + 256 + 464)) / 81559, 3)
+
+
+@pytest.mark.parametrize("version, config, graph_mib", [
+    # DeepSeek's sparse indexer turns the piecewise graph off to 0.5.12 (model_config.py is_deepseek_nsa) ...
+    ("0.5.12", "deepseek-v3.2.json", 0),
+    # ... not from 0.5.13, where an MLA model reserves its 1.5 GiB again
+    ("0.5.13", "deepseek-v3.2.json", 1536),
+    # Qwen3-Next is on piecewise_cuda_graph_disabled_model_archs in every release 0.5.10-0.5.14
+    ("0.5.11", "qwen3-next-80b-a3b.json", 0),
+])
+def test_an_architecture_sglang_keeps_off_the_prefill_graph_reserves_nothing_for_it(tmp_path, version, config,
+                                                                                   graph_mib):
+    arch = {"qwen3-next-80b-a3b.json": "Qwen3NextForCausalLM"}.get(config)
+    model = _model(tmp_path, config, 8 * 80 * GIB, **({"architectures": [arch]} if arch else {}))
+    p = _plan(model, "--engine", f"sglang=={version}", "--gpu", "h200", "--tp", "8")
+    # H200 at TP 8: 512 + 8192 x 1.5 + 512 x 2 + 1024 = 14,848 MiB, over the 10 GiB floor
+    assert _terms(p)["mem_fraction_static"]["low"] == round((143771 - 14_848 - graph_mib) / 143771, 3)
+
+
+def test_post_capture_kv_sizing_reaches_the_default_and_is_said(tmp_path):
+    """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (0.5.16+): the default keeps 512 (1536 from 0.5.18) + p/8 x 1024 MiB."""
+    model = _model(tmp_path, "qwen3-32b.json", 60 * GIB)
+    p = _plan(model, "--engine", "sglang==0.5.16", "--gpu", "h100", "--post-capture-kv-sizing")
+    assert _terms(p)["mem_fraction_static"]["low"] == round((81559 - 640) / 81559, 3)
+    assert any("post-capture" in n for n in p["notes"])
+    p18 = _plan(model, "--engine", "sglang==0.5.18", "--gpu", "h100", "--post-capture-kv-sizing")
+    assert _terms(p18)["mem_fraction_static"]["low"] == round((81559 - 1664) / 81559, 3)
+    r = cli("plan", model, "--engine", "sglang==0.5.14", "--gpu", "h100", "--post-capture-kv-sizing")
+    assert r.code == ExitStatus.BAD_INPUT and "0.5.16" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("version, config, words", [
-    ("0.5.12", "qwen3-32b.json", "piecewise CUDA graphs"),
-    ("0.5.18", "deepseek-v3.json", "memory_hook.py"),
+    ("0.5.19", "qwen3-32b.json", "memory_hook.py"),
+    ("0.5.18", "deepseek-v3.json", "attention backend"),
     ("0.5.9", "kimi-k2.5.json", "vision tower"),
     ("0.3.5", "qwen3-32b.json", "not established"),
 ])
@@ -291,7 +356,9 @@ def test_settings_the_engine_does_not_have_are_refused_not_ignored(tmp_path):
     ("0.4.7", "qwen3-32b.json", 0.836),  # x 0.95 on a card under 96 GiB
     ("0.4.8", "qwen3-32b.json", 0.812),  # +2 GiB
     ("0.5.9", "qwen3-32b.json", 0.827),  # +2 GiB
-    ("0.5.10", "deepseek-v3.json", 0.791),  # MLA +1.5 GiB, EAGLE +4 GiB
+    # 0.5.10's _handle_piecewise_cuda_graph turns the prefill graph off with a draft, so its 1.5 GiB (MLA) is not
+    # reserved: 512 + 8192 x 1.5 + 512 x 2 + 1024 + 4096 (EAGLE) = 18,944 MiB of 97,887 (0.791 read 1.5 GiB in)
+    ("0.5.10", "deepseek-v3.json", 0.806),
 ])
 def test_the_default_fraction_keeps_each_releases_draft_reserve(tmp_path, version, config, expected):
     p = _plan(_model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", *KIMI, "--draft", _draft(tmp_path))
@@ -329,3 +396,13 @@ def test_the_smallest_fraction_with_a_counted_draft_divides_by_the_inflated_cell
     assert spec["smallest_fraction"] == pytest.approx(expected, abs=0.0011)  # the JSON rounds the terms to 4 places
     plain_cell = 131072 * t["bytes_per_token"]["high"] / GIB
     assert need - plain_cell > 0.1  # the draft's layer costs more than the rounding
+
+
+def test_sglang_0_5_4s_larger_all_reduce_buffers_are_said_not_assumed(tmp_path):
+    """0.5.4 alone sizes the custom all-reduce at 256 MiB with --enable-piecewise-cuda-graph (parallel_state.py):
+    T then fell 1.77-2.01 GiB at TP 8 (sglang PR #11716), outside the assumed offset, so the plan says so."""
+    model = _model(tmp_path, "qwen3-32b.json", 60 * GIB)
+    p = _plan(model, "--engine", "sglang==0.5.4", "--gpu", "h200", "--tp", "8", "--fraction", "0.85")
+    assert any("256 MiB" in n for n in p["notes"]), p["notes"]
+    p = _plan(model, "--engine", "sglang==0.5.5", "--gpu", "h200", "--tp", "8", "--fraction", "0.85")
+    assert not any("256 MiB" in n for n in p["notes"])

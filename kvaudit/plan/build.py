@@ -38,6 +38,7 @@ class PlanRequest:
     backend: str | None = None
     draft: str | None = None  # the draft model: a directory or its config.json
     speculative_algorithm: str | None = None
+    post_capture_kv_sizing: bool = False  # SGLang 0.5.16+: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1
 
 
 #: the speculative algorithms whose draft a plan sizes: a draft model of its own (NGRAM has none; NEXTN/MTP drafts
@@ -104,7 +105,7 @@ def plan_input(req: PlanRequest) -> PlanInput:
                      req.max_total_tokens, geom, model_key(geom), weights.total_bytes if weights else None,
                      weights.source if weights else None, vocab_size=_vocab(config), backend=req.backend,
                      draft=_draft(req), sizes=model_sizes(config), max_num_batched_tokens=req.max_num_batched_tokens,
-                     sampler=_sampler(req.sampler))
+                     sampler=_sampler(req.sampler), post_capture=req.post_capture_kv_sizing)
 
 
 def _vocab(config: Path) -> int | None:

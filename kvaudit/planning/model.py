@@ -107,6 +107,8 @@ class PlanInput:
     #: vLLM V1's top-k/top-p sampler: "flashinfer" (FlashInfer installed: the log's "Using FlashInfer for top-p &
     #: top-k sampling"), "native" (PyTorch's sort), None: not known (the profile run's peak is either)
     sampler: str | None = None
+    #: SGLang 0.5.16+: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set (its default fraction skips the graph reserve)
+    post_capture: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,29 @@ GPUs (the card's physical size, not T). ``p`` is tp x pp where the release uses 
 - 0.5.3-0.5.9 (PR #10975): chunked_prefill_size and cuda_graph_max_bs by gpu_mem, then
   reserved = 512 + max(chunked, 2048) x 1.5 + max_bs x 2 + p / 8 x 1024 (+ DP-attention terms), at least 10 GiB on
   cards over 60 GiB; round((gpu_mem - reserved) / gpu_mem, 3).
-- 0.5.10-0.5.17: the same with the piecewise CUDA graph on by default: MLA models +1.5 GiB; other models
-  + len(piecewise capture sizes) x 8 MiB (their default maximum is not established here: not modelled).
+- 0.5.10-0.5.18 (``server_args.py``): the same with the prefill CUDA graph on by default: MLA models +1.5 GiB;
+  other models + len(prefill capture sizes) x 8 MiB, the sizes ``_generate_piecewise_cuda_graph_tokens`` (0.5.10-
+  0.5.13) / ``_generate_prefill_cuda_graph_batch_sizes`` (0.5.14+) list up to a maximum of chunked_prefill_size
+  (``piecewise_cuda_graph_max_tokens`` / ``cuda_graph_config.prefill.max_bs``), capped by --max-total-tokens and,
+  0.5.13-0.5.16, by --context-length: 58 sizes at 8192, 42 at 2048. The graph is off, and the term absent, with a
+  draft, DP attention, PP > 1, a multimodal model or an architecture on ``piecewise_cuda_graph_disabled_model_archs``
+  (``_handle_piecewise_cuda_graph``, 0.5.10-0.5.14, where ``tc_piecewise`` is the default). From 0.5.15 the CUDA
+  default is the breakable graph, off only for MLA (0.5.15-0.5.16; 0.5.17 MLA without the DSA indexer), DP
+  attention (0.5.15-0.5.16) and multimodal models; DP attention from 0.5.17 and MLA at 0.5.18 (the attention
+  backend decides) are not modelled. 0.5.14 drops the draft's reserve; 0.5.18 adds DeepEP's 2 GiB (not a plan
+  input: not modelled).
 - post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, default off; 0.5.16+, and only where
   ``post_capture_kv_sizing_planned`` admits it: CUDA, no MLA, no FP4 KV, no DP attention, graphs on): the graph and
   activation reserve is skipped, reserved = R + p / 8 x 1024 MiB with R = 512 (0.5.16-0.5.17) or 1536 (0.5.18+,
   server_args.py, then ``arg_groups/memory_hook.py`` from 0.5.19), no 10 GiB floor; round((gpu_mem - reserved) /
   gpu_mem, 3). Multimodal models are then adjusted by the vision tower (not modelled).
-- 0.5.18+ without post-capture sizing (``memory_hook.py`` from 0.5.19), multimodal models
+- 0.5.19+ without post-capture sizing (``arg_groups/memory_hook.py``), multimodal models
   (``adjust_mem_fraction_for_vlm`` needs the vision tower's size) and speculative decoding: not modelled; the plan
   asks for --fraction.
 
 Source: kvaudit's reading of server_args.py per release (docs/plan.md, "SGLang's default fraction"); the
-0.5.3-0.5.9 rule was checked against ``_handle_gpu_memory_settings`` as published.
+0.5.3-0.5.9 rule was checked against ``_handle_gpu_memory_settings`` as published, the 0.5.10-0.5.18 prefill-graph
+term against the 0.5.10-0.5.18 wheels' ``server_args.py`` (``pip download --no-deps sglang==X``).
 """
 
 from __future__ import annotations
@@ -65,13 +75,79 @@ def _graph_defaults(gpu_mem: float, tp: int, v: tuple[int, ...]) -> tuple[int, i
     return 16384, 512
 
 
+#: architectures whose piecewise prefill graph SGLang switches off, 0.5.10-0.5.14 (``configs/model_config.py``
+#: ``piecewise_cuda_graph_disabled_model_archs`` of each release; to 0.5.12 also any model with DeepSeek's sparse
+#: indexer, ``is_deepseek_nsa``)
+_GRAPH_OFF_TO_0_5_11 = frozenset({"DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM",
+                                  "BailingMoeV2_5ForCausalLM", "LLaDAModelLM"})
+_GRAPH_OFF_FROM_0_5_13 = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "Qwen3NextForCausalLM",
+                                    "BailingMoeV2_5ForCausalLM", "LLaDAModelLM"})
+
+
+def _graph_off_arch(v: tuple[int, ...], arch: str | None, dsa: bool) -> bool:
+    if v <= (0, 5, 12) and dsa:
+        return True
+    if v <= (0, 5, 11):
+        return arch in _GRAPH_OFF_TO_0_5_11
+    if v == (0, 5, 12):
+        return arch in _GRAPH_OFF_TO_0_5_11 | _GRAPH_OFF_FROM_0_5_13
+    return arch in _GRAPH_OFF_FROM_0_5_13
+
+
+def prefill_capture_sizes(max_tokens: int) -> list[int]:
+    """The prefill CUDA graph's token sizes up to ``max_tokens`` (0.5.10+: ``_generate_piecewise_cuda_graph_tokens``,
+    from 0.5.14 ``_generate_prefill_cuda_graph_batch_sizes``; the same list in every release to 0.5.23)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+def _prefill_graph_mib(v: tuple[int, ...], chunked: int, pp: int, dp_attention: int, speculative: str | None,
+                       mla: bool, dsa: bool, arch: str | None, max_total_tokens: int | None,
+                       context_length: int | None) -> tuple[float | None, str]:
+    """The prefill CUDA graph's reserve, 0.5.10-0.5.18 (MiB, words), or (None, why it is not modelled).
+
+    Where the graph is off the term is absent. 0.5.10-0.5.14 (``tc_piecewise`` the default,
+    ``_handle_piecewise_cuda_graph`` / ``_disable_tc_piecewise_cudagraph_if_incompatible``): off with a draft, DP
+    attention, PP > 1, a multimodal model or a listed architecture. 0.5.15-0.5.18 (the breakable graph the CUDA
+    default, ``cuda_graph_config.default_prefill_backend``; ``_disable_breakable_cudagraph_if_incompatible``): off for
+    MLA (0.5.15-0.5.16; 0.5.17 MLA without the DSA indexer), DP attention (0.5.15-0.5.16) and multimodal models; a
+    draft and PP leave it on."""
+    if v < (0, 5, 15):
+        off = ("a draft" if speculative else "DP attention" if dp_attention > 1 else "PP > 1" if pp > 1
+               else (arch or "DeepSeek's sparse indexer") if _graph_off_arch(v, arch, dsa) else None)
+    else:
+        off = ("MLA" if mla and (v < (0, 5, 17) or (v == (0, 5, 17) and not dsa))
+               else "DP attention" if dp_attention > 1 and v < (0, 5, 17) else None)
+        if off is None and v >= (0, 5, 18) and mla:
+            return None, ("its MLA prefill graph depends on the attention backend (trtllm_mla turns it off for "
+                          "DeepSeek-V3): not modelled")
+        if off is None and dp_attention > 1:
+            return None, "the breakable prefill graph with DP attention (0.5.17+) is not modelled"
+    if off is not None:
+        return 0.0, f" (the prefill graph is off with {off})"
+    if mla:
+        return 1.5 * GIB_MIB, " + 1.5 GiB (MLA prefill graphs)"
+    max_tokens = chunked
+    if max_total_tokens is not None:
+        max_tokens = min(max_tokens, max_total_tokens)
+    if context_length is not None and (0, 5, 13) <= v <= (0, 5, 16):
+        max_tokens = min(max_tokens, context_length)
+    n = len(prefill_capture_sizes(max_tokens))
+    return n * 8.0, f" + {n} prefill graph sizes (to {max_tokens}) x 8"
+
+
 def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_attention: int, mla: bool,
                      multimodal: bool, speculative: str | None = None,
-                     post_capture: bool = False) -> tuple[float | None, str]:
+                     post_capture: bool = False, arch: str | None = None, max_total_tokens: int | None = None,
+                     context_length: int | None = None, dsa: bool = False) -> tuple[float | None, str]:
     """(the default, how it was formed) or (None, why it is not modelled). ``speculative``: the algorithm, when a
     draft runs (its reserve: 0.4.7 20 GiB instead of 18, or x 0.95; 0.4.8-0.5.2 +2 GiB; 0.5.3-0.5.9 +2 GiB,
     STANDALONE +6; 0.5.10-0.5.13 EAGLE +4 GiB, STANDALONE +6; none from 0.5.14, where the draft is counted).
-    ``post_capture``: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set (0.5.16+)."""
+    ``post_capture``: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set (0.5.16+). ``arch``, ``max_total_tokens``,
+    ``context_length``: what decides a non-MLA model's prefill-graph term from 0.5.10 (the architecture, --max-total-
+    tokens, --context-length); ``dsa``: an MLA model with DeepSeek's sparse-attention indexer. A model path naming
+    "llama-2" caps the sizes at 4096 in SGLang; the plan does not see the path."""
     v = parse_version(version)
     p = tp * pp
     if post_capture:
@@ -117,11 +193,8 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
         f = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
         return f, (f"SGLang {version}: round(({gpu_mem_mib:,.0f} - {reserved:,.0f} reserved) / {gpu_mem_mib:,.0f}, 3) "
                    "(server_args.py, PR #7054)")
-    if v >= (0, 5, 18):
+    if v >= (0, 5, 19):
         return None, f"SGLang {version}'s default (arg_groups/memory_hook.py) is not modelled by plan yet"
-    if v >= (0, 5, 10) and not mla:
-        return None, (f"SGLang {version} reserves the piecewise CUDA graphs' capture sizes x 8 MiB by default, "
-                      "whose default maximum kvaudit has not established for a non-MLA model")
     defaults = _graph_defaults(gpu_mem_mib, tp, v)
     if defaults is None:
         return None, f"SGLang {version}'s cuda_graph_max_bs for this card is not established (16 or 24)"
@@ -134,9 +207,13 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
         if max_bs > 300:
             parts.append(max_bs * dp_attention * 1.5)
             words += f" + {max_bs} x {dp_attention} x 1.5"
-    if v >= (0, 5, 10):  # mla: the piecewise prefill graphs
-        parts.append(1.5 * GIB_MIB)
-        words += " + 1.5 GiB (MLA piecewise graphs)"
+    if v >= (0, 5, 10):
+        graph, how = _prefill_graph_mib(v, chunked, pp, dp_attention, speculative, mla, dsa, arch, max_total_tokens,
+                                        context_length)
+        if graph is None:
+            return None, f"SGLang {version}: {how}"
+        parts.append(graph)
+        words += how
     reserved = sum(parts)
     if gpu_mem_mib > 60 * GIB_MIB and reserved < 10 * GIB_MIB:
         reserved, words = 10 * GIB_MIB, words + ", at least 10 GiB"

@@ -28,10 +28,28 @@ from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import VersionRange
 
-#: what is gone before SGLang measures T, when no startup on this card says: the memory the driver reserves, the
-#: CUDA context, NCCL's buffers. The bundled host (RTX PRO 6000, TP 8, 0.5.9) lost 1.58 GiB (32 MiB reserved, 1.55
-#: GiB before T); the range is wide on purpose (docs/plan.md)
-T_OFFSET_GIB = (0.4, 2.5)
+#: what is gone between the card's memory.total and SGLang's T, when no startup on this card says (GiB), by the
+#: number of ranks. T is ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP
+#: group) taken at the end of ``ModelRunner.init_torch_distributed`` (0.4-0.5.x: after ``set_device``,
+#: ``init_distributed_environment``, ``initialize_model_parallel`` (NCCL communicators, the custom all-reduce's
+#: buffers: 8 MiB, 16 on ROCm, ``CustomAllreduce._MAX_CAR_SIZE``) and DP attention's groups), before any weight. So
+#: it is (a) what the driver keeps out of CUDA's total (H100: memory.total 81,559 MiB, CUDA's 79.18-79.19 GiB: 0.46
+#: GiB, bench/plan_cases.json's llm-d H100 runs), (b) the CUDA context and the allocator's first blocks, and (c) the
+#: distributed init, which SGLang logs itself ("Init torch distributed ends. ... mem usage="): 0.00-0.09 GiB at TP 1
+#: in every startup seen that prints it, 0.00-0.30 at TP 2-8 (0.01 at TP 4 and 8 in 2026, 0.30 at TP 2 over RCCL,
+#: 0.00 at TP 8 on the bundled host). CALIBRATION startups that show the whole offset (none in
+#: bench/plan_validation.json): TP 1 on 80 GB cards taken as H100s (the logs do not name the card) 0.84 (SGLang's CI,
+#: 2025-01, T 78.81), 1.17 (2026-08, T 78.48) and 1.22 (SGLang's documentation build, T 78.43); TP 2 on 2x RTX 3090
+#: 0.94-1.09 (fixtures/corpus sglang_c002, c004, c012, c016-c021); TP 8 1.58 (8x RTX PRO 6000, the bundled host).
+#: Each range spans its points with about 0.1-0.2 GiB either side; it was 0.4-2.5 GiB before (docs/plan.md).
+#: Not in it: 0.5.4's --enable-piecewise-cuda-graph, which sizes the custom all-reduce at 256 MiB
+#: (``parallel_state.py``, that release only): 1.77-2.01 GiB at TP 8 on H200s (sglang PR #11716, T 137.29 of 140.40)
+T_OFFSET_GIB = {1: (0.75, 1.35), 2: (0.75, 1.75)}
+
+
+def t_offset(ranks: int) -> tuple[float, float]:
+    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``)."""
+    return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[2]
 
 
 @dataclass(frozen=True)
@@ -49,7 +67,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     notes: list[str] = []
     terms: list[Term] = []
 
-    T = shared.card_memory(inp, history, "free before the weights load (T)", T_OFFSET_GIB,
+    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp),
                            "gone before SGLang measures (driver reserve, CUDA context, NCCL)")
     obs = calibrate.pre_load_free(history, inp) if T.kind == CALIBRATED else None
     terms.append(T)
@@ -108,6 +126,16 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                       weakest(T.kind, FORMULA), "formula"))
     terms.append(Term("rest_gib", "KV budget (rest = post - reserve)", rest.lo, rest.hi, "GiB",
                       weakest(post.kind, T.kind), "formula"))
+    if inp.post_capture:
+        if version < (0, 5, 16):
+            raise PlanError(f"--post-capture-kv-sizing: SGLang {inp.version} has no post-capture KV sizing (0.5.16+)")
+        notes.append("post-capture KV sizing: SGLang re-sizes the pool after the graphs are captured "
+                     "(compute_post_capture_kv_resize), which plan does not model: the tokens are the budget's "
+                     "before capture, by the fraction")
+    if version[:3] == (0, 5, 4) and inp.tp * inp.pp > 1:
+        notes.append("SGLang 0.5.4 with --enable-piecewise-cuda-graph sizes the custom all-reduce at 256 MiB "
+                     "(parallel_state.py): T is then up to about 2 GiB lower at TP 8 (sglang PR #11716), which the "
+                     "assumed offset does not hold")
     page = inp.page_size or 1
     if inp.page_size is None:
         notes.append("page size 1 (SGLang's default; some attention backends use 64 or more: give --page-size)")
@@ -203,8 +231,11 @@ def _default(inp: PlanInput) -> tuple[float, str] | None:
 
     if inp.geometry is None:
         return None
-    f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, inp.geometry.is_mla,
-                              inp.geometry.multimodal, inp.draft.algorithm if inp.draft else None)
+    g = inp.geometry
+    f, how = default_fraction(inp.version, inp.gpu_total_mib, inp.tp, inp.pp, inp.dp_attention, g.is_mla,
+                              g.multimodal, inp.draft.algorithm if inp.draft else None, inp.post_capture,
+                              g.architecture, inp.max_total_tokens, inp.context_length,
+                              dsa=g.index_head_dim is not None)
     if f is None:
         raise PlanError(f"give --fraction (mem_fraction_static): {how}")
     return f, how + "; the release's default, as --mem-fraction-static is not given"
