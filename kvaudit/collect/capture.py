@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvaudit import __version__
-from kvaudit.collect.interface import CollectError, Collected, CommandRecord, ComputeApp, GpuReading
+from kvaudit.collect.interface import CollectError, Collected, CommandRecord, ComputeApp, GpuReading, HostProcess
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 from kvaudit.textsafe import printable
 
@@ -73,6 +73,9 @@ def write(c: Collected, directory: str) -> Path:
         "gpu_source": c.gpu_source, "partial": list(c.partial), "bytes_received": c.bytes_received,
         "commands": [asdict(r) for r in c.commands],
     }
+    if c.processes or c.meminfo_mib or c.start_pids:  # who held the GPUs: a replay names orphans and tenants too
+        meta.update({"processes": [asdict(p) for p in c.processes],
+                     "meminfo_mib": [[k, v] for k, v in c.meminfo_mib], "start_pids": list(c.start_pids)})
     if c.pod_namespace:  # a pod target: its Prometheus labels (namespace, the pods, the container) replay too
         meta.update({"pod_namespace": c.pod_namespace, "pod_container": c.pod_container, "pods": list(c.pods),
                      "gpu_pods": list(c.gpu_pods)})
@@ -165,6 +168,9 @@ def read(directory: str) -> Collected:
             unit=_str(meta, "unit"), invocation_id=_str(meta, "invocation_id"), gpu_source=_str(meta, "gpu_source"),
             pod_namespace=_str(meta, "pod_namespace"), pod_container=_str(meta, "pod_container"),
             pods=tuple(_list(meta, "pods", str)), gpu_pods=tuple(_list(meta, "gpu_pods", str)),
+            processes=tuple(_process(r) for r in _list(meta, "processes", dict)[:MAX_PROCESSES]),
+            meminfo_mib=tuple(_meminfo(r) for r in _list(meta, "meminfo_mib", list)[:64]),
+            start_pids=tuple(_list(meta, "start_pids", int)[:MAX_PROCESSES]),
         )
     except (TypeError, ValueError) as exc:
         raise CaptureError(f"{directory}: capture.json has an unexpected shape ({str(exc)[:120]})") from None
@@ -201,3 +207,32 @@ def _record(r: dict) -> dict:
         if not isinstance(r[k], t) or (t is int and isinstance(r[k], bool)):
             raise TypeError(f"a command record's {k} is a {type(r[k]).__name__}")
     return {**r, "command": printable(r["command"])[:2000]}
+
+
+#: a capture names at most this many processes (the host script reads at most 64 processes' memory)
+MAX_PROCESSES = 4096
+_PROCESS_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "pid": int, "ppid": int, "state": str, "title": str, "rss_mib": (int, float, type(None)),
+    "swap_mib": (int, float, type(None))}
+
+
+def _process(r: dict) -> HostProcess:
+    if set(r) != set(_PROCESS_FIELDS):
+        raise TypeError(f"a process has keys {sorted(r)[:6]}")
+    for k, t in _PROCESS_FIELDS.items():
+        if not isinstance(r[k], t) or isinstance(r[k], bool):
+            raise TypeError(f"a process's {k} is a {type(r[k]).__name__}")
+    for k in ("rss_mib", "swap_mib"):
+        if r[k] is not None and not 0 <= r[k] < 1 << 40:
+            raise ValueError(f"a process's {k} is out of range")
+    if not (0 < r["pid"] < 1 << 32 and 0 <= r["ppid"] < 1 << 32):
+        raise ValueError("a process id is out of range")
+    return HostProcess(pid=r["pid"], ppid=r["ppid"], state=printable(r["state"])[:16],
+                       title=printable(r["title"])[:256], rss_mib=r["rss_mib"], swap_mib=r["swap_mib"])
+
+
+def _meminfo(r: list) -> tuple[str, float]:
+    if len(r) != 2 or not isinstance(r[0], str) or isinstance(r[1], bool) or not isinstance(r[1], (int, float)) \
+            or not 0 <= r[1] < 1 << 40:
+        raise TypeError("a meminfo row is not [name, MiB]")
+    return printable(r[0])[:64], float(r[1])

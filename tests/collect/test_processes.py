@@ -150,6 +150,24 @@ def test_engine_orphan_and_tenant_named_with_pids_and_gib(node, source):
 
 @needs_sshd
 @needs_journal
+def test_a_capture_replays_who_held_the_gpus(node, tmp_path):
+    """The capture a ticket carries names the orphan and the idle tenant as the live check did: the processes,
+    the start's PIDs and /proc/meminfo travel in capture.json."""
+    out = tmp_path / "cap"
+    r = cli_process("capture", "gpu-node", "--ssh-config", node["cfg"], "--journal-directory",
+                    str(node["root"] / "journal-live"), "-o", out, timeout=90)
+    assert r.code == 0, r.stderr
+    live = _check(node, "--journal-directory", str(node["root"] / "journal-live"))
+    replay = cli_process("check", out, "--format", "json")
+    assert replay.code in (ExitStatus.OK, ExitStatus.WARNINGS), replay.stderr
+    doc = replay.json()
+    for code in ("ORPHANED_ENGINE_PROCESS", "IDLE_TENANT_MEMORY", "FOREIGN_PROCESS"):
+        assert _finding(doc, code)["fields"] == _finding(live, code)["fields"]
+    assert [g["engine_processes"] for g in doc["gpus"]] == [g["engine_processes"] for g in live["gpus"]]
+
+
+@needs_sshd
+@needs_journal
 def test_text_report_names_them(node):
     r = cli_process("check", "gpu-node", "--ssh-config", node["cfg"], "--journal-directory",
                     str(node["root"] / "journal-live"), timeout=90)

@@ -234,6 +234,13 @@ def _bad(d, message):
      "unexpected shape"),
     (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "server_pids": "1"}'),
      "unexpected shape"),
+    (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "processes": [{"pid": 1}]}'),
+     "unexpected shape"),
+    (lambda d: (d / "capture.json").write_text(
+        '{"format": "kvaudit-capture", "processes": [{"pid": -4, "ppid": 1, "state": "S", "title": "x", '
+        '"rss_mib": null, "swap_mib": null}]}'), "unexpected shape"),
+    (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "meminfo_mib": [["MemTotal", 1e300]]}'),
+     "unexpected shape"),
     (lambda d: (d / "capture.json").write_text('{"format": "kvaudit-capture", "host": NaN}'), "not readable JSON"),
     (lambda d: (d / "capture.json").write_bytes(b'{"format": "kvaudit-capture", "host": "\xff\xfe"}'),
      "not readable JSON"),
