@@ -66,6 +66,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"k/v cache",
     b"tokens per block",
     b"TensorRT-LLM version",
+    b"TensorRT LLM version",  # the 2026 banner, after the rename ('[TensorRT-LLM] TensorRT LLM version: 1.3.0rc0')
     b"Engine version",
     b"Loaded engine size",
     b"execution context memory",
@@ -211,7 +212,7 @@ class WindowVector(RankEvent):
 
 
 _RANK = lazy(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
-_VERSION = lazy(r"TensorRT-LLM version: ([\w.+-]+)")
+_VERSION = lazy(r"TensorRT[- ]LLM version: ([\w.+-]+)")
 _ENGINE_VERSION = lazy(r"Engine version ([\w.+-]+) found in the config file")
 _WEIGHTS = lazy(r"(?:Use|Rank \d+ uses) " + NUM + r" GB for model weights")
 _PROFILE = lazy(r"Memory (used after loading model weights|used for model weights|dynamically allocated during "
@@ -342,7 +343,7 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         if value is not None:
             ev.append(Reading(n, t, rank, "target", key, float(value)))
 
-    m = _VERSION.search(t) if "TensorRT-LLM version" in t else None
+    m = _VERSION.search(t) if "LLM version" in t else None
     if m:
         try:
             v = parse_version(m.group(1))[:3]

@@ -62,3 +62,20 @@ def test_ranks_the_runtime_names_count_and_the_mpi_size_is_no_tp_size():
     b = _audit(CORPUS / "trtllm_c026.log")
     assert any(n.startswith("MPI size 4") and "at most 4" in n for n in b["notes"]), b["notes"]
     assert not any("TP size at least 4" in n for n in b["notes"])
+
+
+def test_the_renamed_2026_version_banner_is_read(tmp_path):
+    """'[TensorRT-LLM] TensorRT LLM version: 1.3.0rc0' (no hyphen after the 2026 rename; a public TensorRT-LLM auto
+    test report for MiMoV2Flash on an H100 PCIe, 2026-03-13, its raw output's first lines and pool lines, verbatim)
+    was not taken for the banner: the startup's version was 'unknown'."""
+    log = tmp_path / "mimo-v2-flash.log"
+    log.write_text(
+        "[TensorRT-LLM] TensorRT LLM version: 1.3.0rc0\n"
+        "[03/13/2026-02:56:20] [TRT-LLM] [I] Using LLM with PyTorch backend\n"
+        "[TensorRT-LLM][INFO] Max KV cache blocks per sequence: 8193 [window size=262145], tokens per block=32, "
+        "primary blocks=216616, secondary blocks=0, max sequence length=262145\n"
+        "[TensorRT-LLM][INFO] Number of tokens per block: 32.\n"
+        "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 59.50 GiB for max tokens in paged KV cache (6931712).\n")
+    d = cli("explain", log, "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    assert a["engine_version"] == "1.3.0" and a["formula"]["logged_tokens"] == 6_931_712
