@@ -42,9 +42,11 @@ class RankFacts:
         kv_cache_config.max_tokens: N', resource_manager.py calculate_max_num_blocks), with neither a peak line nor
         max_num_tokens to place it: KvCacheCreator writes the profiling cache's size into max_tokens before the
         profiling pass and its estimate after it, so the line reads the same for the temporary and the final pool."""
-        said = self.r.get("max_tokens_only")
-        return (said is not None and a.tokens is not None and said <= a.tokens and "peak_gib" not in self.r
-                and "max_num_tokens" not in self.r and self.lines.get("max_tokens_only", a.line) <= a.line)
+        said, block = self.r.get("max_tokens_only"), self.r.get("tokens_per_block") or 128
+        # within a block of it: 1.0 rounds max_tokens up to whole blocks (math.ceil), later builds down (//)
+        return (said is not None and a.tokens is not None and abs(a.tokens - said) < block
+                and "peak_gib" not in self.r and "max_num_tokens" not in self.r
+                and self.lines.get("max_tokens_only", a.line) <= a.line)
 
     def encoder_decoder_pair(self) -> tuple[KVAllocation, KVAllocation] | None:
         """(self, cross) when this rank sized two KV caches for an encoder-decoder model: the C++ runtime creates
