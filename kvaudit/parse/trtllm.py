@@ -66,6 +66,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"k/v cache",
     b"tokens per block",
     b"TensorRT-LLM version",
+    b"TensorRT LLM version",  # the 2026 banner, after the rename ('[TensorRT-LLM] TensorRT LLM version: 1.3.0rc0')
     b"Engine version",
     b"Loaded engine size",
     b"execution context memory",
@@ -100,7 +101,21 @@ ANCHORS: tuple[bytes, ...] = (
     b"Sampler: ",
     b"Drafter: ",
     b"executor resources",
+    # 1.2+ rows print ExecutorMemoryType values: 'model: 274.64 / 208.12' (mlcommons/inference#2501)
+    b"model: ",
+    b"model_weights: ",
+    b"sampler: ",
+    b"drafter: ",
+    b"guided_decoder: ",
+    b"spec_resource_manager: ",
+    b"_no_capture_",
+    b"model_extra: ",
+    b"executor_extra: ",
+    b"kv_cache: ",
     b"PyTorch memory fraction",
+    # the C++ runtime names each rank in untagged lines (tensorrtllm_backend#577, #396)
+    b"TP group",
+    b"MPI size: ",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -197,7 +212,7 @@ class WindowVector(RankEvent):
 
 
 _RANK = lazy(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
-_VERSION = lazy(r"TensorRT-LLM version: ([\w.+-]+)")
+_VERSION = lazy(r"TensorRT[- ]LLM version: ([\w.+-]+)")
 _ENGINE_VERSION = lazy(r"Engine version ([\w.+-]+) found in the config file")
 _WEIGHTS = lazy(r"(?:Use|Rank \d+ uses) " + NUM + r" GB for model weights")
 _PROFILE = lazy(r"Memory (used after loading model weights|used for model weights|dynamically allocated during "
@@ -214,6 +229,14 @@ _TMP_KV = lazy(r"(?:tmp kv_mem|temporary kv cache memory during profiling) " + N
 _ESTIMATED = lazy(r"Estimated max (memory|tokens) in KV cache ?: " + NUM)
 _MAX_TOKENS_CAP = lazy(r"max_tokens=(\d+) is provided(?:, max_memory is set to " + NUM + r" GiB|\. It limits max "
                              r"memory to " + NUM + r" GiB\. New max_memory is set to " + NUM + r" GiB)")
+# resource_manager.py KVCacheManager.calculate_max_num_blocks (PyTorch backend, 1.0+): kv_cache_config.max_tokens
+# is set and free_gpu_memory_fraction is None, so the pool is max_tokens itself and no fraction applies to it.
+# KvCacheCreator writes its profiling-cache size, then its estimate, into max_tokens, so the line is printed for
+# either pass (the NVIDIA forum's gpt-oss-20b on 1.1.0rc3: 4,128 = the profiling cache)
+# the C++ runtime's untagged rank lines: 'Detecting local TP group for rank 1', 'TP group is intra-node for rank 1'
+# (runtime/worldConfig.cpp / ipcUtils, 0.1x C++ executor) and 'MPI size: 4, rank: 0' (mpiUtils, TP x PP ranks)
+_RANK_LINE = lazy(r"(?:Detecting local TP group for rank|TP group is intra-node for rank|MPI size: (\d+), rank:) (\d+)")
+_MAX_TOKENS_ONLY = lazy(r"max_tokens is set by kv_cache_config\.max_tokens: (\d+)")
 _MAX_BYTES_CAP = lazy(r"max_gpu_total_bytes=" + NUM + r" ?GiB is provided(?:, max_memory is set to|\. New max "
                             r"memory is) " + NUM + r" GiB")
 _BOTH = lazy(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction \(aka kv_cache_free_gpu_mem_fraction\)) and "
@@ -273,10 +296,14 @@ _OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt
 # py_executor_creator.py _adjust_torch_mem_fraction (1.x, at the end of start-up): torch's allocator is capped at
 # free + torch-reserved - 32 MiB, printed as a fraction of the device total and in GiB (full float precision)
 _TORCH_CAP = lazy(r"Setting PyTorch memory fraction to " + NUM + r" \(" + NUM + r" GiB\)")
-# the row names seen in real tables (trtllm_c019) and the final KV cache, which is created last
+# the row names: 1.0's labels (trtllm_c019) and the final KV cache, which is created last; from 1.2 the table prints
+# the ``ExecutorMemoryType`` values instead (``_torch/virtual_memory.py``: model, sampler, drafter,
+# _no_capture_init_kv_cache, _no_capture_init_extra_resources, model_extra, ...; mlcommons/inference#2501)
 _OOM_ROW = lazy(r"^\s*(Model|Sampler|Drafter|Initial KV cache \(temporary for KV cache size estimation\)|Additional "
-                r"executor resources \(temporary for KV cache size estimation\)|KV cache): "
-                + NUM + r" / " + NUM + r"\s*$")
+                r"executor resources \(temporary for KV cache size estimation\)|KV cache|model|draft_model|"
+                r"model_weights|draft_model_weights|sampler|drafter|guided_decoder|spec_resource_manager|"
+                r"_no_capture_init_kv_cache|_no_capture_init_extra_resources|_no_capture_model_extra|model_extra|"
+                r"executor_extra|kv_cache): " + NUM + r" / " + NUM + r"\s*$")
 _TOO_SMALL = lazy(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
                         r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
 _BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
@@ -316,7 +343,7 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         if value is not None:
             ev.append(Reading(n, t, rank, "target", key, float(value)))
 
-    m = _VERSION.search(t) if "TensorRT-LLM version" in t else None
+    m = _VERSION.search(t) if "LLM version" in t else None
     if m:
         try:
             v = parse_version(m.group(1))[:3]
@@ -419,6 +446,14 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         limit = m.group(3) or m.group(2)
         ev.append(Cap(n, t, rank, "target", "max_tokens", int(m.group(1)), float(limit) if limit else None,
                       float(m.group(4) or m.group(2)) if (m.group(4) or m.group(2)) else None))
+        return ev, []
+    m = _RANK_LINE.search(t) if ("TP group" in t or "MPI size" in t) else None
+    if m:  # a rank the runtime names without a rank tag: the ranks are at least that many
+        read("mpi_size" if m.group(1) else "rank_named", m.group(1) or m.group(2))
+        return ev, []
+    m = _MAX_TOKENS_ONLY.search(t) if "is set by kv_cache_config" in t else None
+    if m:  # resource_manager.py calculate_max_num_blocks (1.0+): max_tokens set, free_gpu_memory_fraction None
+        read("max_tokens_only", m.group(1))
         return ev, []
     m = _MAX_BYTES_CAP.search(t) if "max_gpu_total_bytes=" in t else None
     if m:

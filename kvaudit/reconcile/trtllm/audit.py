@@ -198,6 +198,10 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
         notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
     if ctx.tp_at_least:
         notes.append(f"TP size at least {ctx.tp}: {ctx.tp_source}")
+    world = ctx.first("mpi_size")
+    if world:
+        notes.append(f"MPI size {int(world)} (line {ctx.line_of('mpi_size')}): the ranks are TP x PP = {int(world)}, "
+                     f"so the TP size is at most {int(world)}; the lines do not say how they split")
     cut = ctx.startup.of(WindowNote)
     if cut:
         # _validate_and_adjust_attention_windows (resource_manager.py): a window longer than its pool can hold for
@@ -224,8 +228,18 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
                          f"({int(blocks) * fits[0]:,} tokens), the only power of two that fits; the log states "
                          "neither the block size nor the token count, so the pool is not checked")
         else:
-            notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each (the tokens "
-                         "per block and the model config would give the token count)")
+            assumed = f" if the assumed fraction {ctx.fraction:g} applied" if ctx.fraction_assumed else ""
+            notes.append(f"{int(blocks):,} primary blocks of about {b.mid / blocks * 1024:.2f} MiB each{assumed} (the "
+                         "tokens per block and the model config would give the token count)")
+    secondary = ctx.first("secondary_blocks")
+    if secondary:
+        # KVCacheManager::calculateMaxNumBlocks (C++) and resource_manager.py calculate_max_num_blocks: the
+        # secondary pool is host_cache_size (kv_cache_host_memory_bytes) / bytes per token / tokens per block, the
+        # offload tier in host RAM; the free-memory fraction sizes the primary pool only
+        notes.append(f"{int(secondary):,} secondary blocks (line {ctx.line_of('secondary_blocks')}) are the "
+                     "host-memory offload tier, sized by the host cache setting (kv_cache_host_memory_bytes), "
+                     "not by the fraction: CPU RAM, no part of the GPU's KV pool"
+                     + (f" ({secondary / blocks:.2f} x the primary pool's size in blocks)" if blocks else ""))
 
 
 def _encoder_decoder(ctx: Context, b: Budget, pool: Pool) -> str:

@@ -75,8 +75,7 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th,
         rows = startup.of(ComponentRow)
         if rows:
             # what each component created before took (free before - free after; a temporary one may give it back)
-            detail += "; before it: " + ", ".join(f"{r.name.split(' (')[0]} {r.before_gib - r.after_gib:.2f} GiB"
-                                                  for r in rows)
+            detail += "; before it: " + ", ".join(_took(r) for r in rows)
         out.append(F.not_enough_memory(executor.message.rstrip(".") + detail, executor.line,
                                        {"component": component, "free_gib": free, "total_gib": total}))
         quoted.add(executor.line)
@@ -101,3 +100,11 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th,
             detail += " (after the KV pool was sized)"
         out.append(F.startup_failed(last.line, detail))
     return out
+
+
+def _took(row: ComponentRow) -> str:
+    """What one component of the OOM table took: free before - free after. More free after than before is memory
+    given back while it was created (1.2's ``model_extra`` row, mlcommons/inference#2501: 197.99 -> 200.47), not a
+    size: said as such, never as a negative amount."""
+    name, delta = row.name.split(" (")[0], row.before_gib - row.after_gib
+    return f"{name} gave back {-delta:.2f} GiB" if delta < -0.005 else f"{name} {max(delta, 0.0):.2f} GiB"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from kvaudit.model_config import ModelGeometry
 from kvaudit.model_config import element_bytes as model_element_bytes
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.trtllm import Cap, WindowPool, WindowVector
+from kvaudit.parse.trtllm import Cap, Reading, WindowPool, WindowVector
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.trtllm.facts import RankFacts, first, gather_facts
 
@@ -41,6 +41,10 @@ class Context:
     def first(self, key: str) -> float | None:
         return first(self.facts, key)
 
+    def line_of(self, key: str) -> int | None:
+        """The line of the first reading of ``key`` any rank logged."""
+        return next((rr.lines[key] for rr in self.facts.values() if key in rr.lines), None)
+
 
 def element_bytes(name: str | None) -> float | None:
     """The shared dtype table, plus NVFP4: 4-bit values and one FP8 scale per 16 elements."""
@@ -70,6 +74,11 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     tagged = [r for r in {*facts, *startup.ranks()} if r.label]
     tp = opts.tp_size or (max(r.sort_key[1] for r in tagged) + 1 if tagged else 1)
     tp_source = "--tp-size" if opts.tp_size else ("rank tags (at least)" if tagged else "assumed (no rank tags)")
+    # untagged C++ runtime lines that name a rank of a TP group ('TP group is intra-node for rank 1'): at least
+    # that many ranks, as a rank tag says. 'MPI size: 4, rank: 3' is the world, TP x PP: a note, not the TP size
+    seen = int(max((e.value + 1 for e in startup.of(Reading) if e.key == "rank_named"), default=0))
+    if not opts.tp_size and seen > tp:
+        tp, tp_source, tagged = seen, "ranks the runtime names (at least)", tagged or [Rank((0, seen - 1, 0), "")]
 
     elt = element_bytes(opts.kv_cache_dtype)
     if elt is not None:

@@ -32,9 +32,21 @@ class RankFacts:
             before = [a for a in self.allocations if a.gib and kv is not None and abs(a.gib - kv) <= 0.02
                       and (tmp is None or abs(a.gib - tmp) > 0.02)]
             return before[-1] if before else None
-        if len(self.allocations) == 1 and self.estimation_sized(self.allocations[0]):
+        if len(self.allocations) == 1 and (self.estimation_sized(self.allocations[0])
+                                           or self.either_pass(self.allocations[0])):
             return None
         return self.allocations[-1]
+
+    def either_pass(self, a: KVAllocation) -> bool:
+        """A lone pool whose size was kv_cache_config.max_tokens with no fraction ('max_tokens is set by
+        kv_cache_config.max_tokens: N', resource_manager.py calculate_max_num_blocks), with neither a peak line nor
+        max_num_tokens to place it: KvCacheCreator writes the profiling cache's size into max_tokens before the
+        profiling pass and its estimate after it, so the line reads the same for the temporary and the final pool."""
+        said, block = self.r.get("max_tokens_only"), self.r.get("tokens_per_block") or 128
+        # within a block of it: 1.0 rounds max_tokens up to whole blocks (math.ceil), later builds down (//)
+        return (said is not None and a.tokens is not None and abs(a.tokens - said) < block
+                and "peak_gib" not in self.r and "max_num_tokens" not in self.r
+                and self.lines.get("max_tokens_only", a.line) <= a.line)
 
     def encoder_decoder_pair(self) -> tuple[KVAllocation, KVAllocation] | None:
         """(self, cross) when this rank sized two KV caches for an encoder-decoder model: the C++ runtime creates
@@ -89,10 +101,16 @@ class Pool:
     gib: float | None  # its size (the pre-0.9 byte count when that is all the log has)
     temporary: KVAllocation | None = None  # the profiling pass's cache, when it is the only pool line
     self_pool: KVAllocation | None = None  # encoder-decoder: the self-attention cache (``smallest`` is the cross one)
+    either: bool = False  # ``temporary`` may as well be the final pool (RankFacts.either_pass)
 
     def missing(self) -> str:
         """Why there is no pool to check, in the log's own terms."""
         t = self.temporary
+        if t is not None and self.either:
+            return (f"the only pool line (line {t.line}, {t.tokens:,} tokens) was sized by kv_cache_config.max_tokens "
+                    "with no fraction, which the PyTorch backend sets both for its temporary profiling cache and for "
+                    "the final pool; with no profiling peak line and no max_num_tokens the log does not say which "
+                    "this is")
         if t is not None:
             return (f"the only pool line (line {t.line}, {t.tokens:,} tokens) is the size of the PyTorch backend's "
                     "temporary profiling cache (max_num_tokens of dummy prompt plus generated tokens, in whole "
@@ -114,8 +132,12 @@ def logged_pool(facts: dict[Rank, RankFacts]) -> Pool:
     pair = next((p for rr in facts.values() if (p := rr.encoder_decoder_pair()) is not None), None)
     if pair is not None:
         return Pool(finals, pair[1], pair[1].gib or None, None, pair[0])
-    temporary = None
+    temporary, either = None, False
     if not finals:
         temporary = next((rr.allocations[0] for rr in facts.values()
                           if len(rr.allocations) == 1 and rr.estimation_sized(rr.allocations[0])), None)
-    return Pool(finals, smallest, gib, temporary)
+        if temporary is None:
+            temporary = next((rr.allocations[0] for rr in facts.values()
+                              if len(rr.allocations) == 1 and rr.either_pass(rr.allocations[0])), None)
+            either = temporary is not None
+    return Pool(finals, smallest, gib, temporary, either=either)
