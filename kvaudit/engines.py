@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from kvaudit.collect.commands import StartupWindow
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.lmdeploy import LMDeployParser
 from kvaudit.parse.sglang import SGLangParser
@@ -20,6 +19,9 @@ from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import settle
+
+if TYPE_CHECKING:  # the host commands load only for check (explain starts without them)
+    from kvaudit.collect.commands import StartupWindow
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def startup_window() -> StartupWindow:
     """Where a running server's startup ends in its journal (kvaudit.collect.commands.StartupWindow): each
     engine's markers and ready lines; the tail words, with every marker and ready line (another startup in one
     invocation, a wrapper restarting the engine: read it all)."""
+    from kvaudit.collect.commands import StartupWindow
+
     markers = tuple((i, m) for i, e in enumerate(ENGINES) for m in e.parser.markers)
     ready = tuple((i, r) for i, e in enumerate(ENGINES) for r in e.ready)
     # a marker shorter than 8 characters ("vLLM", "[TM][") is in the lines a server logs while it serves
