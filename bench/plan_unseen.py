@@ -73,6 +73,8 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
             r = plan_case(c, d)
             r["logged"] = c.get("logged_kv_gib")
             r["failed"] = c.get("outcome", "started") != "started"
+            r["configuration"] = c.get("failure") == "configuration"  # refused by the engine before any memory
+            r["not_caught"] = c.get("not_caught")
             r["engine"] = c["engine"].split("==")[0]
             rows.append(r)
     sized = [r for r in rows if "lo" in r and r["logged"] is not None and r["logged"] > 0]
@@ -82,13 +84,19 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
         r["width"] = (r["hi"] - r["lo"]) / r["logged"]
     failed = [r for r in rows if r["failed"]]
     started = [r for r in rows if not r["failed"]]
+    memory = [r for r in failed if not r["configuration"]]
     errs = [abs(r["error"]) for r in sized]
     summary: dict[str, Any] = {
         "file": path.name, "startups": len(rows), "with_kv_budget": len(sized),
         "engines": sorted({r["engine"] for r in rows}),
         "refused": [f"{r['id']}: {r['refused']}" for r in rows if "refused" in r],
-        "failed_from_memory": len(failed),
+        "failed": len(failed), "failed_from_memory": len(memory),
         "failed_planned_no_or_at_risk": sum(r.get("starts") in ("no", "at risk") for r in failed),
+        "failed_from_memory_planned_no_or_at_risk": sum(r.get("starts") in ("no", "at risk") for r in memory),
+        "not_caught": [f"{r['id']}: {r['not_caught']}" for r in failed if r["not_caught"]],
+        "distinct_configurations": len({json.dumps({k: v for k, v in c.items() if k not in ("id", "max_model_len",
+                                                                                          "logged", "source")},
+                                                   sort_keys=True) for c in data["cases"]}),
         "started_planned_no": sum(r.get("starts") == "no" for r in started),
     }
     if errs:
@@ -112,8 +120,13 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
             print(f"  {len(sized)} budgets: KV GiB mean abs error {summary['mean_abs_error']:.1%}, median "
                   f"{summary['median_abs_error']:.1%}, p95 {summary['p95_abs_error']:.1%}; interval held "
                   f"{summary['interval_held']:.0%}, median width {summary['median_width']:.1%}")
-        print(f"  failed from memory: {len(failed)}, planned no/at risk: {summary['failed_planned_no_or_at_risk']}; "
-              f"started but planned no: {summary['started_planned_no']}")
+        print(f"  {len(rows)} startups ({summary['distinct_configurations']} configurations), engines "
+              f"{', '.join(summary['engines'])}")
+        print(f"  failed: {len(failed)} ({len(memory)} from memory), planned no/at risk: "
+              f"{summary['failed_planned_no_or_at_risk']} ({summary['failed_from_memory_planned_no_or_at_risk']} of "
+              f"those from memory); started but planned no: {summary['started_planned_no']}")
+        for line in summary["not_caught"]:
+            print(f"  not caught: {line[:150]}")
     return summary
 
 

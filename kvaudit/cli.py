@@ -340,6 +340,8 @@ def whatif(
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     _write(chosen.whatif(audit, w, color=_color(color) and output is None, width=_width(output)), output)
+    if not w.computed:  # no answer at all: not "the change leaves the headroom" (docs/exit-codes.md)
+        return int(ExitStatus.WARNINGS)
     return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
 
 
@@ -638,7 +640,9 @@ def fleet(
     inventory: Optional[str] = typer.Argument(
         None, help="Hosts file, Ansible inventory (INI or YAML); or omit and use --ssh-config with --hosts."),
     hosts: Optional[str] = _opt(WHERE, None, "--hosts", "--limit",
-                                         help="Ansible's --limit: a,b  gpu-*  GROUP  !excluded  &required."),
+                                help="Ansible's --limit: a,b  gpu-*  GROUP  GROUP[0:3]  ~REGEX  !excluded  &required."),
+    list_hosts: bool = _opt(WHERE, False, "--list-hosts", help="Print the hosts --limit selects (as ansible "
+                                                              "--list-hosts does) and audit none."),
     config: Optional[Path] = CONFIG,
     no_config: bool = NO_CONFIG,
     ssh_config: Optional[Path] = SSH_CONFIG,
@@ -707,6 +711,11 @@ def fleet(
         fleet_hosts = inv.from_ssh_config(st.ssh_config, hosts)
     else:
         raise Fail("name an inventory, or --ssh-config FILE with --hosts PATTERN")
+    if list_hosts:
+        from kvaudit.report.fleet import list_hosts_text
+
+        _env.stdout.write(list_hosts_text(fleet_hosts))
+        return 0
     pairs = [f"{k}={v}" for k, v in (st.thresholds or {}).items()] + list(threshold)
     opts = _check_options(model_config, None, st.unit, st.source, st.journal_directory, st.ssh_config,
                           st.accept_new_host_key, st.timeout, st.connect_timeout, None, pairs)
@@ -1040,12 +1049,14 @@ def history_cmd(
     def f(v, nd=2):  # noqa: ANN001
         return "-" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
 
-    body: list[tuple[str, ...]] = [(str(r["started_at"]), str(r["status"]), f(r["tokens"]), str(r["verdict"] or "-"),
-                                    f(r["free_min_gib"]), f(r["weights_gib"]), ",".join(r["findings"]) or "-")
-                                   for r in rows]
-    _env.stdout.write(f"{host}: {len(rows)} run(s)\n")
-    _env.stdout.write("\n".join(table(("run", "status", "tokens", "verdict", "free min", "weights", "findings"),
-                                       body)) + "\n")
+    # the run's number first: what ``diff HOST@RUN --history`` takes
+    body: list[tuple[str, ...]] = [(str(r["run_id"]), str(r["started_at"]), str(r["status"]), f(r["tokens"]),
+                                    str(r["verdict"] or "-"), f(r["free_min_gib"]), f(r["weights_gib"]),
+                                    ",".join(r["findings"]) or "-") for r in rows]
+    _env.stdout.write(f"{host}: {len(rows)} run(s); compare two with kvaudit diff {host}@RUN {host}@RUN "
+                      f"--history {history}\n")
+    _env.stdout.write("\n".join(table(("run", "started", "status", "tokens", "verdict", "free min", "weights",
+                                        "findings"), body)) + "\n")
     return 0
 
 

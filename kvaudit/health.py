@@ -42,7 +42,8 @@ NPD_TIMEOUT_S = 5.0
 STATUS_TEXT_BYTES = 80
 
 #: findings about the node itself (kvaudit.reconcile.live): the GPUs and what else runs on them
-NODE_CODES = ("FOREIGN_PROCESS", "OCCUPIED_AT_STARTUP", "GPU_COUNT_MISMATCH", "UNATTRIBUTED_GPU_MEMORY")
+NODE_CODES = ("FOREIGN_PROCESS", "OCCUPIED_AT_STARTUP", "GPU_COUNT_MISMATCH", "UNATTRIBUTED_GPU_MEMORY",
+              "ORPHANED_ENGINE_PROCESS", "IDLE_TENANT_MEMORY")
 #: a pseudo-code for GPUs that could not be read (nvidia-smi missing or failing, no readings in a pod)
 NO_GPU_READINGS = "GPU_READINGS_MISSING"
 
@@ -57,6 +58,9 @@ ACTIONS = {
     "GPU_COUNT_MISMATCH": "check that every GPU is visible and healthy (nvidia-smi -L, CUDA_VISIBLE_DEVICES, "
                           "the driver's log)",
     "UNATTRIBUTED_GPU_MEMORY": "find what holds the GPU memory no process accounts for (nvidia-smi, the driver)",
+    "ORPHANED_ENGINE_PROCESS": "kill the engine processes an earlier start left (the finding names the command)",
+    "IDLE_TENANT_MEMORY": "resume or end the idle process holding the GPU (the finding names the command)",
+    "UNIFIED_PAGE_CACHE": "drop the page cache before the next start: sync; echo 3 | sudo tee /proc/sys/vm/drop_caches",
     NO_GPU_READINGS: "check the NVIDIA driver and nvidia-smi on the node",
     "STARTUP_FAILED": "read the quoted error (kvaudit check shows its line) and restart after fixing its cause",
     "NOT_ENOUGH_MEMORY": "lower the engine's memory fraction or context length, or free GPU memory, and restart",
@@ -162,6 +166,12 @@ def what(p: Problem) -> str:
         return f"GPU {f.get('gpu')}: {_gib(f.get('gib'))} held by pid {pids} (not the engine)"
     if p.code == "OCCUPIED_AT_STARTUP":
         return f"GPU {f.get('gpu')}: {_gib(f.get('before_t_gib'))} held before the engine started"
+    if p.code == "ORPHANED_ENGINE_PROCESS":
+        orphans = list(f.get("pids") or [])
+        return (f"{_gib(f.get('gib'))} held by orphaned engine pid {', '.join(map(str, orphans[:3]))}"
+                + (", ..." if len(orphans) > 3 else ""))
+    if p.code == "IDLE_TENANT_MEMORY":
+        return f"GPU {f.get('gpu')}: {_gib(f.get('gib'))} held by {f.get('why')} pid {f.get('pid')}"
     if p.code == "GPU_COUNT_MISMATCH":
         return f"{f.get('mapped')} of {f.get('gpus')} GPUs match the log's {f.get('ranks')} ranks"
     if p.code == NO_GPU_READINGS:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 
 import numpy as np
 import pytest
 
+from kvaudit.planning.calibrate import RUN_TO_RUN_GIB
 from kvaudit.status import ExitStatus
 from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli
 
@@ -43,28 +45,47 @@ def _plan(*args):
 
 def test_one_startup_calibrates_the_same_host_to_the_formulas_own_answer(kimi_history):
     """The history's one startup of the Kimi host, planned again at fraction 0.92: T, post and the cell are that
-    startup's, so the plan's tokens are exactly what the formula gives rerun on its log at 0.92 (whatif)."""
+    startup's, so the plan's tokens are what the formula gives rerun on its log at 0.92 (whatif), widened by the
+    run-to-run spread of one deployment that one startup cannot show (calibrate.RUN_TO_RUN_GIB on T and post)."""
     r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
-    assert r.code == 0, r.stderr
+    assert r.code == ExitStatus.WARNINGS, r.stderr  # at risk: LOW HEADROOM, as whatif says (below)
     w = cli("whatif", KIMI_LOG, "--mem-fraction-static", "0.92", "-m", KIMI_CONFIG, "-f", "json")
     assert w.stdout, w.stderr  # its exit status is the audit's (1: a warning), the answer is in the JSON
     after = json.loads(w.stdout)["whatif"]["tokens_after"]
-    assert p["formula"]["predicted_tokens"] == {"low": after["low"], "high": after["high"]}
+    planned = p["formula"]["predicted_tokens"]
+    # rest = post - 0.08 T: each of T and post widened by the run-to-run spread moves rest by it x (1 + 0.08)
+    step = math.floor(RUN_TO_RUN_GIB * 1.08 * 2**30 / 70272)
+    assert after["low"] - step - 1 <= planned["low"] <= after["low"] - step + 1
+    assert after["high"] + step - 1 <= planned["high"] <= after["high"] + step + 1
     kinds = {t["key"]: t["kind"] for t in p["terms"]}
     assert kinds["t_gib"] == kinds["post_load_free_gib"] == kinds["weights_gib"] == "calibrated"
     assert kinds["bytes_per_token"] == "formula" and p["formula"]["bytes_per_token"] == 70272
     basis = {t["key"]: t["basis"] for t in p["terms"]}
     assert "1 startup of NVIDIA RTX PRO 6000 Blackwell Server Edition, sglang 0.5.9, 8 ranks" in basis["t_gib"]
+    assert "run-to-run spread" in basis["t_gib"] and "run-to-run spread" in basis["post_load_free_gib"]
     # the reserve held 4.35 GiB at 0.88 (graphs, the EAGLE draft): at 0.92 it is 7.52 GiB, 3.16 left
     left = next(t for t in p["terms"] if t["key"] == "left_after_graphs_gib")
     assert left["kind"] == "calibrated" and 3.1 < left["low"] <= left["high"] < 3.2
-    assert p["starts"] == "yes"
+    assert p["starts"] == "at risk" and p["starts_reason"].startswith("LOW HEADROOM")
+
+
+@pytest.mark.parametrize("fraction", ["0.89", "0.9", "0.91", "0.92"])
+def test_a_plan_and_a_whatif_of_one_startup_agree_on_headroom(kimi_history, fraction):
+    """The same rule decides both (issue 38: the plan said 'starts: yes' where whatif said LOW HEADROOM): what is
+    left for activations under low_headroom_gib, or under half of what the startup left, is at risk."""
+    _, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", fraction, "--history", kimi_history)
+    w = json.loads(cli("whatif", KIMI_LOG, "--mem-fraction-static", fraction, "-m", KIMI_CONFIG, "-f", "json").stdout)
+    low = w["whatif"]["risk"] == "low"
+    assert (p["starts"] == "at risk") == low, (p["starts"], p["starts_reason"], w["whatif"]["risk"])
+    assert low == (fraction == "0.92")
 
 
 def test_at_the_logged_fraction_the_plan_is_the_audits_prediction(kimi_history):
     r, p = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.88", "--history", kimi_history)
     e = json.loads(cli("explain", KIMI_LOG, "-m", KIMI_CONFIG, "-f", "json").stdout)
-    assert p["formula"]["predicted_tokens"] == e["formula"]["predicted_tokens"]
+    planned, audited = p["formula"]["predicted_tokens"], e["formula"]["predicted_tokens"]
+    step = math.floor(RUN_TO_RUN_GIB * 1.12 * 2**30 / 70272)  # T and post each widened by the run-to-run spread
+    assert abs(audited["low"] - step - planned["low"]) <= 1 and abs(audited["high"] + step - planned["high"]) <= 1
     assert p["formula"]["predicted_tokens"]["low"] <= e["formula"]["logged_tokens"] <= \
         p["formula"]["predicted_tokens"]["high"]
 
@@ -78,7 +99,7 @@ def test_without_a_history_every_term_says_it_is_assumed_and_the_interval_is_wid
     _, calibrated = _plan(KIMI_CONFIG, *KIMI, "--fraction", "0.92", "--history", kimi_history)
     width = p["formula"]["predicted_tokens"]["high"] - p["formula"]["predicted_tokens"]["low"]
     narrow = calibrated["formula"]["predicted_tokens"]["high"] - calibrated["formula"]["predicted_tokens"]["low"]
-    assert width > 100 * narrow
+    assert width > 50 * narrow
     assert not any(t["key"] == "left_after_graphs_gib" for t in p["terms"])  # not established: not printed
     assert "not established" in p["starts_reason"]
 
@@ -193,7 +214,10 @@ def test_validate_replays_each_corpus_startup_to_its_audits_own_prediction():
         e = json.loads(cli("explain", FIXTURES / "corpus" / c["startup"], "-f", "json").stdout)
         p, a = c["predicted_tokens"], e["formula"]["predicted_tokens"]
         assert p["low"] <= a["low"] and a["high"] <= p["high"], c["startup"]
-        assert (p["high"] - p["low"]) < 1.5 * (a["high"] - a["low"]), c["startup"]  # and not much wider
-        assert c["held"] == (e["formula"]["verdict"] == "match"), c["startup"]
+        # and not much wider: the rounding step, and the run-to-run spread of the other startup's weights
+        run_to_run = 2 * RUN_TO_RUN_GIB * 2**30 / e["formula"]["bytes_per_token"]
+        assert (p["high"] - p["low"]) < 1.5 * (a["high"] - a["low"]) + run_to_run, c["startup"]
+        if e["formula"]["verdict"] == "match":  # a mismatch may fall within the run-to-run spread
+            assert c["held"], c["startup"]
     assert v["family_seen"]["median_abs_error"] < 0.005
     assert v["not_predictable"] > 0  # a log names no checkpoint size: said, not guessed

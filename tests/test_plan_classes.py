@@ -76,6 +76,67 @@ def test_a_tied_lm_head_is_loaded_once(tmp_path):
     assert w["low"] <= 1.12 <= w["high"] and "tied" in w["basis"]
 
 
+def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(tmp_path):
+    """vLLM 0.17 masks top-k/top-p with a Triton kernel instead of a sort (topk_topp_triton.py, absent from 0.16.0):
+    its profile run's sampler holds 10-16 B a logit, FlashInfer's 8-16 B, so the activation term narrows without
+    knowing which sampler runs. llm-d-planner's Qwen3-14B at 0.95 on an H100: 41.94 GiB of KV under 0.16.0, 45.34
+    under 0.17.0 (the validation set): each release's interval holds its own."""
+    model = _model(tmp_path, "qwen3-14b.json", 29536614400)
+    plans = {}
+    for version in ("0.16.0", "0.17.0"):
+        _, p = _plan(model, "--engine", f"vllm=={version}", "--gpu", "h100", "--fraction", "0.95",
+                     "--context-length", "8192")
+        plans[version] = _term(p, "rest_gib")
+    old, new = plans["0.16.0"], plans["0.17.0"]
+    assert old["low"] <= 41.94 <= old["high"] and new["low"] <= 45.34 <= new["high"]
+    assert not new["low"] <= 41.94 and (new["high"] - new["low"]) < 0.5 * (old["high"] - old["low"])
+
+
+def test_mxfp4_experts_are_padded_as_the_cards_kernel_backend_lays_them_out(tmp_path):
+    """gpt-oss-120b at TP 4 on A100s (dennislee22's vLLM 0.10.1.1 log: 'Model loading took 17.2217 GiB', Marlin):
+    Marlin pads each rank's expert width 720 to 768 and the hidden size 2880 to 3072 (mxfp4.py create_weights), which
+    the checkpoint's 15.19 GiB a rank does not show; the plan's weights hold what loading took, and its budget the
+    45.32 GiB logged. Without the quantization_config the padding is not added."""
+    model = _model(tmp_path, "gpt-oss-120b.json", 65248815744)
+    args = ("--engine", "vllm==0.10.1.1", "--gpu", "a100-80g", "--tp", "4", "--fraction", "0.8",
+            "--context-length", "16384", "--sampler", "flashinfer")
+    _, p = _plan(model, *args)
+    w = _term(p, "weights_gib")
+    assert w["low"] <= 17.2217 <= w["high"] and "marlin" in w["basis"] and "SM 8" in w["basis"]
+    rest = _term(p, "rest_gib")
+    assert rest["low"] <= 45.32 <= rest["high"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    cfg = json.loads((BENCH / "plan_configs" / "gpt-oss-120b.json").read_text())
+    del cfg["quantization_config"]
+    (plain / "config.json").write_text(json.dumps(cfg))
+    (plain / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 65248815744}}))
+    _, q = _plan(str(plain), *args)
+    assert _term(q, "weights_gib")["high"] < 17.2217 and "MXFP4" not in _term(q, "weights_gib")["basis"]
+
+
+
+def test_from_0_17_tp_above_one_on_hopper_holds_the_fused_all_reduce_non_torch_memory(tmp_path):
+    """vLLM 0.17+ fuses the all-reduce with the RMS norm by default when TP > 1 on SM 9.0/10.x with PP 1
+    (config/vllm.py enable_allreduce_rms_fusion); under 0.19.0 on H100s a rank then holds ~2.1 GiB of non-torch memory
+    (the calibration set's Llama-3.1-8B at TP 2 and 4). llm-d-planner's 0.19.0 sweep (the validation set): Qwen2.5-72B
+    at TP 2 logged 3.04 GiB of KV and Qwen2.5-7B at TP 4 67.34, each held; the 0.11-era range put both above. PP 2
+    (no fusion) and an A100 (SM 8.0) keep the lower range."""
+    big = _model(tmp_path, "qwen2.5-72b-instruct.json", 145412407296)
+    small = _model(tmp_path, "qwen2.5-7b-instruct.json", 15231233024)
+    common = ("--engine", "vllm==0.19.0", "--fraction", "0.95", "--context-length", "8192")
+    for model, tp, logged in ((big, "2", 3.04), (small, "4", 67.34)):
+        _, p = _plan(model, *common, "--gpu", "h100", "--tp", tp)
+        rest, besides = _term(p, "rest_gib"), _term(p, "besides_gib")
+        assert rest["low"] <= logged <= rest["high"], (tp, rest)
+        assert "all-reduce + RMS norm fusion" in besides["basis"]
+    for extra in (("--gpu", "h100", "--tp", "1", "--pp", "2"), ("--gpu", "a100-80g", "--tp", "2")):
+        _, q = _plan(small, *common, *extra)
+        assert "fusion" not in _term(q, "besides_gib")["basis"] and "0.15-0.8" in _term(q, "besides_gib")["basis"]
+    _, u = _plan(small, *common, "--gpu-memory-gib", "79.19", "--tp", "2")
+    assert "not known" in _term(u, "besides_gib")["basis"]  # the card's capability decides: a union, said
+
+
 # class 3: failures outside the budget are `no` or `at risk` with the term that decides them
 
 def test_a_tp_that_does_not_divide_the_attention_heads_does_not_start(tmp_path):
@@ -107,6 +168,18 @@ def test_before_0_20_the_graphs_captured_after_the_kv_cache_need_room_outside_th
     _, fine = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-5090", "--fraction", "0.85", "--context-length",
                     "4096")
     assert fine["starts"] == "yes"
+
+
+def test_the_validation_sets_configuration_failures_are_refused_for_the_reason_the_engine_gives(tmp_path):
+    """llm-d-planner's vLLM 0.19.0 sweep on H100s: phi-2 at max_model_len 8192 (its max_position_embeddings is
+    2,048) and Qwen3-14B at TP 5 (40 heads divide, its 8 KV heads neither divide nor are divided by 5:
+    QKVParallelLinear's divide() fails) never started; plan says `no` with that term."""
+    _, phi = _plan(_model(tmp_path, "phi-2.json", 5559367680), "--engine", "vllm==0.19.0", "--gpu", "h100",
+                   "--fraction", "0.95", "--context-length", "8192")
+    assert phi["starts"] == "no" and "2,048 (max_position_embeddings)" in phi["starts_reason"]
+    _, qwen = _plan(_model(tmp_path, "qwen3-14b.json", 29536614400), "--engine", "vllm==0.19.0", "--gpu", "h100",
+                    "--tp", "5", "--fraction", "0.95", "--context-length", "8192")
+    assert qwen["starts"] == "no" and "KV heads" in qwen["starts_reason"]
 
 
 def test_a_text_plan_without_a_context_length_counts_requests_of_the_models_own(tmp_path):
@@ -220,6 +293,12 @@ def test_the_validation_set_is_sourced_and_apart_from_the_calibration_set():
     val = json.loads((BENCH / "plan_validation.json").read_text())
     key = lambda c: (c["engine"], c["model"], c.get("gpu"), c.get("tp", 1), c.get("fraction"), c.get("max_model_len"))  # noqa: E731
     assert not {key(c) for c in cal["cases"]} & {key(c) for c in val["cases"]}
+    engines = [c["engine"].split("==")[0] for c in val["cases"]]
+    assert {"vllm", "sglang", "trtllm"} <= set(engines) and engines.count("sglang") >= 3
+    # a model that calibrates is no unseen family: the calibration set's models stay out of the validation set's
+    # measured budgets (Qwen3-32B is kept there for its failure class only, with no budget)
+    cal_models = {c["model"] for c in cal["cases"]}
+    assert not [c["id"] for c in val["cases"] if c["model"] in cal_models and c["logged_kv_gib"] is not None]
     for c in val["cases"]:
         assert c["source"].startswith("https://github.com/"), c["id"]
         assert c["model"] in val["checkpoints"] and val["checkpoints"][c["model"]]["source"], c["id"]
@@ -233,5 +312,42 @@ def test_every_failed_startup_of_the_validation_set_is_planned_no_or_at_risk_and
     import plan_unseen
 
     s = plan_unseen.measure(BENCH / "plan_validation.json", show=False)
-    assert s["failed_from_memory"] >= 3 and s["failed_planned_no_or_at_risk"] == s["failed_from_memory"]
-    assert s["started_planned_no"] == 0 and not s["refused"]
+    val = json.loads((BENCH / "plan_validation.json").read_text())
+    missed = [c["id"] for c in val["cases"] if c.get("not_caught")]
+    assert s["failed_from_memory"] >= 6 and s["started_planned_no"] == 0 and not s["refused"]
+    # every failure is called, but those the plan says it cannot call yet (each says why, in the case and the
+    # bench's report): the day one of them is called, this test asks for its note to go
+    assert s["failed_planned_no_or_at_risk"] == s["failed"] - len(missed)
+    assert len(s["not_caught"]) == len(missed) == 3
+
+
+# issue 36 item 2: the run-to-run spread of one deployment, which a history of one startup cannot show
+#: the repeated startups of the corpus on one discrete host (2x RTX 3090, SGLang 0.5.12 + patches): by checkpoint
+RESTARTS = {"gemma-4-26B-AWQ": ("sglang_c012", "sglang_c018", "sglang_c019"),
+            "Devstral-Small-2-24B-AWQ": ("sglang_c016", "sglang_c017"),
+            "gemma-4-12B-it-AWQ": ("sglang_c002", "sglang_c021"), "gemma-4-31B-AWQ": ("sglang_c004", "sglang_c020")}
+
+
+def test_the_run_to_run_spread_is_measured_on_real_restarts_and_widens_a_one_startup_family(tmp_path):
+    """T and the weights of the same checkpoint move between restarts on one discrete host by no more than
+    calibrate.RUN_TO_RUN_GIB (here: not at all, to the logs' digit); a plan calibrated on ONE of those startups
+    widens T and post by it, says so, and holds the other restart's budget."""
+    from kvaudit.planning.calibrate import RUN_TO_RUN_GIB
+
+    t_values, spreads = [], []
+    for logs in RESTARTS.values():
+        f = [json.loads(cli("explain", CORPUS / f"{n}.log", "-f", "json").stdout)["formula"] for n in logs]
+        t_values += [x["pre_load_free_gib"] for x in f]
+        loads = [x["pre_load_free_gib"] - x["post_load_free_gib"] for x in f]
+        spreads.append(max(loads) - min(loads))
+    assert len(t_values) == 9 and max(t_values) - min(t_values) <= RUN_TO_RUN_GIB
+    assert max(spreads) <= RUN_TO_RUN_GIB
+    corpus = tmp_path / "restarts"
+    corpus.mkdir()
+    for n in RESTARTS["gemma-4-26B-AWQ"][:2]:
+        (corpus / f"{n}.log").write_bytes((CORPUS / f"{n}.log").read_bytes())
+    r = cli("plan", "--validate", corpus, "-f", "json")
+    assert r.code == 0, r.stderr
+    v = json.loads(r.stdout)
+    assert [c["family_seen"] for c in v["cases"]] == [True, True]
+    assert all(c["held"] for c in v["cases"])

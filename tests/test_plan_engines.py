@@ -306,8 +306,10 @@ def test_each_real_startup_of_an_unseen_family_is_inside_its_plans_interval(tmp_
     for c in data["cases"]:
         ckpt = data["checkpoints"][c["model"]]
         model = _model(tmp_path, ckpt["config"], ckpt["bytes"])
-        args = ["--engine", c["engine"], "--gpu", c["gpu"], "--tp", str(c["tp"]), "--fraction", str(c["fraction"]),
-                "--page-size", str(c["block_size"])]
+        args = ["--engine", c["engine"], "--gpu", c["gpu"], "--tp", str(c["tp"]), "--pp", str(c.get("pp", 1)),
+                "--fraction", str(c["fraction"])]
+        if c.get("block_size"):
+            args += ["--page-size", str(c["block_size"])]
         if c["max_model_len"]:
             args += ["--context-length", str(c["max_model_len"])]
         rest = _terms(_plan(model, *args))["rest_gib"]

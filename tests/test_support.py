@@ -76,12 +76,12 @@ def test_unified_memory_told_only_by_the_fallback_line_gets_no_fraction_advice()
 
 
 def test_a_memory_line_no_grammar_reads_is_listed():
-    """trtllm_001: TensorRT-LLM's 'Setting PyTorch memory fraction to 0.598 (71.62 GiB)' is no line the grammar
-    reads: it is listed with its number, in JSON and text."""
-    log = SAMPLES / "trtllm_001.log"
+    """vllm_206: vLLM's 'Checkpoint size: 48.07 GiB. Available RAM: 60.94 GiB.' (weight_utils.py) is no line the
+    grammar reads: it is listed with its number, in JSON and text."""
+    log = SAMPLES / "vllm_206.log"
     d = cli("explain", log, "-f", "json").json()
     listed = {u["line"]: u["text"] for u in d["uninterpreted_lines"]}
-    (n,) = [n for n, t in listed.items() if "Setting PyTorch memory fraction" in t]
+    (n,) = [n for n, t in listed.items() if "Available RAM: 60.94 GiB" in t]
     assert log.read_text().splitlines()[n - 1].endswith(listed[n].strip()[-40:])
     assert f"line {n}: " in cli("explain", log).stdout
 

@@ -175,6 +175,52 @@ def query_apps() -> str:
     return shlex.join(["nvidia-smi", f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits"])
 
 
+# --- the processes on the host (who holds the GPUs, where no cgroup names the engine's) -------------------------
+#: ps's columns: the process, its parent, its state (T: stopped, Z: defunct) and its command line, which holds the
+#: title an engine sets on its processes (sglang::scheduler_TP0, VLLM::Worker_TP0: setproctitle rewrites argv)
+PS_FIELDS = "pid=,ppid=,stat=,args="
+#: ps's table kept on the host to the rows that matter, each cut to its first three words (an engine's title, or
+#: the program and what it runs; later arguments may hold secrets: --api-key): the processes $1 names (nvidia-smi's),
+#: those whose first words hold one of the fragments in $2 (an engine's name), and every ancestor of those (so the
+#: engine's start is found above its workers). One ps and one awk: no fork per process.
+PS_SCRIPT = (
+    "ps -e -ww -o " + PS_FIELDS + " | awk -v keep=\" $1 \" -v frags=\"$2\" '"
+    "BEGIN { nf = split(frags, F, \" \") } "
+    "{ t = $4; if (NF > 4) t = t \" \" $5; if (NF > 5) t = t \" \" $6; par[$1] = $2; "
+    "row[$1] = $1 \" \" $2 \" \" $3 \" \" substr(t, 1, 200); l = tolower(t); hit = index(keep, \" \" $1 \" \") > 0; "
+    "for (i = 1; i <= nf && !hit; i++) if (index(l, F[i])) hit = 1; if (hit) want[$1] = 1 } "
+    "END { for (p in want) { q = p; while ((q in row) && !(q in out)) { out[q] = 1; q = par[q] } } "
+    "for (q in out) print row[q] }'"
+)
+#: /proc/meminfo's lines kvaudit reads (the page cache on a unified-memory host), and each GPU process's resident
+#: and swapped-out memory from /proc/PID/status
+MEMINFO_KEYS = ("MemTotal:", "MemAvailable:", "Buffers:", "Cached:", "SwapTotal:", "SwapFree:")
+STATUS_KEYS = ("VmRSS:", "VmSwap:")
+#: the most GPU processes whose /proc/PID/status is read (nvidia-smi lists one per rank and tenant)
+MAX_STATUS_PIDS = 64
+
+
+def process_list(pids: tuple[int, ...], fragments: tuple[str, ...]) -> str:
+    return shlex.join(["sh", "-c", PS_SCRIPT, "sh", " ".join(map(str, pids[:MAX_STATUS_PIDS])), " ".join(fragments)])
+
+
+def process_memory(pids: tuple[int, ...]) -> str:
+    argv = ["grep", "-H"]
+    for k in MEMINFO_KEYS + STATUS_KEYS:
+        argv += ["-e", "^" + k]
+    return shlex.join(argv + ["--", "/proc/meminfo", *(f"/proc/{p}/status" for p in pids[:MAX_STATUS_PIDS])])
+
+
+def journal_pid(unit: str, invocation: str | None, directory: str | None) -> str:
+    """The process that wrote the start's latest journal line (its ``_PID``: the engine's main process)."""
+    match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else [f"--unit={unit}"]
+    return shlex.join(_journal_base(directory) + match + ["-n", "1", "-o", "export", "--output-fields=_PID"])
+
+
+def docker_pid(name: str) -> str:
+    return shlex.join(["docker", "inspect", "-f", "{{.State.Pid}}", "--", name])
+
+
 def read_config(path: str) -> str:
     return shlex.join(["head", "-c", str(CONFIG_MAX_BYTES), "--", path])
 
@@ -278,7 +324,7 @@ def _journalctl(args: list[str]) -> bool:
     return _options(args, {"--no-pager", "-q", "-a"},
                     {"--directory": re.compile(r"/.*"), "-F": re.compile(r"_SYSTEMD_UNIT"), "-n": re.compile(r"1"),
                      "-o": re.compile(r"export|cat")},
-                    {"--unit": _ANY_LINE, "--output-fields": re.compile(r"_SYSTEMD_INVOCATION_ID")},
+                    {"--unit": _ANY_LINE, "--output-fields": re.compile(r"_SYSTEMD_INVOCATION_ID|_PID")},
                     positional=re.compile(r"_SYSTEMD_INVOCATION_ID=[0-9a-f]{32}"))
 
 
@@ -291,7 +337,15 @@ def _systemctl(args: list[str]) -> bool:
     return False
 
 
+_STATUS_FILE = re.compile(r"/proc/[1-9][0-9]{0,9}/status")
+
+
 def _grep(args: list[str]) -> bool:
+    if args[:1] == ["-H"]:  # process_memory: fixed keys, /proc/meminfo and /proc/PID/status files only
+        keys = [x for k in MEMINFO_KEYS + STATUS_KEYS for x in ("-e", "^" + k)]
+        files = args[len(keys) + 3:]
+        return (args[1:len(keys) + 3] == keys + ["--", "/proc/meminfo"] and len(files) <= MAX_STATUS_PIDS
+                and all(_STATUS_FILE.fullmatch(f) for f in files))
     if args[:3] != ["-a", "-n", "-F"]:
         return False
     rest = args[3:]
@@ -308,7 +362,8 @@ def _docker(args: list[str]) -> bool:
     if args[:1] == ["logs"]:
         return _options(args[1:], set(), {"--since": _DOCKER_TIME}, {}, after_dashdash=1)
     if args[:1] == ["inspect"]:
-        return args[1:3] == ["-f", "{{.State.StartedAt}}"] and len(args) == 5 and args[3] == "--"
+        return len(args) == 5 and args[1] == "-f" and args[2] in ("{{.State.StartedAt}}", "{{.State.Pid}}") \
+            and args[3] == "--"
     return False
 
 
@@ -321,6 +376,10 @@ def _head(args: list[str]) -> bool:
     return len(args) == 4 and args[:2] == ["-c", str(CONFIG_MAX_BYTES)] and args[2] == "--"
 
 
+_PID_LIST = re.compile(r"(?:[1-9][0-9]{0,9}(?: (?=[1-9])|$)){0,64}")
+_FRAGMENT_LIST = re.compile(r"(?:[a-z0-9._-]{1,64}(?: (?=[a-z0-9._-])|$)){0,32}")
+
+
 def _sh(args: list[str]) -> bool:
     if len(args) >= 12 and args[:3] == ["-c", HOST_SCRIPT, "sh"]:
         return _host_script_args(args[3:])
@@ -328,6 +387,8 @@ def _sh(args: list[str]) -> bool:
         directory, match = args[3], args[4]
         return ((not directory or setting_problem(None, directory) is None)
                 and _INVOCATION_MATCH.fullmatch(match) is not None and _window_args_ok(args[5:9]))
+    if len(args) == 5 and args[:3] == ["-c", PS_SCRIPT, "sh"]:
+        return _PID_LIST.fullmatch(args[3]) is not None and _FRAGMENT_LIST.fullmatch(args[4]) is not None
     return len(args) == 4 and args[0] == "-c" and args[1] in SCRIPTS and args[2] == "sh"
 
 
@@ -477,6 +538,7 @@ fread() { grep -a -n -F "$@" -- "$src" | cut -c 1-@MAX_LINE@; }
 hub() { printf '%s' "${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}/models--$1/snapshots"; }
 snaps() { set +f; for d in "$(hub "$1")"/*/; do [ -f "$d/config.json" ] && echo "$d"; done; return 0; }
 smi() { if command -v timeout >/dev/null 2>&1; then timeout -k 1 "$st" nvidia-smi "$@"; else nvidia-smi "$@"; fi; }
+pslist() { @PS_SCRIPT@; }
 procs() { for f in "/sys/fs/cgroup$1/cgroup.procs" "/sys/fs/cgroup/systemd$1/cgroup.procs"; do
   if [ -r "$f" ]; then cat "$f"; return; fi; done; return 0; }
 val 1 hostname hostname
@@ -503,10 +565,13 @@ journal|dir)
     if [ -n "$inv" ]; then lines 3 lines "$unit" "$inv" jwin "_SYSTEMD_INVOCATION_ID=$inv" "$@"
     else lines 3 lines "$unit" "" jread "--unit=$unit" "$@"; fi
     [ -n "$cg" ] && val 2 pids "$cg" procs "$cg"
+    if [ -n "$inv" ]; then m="_SYSTEMD_INVOCATION_ID=$inv"; else m="--unit=$unit"; fi
+    val 3 jpid "$unit" "$inv" jbase "$m" -n 1 -o export --output-fields=_PID
   fi;;
 docker)
   val 2 dstart "$src" docker inspect -f '{{.State.StartedAt}}' -- "$src"
-  if [ "$rc" = 0 ]; then since=${out%%"$nl"*}; lines 3 dlines "$src" "$since" dread "$since" "$@"; fi;;
+  if [ "$rc" = 0 ]; then since=${out%%"$nl"*}; lines 3 dlines "$src" "$since" dread "$since" "$@"
+    val 2 dpid "$src" docker inspect -f '{{.State.Pid}}' -- "$src"; fi;;
 file) lines 2 flines "$src" fread "$@";;
 esac
 [ -n "$model" ] && cands="$model$nl$cands"
@@ -532,11 +597,18 @@ for x in $cands; do
 done
 val 1 gpus smi --query-gpu=@GPU_FIELDS@ --format=csv,noheader,nounits
 [ "$rc" = 124 ] || val 1 apps smi --query-compute-apps=@APP_FIELDS@ --format=csv,noheader,nounits
+pl= sf= np=0; [ "$rc" = 0 ] && for x in $out; do p=${x%%,*}; case $p in ''|0*|*[!0-9]*) continue;; esac
+  [ "$np" -lt @MAX_PIDS@ ] && case " $pl " in *" $p "*) ;;
+  *) pl="${pl:+$pl }$p" sf="$sf$nl/proc/$p/status" np=$((np+1));; esac; done
+fr=${frags# }; flow 3 ps "$pl" "$fr" pslist "$pl" "$fr"
+val 2 pmem "$pl" grep -H@MEM_KEYS@ -- /proc/meminfo $sf
 exit 0"""
 HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
                     .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))
-                    .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)).replace("@TAIL@", TAIL_AWK)
-                    .replace("@STOP@", STOP_AWK))
+                    .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)).replace("@PS_SCRIPT@", PS_SCRIPT)
+                    .replace("@MAX_PIDS@", str(MAX_STATUS_PIDS))
+                    .replace("@MEM_KEYS@", "".join(f" -e '^{k}'" for k in MEMINFO_KEYS + STATUS_KEYS))
+                    .replace("@TAIL@", TAIL_AWK).replace("@STOP@", STOP_AWK))
 
 
 #: the host script's command up to its nonce, as :func:`host_script` writes it, and the nonce :func:`is_allowed`

@@ -104,6 +104,19 @@ class ComputeApp:
 
 
 @dataclass(frozen=True)
+class HostProcess:
+    """A process on the audited host that matters to its GPUs: one nvidia-smi lists, one whose title is an
+    engine's, or one of the engine's start (``ps``; memory from /proc/PID/status, MiB, where read)."""
+
+    pid: int
+    ppid: int
+    state: str  # ps's STAT: R running, S sleeping, D waiting on I/O, T stopped, Z defunct (+ flags)
+    title: str  # its command line's first words, printable (setproctitle's title: sglang::scheduler_TP0)
+    rss_mib: float | None = None
+    swap_mib: float | None = None
+
+
+@dataclass(frozen=True)
 class Collected:
     """Everything read from one host for one audit."""
 
@@ -128,6 +141,12 @@ class Collected:
     pod_container: str | None = None
     pods: tuple[str, ...] = ()
     gpu_pods: tuple[str, ...] = ()
+    #: the host's processes that matter to its GPUs (see HostProcess), and /proc/meminfo's lines in MiB
+    #: (MemTotal, Cached, ...), where read; ``start_pids``: the engine's start as its log names it (the journal's
+    #: _PID, a syslog prefix's python3[48190], a container's init), before its children are added
+    processes: tuple[HostProcess, ...] = ()
+    meminfo_mib: tuple[tuple[str, float], ...] = ()
+    start_pids: tuple[int, ...] = ()
 
     @property
     def bytes_received(self) -> int:

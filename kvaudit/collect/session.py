@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from kvaudit.collect import commands as C
 from kvaudit.collect.interface import (
     Collected,
+    CollectError,
     CommandRefused,
     CommandRecord,
     CommandResult,
     ComputeApp,
     GpuReading,
+    HostProcess,
     HostTimeout,
     JournalDenied,
     NoEngineFound,
@@ -157,8 +159,12 @@ class HostSession:
             "dlines": lambda: C.docker_lines(one, args[1] or None, o.anchors),
             "flines": lambda: C.file_lines(one, o.anchors), "hf": lambda: C.hf_snapshots(one),
             "config": lambda: C.read_config(one),
+            "ps": lambda: C.process_list(_pids(one), tuple(args[-1].split())),
+            "pmem": lambda: C.process_memory(_pids(one)),
+            "jpid": lambda: C.journal_pid(one, args[1] or None, d), "dpid": lambda: C.docker_pid(one),
         }.get(kind)
-        want = {"hostname": 0, "gpus": 0, "apps": 0, "units": 0, "junits": 0, "lines": 2, "dlines": 2}.get(kind, 1)
+        want = {"hostname": 0, "gpus": 0, "apps": 0, "units": 0, "junits": 0, "lines": 2, "dlines": 2, "ps": 2,
+                "jpid": 2}.get(kind, 1)
         if build is None or len(args) != want:
             return None  # framing a host broke, or a part this kvaudit does not know: it runs on its own if asked
         command = build()
@@ -297,6 +303,49 @@ class HostSession:
         pids = self.run(C.cgroup_pids(cg))
         return tuple(int(x) for x in pids.stdout.split() if x.isdigit())
 
+    # --- the host's processes ------------------------------------------------------------------------------
+    # Where no cgroup names the engine's processes (a container, a plain process, --journal-directory, a file or
+    # docker source), the start names its own: the journal's _PID of its latest line, a syslog prefix's
+    # python3[48190], a container's init. With ps's table that process and its children are the engine's; every
+    # other process nvidia-smi lists is someone else's, named by its title.
+    def start_pids(self, lines: list[tuple[int, str]]) -> tuple[int, ...]:
+        """The engine's start as its log names it (not yet checked against the host's processes)."""
+        src = self.opts.source or ""
+        if src.startswith("docker:"):
+            res = self.run(C.docker_pid(src[7:]))
+            said = res.stdout.decode(errors="replace").strip() if res.rc == 0 else ""
+            return (int(said),) if said.isdigit() and 0 < int(said) < 1 << 31 else ()
+        if src.startswith("file:") or not self.unit:
+            pid = log_pid(lines)
+            return (pid,) if pid else ()
+        res = self.run(C.journal_pid(self.unit, self.invocation, self.opts.journal_directory))
+        m = re.search(rb"^_PID=([1-9][0-9]{0,9})$", res.stdout, re.M) if res.rc == 0 else None
+        return (int(m.group(1)),) if m and int(m.group(1)) < 1 << 31 else ()
+
+    def host_processes(self, apps: list[ComputeApp], start: tuple[int, ...], cgroup: tuple[int, ...]
+                       ) -> tuple[tuple[HostProcess, ...], tuple[tuple[str, float], ...], tuple[int, ...]]:
+        """ps's table, kept to the processes that matter (nvidia-smi's, those titled as an engine's, the start's
+        and its children), with each GPU process's memory; /proc/meminfo; the engine's PIDs (the cgroup's, or the
+        start's process and its children where it runs on the host and is an engine's)."""
+        on_gpu = tuple(dict.fromkeys(a.pid for a in apps if a.pid > 0))[:C.MAX_STATUS_PIDS]
+        res = self.run(C.process_list(on_gpu, self.opts.unit_fragments))
+        table = parse_ps(res.stdout.decode("utf-8", "replace")) if res.rc == 0 else {}
+        if not table:
+            return (), (), cgroup
+        named = re.compile("|".join(re.escape(n) for n in self.opts.engine_names) or r"(?!)", re.I)
+        engine = set(cgroup)
+        started = [p for p in start if p in table]
+        family = descendants(table, started)
+        if any(named.search(table[p].title) for p in family):  # a reused PID, or a log from elsewhere, is not
+            engine |= family
+        keep = set(on_gpu) | engine | {p for p, h in table.items() if named.search(h.title)}
+        mem = self.run(C.process_memory(on_gpu))
+        meminfo, status = parse_proc_memory(mem.stdout.decode("utf-8", "replace"))
+        procs = tuple(replace(table[p], rss_mib=status.get(p, {}).get("VmRSS"),
+                              swap_mib=status.get(p, {}).get("VmSwap")) for p in sorted(keep) if p in table)
+        procs = procs[:MAX_PROCESSES]
+        return procs, tuple(sorted(meminfo.items())), tuple(sorted(engine))
+
     # --- GPUs ---------------------------------------------------------------------------------------------
     def _smi_timeout(self) -> int:
         """The seconds one nvidia-smi may take: SMI_TIMEOUT_S, and at most a third of what is left of the host's
@@ -379,13 +428,90 @@ class HostSession:
             self.host = printable(res.stdout.decode(errors="replace").strip())[:255] or None
 
     def result(self, lines, gpus, apps, config, config_source, pids, gpu_source) -> Collected:
+        procs: tuple[HostProcess, ...] = ()
+        meminfo: tuple[tuple[str, float], ...] = ()
+        start: tuple[int, ...] = ()
+        try:
+            start = self.start_pids(list(lines))
+            procs, meminfo, pids = self.host_processes(list(apps), start, tuple(pids))
+        except CollectError:  # the host went away or its time ran out: the readings already taken stand
+            pass
         return Collected(
             target=self.target, host=self.host, source=self.source_desc, log_lines=tuple(lines),
             gpus=tuple(gpus), apps=tuple(apps), config_json=config, config_source=config_source,
             server_pids=tuple(pids), commands=tuple(self.records), partial=tuple(self.partial),
             collected_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             unit=self.unit, invocation_id=self.invocation, gpu_source=gpu_source,
+            processes=procs, meminfo_mib=meminfo, start_pids=start,
         )
+
+
+#: the most processes a Collected keeps (a host with thousands of engine-titled processes is said as it is cut)
+MAX_PROCESSES = 512
+#: the words of a command line kept as its title: an engine's title (sglang::scheduler_TP0), or the program and
+#: what it runs (python3 -m sglang.launch_server, vllm serve MODEL); later arguments may hold secrets (--api-key)
+TITLE_WORDS = 3
+_PS_LINE = re.compile(r"\s*([1-9][0-9]{0,9})\s+([0-9]{1,10})\s+(\S{1,8})\s+(.*)")
+#: a syslog-style line (journalctl -o short or short-iso, rsyslog): ``... host python3[48190]: message``
+_SYSLOG_PID = re.compile(r"^(?:\S+ ){2,4}[^\s\[\]]{1,64}\[([1-9][0-9]{0,9})\]: ")
+
+
+def _pids(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split() if x.isdigit() and x[0] != "0")
+
+
+def log_pid(lines: list[tuple[int, str]]) -> int | None:
+    """The process that wrote the latest syslog-prefixed line (the start's main process), or None."""
+    for _, text in reversed(lines):
+        m = _SYSLOG_PID.match(text)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def parse_ps(text: str) -> dict[int, HostProcess]:
+    """``ps -e -o pid=,ppid=,stat=,args=`` as pid -> HostProcess (the title cut to its first words, printable)."""
+    out: dict[int, HostProcess] = {}
+    for line in text.splitlines():
+        m = _PS_LINE.fullmatch(line)
+        if m:
+            title = printable(" ".join(m.group(4).split()[:TITLE_WORDS]))[:120]
+            out[int(m.group(1))] = HostProcess(int(m.group(1)), int(m.group(2)), m.group(3), title)
+    return out
+
+
+def descendants(table: dict[int, HostProcess], roots: list[int]) -> set[int]:
+    """The roots and every process below them in ps's table."""
+    children: dict[int, list[int]] = {}
+    for p in table.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += children.get(pid, [])
+    return seen
+
+
+_MEM_LINE = re.compile(r"(/proc/meminfo|/proc/([1-9][0-9]{0,9})/status):(\w+):\s+([0-9]{1,15}) kB")
+
+
+def parse_proc_memory(text: str) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """``grep -H`` over /proc/meminfo and /proc/PID/status: meminfo's keys, and each PID's, in MiB."""
+    meminfo: dict[str, float] = {}
+    status: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        m = _MEM_LINE.fullmatch(line.strip())
+        if not m:
+            continue
+        mib = round(int(m.group(4)) / 1024, 1)
+        if m.group(2):
+            status.setdefault(int(m.group(2)), {})[m.group(3)] = mib
+        else:
+            meminfo[m.group(3)] = mib
+    return meminfo, status
 
 
 _GO_TIME = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(\.\d{1,9})? ([+-]\d{2})(\d{2})(?: [A-Za-z0-9+-]{1,8})?"

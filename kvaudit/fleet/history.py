@@ -163,6 +163,14 @@ def _failed(status: str | None) -> bool:
     return status is not None and status.startswith("failed:")
 
 
+def _streak_kind(status: object) -> str | None:
+    """What a run of bad runs has in common: not audited (``failed:*``), or audited with the startup failed in its
+    log (``error``); a host in either for several runs says since when."""
+    if not isinstance(status, str):
+        return None
+    return "failed" if _failed(status) else "error" if status.split(":")[0] == "error" else None
+
+
 def _churns(code: str) -> bool:
     """Whether a finding's coming or going is news: an info finding (TOKENS_MATCH, RESERVE_EXPLAINS_FREE) is a
     description, and its going away when a host went down must not read as good news."""
@@ -215,7 +223,12 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
                 out.append(Drift(host, None, "status", last["status"], now["status"],
                                  f"{host}: status {last['status']} -> {now['status']}"))
             continue  # what a failed audit does not show has not changed: it was not seen
-        if last is not None and last["status"] != now["status"]:
+        first, n = streaks.get(host, (run_id, 1))
+        if _streak_kind(now["status"]) == "error" and n > 1:
+            out.append(Drift(host, None, "erring", runs_at.get(first), n,
+                             f"{host}: in error since run {first} ({runs_at.get(first, '?')}), {n} runs: the "
+                             "startup fails in its log"))
+        elif last is not None and last["status"] != now["status"]:
             out.append(Drift(host, None, "status", last["status"], now["status"],
                              f"{host}: status {last['status']} -> {now['status']}"))
         rid = baselines.get(host)
@@ -265,11 +278,12 @@ def _baselines(db: sqlite3.Connection, run_id: int, hosts: dict[str, dict]
                         (host, run_id)).fetchone()[0]
         if isinstance(ok, int):
             baselines[host] = ok
-        if _failed(hosts[host]["status"]):
+        kind = _streak_kind(hosts[host]["status"])
+        if kind is not None:
             first, n = run_id, 1
             for rid, status in db.execute("SELECT run_id, status FROM hosts WHERE host = ? AND run_id < ? "
                                           "ORDER BY run_id DESC LIMIT 1000", (host, run_id)):
-                if not isinstance(status, str) or not _failed(status):
+                if _streak_kind(status) != kind:
                     break
                 first, n = rid, n + 1
             streaks[host] = (first, n)

@@ -9,7 +9,8 @@ Ansible inventories are read with ``ansible-inventory -i FILE --list`` when Ansi
 itself resolves: ranges, group_vars precedence, plugins limited to ini and yaml), else with kvaudit's own
 reader, which a test holds to the same hosts, groups and variables on a set of inventories. Host ranges
 (``gpu-[01:64]``, ``[a:c]``, ``[1:9:2]``) and ``--limit`` patterns are Ansible's (``a,b``, ``gpu-*``,
-groups, ``!excluded``, ``&required``)."""
+groups, ``sglang[0:3]``, ``~REGEX``, ``!excluded``, ``&required``: :func:`select`), plus ``gpu-[2:7]`` as the
+inventory range where Ansible would select nothing."""
 
 from __future__ import annotations
 
@@ -96,9 +97,10 @@ def load(path: str, limit: str | None = None, use_ansible: bool = True, timeout:
         except InventoryError as ansible_says:
             own()  # kvaudit's reader names the line when it can; else Ansible's own words stand
             raise ansible_says
+    group_hosts = getattr(hosts, "group_hosts", None)
     hosts = [_checked(h, path) for h in _merged(hosts)]
     if limit:
-        hosts = select(hosts, limit)
+        hosts = select(hosts, limit, group_hosts)
     if not hosts:
         raise InventoryError(f"inventory {path} names no hosts" + (f" matching {limit!r}" if limit else ""))
     return hosts
@@ -143,20 +145,113 @@ def _checked(h: FleetHost, path: str) -> FleetHost:
     return replace(h, notes=notes)
 
 
-def select(hosts: list[FleetHost], limit: str) -> list[FleetHost]:
-    """Ansible's --limit: patterns separated by ``,`` (or ``:``), each a host-name or group glob; ``!pat``
-    removes, ``&pat`` keeps only those that also match; the rest are united, in inventory order."""
-    def matches(h: FleetHost, pat: str) -> bool:
-        return fnmatch.fnmatchcase(h.name, pat) or any(fnmatch.fnmatchcase(g, pat) for g in h.groups) or pat == "all"
+#: Ansible's subscript on a pattern (ansible-core inventory/manager.py ``PATTERN_WITH_SUBSCRIPT``): ``grp[1]``,
+#: ``grp[-1]``, ``grp[0:3]`` (both ends included), ``grp[2:]``; ``[x-y]`` is the removed old spelling
+_SUBSCRIPT = re.compile(r"^(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]+)?)\]$")
 
-    parts = [p.strip() for p in re.split(r"[,:](?![^\[]*\])", limit) if p.strip()]
+
+class Hosts(list):
+    """An inventory's hosts, and each group's hosts in the group's own order (Ansible's ``Group.get_hosts``: its
+    own hosts as listed, then its children's, level by level), which a subscript (``sglang[0:3]``) counts in."""
+
+    group_hosts: dict[str, list[str]]
+
+
+def group_order(members: dict[str, list[str]], children: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each group's hosts as ansible-core's ``Group.get_hosts`` lists them: the group's own, then each level of
+    its descendants' (``get_descendants(preserve_ordering=True)``), each host once."""
+    out: dict[str, list[str]] = {}
+    for g in dict.fromkeys([*members, *children]):
+        level, seen, kids = [g], {g}, [g]
+        while level:
+            nxt = [c for x in level for c in children.get(x, []) if c not in seen]
+            nxt = list(dict.fromkeys(nxt))
+            seen.update(nxt)
+            kids += nxt
+            level = nxt
+        out[g] = list(dict.fromkeys(h for k in kids for h in members.get(k, [])))
+    return out
+
+
+def _one_pattern(hosts: list[FleetHost], pat: str, group_hosts: dict[str, list[str]] | None = None
+                 ) -> list[FleetHost]:
+    """The hosts one pattern names, in inventory order, as ansible-core's ``_match_one_pattern`` reads it: a group
+    (its hosts) or a host, by name or glob (``fnmatch``, case-sensitive); ``~REGEX`` matched at the start of a
+    group's or host's name; ``all`` and ``*``; then a subscript picks from that list. Where Ansible would select
+    nothing because the part before ``[`` names no group or host (``gpu-[2:7]``: Ansible reads a subscript of a
+    pattern ``gpu-``), kvaudit reads the whole pattern as an inventory's host range (gpu-2..gpu-7), or as a glob
+    (``gpu-0[12]``)."""
+    m = None if pat.startswith("~") else _SUBSCRIPT.match(pat)  # a regex's brackets are its own (Ansible's too)
+    if m:
+        base = _one_pattern(hosts, m.group(1), group_hosts)
+        if base:
+            if m.group(2) is not None:  # one index, negative from the end
+                i = int(m.group(2))
+                return [base[i]] if -len(base) <= i < len(base) else []
+            start, end = int(m.group(3)), (int(m.group(5)) if m.group(5) else len(base) - 1)
+            return base[start:end + 1]
+        if _RANGE.search(pat):
+            wanted = set(expand(pat))
+            return [h for h in hosts if h.name in wanted]
+        return _glob(hosts, pat)  # gpu-0[12]: Ansible's subscript of nothing; kvaudit reads fnmatch's [12]
+    if pat in ("all", "*"):
+        return list(hosts)
+    if pat.startswith("~"):
+        try:
+            rx = re.compile(pat[1:])
+        except re.error as exc:
+            raise InventoryError(f"--limit {pat[:80]!r}: not a regular expression ({exc})") from None
+        match = lambda name: rx.match(name) is not None  # noqa: E731
+    else:
+        match = lambda name: fnmatch.fnmatchcase(name, pat)  # noqa: E731
+    # ansible-core's _enumerate_matches: the groups it names, each group's hosts in the group's order; then the
+    # hosts it names where no group matched, or where it is a regex or a glob
+    if group_hosts is None:
+        group_hosts = {}
+        for h in hosts:
+            for g in h.groups:
+                group_hosts.setdefault(g, []).append(h.name)
+    by_name = {h.name: h for h in hosts}
+    names = [n for g, members in group_hosts.items() if match(g) for n in members]
+    if not names or pat.startswith("~") or any(c in pat for c in ".?*["):
+        names += [h.name for h in hosts if match(h.name)]
+    return [by_name[n] for n in dict.fromkeys(names) if n in by_name]
+
+
+def _glob(hosts: list[FleetHost], pat: str) -> list[FleetHost]:
+    return [h for h in hosts if fnmatch.fnmatchcase(h.name, pat) or any(fnmatch.fnmatchcase(g, pat) for g in h.groups)]
+
+
+def split_limit(limit: str) -> list[str]:
+    """``--limit``'s patterns: separated by ``,`` (or ``:`` where no ``,`` is, as Ansible splits them), a
+    subscript's or a range's ``:`` left whole."""
+    if "," in limit:
+        parts = limit.split(",")
+    else:
+        parts = re.split(r":(?![^\[]*\])", limit)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def select(hosts: list[FleetHost], limit: str, group_hosts: dict[str, list[str]] | None = None) -> list[FleetHost]:
+    """Ansible's --limit (ansible-core ``InventoryManager._evaluate_patterns``): the plain patterns united, then
+    each ``&pat`` keeps only those it also names, then each ``!pat`` removes what it names; the hosts in
+    inventory order. Each pattern as :func:`_one_pattern` reads it."""
+    parts = split_limit(limit)
     plus = [p for p in parts if not p.startswith(("!", "&"))]
-    chosen = [h for h in hosts if any(matches(h, p) for p in plus)] if plus else list(hosts)
+    chosen: list[FleetHost] = []
+    if plus:
+        named = {id(h) for p in plus for h in _one_pattern(hosts, p, group_hosts)}
+        chosen = [h for h in hosts if id(h) in named]
+    else:
+        chosen = list(hosts)
     for p in parts:
         if p.startswith("&"):
-            chosen = [h for h in chosen if matches(h, p[1:])]
-        elif p.startswith("!"):
-            chosen = [h for h in chosen if not matches(h, p[1:])]
+            keep = {id(h) for h in _one_pattern(hosts, p[1:], group_hosts)}
+            chosen = [h for h in chosen if id(h) in keep]
+    for p in parts:
+        if p.startswith("!"):
+            drop = {id(h) for h in _one_pattern(hosts, p[1:], group_hosts)}
+            chosen = [h for h in chosen if id(h) not in drop]
     return chosen
 
 
@@ -314,10 +409,13 @@ def from_ansible_json(data: dict) -> list[FleetHost]:
                 walk(child, seen + (child,))
 
     walk("all")
-    out = []
+    out = Hosts()
     for h in dict.fromkeys(order):
         v = {k: str(x) for k, x in (hostvars.get(h) or {}).items()}
         out.append(FleetHost(h, _target(h, v), tuple(groups_of.get(h, ())), v))
+    nodes = {g: node for g, node in data.items() if isinstance(node, dict) and g != "_meta"}
+    out.group_hosts = group_order({g: [str(h) for h in node.get("hosts", [])] for g, node in nodes.items()},
+                                  {g: [str(c) for c in node.get("children", [])] for g, node in nodes.items()})
     return out
 
 
@@ -444,13 +542,15 @@ def _flatten(groups, group_vars, children) -> list[FleetHost]:
                 if x not in member[name] and x not in ("all", "ungrouped"):
                     member[name].append(x)
             own.setdefault(name, {}).update({k: str(x) for k, x in hv.items()})
-    out = []
+    out = Hosts()
     for name in dict.fromkeys(order):
         v: dict[str, str] = {k: str(x) for k, x in group_vars.get("all", {}).items()}
         for grp in sorted(member[name], key=lambda x: (depth(x), x)):
             v.update({k: str(x) for k, x in group_vars.get(grp, {}).items()})
         v.update(own[name])
         out.append(FleetHost(name, _target(name, v), tuple(member[name]), v))
+    out.group_hosts = group_order({g: [name for name, _ in members] for g, members in groups.items()},
+                                  {g: list(kids) for g, kids in children.items()})
     return out
 
 

@@ -197,6 +197,21 @@ def rank_of(text: str) -> Rank:
     return numbered_rank(_RANK.search(text))
 
 
+def _turbomind_config_clues(t: str) -> list[VersionRange]:
+    """The fields of TurboMind's config repr, as lmdeploy/messages.py TurbomindEngineConfig had them per release:
+    ``model_name`` 0.2.0-0.5.3 (dropped in 0.6.0), ``cache_block_seq_len`` from 0.3.0, ``enable_prefix_caching``
+    from 0.4.2, ``cache_chunk_size`` from 0.6.0."""
+    clues = [_clue((0, 2, 0), (0, 5, 3), "TurbomindEngineConfig with model_name= (0.2.0-0.5.3)")
+             if "TurbomindEngineConfig(model_name=" in t or ", model_name=" in t else None,
+             _clue((0, 3, 0), None, "TurbomindEngineConfig with cache_block_seq_len= (0.3+)")
+             if "cache_block_seq_len=" in t else None,
+             _clue((0, 4, 2), None, "TurbomindEngineConfig with enable_prefix_caching= (0.4.2+)")
+             if "enable_prefix_caching=" in t else None,
+             _clue((0, 6, 0), None, "TurbomindEngineConfig with cache_chunk_size= (0.6+)")
+             if "cache_chunk_size=" in t else None]
+    return [c for c in clues if c is not None]
+
+
 def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     t, n = line.text, line.number
     rank = rank_of(t)
@@ -212,6 +227,8 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
                      _clue((0, 1, 0), (0, 6, 1), "the logger's prefix without 'file.py:N' (<=0.6.1)"))
     if "EngineConfig(" in t:
         clues.append(_clue((0, 2, 0), None, "a TurbomindEngineConfig/PytorchEngineConfig repr (0.2+)"))
+        if "TurbomindEngineConfig(" in t:
+            clues += _turbomind_config_clues(t)
     if _NEW_PREFIX.search(t):
         clues.append(_clue((0, 13, 0), None, "the '[TM][LEVEL][MMDD.' TurboMind prefix (0.13+)"))
     m = _BLOCK.search(t) if "block_size = " in t else None

@@ -52,6 +52,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Error",
     b"TokenToKVPool",
     b"fraction-static",
+    b"HONOR_EXPLICIT",
     # failures that carry none of the above: "Killed" (the kernel's OOM killer / the shell), "Initialization
     # failed. warmup error", "Scheduler hit an exception"
     b"Killed",
@@ -202,7 +203,42 @@ class SchedulerSummary(Event):
 
 @dataclass(frozen=True)
 class HiCacheHost(RankEvent):
+    """A HiCache host pool: host RAM (pinned), never GPU memory. ``Allocating X GB host memory for hierarchical KV
+    cache`` (0.4.2-0.5.16, ``memory_pool_host.py``); 0.5.17+ ``pool_host/base.py``: ``Allocating <label>
+    hierarchical KV host pool: N tokens, X GB host memory`` (sized by --hicache-ratio x the device pool, by
+    --hicache-size, or, 0.5.22+, a ratio lowered to fit the host's free memory: :class:`HiCacheAutoSize`), and
+    ``Allocating X GB host memory for <what>`` for the Mamba, DSA-indexer and DeepSeek-V4 host pools."""
+
     host_gb: float = 0.0  # decimal GB (10**9 bytes), as SGLang prints it here
+    tokens: int | None = None  # the host pool's tokens, when the line states them (0.5.17+)
+    what: str = "hierarchical KV cache"
+
+
+@dataclass(frozen=True)
+class PostCaptureKV(RankEvent):
+    """Post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, 0.5.16+;
+    ``model_runner_components/kv_pool_runtime.py`` ``compute_post_capture_kv_resize``): the pool re-sized after
+    CUDA-graph capture. 0.5.16: ``Post-capture KV sizing: max_total_num_tokens=N, free memory=X GB``; 0.5.17+:
+    ``Post-capture KV sizing: KV cache allocated. dtype: D, #tokens: N, KV size: X GB, avail mem=Y GB`` (the
+    backed bytes, GiB) after ``... full_layer_tokens=F, swa_layer_tokens=S``. ``tokens`` is the final pool."""
+
+    tokens: int | None = None
+    kv_gib: float | None = None  # the physically backed KV (0.5.17+)
+    free_gib: float | None = None  # free memory after the resize, this rank
+    full_tokens: int | None = None
+    swa_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class HiCacheAutoSize(RankEvent):
+    """``HiCache auto-sizing: ratio R0 -> R1; X GiB host memory per rank (fraction F, N ranks on this host), host
+    pools Y GiB.`` (0.5.22+, ``mem_cache/hicache_auto_size.py``, PR 40135): the default --hicache-ratio lowered
+    so the host pools fit the host's free memory (GiB: ``/ 1024**3``). Host RAM, never GPU memory."""
+
+    ratio_asked: float = 0.0
+    ratio: float = 0.0
+    host_budget_gib: float = 0.0
+    host_pools_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -229,6 +265,15 @@ class RequestsReduced(Event):
 
     requested: int = 0
     applied: int = 0
+
+
+@dataclass(frozen=True)
+class AiterFractionKept(RankEvent):
+    """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
+    normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
+    mem_fraction_static=X is used as-is.`` (WARNING): the explicit fraction was not scaled."""
+
+    mem_fraction_static: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -304,10 +349,18 @@ _GRAPH = lazy(
     r"Capture (?P<name>[\w ]*?)\s*(?:cuda|CUDA|cpu|CPU|npu|NPU) graph (?P<edge>begin|end)\b(?P<rest>.*)"
 )
 _SUMMARY = lazy(r"max_total_num_tokens=(\d+)(?P<rest>.*)")
-_HICACHE = lazy(r"Allocating " + NUM + r" GB host memory for hierarchical KV cache")
+_POST_CAPTURE = lazy(r"Post-capture KV sizing: (?:max_total_num_tokens=(?P<t16>\d+), free memory=(?P<f16>[\d.]+) GB"
+                     r"|KV cache allocated\. dtype: \S+, #tokens: (?P<t>\d+), KV size: (?P<kv>[\d.]+) GB, "
+                     r"avail mem=(?P<f>[\d.]+) GB|full_layer_tokens=(?P<full>\d+), swa_layer_tokens=(?P<swa>\d+))")
+_HICACHE = lazy(r"Allocating " + NUM + r" GB host memory for (hierarchical [\w ]+? cache|DSA indexer|V4 \w+ pool '[^']*'|"
+                r"MiniMax sparse index-K)\b")
+_HICACHE_AUTO = lazy(r"HiCache auto-sizing: ratio ([\d.]+) -> ([\d.]+); ([\d.]+) GiB host memory per rank .*host pools "
+                     r"([\d.]+) GiB")
+_HICACHE_POOL = lazy(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens, " + NUM + r" GB host memory")
 _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
+_AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
 _KV_BUDGET = lazy(r"[Tt]he available memory for (?:the )?KV cache is " + NUM + r" ?GB")
@@ -510,6 +563,21 @@ def parse_line(line: Line) -> _Parsed:
 
     def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
         return _prefix(text, match.start())
+
+    # before the scheduler summary: 0.5.16 words its line "max_total_num_tokens=N, free memory=X GB"
+    m = _POST_CAPTURE.search(text) if "Post-capture KV sizing: " in text else None
+    if m:
+        rank, clues = at(m)
+        if m.group("t16"):
+            clues.append(_clue((0, 5, 16), (0, 5, 16), "'Post-capture KV sizing: max_total_num_tokens=' (0.5.16)"))
+            return _Parsed(PostCaptureKV(n, text, rank, "target", int(m.group("t16")), None, float(m.group("f16"))),
+                           clues)
+        clues.append(_clue((0, 5, 17), None, "'Post-capture KV sizing: KV cache allocated' (0.5.17+)"))
+        if m.group("t"):
+            return _Parsed(PostCaptureKV(n, text, rank, "target", int(m.group("t")), float(m.group("kv")),
+                                         float(m.group("f"))), clues)
+        return _Parsed(PostCaptureKV(n, text, rank, "target", None, None, None, int(m.group("full")),
+                                     int(m.group("swa"))), clues)
 
     # failures first: their text can contain other anchors (cheap substring tests guard every regex)
     for rx, kind in ((_NO_KV, "no_kv_memory"), (_NOT_ENOUGH, "not_enough_memory")):
@@ -785,10 +853,26 @@ def _other_lines(line: Line) -> _Parsed:
         detail = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group("rest"))}
         return _Parsed(OtherPool(n, text, rank, "target", m.group(1), None, False, detail), clues)
 
-    m = _HICACHE.search(text)
+    m = _HICACHE_AUTO.search(text) if "HiCache auto-sizing" in text else None
     if m:
         rank, clues = at(m)
-        return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1))), clues)
+        clues.append(_clue((0, 5, 22), None, "'HiCache auto-sizing: ratio' (0.5.22+)"))
+        return _Parsed(HiCacheAutoSize(n, text, rank, "target", *(float(g) for g in m.groups())), clues)
+    m = _HICACHE_POOL.search(text) if "host pool" in text else None
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 5, 17), None, "'Allocating <label> hierarchical KV host pool: N tokens' (0.5.17+)"))
+        return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(3)), int(m.group(2)),
+                                   f"hierarchical KV host pool ({m.group(1)})"), clues)
+    m = _HICACHE.search(text) if "host memory for" in text else None
+    if m:
+        rank, clues = at(m)
+        return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1)), None, m.group(2)), clues)
+    m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
+    if m:
+        rank, clues = at(m)
+        clues.append(_clue((0, 5, 19), None, "SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION warning (0.5.19+)"))
+        return _Parsed(AiterFractionKept(n, text, rank, "target", float(m.group(1))), clues)
     m = _MFS_ADJUST.search(text)
     if m:
         rank, clues = at(m)

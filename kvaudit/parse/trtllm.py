@@ -88,6 +88,19 @@ ANCHORS: tuple[bytes, ...] = (
     b"allottedPrimaryMemBytes",
     b"KV Memory Percentage",
     b"free_gpu_mem",
+    # the window lines carry none of the words above (resource_manager.py, 1.0+: the attention window cut to what
+    # the pool holds, and the per-window pools of the Python VSWA sizing)
+    b"exceeds upper bound",
+    b"max_attention_window_vec",
+    b"in blocks_per_window",
+    b"Adjusted max_seq_len",
+    b"primary_blocks: ",
+    # the executor's OOM table rows (py_executor_creator.py _maybe_explain_if_oom): 'Model: 139.55 / 110.70'
+    b"Model: ",
+    b"Sampler: ",
+    b"Drafter: ",
+    b"executor resources",
+    b"PyTorch memory fraction",
 )
 
 MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
@@ -154,10 +167,33 @@ class WindowPool(RankEvent):
 
 @dataclass(frozen=True)
 class WindowNote(RankEvent):
-    """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.``"""
+    """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.`` and its follow-up
+    ``Adjusted window size W to N in blocks_per_window`` (``resource_manager.py``
+    ``_validate_and_adjust_attention_windows``, 1.0+): the window W is cut to N, the most tokens one sequence can
+    hold in that window's pool (``get_max_atten_window_upper_bound``: the pool's blocks x tokens per block for
+    beam width 1 without sink tokens)."""
 
     window: int = 0
     bound: int = 0
+
+
+@dataclass(frozen=True)
+class ComponentRow(RankEvent):
+    """A row of the executor's OOM table under 'Previously created components and free GPU memory before/after
+    creation (GiB):' (``py_executor_creator.py`` ``_maybe_explain_if_oom``, 1.0+): the free memory before and after
+    one component was created, so ``before - after`` is what it took."""
+
+    name: str = ""
+    before_gib: float = 0.0
+    after_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class WindowVector(RankEvent):
+    """``Adjusted max_attention_window_vec to [w, ...]``: the attention window of each layer group after the cut;
+    more than one distinct value is variable sliding-window attention (VSWA)."""
+
+    windows: tuple[int, ...] = ()
 
 
 _RANK = lazy(r"\[(?:RANK|MPI_Rank) (\d+)\]|\[TensorRT-LLM\]\[[A-Z]+\]\[(\d+)\]|\[batchmgr\]\[RANK (\d+)\]")
@@ -207,6 +243,13 @@ _MAX_TOKENS_BYTES = lazy(r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+
 _OLD_TOKENS = lazy(r"Using (\d+) (?:total )?tokens in paged KV cache(?:, and (\d+) blocks per sequence)?")
 _SEQ = lazy(r"max_seq_len=(\d+), max_num_requests=(\d+), max_num_tokens=(\d+)")
 _WINDOW = lazy(r"Attention window size (\d+) exceeds upper bound (\d+) for available blocks")
+_WINDOW_ADJUSTED = lazy(r"Adjusted window size (\d+) to (\d+) in blocks_per_window")
+_WINDOW_VEC = lazy(r"Adjusted max_attention_window_vec to \[([\d, ]*)\]")
+_SEQ_ADJUSTED = lazy(r"Adjusted max_seq_len to (\d+)")
+# a cross (encoder-decoder) cache has one window, rekeyed to max_seq_len (resource_manager.py)
+_CROSS_WINDOW = lazy(r"Adjusted attention window size to (\d+) in blocks_per_window")
+# the Python VSWA sizing (resource_manager.py, later builds; no release pinned): one line per window
+_WINDOW_BLOCKS = lazy(r"Window size = (\d+), primary_blocks: (\d+), secondary_blocks: (\d+)")
 _BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT) backend")
 #: Failure kinds this grammar emits: executor_failed | oom | oom_component | too_small | no_fit | no_blocks | bad_fraction | instance_failed
 _FAILURES = (
@@ -227,6 +270,13 @@ _ALLOTTED = lazy(r"\.allottedPrimaryMemBytes=(\d+), \.allottedSecondaryMemBytes=
 _SPEC = lazy(r"has_speculative_draft_tokens=(True|False)")
 _COMPONENT = lazy(r"The following component could not be created: (.+)$")
 _OOM_TABLE = lazy(r"(Total|Free) GPU memory (?:before component creation attempt )?\(GiB\): " + NUM)
+# py_executor_creator.py _adjust_torch_mem_fraction (1.x, at the end of start-up): torch's allocator is capped at
+# free + torch-reserved - 32 MiB, printed as a fraction of the device total and in GiB (full float precision)
+_TORCH_CAP = lazy(r"Setting PyTorch memory fraction to " + NUM + r" \(" + NUM + r" GiB\)")
+# the row names seen in real tables (trtllm_c019) and the final KV cache, which is created last
+_OOM_ROW = lazy(r"^\s*(Model|Sampler|Drafter|Initial KV cache \(temporary for KV cache size estimation\)|Additional "
+                r"executor resources \(temporary for KV cache size estimation\)|KV cache): "
+                + NUM + r" / " + NUM + r"\s*$")
 _TOO_SMALL = lazy(r"maxTokensInPagedKvCache \((\d+)\) must be large enough.*?beam_width \((\d+)\) \* tokensPerBlock "
                         r"\((\d+)\) \* maxBlocksPerSeq \((\d+)\)")
 _BINARY = {"B": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0}
@@ -251,7 +301,7 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
 OWN_PREFIX = OwnPrefix(
     cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
-    bare=lambda e: isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
+    bare=lambda e: isinstance(e, ComponentRow) or isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
                                                or _PERCENTAGE.search(e.text) is not None),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
 )
@@ -298,6 +348,14 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _COMPONENT.search(t) if "could not be created" in t else None
     if m:  # the executor's OOM table (py_executor_creator.py::_maybe_explain_if_oom), one line each
         return [Failure(n, t, rank, "target", "oom_component", m.group(1).strip(), {})], []
+    m = _TORCH_CAP.search(t) if "PyTorch memory fraction" in t else None
+    if m:
+        read("torch_cap_fraction", m.group(1))
+        read("torch_cap_gib", m.group(2))
+        return ev, []
+    m = _OOM_ROW.search(t) if " / " in t else None
+    if m:
+        return [ComponentRow(n, t, rank, "target", m.group(1), float(m.group(2)), float(m.group(3)))], []
     m = _OOM_TABLE.search(t) if "(GiB): " in t else None
     if m:
         read("oom_total_gib" if m.group(1) == "Total" else "oom_free_gib", m.group(2))
@@ -468,9 +526,27 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("max_num_requests", m.group(2))
         read("max_num_tokens", m.group(3))
         return ev, []
-    m = _WINDOW.search(t) if "exceeds upper bound" in t else None
-    if m:
+    m = ((_WINDOW.search(t) if "exceeds upper bound" in t else None)
+         or (_WINDOW_ADJUSTED.search(t) if "in blocks_per_window" in t else None))
+    if m:  # the cut and its follow-up name the same window and bound
         ev.append(WindowNote(n, t, rank, "target", int(m.group(1)), int(m.group(2))))
+        return ev, []
+    m = _CROSS_WINDOW.search(t) if "in blocks_per_window" in t else None
+    if m:
+        read("cross_window", m.group(1))
+        return ev, []
+    m = _WINDOW_VEC.search(t) if "max_attention_window_vec" in t else None
+    if m:
+        ev.append(WindowVector(n, t, rank, "target",
+                               tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)))
+        return ev, []
+    m = _SEQ_ADJUSTED.search(t) if "Adjusted max_seq_len" in t else None
+    if m:
+        read("max_seq_len_adjusted", m.group(1))
+        return ev, []
+    m = _WINDOW_BLOCKS.search(t) if "primary_blocks: " in t else None
+    if m:
+        ev.append(WindowPool(n, t, rank, "target", int(m.group(1)), None, int(m.group(2))))
         return ev, []
     return [], []
 

@@ -58,6 +58,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"max seq len",
     b"failed to start",
     b"mamba page",
+    b"startup plan",  # 'Saved startup plan to PATH' carries no other anchor (v1/worker/startup_plan.py)
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
     b"Mamba cache mode",
@@ -221,6 +222,14 @@ _KV_IN_USE = lazy(r"Current (?:kv|KV) cache memory(?: in use is|:) " + NUM + " G
 # (the first can be negative: 0.26+ counts the captured graphs twice, vllm#57936; corpus vllm_c019)
 _SUGGESTED = lazy(r"`--kv-cache-memory=(-?\d{1,16})`(?: \(-?[\d.]+ GiB\))? to fit into requested memory, or "
                         r"`--kv-cache-memory=(-?\d{1,16})`")
+# the persisted startup plan (v1/worker/startup_plan.py, VLLM_ENABLE_STARTUP_PLAN=1; read in the 0.26.0 wheel): a
+# plan applied sets kv_cache_memory_bytes from a file, so the KV size is the plan's, not --kv-cache-memory-bytes's
+_PLAN_APPLIED = lazy(r"Applying persisted startup plan \(fingerprint (\w+)\): kv_cache_memory_bytes=(\d+) \(" + NUM
+                     + r" GiB\), recorded free-memory baseline " + NUM + r" GiB, current " + NUM + r" GiB")
+_PLAN_NOT_APPLIED = lazy(r"Startup plan not applied: current free memory \(" + NUM + r" GiB\) is below the recorded "
+                         r"baseline \(" + NUM + r" GiB\)")
+_PLAN_SAVED = lazy(r"Saved startup plan to (\S+)")
+_PLAN_UNREADABLE = lazy(r"Ignoring unreadable startup plan (\S+)")
 _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
@@ -507,6 +516,19 @@ def parse_line(line: Line) -> _Parsed:
     m = _PADDING_LAYERS.search(t) if "padding layers" in t else None
     if m:
         return _Parsed([Setting(n, t, "padding_layers", m.group(1), float(m.group(2)))], [])
+    m = _PLAN_APPLIED.search(t) if "startup plan" in t else None
+    if m:
+        ev.append(Setting(n, t, "startup_plan", "applied", int(m.group(2)) / 2**30))
+        read(m, (("plan_baseline_gib", 4), ("plan_free_gib", 5)))
+        return _Parsed(ev, [])
+    m = _PLAN_NOT_APPLIED.search(t) if "Startup plan" in t else None
+    if m:
+        ev.append(Setting(n, t, "startup_plan", "not applied"))
+        read(m, (("plan_free_gib", 1), ("plan_baseline_gib", 2)))
+        return _Parsed(ev, [])
+    m = (_PLAN_SAVED.search(t) or _PLAN_UNREADABLE.search(t)) if "startup plan" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "startup_plan", "saved" if "Saved" in m.group(0) else "unreadable")], [])
     m = _KV_BYTES.search(t) if "kv_cache_memory_bytes" in t else None
     if m:
         read(m, (("kv_bytes_config_gib", 1),))

@@ -185,7 +185,15 @@ def model_sizes(config: Path) -> ModelSizes | None:
                       _positive(d, "intermediate_size", "ffn_hidden_size", "n_inner"),
                       _positive(d, "moe_intermediate_size", "expert_intermediate_size"),
                       _positive(d, "num_experts_per_tok", "moe_topk", "num_experts_per_token"),
-                      _positive(d, "vocab_size") or _positive(doc, "vocab_size"), tie is True, factor)
+                      _positive(d, "vocab_size") or _positive(doc, "vocab_size"), tie is True, factor,
+                      _quant_method(doc), _positive(d, "num_local_experts", "num_experts", "n_routed_experts"),
+                      _positive(d, "num_hidden_layers", "n_layer", "num_layers"))
+
+
+def _quant_method(doc: dict[str, Any]) -> str | None:
+    q = doc.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return method.lower()[:32] if isinstance(method, str) and method.isprintable() else None
 
 
 def history_frame(rows: list[Observed] | None) -> Any:

@@ -69,6 +69,11 @@ class ModelSizes:
     #: rope_scaling's factor when it lengthens the context the engines derive (yarn, dynamic, linear...); None for
     #: none, or for Llama-3's "llama3" type, whose max_position_embeddings already states the long context
     rope_factor: float | None = None
+    #: quantization_config's quant_method ("mxfp4", "fp8"...), and the routed experts' count and layers: what an
+    #: engine re-lays out at load (vLLM pads MXFP4 experts per kernel backend)
+    quant_method: str | None = None
+    num_experts: int | None = None
+    num_layers: int | None = None
 
 
 @dataclass(frozen=True)

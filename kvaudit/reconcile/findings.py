@@ -41,6 +41,8 @@ CODES: dict[str, Severity] = {
     "SMALL_KV_BUDGET": WARNING,
     # LMDeploy (reconcile/lmdeploy/)
     "SESSION_EXCEEDS_POOL": WARNING,
+    # SGLang: a sliding-window hybrid sized as one full-length pool (reconcile/sglang/cell.py)
+    "SWA_POOL_UNUSED": WARNING,
     # TensorRT-LLM (reconcile/trtllm.py) uses the shared codes above
     # live readings (kvaudit check; raised in reconcile/live.py)
     "FOREIGN_PROCESS": WARNING,
@@ -49,6 +51,9 @@ CODES: dict[str, Severity] = {
     "IDLE_GPUS": INFO,
     "MEMORY_DRIFT": INFO,
     "UNATTRIBUTED_GPU_MEMORY": INFO,
+    "ORPHANED_ENGINE_PROCESS": WARNING,  # INFO when the orphans hold no GPU memory
+    "IDLE_TENANT_MEMORY": WARNING,
+    "UNIFIED_PAGE_CACHE": WARNING,  # INFO under a tenth of the host's memory
     # live endpoints (kvaudit check http://...)
     "LIVE_POOL_MISMATCH": WARNING,
     "LIVE_POOL_CHANGED": WARNING,
@@ -256,14 +261,19 @@ def mfs_inferred(mfs: float, state_gib: float | None = None) -> Finding:
               {"mem_fraction_static": mfs, "state_pool_gib": state_gib})
 
 
-def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None) -> Finding:
-    extra = ""
+def hicache_host(gb: float, tokens: int | None, pool_cell: int | None, ratio: float | None,
+                 pools: list[str] | None = None) -> Finding:
+    """``tokens``: the device pool, when --hicache-ratio sized the host pool (None otherwise: no expected size);
+    ``pools``: each host pool's line, when there are several or they state their own tokens (0.5.20+)."""
+    extra = f" ({'; '.join(pools)})" if pools else ""
     fields: dict[str, Any] = {"host_gb": gb, "host_gib": round(gb * GB_DECIMAL / GIB, 2)}
+    if pools:
+        fields["host_pools"] = pools
     if tokens and pool_cell:
         size = int(tokens * (ratio or 2.0)) + 1
         expected = size * pool_cell / GB_DECIMAL
         fields["expected_host_gb"] = round(expected, 2)
-        extra = f"; {tokens:,} tokens x ratio {ratio or 2.0:g} x {pool_cell:,} B = {expected:.2f} GB"
+        extra += f"; {tokens:,} tokens x ratio {ratio or 2.0:g} x {pool_cell:,} B = {expected:.2f} GB"
     return _f("HICACHE_HOST_MEMORY",
               f"hierarchical cache holds {gb:.2f} GB (decimal, = {gb * GB_DECIMAL / GIB:.2f} GiB) of host RAM per "
               f"rank, outside the GPU ledger{extra}", fields)
@@ -508,3 +518,14 @@ def live_pool_changed(live_tokens: int, startup_tokens: int, source: str) -> Fin
               f"the live server reports {live_tokens:,} KV tokens but its startup log sized {startup_tokens:,}: "
               f"the log is not the running server's latest start (restarted since?), or the pool was resized "
               f"({source})", {"live_tokens": live_tokens, "startup_tokens": startup_tokens})
+
+
+def swa_pool_unused(arch: str, full: int, sliding: int, flat_cell: int, full_cell: int, advice: str) -> Finding:
+    """SGLang gave a sliding-window hybrid one full-length pool: every layer holds every token."""
+    return _f("SWA_POOL_UNUSED",
+              f"{arch} is a sliding-window hybrid by its config ({full} full + {sliding} sliding layers), but SGLang "
+              f"sized it as one full-length pool: every layer holds every token, {flat_cell:,} B per token instead "
+              f"of {full_cell:,} B for the full layers plus a sliding-window pool sized by --swa-full-tokens-ratio: "
+              f"the sliding layers hold KV for tokens outside their window; {advice}",
+              {"architecture": arch, "full_attention_layers": full, "sliding_window_layers": sliding,
+               "bytes_per_token": flat_cell, "full_layer_bytes_per_token": full_cell})

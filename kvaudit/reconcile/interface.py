@@ -273,6 +273,12 @@ class WhatIf:
     #: what the engine keeps out of the KV cache, in its terms (the whatif table's row for it)
     reserve_label: str = "static reserve"
 
+    @property
+    def computed(self) -> bool:
+        """Whether the rerun produced any figure at all; when none, there is no answer to show, only why."""
+        return any(v is not None for v in (self.tokens_after, self.kv_gib_after, self.reserve_gib_after,
+                                           self.reserve_needs_gib_after, self.headroom_gib_after))
+
 
 def startup_identity(startup: Any, source: str, startups_total: int) -> dict[str, Any]:
     """The Audit fields every engine fills the same way: which input, which startup, which version era."""

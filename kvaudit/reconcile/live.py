@@ -4,10 +4,12 @@ other processes hold there, and how free memory moved since the end of startup. 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from kvaudit.collect.interface import Collected, ComputeApp, GpuReading
+from kvaudit.collect.interface import Collected, ComputeApp, GpuReading, HostProcess
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Thresholds
+from kvaudit.platforms import detect
 from kvaudit.units import MIB, GIB
 
 def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[str]"]:
@@ -18,9 +20,39 @@ def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[st
 
 @dataclass(frozen=True)
 class ForeignProcess:
+    """One process on a GPU and what it holds there: another tenant's (``GpuLedger.foreign``, the name it has had
+    since before kvaudit told the engine's own apart), or the engine's, or an orphan's."""
+
     pid: int
-    name: str
+    name: str  # its title where ps read it (sglang::scheduler_TP0, python3 train.py), else nvidia-smi's name
     gib: float | None
+    state: str | None = None  # ps's STAT (T: stopped), where read
+    swap_gib: float | None = None  # its host memory swapped out (/proc/PID/status VmSwap), where read
+    rss_gib: float | None = None  # its resident host memory (VmRSS), where read
+
+
+#: what makes a process an engine's by its title. A worker carries the engine's name before ``::``
+#: (SGLang 0.4-0.5 srt/managers/scheduler.py ``setproctitle(f"sglang::scheduler{prefix}")``, detokenizer,
+#: data_parallel_controller; vLLM 0.8+ utils ``set_process_title``: ``VLLM::EngineCore``, ``VLLM::Worker_TP0``,
+#: its prefix VLLM_PROCESS_NAME_PREFIX); a launcher runs the engine's program or module among its first words
+#: (``python3 -m sglang.launch_server``, ``vllm serve``, ``trtllm-serve``, ``lmdeploy serve``: TensorRT-LLM and
+#: LMDeploy set no title of their own, their processes keep the command line)
+def _title_kinds(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[str]"]:
+    alt = "|".join(re.escape(n) for n in names) or r"(?!)"
+    return (re.compile(rf"^(?:{alt})::", re.I),
+            re.compile(rf"(?:^|\s)(?:\S*/)?(?:{alt})(?:[-_.][\w.-]*)?(?:\s|$)", re.I))
+
+
+#: a stopped or swapped-out tenant: its host memory in swap at least this (GiB) and half of it; a sleeping
+#: engine: at most this much GPU memory (GiB) with at least that much host memory resident (vLLM's sleep mode
+#: level 1 keeps the weights in pinned host memory; SGLang's release_memory_occupation likewise)
+SWAPPED_MIN_GIB = 1.0
+ASLEEP_GPU_MAX_GIB = 1.0
+ASLEEP_HOST_MIN_GIB = 4.0
+#: page cache on a unified-memory host worth naming (GiB), and the share of the host's memory that makes it a
+#: warning
+PAGE_CACHE_MIN_GIB = 1.0
+PAGE_CACHE_WARN_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -44,6 +76,56 @@ class GpuLedger:
     foreign: tuple[ForeignProcess, ...]
     unattributed_gib: float | None  # used - all processes' usage
     nvml_identity: bool | None  # total = reserved + used + free (within 2 MiB)
+    engine_processes: tuple[ForeignProcess, ...] = ()  # the engine's processes on this GPU (pid, title, GiB)
+    orphaned: tuple[ForeignProcess, ...] = ()  # engine processes of no live start (not in ``foreign``)
+
+
+@dataclass(frozen=True)
+class _Roles:
+    """Whose each process is: the engine's start (``engine``: known where a cgroup or the start's own PID names
+    it), an engine's process of no live start (``orphans``: titled as an engine's worker, outside this start, and
+    no launcher of the engine above it), another live engine start's (``other_engines``)."""
+
+    table: dict[int, HostProcess]
+    engine: frozenset[int]
+    orphans: frozenset[int]
+    other_engines: frozenset[int]
+
+
+def _roles(c: Collected, names: tuple[str, ...]) -> _Roles:
+    table = {p.pid: p for p in c.processes}
+    worker, launcher = _title_kinds(names)
+    titled = {p for p, h in table.items() if worker.search(h.title) or launcher.search(h.title)}
+    engine = frozenset(c.server_pids)
+    if not engine:
+        return _Roles(table, engine, frozenset(), frozenset())
+    orphans: set[int] = set()
+    others: set[int] = set()
+    for pid in titled - engine:
+        root, seen = pid, {pid}
+        while (parent := table[root].ppid) in titled and parent not in engine and parent not in seen:
+            root = parent
+            seen.add(root)
+        top = table[root].title
+        (others if launcher.search(top) and not worker.search(top) else orphans).add(pid)
+    return _Roles(table, engine, frozenset(orphans), frozenset(others))
+
+
+def _agrees(smi_name: str, title: str) -> bool:
+    """Whether nvidia-smi's process name and ps's title can be one process's (the same program, or nvidia-smi
+    names none): a capture replayed on another machine, or a PID reused since, is then not mixed up."""
+    said = smi_name.strip()
+    if not said or said in ("[Not Found]", "N/A", "[N/A]") or title.startswith(said):
+        return True
+    first = lambda t: t.split()[0].rsplit("/", 1)[-1] if t.split() else ""  # noqa: E731
+    return first(said) == first(title)
+
+
+def _process(a: ComputeApp, roles: _Roles) -> ForeignProcess:
+    h = roles.table.get(a.pid)
+    return ForeignProcess(a.pid, h.title if h and h.title else a.name, _g(a.used_mib), h.state if h else None,
+                          _g(h.swap_mib) if h and h.swap_mib is not None else None,
+                          _g(h.rss_mib) if h and h.rss_mib is not None else None)
 
 
 def _g(mib: float | None) -> float | None:
@@ -88,7 +170,17 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
                    th: Thresholds = Thresholds(),
                    engine_names: tuple[str, ...] = ()) -> tuple[tuple[GpuLedger, ...], tuple[Finding, ...]]:
     rank_in_name, engine_name = _patterns(engine_names)
-    mapping, how = _map_ranks(audit, c.gpus, c.apps, base_gpu_id, rank_in_name)
+    # nvidia-smi may name a process by its executable (python3, or nothing from a container); ps by its whole
+    # title (python3 train.py, sglang::scheduler_TP3). A ps row that cannot be nvidia-smi's process is not used.
+    by_pid = {a.pid: a.name for a in c.apps}
+    c = replace(c, processes=tuple(p for p in c.processes if p.pid not in by_pid or _agrees(by_pid[p.pid], p.title)))
+    roles = _roles(c, engine_names)
+    apps = tuple(ComputeApp(a.pid, a.gpu_uuid, roles.table[a.pid].title, a.used_mib)
+                 if a.pid in roles.table and roles.table[a.pid].title else a for a in c.apps)
+    c = replace(c, apps=apps)
+    not_this_start = roles.orphans | roles.other_engines
+    mapping, how = _map_ranks(audit, c.gpus, tuple(a for a in c.apps if a.pid not in not_this_start), base_gpu_id,
+                              rank_in_name)
     pids = set(c.server_pids)
     by_name = any(engine_name.search(a.name) for a in c.apps)
     ledgers: list[GpuLedger] = []
@@ -97,7 +189,8 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
         r = mapping.get(g.uuid)
         here = [a for a in c.apps if a.gpu_uuid == g.uuid]
         server = [a for a in here if _is_server(a, pids, by_name, engine_name) is True]
-        foreign = [a for a in here if _is_server(a, pids, by_name, engine_name) is False]
+        orphaned = [a for a in here if a.pid in roles.orphans]
+        foreign = [a for a in here if _is_server(a, pids, by_name, engine_name) is False and a not in orphaned]
         cuda_total = (g.total_mib - (g.reserved_mib or 0)) if g.total_mib is not None else None
         identity = None
         if None not in (g.total_mib, g.reserved_mib, g.used_mib, g.free_mib):
@@ -113,20 +206,22 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
             g.index, g.uuid, g.name, g.bus_id, r.label if r else None, how.get(g.uuid),
             _g(g.total_mib), _g(g.reserved_mib), _g(cuda_total), _g(g.used_mib), free_now, t, before_t, end, drift,
             round(sum(a.used_mib or 0 for a in server) * MIB / GIB, 3) if server else None,
-            tuple(ForeignProcess(a.pid, a.name, _g(a.used_mib)) for a in foreign), unattributed, identity))
+            tuple(_process(a, roles) for a in foreign), unattributed, identity,
+            tuple(_process(a, roles) for a in server), tuple(_process(a, roles) for a in orphaned)))
 
     mapped = [l for l in ledgers if l.rank]
     for l in mapped:
         if l.foreign:
             total = sum(f.gib or 0 for f in l.foreign)
-            names = ", ".join(f"pid {f.pid} ({f.name or '?'}) {f.gib if f.gib is not None else '?'} GiB"
-                              for f in l.foreign)
+            names = ", ".join(f"pid {f.pid} ({f.name or '?'}{_whose(f.pid, roles)}) "
+                              f"{f.gib if f.gib is not None else '?'} GiB" for f in l.foreign)
             findings.append(Finding(
                 "FOREIGN_PROCESS", Severity.WARNING,
                 f"GPU {l.index} ({l.rank}) is shared: {names}, {total:.2f} GiB in all, outside the engine's ledger",
                 {"gpu": l.index, "rank": l.rank, "gib": round(total, 3),
                  "processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in l.foreign]},
                 ((l.rank,) if l.rank else ())))
+    findings += _node_problems(audit, c, tuple(ledgers), roles)
     occupied = [l for l in mapped if l.before_t_gib is not None and l.before_t_gib > th.occupied_at_startup_gib]
     if occupied:
         w = max(occupied, key=lambda l: l.before_t_gib or 0)
@@ -171,3 +266,85 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
             "the host PID namespace, or a driver-side allocation)",
             {"gpu": w.index, "gib": w.unattributed_gib, "gpus": [l.index for l in unattr]}))
     return tuple(ledgers), tuple(findings)
+
+
+def _whose(pid: int, roles: _Roles) -> str:
+    return ", another engine start's" if pid in roles.other_engines else ""
+
+
+def _held(pid: int, ledgers: tuple[GpuLedger, ...]) -> list[tuple[int, float | None]]:
+    return [(l.index, f.gib) for l in ledgers for f in l.orphaned + l.foreign if f.pid == pid]
+
+
+def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, ...],
+                   roles: _Roles) -> list[Finding]:
+    """2026's node problems, each with its fix: engine processes no start owns, a stopped, swapped-out or
+    sleeping tenant on the engine's GPUs, and the page cache a unified-memory host books as used."""
+    out: list[Finding] = []
+    if roles.orphans:
+        rows: list[dict[str, Any]] = []
+        for pid in sorted(roles.orphans):
+            h = roles.table[pid]
+            held = _held(pid, ledgers)
+            gib = round(sum(g or 0 for _, g in held), 3)
+            rows.append({"pid": pid, "title": h.title, "state": h.state, "gib": gib,
+                         "gpus": [i for i, _ in held], "rss_gib": _g(h.rss_mib)})
+        on_gpu = [r for r in rows if r["gpus"]]
+        total = round(sum(r["gib"] for r in rows), 3)
+        said = ", ".join(f"pid {r['pid']} ({r['title']})" + (f" {r['gib']:.2f} GiB on GPU "
+                                                              f"{', '.join(map(str, r['gpus']))}" if r["gpus"] else "")
+                         for r in rows[:8]) + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+        pids = " ".join(str(r["pid"]) for r in rows)
+        start = ", ".join(map(str, sorted(c.start_pids or roles.engine)[:4]))
+        out.append(Finding(
+            "ORPHANED_ENGINE_PROCESS", Severity.WARNING if on_gpu else Severity.INFO,
+            f"{len(rows)} engine process{'es' if len(rows) != 1 else ''} outside this start (pid {start}) with no "
+            f"launcher of the engine above {'them' if len(rows) != 1 else 'it'}: {said}"
+            + (f", {total:.2f} GiB of GPU memory in all" if on_gpu else "")
+            + f": left by an earlier start; free {'them' if len(rows) != 1 else 'it'} with `kill {pids}` "
+            f"(`kill -9 {pids}` if still there after 30 s)",
+            {"gib": total, "pids": [r["pid"] for r in rows], "processes": rows,
+             "gpus": sorted({i for r in rows for i in r["gpus"]}), "command": f"kill {pids}"}))
+    mapped = {l.index for l in ledgers if l.rank}
+    idle: list[dict[str, Any]] = []
+    for l in ledgers:
+        if l.index not in mapped:
+            continue
+        for f in l.foreign:
+            stopped = (f.state or "")[:1] == "T"
+            swapped = f.swap_gib is not None and f.swap_gib >= SWAPPED_MIN_GIB and f.swap_gib >= (f.rss_gib or 0)
+            asleep = (f.pid in roles.other_engines and (f.gib or 0) <= ASLEEP_GPU_MAX_GIB
+                      and (f.rss_gib or 0) >= ASLEEP_HOST_MIN_GIB)
+            if stopped or swapped or asleep:
+                how = ("stopped (state T: SIGSTOP, a debugger, a suspended job)" if stopped else
+                       f"swapped out ({f.swap_gib:.2f} GiB of its host memory in swap)" if swapped else
+                       f"another engine start holding {f.rss_gib:.2f} GiB of host memory: an engine put to sleep "
+                       "(vLLM's sleep mode, SGLang's release_memory_occupation) takes its GPU memory back when woken")
+                idle.append({"pid": f.pid, "title": f.name, "gpu": l.index, "rank": l.rank, "gib": f.gib,
+                             "state": f.state, "swap_gib": f.swap_gib, "rss_gib": f.rss_gib,
+                             "why": "stopped" if stopped else "swapped" if swapped else "asleep", "how": how})
+    for r in idle:
+        pid = r["pid"]
+        fix = (f"resume it (`kill -CONT {pid}`) so it finishes, or end it (`kill {pid}`)" if r["why"] == "stopped"
+               else f"end it (`kill {pid}`) or move it off the engine's GPUs" if r["why"] == "swapped"
+               else "give it GPUs of its own, or wake it only while this engine's free memory allows it")
+        out.append(Finding(
+            "IDLE_TENANT_MEMORY", Severity.WARNING,
+            f"pid {r['pid']} ({r['title']}) holds {r['gib'] if r['gib'] is not None else '?'} GiB of GPU {r['gpu']} "
+            f"({r['rank']}) while {r['how']}: memory the engine cannot use and no one is using; {fix}",
+            {k: v for k, v in r.items() if k != "how"}, (r["rank"],) if r["rank"] else ()))
+    unified = (audit is not None and audit.platform is not None) or detect(g.name for g in c.gpus) is not None
+    mem = dict(c.meminfo_mib)
+    cached = (mem.get("Cached", 0.0) + mem.get("Buffers", 0.0)) * MIB / GIB
+    if unified and cached >= PAGE_CACHE_MIN_GIB and mem.get("MemTotal"):
+        host_gib = mem["MemTotal"] * MIB / GIB
+        warn = cached >= PAGE_CACHE_WARN_FRACTION * host_gib
+        out.append(Finding(
+            "UNIFIED_PAGE_CACHE", Severity.WARNING if warn else Severity.INFO,
+            f"{cached:.2f} GiB of this unified-memory host's {host_gib:.2f} GiB is page cache now: CUDA counts it as "
+            "used (cudaMemGetInfo's free memory leaves it out), so an engine starting now books it as memory taken "
+            "before T (its non-torch memory) and sizes the KV pool that much smaller; drop it before a start with "
+            "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`",
+            {"page_cache_gib": round(cached, 3), "mem_total_gib": round(host_gib, 3),
+             "command": "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"}))
+    return out

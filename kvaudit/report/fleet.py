@@ -15,6 +15,8 @@ from kvaudit.status import label_rank
 from kvaudit.report.text import colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
 
+#: hosts failing alike that the text table shows as one row
+COLLAPSE_AT = 3
 COLUMNS = ("host", "status", "GPUs", "tokens", "verdict", "free min", "unexpl.", "findings")
 STATUS_COLOUR = {"ok": "32", "warning": "33", "partial": "33", "error": "31"}
 
@@ -31,21 +33,97 @@ def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: label_rank(r["status"]))
 
 
+#: a host Ctrl-C stopped before it was reached or finished: not a failure of the host (kvaudit.fleet.runner)
+INTERRUPTED = "interrupted"
+
+
+def _kind(r: dict[str, Any]) -> str:
+    return INTERRUPTED if r.get("reason") == INTERRUPTED else r["status"].split(":")[0]
+
+
 def counts_text(rows: list[dict[str, Any]]) -> str:
     """``2 failed, 1 warning, 17 ok (3 ignored)``: the worst first; acknowledged findings counted, as
-    pip-audit counts what it skipped."""
+    pip-audit counts what it skipped; hosts a Ctrl-C left unfinished counted last, as ``interrupted``."""
     counts: dict[str, int] = {}
     for r in rows:
-        counts[r["status"].split(":")[0]] = counts.get(r["status"].split(":")[0], 0) + 1
+        counts[_kind(r)] = counts.get(_kind(r), 0) + 1
     ignored = sum(len(r.get("ignored") or ()) for r in rows)
-    return (", ".join(f"{counts[k]} {k}" for k in sorted(counts, key=label_rank))
-            + (f" ({ignored} ignored)" if ignored else ""))
+    order = sorted(counts, key=lambda k: (k == INTERRUPTED, label_rank(k)))
+    return (", ".join(f"{counts[k]} {k}" for k in order) + (f" ({ignored} ignored)" if ignored else ""))
 
 
 def status_cell(r: dict[str, Any]) -> str:
     """A host's status as the tables show it: ``ok (1 ignored)`` when findings were acknowledged."""
+    if r.get("reason") == INTERRUPTED:
+        return INTERRUPTED
     n = len(r.get("ignored") or ())
     return f"{r['status']} ({n} ignored)" if n else r["status"]
+
+
+def host_ranges(names: list[str], most: int = 6) -> str:
+    """Host names as Ansible's ranges where they run on (``gpu-[01:64]``, ``gpu-[3:5], gpu-9``), in the order
+    given; after ``most`` items, ``and N more``."""
+    items: list[str] = []
+    runs: list[tuple[str, str, int, int, int]] = []  # prefix, suffix, width (0: unpadded), first, last
+    for n in names:
+        m = re.fullmatch(r"(.*?)(\d+)(\D*)", n)
+        if m:
+            pre, digits, suf = m.groups()
+            width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+            last = runs[-1] if runs else None
+            if last and last[:2] == (pre, suf) and last[4] + 1 == int(digits) and (
+                    len(digits) == last[2] if last[2] else str(int(digits)) == digits):
+                runs[-1] = (pre, suf, last[2], last[3], int(digits))  # gpu-09, gpu-10: one padded run
+                continue
+            runs.append((pre, suf, width, int(digits), int(digits)))
+        else:
+            runs.append((n, "", -1, 0, 0))
+    for pre, suf, width, a, b in runs:
+        if width < 0:
+            items.append(pre)
+        elif a == b:
+            items.append(f"{pre}{str(a).zfill(width)}{suf}")
+        else:
+            items.append(f"{pre}[{str(a).zfill(width)}:{str(b).zfill(width)}]{suf}")
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _cause(r: dict[str, Any]) -> str:
+    """A failed host's error without the host's own name and addresses: what hosts failing alike share."""
+    text = r.get("error") or ""
+    for name in sorted({r["host"], r.get("target") or ""} - {""}, key=len, reverse=True):
+        text = text.replace(name, "HOST")
+    text = re.sub(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b", "ADDRESS", text)
+    return re.sub(r"^HOST:\s*", "", text)
+
+
+def failure_groups(rows: list[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """The hosts not audited, grouped by reason and cause (64 hosts refusing the connection are one group), the
+    largest first; Ctrl-C's unfinished hosts are one group of their own."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["reason"]:
+            cause = "Ctrl-C before it finished" if r["reason"] == INTERRUPTED else _cause(r)
+            groups.setdefault((r["reason"], cause), []).append(r)
+    return sorted(((k[0], k[1], v) for k, v in groups.items()),
+                  key=lambda g: (g[0] == INTERRUPTED, -len(g[2]), g[0]))
+
+
+def _failure_lines(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for reason, cause, group in failure_groups(rows):
+        if len(group) == 1:
+            r = group[0]
+            out.append(f"{r['host']}: {r['reason']}: {r['error']}")
+        else:
+            out.append(f"{len(group)} hosts ({host_ranges([r['host'] for r in group])}): {reason}: {cause}")
+    return out
+
+
+def list_hosts_text(hosts: Sequence[Any]) -> str:
+    """``--list-hosts``: what ``ansible --list-hosts`` prints, the hosts --limit selects, in inventory order."""
+    return f"  hosts ({len(hosts)}):\n" + "".join(f"    {h.name}\n" for h in hosts)
 
 
 def _beyond_headline(r: dict[str, Any]) -> list[str]:
@@ -155,8 +233,13 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     if run.deadline_hit:
         L.append(colour("  the run deadline passed before every host finished", "31", color))
     body = []
+    collapsed = {id(r): group for _, _, group in failure_groups(rows) if len(group) >= COLLAPSE_AT for r in group}
     for r in rows:
-        body.append((r["host"], status_cell(r), str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
+        group = collapsed.get(id(r))
+        if group is not None and r is not group[0]:
+            continue  # one row for a group of hosts failing alike
+        name = f"{host_ranges([x['host'] for x in group], 2)} ({len(group)})" if group else r["host"]
+        body.append((name, status_cell(r), str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
                      ",".join(r["findings"]) or "-"))
     head, shown = fitted(COLUMNS, body, width)
@@ -171,8 +254,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     failed = [r for r in rows if r["reason"]]
     if failed:
         L += ["", colour("Not audited", "1", color)]
-        for r in failed:
-            L.extend(wrap(f"{r['host']}: {r['reason']}: {r['error']}", width=width))
+        for line in _failure_lines(failed):
+            L.extend(wrap(line, width=width))
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", colour("Why not ok", "1", color)]
@@ -204,7 +287,12 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     failed = [r for r in rows if r["reason"]]
     if failed:
         L += ["", "## Not audited", ""]
-        L += [f"- **{md_cell(r['host'])}** ({r['reason']}): {md_cell(r['error'])}" for r in failed]
+        for reason, cause, group in failure_groups(failed):
+            if len(group) == 1:
+                L.append(f"- **{md_cell(group[0]['host'])}** ({reason}): {md_cell(group[0]['error'])}")
+            else:
+                L.append(f"- **{len(group)} hosts** ({md_cell(host_ranges([r['host'] for r in group]))}) ({reason}): "
+                         f"{md_cell(cause)}")
     others = [r for r in _by_severity(rows) if not r["reason"] and r["status"] != "ok"]
     if others:
         L += ["", "## Why not ok", ""]

@@ -57,6 +57,8 @@ def host_dict(h: HostAudit) -> dict[str, Any]:
         "pre_load_free_gib": g.pre_load_free_gib, "before_t_gib": g.before_t_gib,
         "free_at_end_gib": g.free_at_end_gib, "drift_gib": g.drift_gib, "engine_gib": g.server_gib,
         "foreign_processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in g.foreign],
+        "engine_processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in g.engine_processes],
+        "orphaned_processes": [{"pid": f.pid, "name": f.name, "gib": f.gib} for f in g.orphaned],
         "unattributed_gib": g.unattributed_gib, "nvml_identity_holds": g.nvml_identity,
         "ledger": _rank_ledger(h, g.rank),
     } for g in h.gpus]

@@ -51,6 +51,11 @@ AUDITED_CLEAR = {
     "OCCUPIED_AT_STARTUP": "kvaudit finds no GPU memory held before the engine started",
     "GPU_COUNT_MISMATCH": "kvaudit matches every rank of the engine to a GPU",
 }
+#: the checks that need the host's processes too (ps read on the host: not from a capture, a pod or an endpoint)
+PROCESSES_CLEAR = {
+    "ORPHANED_ENGINE_PROCESS": "kvaudit finds no engine process an earlier start left",
+    "IDLE_TENANT_MEMORY": "kvaudit finds no stopped, swapped-out or sleeping process holding the engine's GPUs",
+}
 READINGS_CLEAR = "kvaudit read the node's GPUs"
 
 
@@ -125,6 +130,8 @@ def host_events(node: str, h: Any, at: float) -> list[dict[str, Any]]:
         clear[NO_GPU_READINGS] = READINGS_CLEAR
         if h.audit is not None:
             clear.update({c: m for c, m in AUDITED_CLEAR.items() if c not in seen})
+            if h.collected is not None and h.collected.processes:
+                clear.update({c: m for c, m in PROCESSES_CLEAR.items() if c not in seen})
     for code, message in clear.items():
         events.append({**base, "componentClass": GPU_CLASS, "checkName": check_name(code), "isHealthy": True,
                        "message": message, "recommendedAction": NONE, "metadata": meta,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import Any, Sequence
 
@@ -169,7 +170,7 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-",
-         f.bytes_per_token_source or ""),
+         _cell_source(f)),
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", logged_tokens_text(f, "-"), ""),
     ]
@@ -188,6 +189,18 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     return L
 
 
+def _cell_source(f: Formula) -> str:
+    """Where bytes per token came from; a figure read off the KV line carries the range the line's rounding and
+    the pool's padding rows leave, so that the one number shown is not taken for an exact one."""
+    source = f.bytes_per_token_source or ""
+    span = f.bytes_per_token_range
+    if source.startswith("kv_line") and span is not None and f.bytes_per_token:
+        spread = max(f.bytes_per_token - math.ceil(span[0]), math.floor(span[1]) - f.bytes_per_token)
+        if spread >= 1:
+            return f"{source} +-{spread:,}"
+    return source
+
+
 def render(audits: list[Audit], color: bool = False, width: int = WIDTH, **_: Any) -> str:
     return "\n".join(render_one(a, color, legend=i == 0, width=width) for i, a in enumerate(audits))
 
@@ -200,6 +213,13 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) 
     def g(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
+    if not w.computed:
+        # no figure to put in the table: say so, and why, instead of a table of dashes
+        L.extend(wrap(colour("unknown", "2", color) + ": nothing could be computed for this change: the "
+                      "what-if needs what the log lacks.", "  ", width))
+        for e in w.explanation:
+            L.extend(wrap("- " + e, "  ", width))
+        return "\n".join(L) + "\n"
     after = f"{w.tokens_after.low:,}..{w.tokens_after.high:,}" if w.tokens_after else "-"
     rows_ = [
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),

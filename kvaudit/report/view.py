@@ -148,7 +148,10 @@ def summary_sentences(a: Audit) -> list[str]:
     f = a.formula
     ranks = [r for r in a.ranks if r.pre_load_free_gib is not None]
     if ranks:
-        r = min(ranks, key=lambda x: (x.free_at_end_gib if x.free_at_end_gib is not None else 1e9))
+        # the rank with the tightest end, among those whose ledger adds up (an unexplained figure means every
+        # item and the end were read) before those with gaps: the sentence is a sum, and a sum needs its terms
+        r = min(ranks, key=lambda x: (x.unexplained_gib is None,
+                                      x.free_at_end_gib if x.free_at_end_gib is not None else 1e9))
         parts = []
         others = [i.label.split(" (")[0] for i in r.items if _group(i.key) == "other" and i.gib is not None]
         other_name = (" and ".join(others) if len(others) <= 2 else ", ".join(others[:-1]) + " and " + others[-1]) \
@@ -156,15 +159,30 @@ def summary_sentences(a: Audit) -> list[str]:
         names: tuple[str, ...] = ("weights", "the KV cache", "CUDA graphs", "the draft model", other_name)
         if has_state(a):
             names = names[:2] + ("the state pool",) + names[2:]
+        unread: list[str] = []
+        listed = 0.0
         for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):
             if v is not None:
+                listed += v
                 parts.append(f"{name} {v:.2f}"
                              + (f" ({f.logged_tokens:,} tokens)" if name == "the KV cache" and f.logged_tokens else ""))
-        s = f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {a.pre_load_label}: " + ", ".join(parts)
+            elif name == "the KV cache":
+                unread.append(name)
+        s = (f"On {r.label}, of the {r.pre_load_free_gib:.2f} GiB {a.pre_load_label}: "
+             + (", ".join(parts) if parts else "nothing allocated yet"))
         if r.free_at_end_gib is not None:
             s += f"; {r.free_at_end_gib:.2f} GiB was free at the end"
             if not r.end_is_final and r.free_at_end_source:
                 s += f" of what the log shows ({r.free_at_end_source})"
+        else:
+            unread.append("the free memory at the end")
+        if r.unexplained_gib is None:
+            # no unexplained figure: a term of the sum is missing; say how much the listed items leave and which
+            # terms the log does not give, so the sentence still adds up to T
+            rest = (r.pre_load_free_gib or 0.0) - listed - (r.free_at_end_gib or 0.0)
+            s += (f"; the other {rest:.2f} GiB is not broken down: the log gives no figure for "
+                  + (", ".join(unread[:-1]) + " or " + unread[-1] if len(unread) > 1 else
+                     unread[0] if unread else "every item"))
         if r.unexplained_gib is not None:
             tol = r.unexplained_tolerance_gib or 0
             s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"

@@ -202,7 +202,8 @@ def test_the_host_script_runs_hostile_values_as_data(tmp_path):
         assert C.is_allowed(cmd)
         res = LocalRunner().run(cmd, 30, 1 << 20)
         parts = script_parts(res, b"0123456789abcdef")
-        assert [p.kind for p in parts][:1] == ["hostname"] and parts[-1].kind == "apps", (kind, res.stderr[-300:])
+        kinds = [p.kind for p in parts]
+        assert kinds[:1] == ["hostname"] and kinds[-3:] == ["apps", "ps", "pmem"], (kind, res.stderr[-300:])
         if kind == "file" and src == str(log):
             lines = next(p for p in parts if p.kind == "flines")
             assert lines.stdout.startswith(b"1:[2026-01-01] KV Cache") and lines.args == (str(log),)

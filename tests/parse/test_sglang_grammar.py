@@ -38,6 +38,21 @@ CASES = [
      S.KVAlloc, {"label": "SWA", "tokens": 329472}, (0, 5, 17), (0, 5, 16)),
     ("kv-va-upper-bound-abridged", "KV Cache VA upper bound ... #tokens: 273K",
      S.KVAlloc, {"upper_bound": True, "tokens": 273000, "tokens_approx": True}, None, None),
+    # post-capture KV sizing (kv_pool_runtime.py compute_post_capture_kv_resize's format strings; no public log
+    # of the opt-in mode was found, so these are the format with sample values, not a startup's lines)
+    ("post-capture-0.5.16", "[2026-07-01 10:00:00 TP0] Post-capture KV sizing: max_total_num_tokens=500000, free memory=2.50 GB",
+     S.PostCaptureKV, {"tokens": 500000, "free_gib": 2.5, "kv_gib": None}, (0, 5, 16), (0, 5, 17)),
+    ("post-capture-0.5.17", "[2026-07-01 10:00:00 TP0] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 500000, KV size: 30.52 GB, avail mem=2.50 GB",
+     S.PostCaptureKV, {"tokens": 500000, "kv_gib": 30.52, "free_gib": 2.5}, (0, 5, 17), (0, 5, 16)),
+    ("post-capture-split", "[2026-07-01 10:00:00 TP0] Post-capture KV sizing: full_layer_tokens=500000, swa_layer_tokens=0",
+     S.PostCaptureKV, {"tokens": None, "full_tokens": 500000, "swa_tokens": 0}, (0, 5, 17), (0, 5, 16)),
+    # HiCache host pools (host RAM): 0.5.17+ pool_host/base.py, 0.5.22+ hicache_auto_size.py format strings
+    ("hicache-host-pool-0.5.17", "[2026-09-01 10:00:00 TP0] Allocating kv hierarchical KV host pool: 1200000 tokens, 150.99 GB host memory.",
+     S.HiCacheHost, {"host_gb": 150.99, "tokens": 1200000, "what": "hierarchical KV host pool (kv)"}, (0, 5, 17), (0, 5, 16)),
+    ("hicache-auto-size-0.5.22", "[2026-09-01 10:00:00 TP0] HiCache auto-sizing: ratio 2.000 -> 1.250; 180.0 GiB host memory per rank (fraction 0.80, 8 ranks on this host), host pools 140.6 GiB.",
+     S.HiCacheAutoSize, {"ratio_asked": 2.0, "ratio": 1.25, "host_budget_gib": 180.0, "host_pools_gib": 140.6}, (0, 5, 22), (0, 5, 21)),
+    ("hicache-mamba-host", "[2026-09-01 10:00:00 TP0] Allocating 3.00 GB host memory for hierarchical Mamba cache (layout=page_first).",
+     S.HiCacheHost, {"host_gb": 3.0, "tokens": None, "what": "hierarchical Mamba cache"}, None, None),
     ("pool-end", "[2026-02-25 10:16:41 TP0] Memory pool end. avail mem=11.18 GB",
      S.PoolEnd, {"avail_gib": 11.18}, None, None),
     ("graph-begin-0.4.4", "[2025-12-28 10:40:09 TP2] Capture cuda graph begin. This can take up to several minutes. avail mem=11.87 GB",

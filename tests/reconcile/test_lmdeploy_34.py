@@ -58,3 +58,44 @@ def test_max_cached_tokens_is_the_pool_and_an_info_log_is_not_told_to_raise_its_
     assert RAISE not in said(a) and "already at INFO" in said(a)
     b = run("lmdeploy_c015")  # lmdeploy#4366: WARNING lines only, at the default level
     assert RAISE in said(b)
+
+
+def test_a_whole_mib_block_line_gives_no_bytes_per_token_figure():
+    """lmdeploy_c018 (lmdeploy#2408, 0.4.2-0.5.3): '[BlockManager] block_size = 2 MB' is ``block_size_ >> 20``,
+    cut, so the block is anywhere in [2, 3) MiB; bytes per token are 32,768..49,151, not the midpoint 40,960."""
+    f = run("lmdeploy_c018").formula
+    assert f.bytes_per_token is None and f.bytes_per_token_source is None
+    assert f.logged_tokens == 10683 * 64
+    assert f.verdict == Verdict.UNKNOWN
+
+
+def test_the_turbomind_config_fields_narrow_the_release():
+    """lmdeploy_c018: TurbomindEngineConfig(model_name=..., enable_prefix_caching=...) without cache_chunk_size
+    is 0.4.2-0.5.3 (lmdeploy/messages.py per tag), so the ratio applied to the free memory (0.2.2+), not the card's
+    total: the reason says so instead of 'the log's era spans both'."""
+    a = run("lmdeploy_c018")
+    assert a.engine_version == "0.4.2..0.5.3"
+    assert "spans both" not in a.formula.verdict_reason
+    assert "free memory after" in a.formula.verdict_reason
+
+
+def test_whatif_with_nothing_to_compute_says_so_and_exits_1():
+    """lmdeploy_c008 (a WARNING-level log: no pool, no free memory): the what-if has no figure to show. It says
+    what the log lacks in one plain line, prints no table of dashes, and exits 1 (WARNINGS: no answer is not
+    'the change leaves the headroom', docs/exit-codes.md), in text and JSON alike."""
+    from tests.conftest import cli
+
+    r = cli("whatif", CORPUS / "lmdeploy_c008.log", "--cache-max-entry-count", "0.5")
+    assert r.code == 1, r.stdout
+    assert "nothing could be computed" in r.stdout and "KV tokens" not in r.stdout
+    assert "free memory after the weights" in r.stdout and " or the bytes per token" not in r.stdout
+    j = cli("whatif", CORPUS / "lmdeploy_c008.log", "--cache-max-entry-count", "0.5", "-f", "json")
+    assert j.code == 1 and j.json()["whatif"]["risk"] == "unknown"
+
+
+def test_whatif_on_a_cut_block_line_names_what_it_lacks():
+    """lmdeploy_c018: the pool's tokens are in the log, its bytes are not (2 MB, cut): said, exit 1."""
+    from tests.conftest import cli
+
+    r = cli("whatif", CORPUS / "lmdeploy_c018.log", "--cache-max-entry-count", "0.5")
+    assert r.code == 1 and "683,712 tokens are in the log" in r.stdout

@@ -307,3 +307,103 @@ def test_a_hybrid_outside_the_allow_list_gets_one_full_pool_not_a_geometry_findi
     assert "GEOMETRY_MISMATCH" not in codes(a)
     assert a.formula.bytes_per_token == 507904 and a.formula.verdict == Verdict.MATCH
     assert any("allow-list" in n for n in a.notes)
+
+
+def test_a_hybrid_given_one_full_pool_is_a_finding_that_says_what_to_set():
+    """The same startup (0.5.11's format strings, Gemma-3-27B's config): SWA_POOL_UNUSED says the pool is one
+    full-length pool (507,904 B per token on 62 layers) against 81,920 B on the 10 full layers plus the SWA pool
+    (sgl-project/sglang#39308's class), and what to set for the release (0.5.11: before the 0.5.13 opt-in)."""
+    (a,) = run(_GEMMA3_ONE_POOL.encode(), model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    f = next(f for f in a.findings if f.code == "SWA_POOL_UNUSED")
+    assert f.fields["bytes_per_token"] == 507904 and f.fields["full_layer_bytes_per_token"] == 81920
+    assert "allow-list" in f.message and "0.5.13" in f.message and "hybrid_layer_pattern" in f.message
+    (b,) = run(_GEMMA3_ONE_POOL.replace("swa_full_tokens_ratio=0.8,", "swa_full_tokens_ratio=0.8, "
+                                        "disable_hybrid_swa_memory=True,").encode(),
+               model_geometry=load_config(CONFIGS / "gemma-3-27b-it.json"))
+    g = next(f for f in b.findings if f.code == "SWA_POOL_UNUSED")
+    assert "drop --disable-hybrid-swa-memory" in g.message
+
+
+# --- item 10: 2026 sizing modes ------------------------------------------------------------------------------
+
+
+def test_a_post_capture_upper_bound_is_not_the_pool():
+    """fixtures/samples/sglang_026 (sglang#35996, real, hand-abridged): 'KV Cache VA upper bound ... #tokens:
+    273K' is post-capture KV sizing's pre-capture address space (0.5.17+ memory_pool.py prints 'VA upper bound'
+    when post_capture_active), not the pool: the pool is re-sized after capture (kv_pool_runtime.py
+    compute_post_capture_kv_resize) from terms the log does not print. Not modelled: no pool figure from the
+    bound, no mismatch, and the reason says so."""
+    (a,) = run((ROOT / "fixtures" / "samples" / "sglang_026.log").read_bytes())
+    assert a.formula.logged_tokens is None  # not 273,000
+    assert a.formula.verdict == Verdict.UNKNOWN
+    assert "post-capture KV sizing" in a.formula.verdict_reason and "273,000" in a.formula.verdict_reason
+    assert "TOKENS_MISMATCH" not in codes(a) and judge(a).status == "unchecked"
+    assert "273,000 tokens" not in judge(a).headline
+
+
+def test_hicache_host_ram_stays_out_of_the_gpu_ledger():
+    """fixtures/samples/sglang_210 (udbhav-ag/SGLang_setup@fdeaea3, real): 'Allocating 11.55 GB host memory for
+    hierarchical KV cache' is host RAM: the finding books it outside the ledger, and no GPU item holds it."""
+    (a,) = run((ROOT / "fixtures" / "samples" / "sglang_210.log").read_bytes())
+    assert a.hicache_host_gb == 11.55 and "HICACHE_HOST_MEMORY" in codes(a)
+    kv = [it.gib for r in a.ranks for it in r.items if it.key.startswith("kv_cache")]
+    assert kv and all(abs(g - 11.55) > 0.01 and abs(g - 10.76) > 0.01 for g in kv)
+
+
+_AITER_KEPT = ("[2025-10-01 10:00:00] attention_backend=aiter with context_len=32768 (>8192) normally scales "
+               "mem_fraction_static by 0.85 to reserve non-static workspace, but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION "
+               "is set, so mem_fraction_static=0.680 is used as-is. Ensure enough memory is left for attention "
+               "workspace and CUDA graphs.\n")
+
+
+def test_aiters_opt_out_is_read_and_not_called_scaled():
+    """0.5.19+ (attention_hook.py, PR 37242): with SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION the explicit fraction
+    is kept and the engine says so; the format strings of 0.5.19 (no public aiter startup in the corpus). The
+    printed 0.68 is the one used (the same pool as above) and no note claims it includes x 0.85."""
+    text = _AITER.format(version="0.5.19", mfs="0.68")
+    head, rest = text.split("[2025-10-01 10:00:01", 1)
+    (a,) = run((head + _AITER_KEPT + "[2025-10-01 10:00:01" + rest).encode())
+    assert a.formula.verdict == Verdict.MATCH and abs(a.formula.mem_fraction_static - 0.68) < 1e-9
+    assert any("kept the explicit fraction 0.68" in n for n in a.notes)
+    assert not any("already includes" in n for n in a.notes)
+
+
+@pytest.mark.parametrize("version,tp,expected", [("0.5.17", 1, 0.992), ("0.5.18", 8, 0.969), ("0.5.23", 8, 0.969)])
+def test_the_post_capture_default_fraction_is_the_releases_rule(version, tp, expected):
+    """Under SGLANG_ENABLE_POST_CAPTURE_KV_SIZING the default skips the graph and activation reserve: 0.5.16-0.5.17
+    keep 512 MiB + TP x PP / 8 GiB, 0.5.18+ 1536 MiB + TP x PP / 8 GiB (server_args.py, memory_hook.py from 0.5.19),
+    no 10 GiB floor. On an H100's 81,559 MiB (nvidia-smi memory.total): (81,559 - 640) / 81,559 = 0.992 at TP1 in
+    0.5.17, (81,559 - 2,560) / 81,559 = 0.969 at TP8 in 0.5.18+. MLA models are never post-capture sized."""
+    from kvaudit.reconcile.sglang.defaults import default_fraction
+
+    f, how = default_fraction(version, 81559, tp, 1, 1, False, False, post_capture=True)
+    assert f == expected and "post-capture" in how
+    assert default_fraction(version, 81559, tp, 1, 1, True, False, post_capture=True)[0] is None
+    assert default_fraction("0.5.15", 81559, tp, 1, 1, False, False, post_capture=True)[0] is None
+
+
+_POST_CAPTURE = """SGLang Version 0.5.17
+[2026-07-01 10:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2-7B', mem_fraction_static=0.9, kv_cache_dtype='auto', page_size=1, tp_size=1)
+[2026-07-01 10:00:01 TP0] Load weight begin. avail mem=78.00 GB
+[2026-07-01 10:00:20 TP0] Load weight end. elapsed=19.00 s, type=Qwen2ForCausalLM, quant=None, avail mem=63.50 GB, mem usage=14.50 GB.
+[2026-07-01 10:00:21 TP0] KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 1042958, K size: 27.85 GB, V size: 27.85 GB
+[2026-07-01 10:00:21 TP0] Memory pool end. avail mem=63.14 GB
+[2026-07-01 10:00:22 TP0] Capture target decode CUDA graph begin. avail mem=63.09 GB
+[2026-07-01 10:00:32 TP0] Capture target decode CUDA graph end. elapsed=10.10 s, mem usage=0.60 GB, avail mem=62.49 GB.
+[2026-07-01 10:00:33 TP0] Post-capture KV sizing: full_layer_tokens=1026094, swa_layer_tokens=0
+[2026-07-01 10:00:33 TP0] Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 1026094, KV size: 54.85 GB, avail mem=7.75 GB
+[2026-07-01 10:00:34 TP0] max_total_num_tokens=1026094, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=32768, available_gpu_mem=7.75 GB
+"""
+
+
+def test_a_post_capture_pool_is_read_whole_and_not_judged():
+    """0.5.17's format strings (no public startup of the opt-in mode was found), Qwen2-7B's config: the pool is
+    the resize's 1,026,094 tokens (not the 1,042,958 of the VA upper bound), the ledger books the backed 54.85 GiB
+    as the KV cache, the verdict is unknown and says why, and the backed size (each buffer rounded up to the VMM
+    granularity, kv_vmm_backing.py) is not taken for a cell: no GEOMETRY_MISMATCH against 57,344 B."""
+    (a,) = run(_POST_CAPTURE.encode(), model_geometry=load_config(CONFIGS / "qwen2-7b.json"))
+    assert a.formula.logged_tokens == 1026094 and a.formula.verdict == Verdict.UNKNOWN
+    assert "post-capture KV sizing" in a.formula.verdict_reason and "1,042,958" in a.formula.verdict_reason
+    assert a.formula.bytes_per_token == 57344
+    assert a.ranks[0].kv_gib == 54.85
+    assert not codes(a) & {"GEOMETRY_MISMATCH", "TOKENS_MISMATCH", "UNEXPLAINED_MEMORY"}

@@ -290,3 +290,89 @@ def test_the_0_20_0_count_is_modelled_per_release():
               AuditOptions(model_geometry=geom))[-1]
     assert b.formula.verdict == Verdict.MATCH and b.formula.logged_tokens == 177_440
     assert "to 0.20.0" in b.formula.verdict_reason
+
+
+# StartupPlan (v1/worker/startup_plan.py, VLLM_ENABLE_STARTUP_PLAN=1) --------------------------------------------
+# No public log with these lines was found: each is written from the 0.26.0 wheel's format string, with numbers
+# that agree with the real log it is put into (vllm_c002, 0.26: 'reserved 49.0 GiB memory for KV Cache as specified
+# by kv_cache_memory_bytes config'; vllm_c012: a profiled start). The saved path is one a public run printed.
+
+PLAN_APPLIED = ("(EngineCore pid=83) INFO 07-26 12:29:34 [startup_plan.py:153] Applying persisted startup plan "
+                "(fingerprint faaa0e6a718763db): kv_cache_memory_bytes=52613349376 (49.00 GiB), recorded free-memory "
+                "baseline 93.50 GiB, current 93.88 GiB. Memory profiling will be skipped.")
+PLAN_NOT_APPLIED = ("(Worker_TP0 pid=223) INFO 08-22 04:42:01 [startup_plan.py:123] Startup plan not applied: current "
+                    "free memory (30.27 GiB) is below the recorded baseline (30.61 GiB); falling back to full memory "
+                    "profiling.")
+PLAN_SAVED = ("(Worker_TP0 pid=223) INFO 08-22 04:42:13 [startup_plan.py:189] Saved startup plan to "
+              "/cache/vllm/startup_plan/startup_plan_faaa0e6a718763db.json")
+
+
+def _insert(name: str, after: str, line: str) -> str:
+    lines = (CORPUS / f"{name}.log").read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if after in x)
+    return "".join(lines[:at] + [line + "\n"] + lines[at:])
+
+
+def test_an_applied_startup_plan_is_named_not_the_flag():
+    """An applied plan sets kv_cache_memory_bytes from a file; the next line says 'as specified by
+    kv_cache_memory_bytes config', but no flag was passed: the report names the plan and its baseline."""
+    a = text_audit(_insert("vllm_c002", "as specified by kv_cache_memory_bytes", PLAN_APPLIED))
+    notes = " ".join(a.notes)
+    assert "a persisted startup plan (VLLM_ENABLE_STARTUP_PLAN=1, line 5), not --kv-cache-memory-bytes" in notes
+    assert "recorded with 93.50 GiB free; 93.88 GiB free at this start" in notes
+    assert "fixed the KV cache at 49.0 GiB" in notes
+    assert not any(n.startswith("--kv-cache-memory-bytes fixed") for n in a.notes)
+
+
+def test_a_plan_not_applied_says_what_the_free_memory_lacked_and_a_saved_one_is_said():
+    text = _insert("vllm_c012", "Free memory on device (30.27/31.4 GiB)", PLAN_NOT_APPLIED)
+    text = _insert_text(text, "Free memory on device (30.5/31.4 GiB)", PLAN_SAVED)
+    a = text_audit(text)
+    notes = " ".join(a.notes)
+    assert "was not applied (line 2): 30.27 GiB was free at the start, 0.34 GiB less than the 30.61 GiB" in notes
+    assert "saved as a startup plan (line 5)" in notes
+    assert not any(line == 2 for line, _ in a.uninterpreted)  # a memory line, read
+
+
+def _insert_text(text: str, after: str, line: str) -> str:
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, x in enumerate(lines) if after in x)
+    return "".join(lines[:at] + [line + "\n"] + lines[at:])
+
+
+# 5. unified memory ------------------------------------------------------------------------------------------------
+
+
+def test_a_gb10_startup_is_recognised_checked_and_never_told_to_raise_the_fraction():
+    """vllm_c042 (0.20.0, Gemma-4 26B-A4B bf16 on DGX Spark; entry in new-vllm.json): the fused-MoE config path
+    names NVIDIA_GB10, so the platform is unified memory; the sliding-window count is modelled for 0.20.0 and
+    matches (177,440); vLLM's own 'increase --gpu-memory-utilization to 0.8141' note is not repeated as advice,
+    and no finding or note tells the operator to raise the fraction (on GB10 that memory is the host's)."""
+    import re
+
+    geom = load_config(CONFIGS / "gemma-4-26b-a4b-it.json")
+    a = audit(read_log(io.BytesIO((CORPUS / "vllm_c042.log").read_bytes())), AuditOptions(model_geometry=geom))[-1]
+    assert a.platform is not None and "GB10" in str(a.platform)
+    assert a.formula.verdict == Verdict.MATCH and a.formula.logged_tokens == 177_440
+    raise_it = re.compile(r"(rais|increas|higher|more).{0,60}(gpu[-_ ]memory[-_ ]utilization|fraction)", re.I)
+    said = [f.message for f in a.findings] + list(a.notes) + [judge(a).headline]
+    assert not [s for s in said if raise_it.search(s)], said
+    assert any("unified memory" in n for n in a.notes)
+
+
+def test_on_unified_memory_a_failure_is_not_told_to_raise_the_fraction():
+    """vllm_c015 (0.6.4: max seq len 29,000 > 23,648 tokens) audited as on a GB10 (the platform as `check` reads it
+    from the host): '--max-model-len 23,648 fits' stays, 'or gpu_memory_utilization 0.9277 (+0.65 GiB)' does not,
+    and the finding says why; on a discrete card the fraction is still offered."""
+    from kvaudit.platforms import Platform
+
+    def nem(opts):
+        a = audit(read_log(io.BytesIO((CORPUS / "vllm_c015.log").read_bytes())), opts)[-1]
+        return next(f for f in a.findings if f.code == "NOT_ENOUGH_MEMORY")
+
+    card = nem(AuditOptions())
+    assert "or gpu_memory_utilization 0.9277 (+0.65 GiB)" in card.message
+    spark = nem(AuditOptions(platform=Platform("DGX Spark (NVIDIA GB10)", True)))
+    assert "--max-model-len 23,648 fits" in spark.message
+    assert "0.9277" not in spark.message and "utilization_that_fits" not in spark.fields
+    assert "not a higher gpu_memory_utilization: on unified memory that memory is the host's" in spark.message

@@ -53,3 +53,32 @@ def test_nothing_looks_wrong_only_when_a_check_held():
     assert "could not be checked" in unchecked and "--mem-fraction-static" in unchecked
     checked = cli("explain", SAMPLES / "sglang_029.log").stdout
     assert "TOKENS_MATCH" in checked or "exactly what SGLang's formula gives" in checked
+
+
+def test_a_cell_read_off_the_kv_line_is_one_figure():
+    """sglang_013's K 4.15 + V 4.15 GB over 580,364 tokens is 15,356 B a token at one padding row: the formula's
+    figure and the KV line's are the same number (they were 15,354 and 15,356), and the text says how far the
+    line's rounding and padding reach."""
+    r = cli("explain", SAMPLES / "sglang_013.log", "-f", "json")
+    formula = r.json()["formula"]
+    assert formula["bytes_per_token_source"] == "kv_line"
+    assert formula["bytes_per_token"] == 15356 and formula["kv_line_bytes_per_token"] == 15356.0
+    text = cli("explain", SAMPLES / "sglang_013.log").stdout
+    assert "15,356   kv_line +-21" in text and "15,354" not in text
+
+
+@pytest.mark.parametrize("log", sorted((SAMPLES.parent / "corpus").glob("*.log")) + sorted(SAMPLES.glob("*.log")),
+                         ids=lambda p: p.stem)
+def test_every_kv_line_cell_is_printed_once(log):
+    for audit in _audits(cli("explain", log, "-f", "json", "--all-startups")):
+        formula = audit.get("formula") or {}
+        if (formula.get("bytes_per_token_source") or "").startswith("kv_line") and formula.get(
+                "kv_line_bytes_per_token"):
+            assert abs(formula["bytes_per_token"] - formula["kv_line_bytes_per_token"]) <= 0.5
+
+
+def _audits(r):
+    if not r.stdout.strip():
+        return []
+    doc = r.json()
+    return doc if isinstance(doc, list) else doc.get("audits", [doc])

@@ -118,8 +118,11 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 def _line_bytes_per_token(s: Settings, cell: Cell) -> int | None:
     """Bytes per token from the block line when the log states both the block's size and its length (TurboMind
     BlockManager ``block_size`` in MiB and ``cache_block_seq_len``, or the truncation line): the block line's
-    MiB / tokens per block; a default length the log does not state gives none."""
-    if cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default"):
+    MiB / tokens per block; a default length the log does not state gives none, and so does a whole-MiB line
+    (<=0.7, ``block_size_ >> 20``, cut): its block is anywhere in [N, N+1) MiB, a third of N wide at N = 2, and a
+    midpoint would be a figure no line states."""
+    if (cell.lo is None or cell.hi is None or not s.block or s.block_source.startswith("default")
+            or s.get("block_mib_truncated")):
         return None
     return round((cell.lo + cell.hi) / 2 / s.block)
 
@@ -174,7 +177,8 @@ def _cell(s: Settings) -> tuple[Cell, Settings, tuple[Finding, ...]]:
                                           f"{_source(s)}; {block.description}"),)
             return (Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s,
                     raised)
-        return Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s, ()
+        per_block = f"{mib:g}..{mib + 1:g} MiB (whole MiB, cut)" if truncated else f"{mib:g} MiB"
+        return Cell(None, lo, hi, "kv_line", f"the block line: {per_block} per block of {s.block} tokens"), s, ()
     if block is not None and block.bytes is not None:
         return Cell(block.bytes, block.bytes, block.bytes, _source(s), block.description), s, ()
     return Cell(None, None, None, None, block.description if block is not None else ""), s, ()

@@ -39,10 +39,21 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         explanation.append(f"free after the weights not in the log: {kv0:.2f} GiB / {ratio0:g} = {free:.2f} GiB "
                            f"implied by the pool (to one block){assumed}")
     if free is None or not per_token or ratio1 >= 1:
-        why = ("cache_max_entry_count >= 1 is a block count: the pool is that many blocks" if ratio1 >= 1 else
-               "the log gives neither the free memory nor a pool to imply it, or the bytes per token")
+        if ratio1 >= 1:
+            lacks: tuple[str, ...] = ("cache_max_entry_count >= 1 is a block count: the pool is that many blocks",)
+        else:
+            lacks = tuple(
+                ([] if free is not None else [
+                    "the log lacks the free memory after the weights, and the pool's bytes that would imply it: "
+                    f"its {f0.logged_tokens:,} tokens are in the log, but not the exact bytes of a block (a "
+                    "whole-MiB block line is cut: pass --model-config)"] if f0.logged_tokens else [
+                    "the log lacks the free memory after the weights, and the pool that would imply it (TurboMind's "
+                    "'[BlockManager] max_block_count' with its block size, or the PyTorch engine's num_gpu_blocks)"])
+                + ([] if per_token else [
+                    "the log lacks the bytes per token (a block line with the tokens per block; or pass "
+                    "--model-config)"]))
         return WhatIf(changes, f0.logged_tokens, None, kv0, None, None, None, None, None, None, None, "unknown",
-                      (why,), reserve_label=RESERVE_LABEL)
+                      lacks, reserve_label=RESERVE_LABEL)
     cell = float(per_token)
     qp = policy_of(new_opts.kv_cache_dtype)
     elt, d = base.model.kv_dtype_bytes, base.model.head_dim

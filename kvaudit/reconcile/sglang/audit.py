@@ -8,7 +8,8 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
-from kvaudit.parse.sglang import CapWarning, Failure, HiCacheHost, MfsAdjust, WeightBegin, WeightEnd
+from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
+                                  WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -20,7 +21,7 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell
+from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, swa_pool_unused
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -28,6 +29,7 @@ from kvaudit.reconcile.sglang.context import (
     build_context,
     context_length_of,
     logged_token_count,
+    post_capture,
     rounded,
 )
 from kvaudit.reconcile.sglang import dsv4 as DSV4
@@ -78,6 +80,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
     if pools4 is not None:
         outcome = dsv4_outcome(pools4)
+    resized, bound, bound_approx = post_capture(ctx)
+    if resized and pools4 is None:
+        outcome = post_capture_outcome(outcome, bound, bound_approx, cells.logged)
     if cap.cap and cells.logged is not None and cells.logged == cap.cap:
         findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
@@ -85,7 +90,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     # the formula's verdict stands in the formula: kvaudit.verdict raises TOKENS_* from it (rule 6)
     ledgers = ledgers_of(ctx, cells)
     findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells, outcome))
-    hicache = startup.of(HiCacheHost)
+    host = host_pools(ctx)
     return Audit(
         lacks="scheduler summary (max_total_num_tokens=...)" if ctx.summary is None else None,
         engine=ENGINE,
@@ -95,7 +100,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         ranks=ledgers,
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
         speculative=ctx.spec_algo,
-        hicache_host_gb=hicache[0].host_gb if hicache else None,
+        hicache_host_gb=round(sum(p.host_gb for p in host), 2) if host else None,
         notes=tuple(ctx.notes),
         engine_display="SGLang",
         formula_text="rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)",
@@ -203,10 +208,16 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
         # AMD aiter with a context above 8192 scales the fraction by 0.85. 0.4.9-0.5.4 do it in ModelRunner, after
         # server_args is printed (model_runner.py model_specific_adjustment): the printed value is scaled here.
         # From 0.5.5 ServerArgs.__post_init__ does it (server_args.py _handle_attention_backend_compatibility;
-        # arg_groups/attention_hook.py from 0.5.20, also on an explicit fraction unless
-        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION): the printed value already includes it.
+        # arg_groups/attention_hook.py from 0.5.19, also on an explicit fraction unless
+        # SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION, PR 37242, which logs that it kept it): the printed value
+        # (resolved_dict) already includes it, or is the kept one.
         ctx_len = context_length_of(ctx)
-        if ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
+        kept = ctx.startup.of(AiterFractionKept)
+        if kept:
+            ctx.notes.append(f"aiter backend: SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION kept the explicit fraction "
+                             f"{kept[0].mem_fraction_static:g} as-is (0.5.19+, attention_hook.py; no x 0.85), so "
+                             "less is left for the attention workspace and CUDA graphs")
+        elif ctx_len and ctx_len > 8192 and ctx.era.overlaps((0, 4, 9), (0, 5, 4)):
             if ctx.era.within((0, 4, 9), (0, 5, 4)):
                 ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang <=0.5.4 uses {mfs} x 0.85 "
                                  "(ModelRunner, after server_args is printed)")
@@ -251,6 +262,9 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
         iv, source = line_cell, "kv_line"
     if cell_note:
         ctx.notes.append(cell_note)
+    unused = swa_pool_unused(ctx)
+    if unused is not None:
+        findings.append(unused)
     if geom is not None and geom.defaults_used and cell is not None:
         ctx.notes.append(f"the config leaves out {', '.join(geom.defaults_used)}: taken from its model family's "
                          f"defaults ({geom.model_type}), as SGLang's AutoConfig does")
@@ -391,6 +405,39 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     return Outcome(first, verdict, reason, eff_mfs, negative)
 
 
+#: why kvaudit does not check a pool sized after capture (docs/sglang-log-grammar.md, "Post-capture KV sizing")
+POST_CAPTURE_NOT_MODELLED = (
+    "post-capture KV sizing (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING, SGLang 0.5.16+): the pool was sized again after "
+    "CUDA-graph capture, from the free memory then less (1 - mfs) x T and terms the log does not print (the KV "
+    "pages already backed, a multimodal reservation, a Mamba reserve; kv_pool_runtime.py "
+    "compute_post_capture_kv_resize): kvaudit does not model it, so the pool size is not checked")
+
+
+def post_capture_outcome(before: Outcome, bound: int | None, approx: bool, logged: int | None) -> Outcome:
+    """A pool sized after capture is not judged: the pre-capture formula sizes only the address space (the 'VA
+    upper bound'), which caps the final pool; a comparison with it would be a false mismatch."""
+    reason = POST_CAPTURE_NOT_MODELLED
+    if bound is not None:
+        reason += (f"; the pre-capture sizing reserved address space for {'about ' if approx else ''}{bound:,} "
+                   "tokens (the 'VA upper bound' line), the most the pool can hold")
+    if logged is None:
+        reason += "; the excerpt ends before the 'Post-capture KV sizing' line that gives the pool"
+    pred = before.prediction
+    if pred is not None:
+        reason += (f"; the pre-capture formula gives {pred.tokens.low:,}..{pred.tokens.high:,} tokens for that "
+                   "bound")
+    return Outcome(None, Verdict.UNKNOWN, reason, None, before.negative)
+
+
+def host_pools(ctx: Context) -> list[HiCacheHost]:
+    """The HiCache host pools of one rank (the lowest that logged any): host RAM per rank."""
+    pools = ctx.startup.of(HiCacheHost)
+    if not pools:
+        return []
+    first = min(p.rank for p in pools)
+    return [p for p in pools if p.rank == first]
+
+
 def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
     """The DeepSeek-V4 verdict: the engine's division checked to the page, and the budget it started from checked
     against post - (1 - mfs) x T (a budget off the formula is a mismatch even when the division is right)."""
@@ -474,7 +521,11 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         post_load_free_gib=rounded(post.mid) if post else None,
         reserve_gib=rounded(reserve.mid, 4) if reserve else None,
         rest_gib=rounded(rest.mid, 4) if rest else None,
+        # from the KV line: the figure at the stated page's padding (the one kv_line_bytes_per_token says), so
+        # one quantity is never printed as two numbers; the padding's whole range is bytes_per_token_range
         bytes_per_token=(cells.cell.profile if (cells.cell is not None and cells.source == "config")
+                         else round(cells.line_mid) if cells.line_mid and cells.iv is not None
+                         and cells.iv.contains(cells.line_mid)
                          else (round(cells.iv.mid) if cells.iv else None)),
         bytes_per_token_source=cells.source,
         predicted_tokens=prediction.tokens if prediction else None,
@@ -510,10 +561,26 @@ def ledger_and_failure_findings(ctx: Context, opts: AuditOptions, ledgers: tuple
     out.extend(concurrency_findings(ctx, cells.logged, context_length_of(ctx)))
     memory_failed = any(f.kind in ("not_enough_memory", "no_kv_memory") for f in ctx.startup.of(Failure))
     out.extend(failure_findings(ctx, shortfall if (memory_failed or outcome.negative) else None, formula))
-    hicache = ctx.startup.of(HiCacheHost)
-    if hicache and hicache[0].host_gb is not None:
-        out.append(F.hicache_host(hicache[0].host_gb, cells.logged, cells.cell.pool if cells.cell else None,
-                                  as_float(ctx.args.get("hicache_ratio"))))
+    host = host_pools(ctx)
+    if host:
+        # host RAM, never GPU KV: the finding books it outside the ledger. The size follows from the device pool
+        # only when --hicache-ratio sized it (hicache_size 0); --hicache-size or the host's free memory (0.5.20+,
+        # PR 40135) size it otherwise, and a 0.5.20+ line states its tokens itself
+        by_ratio = (as_float(ctx.args.get("hicache_size")) or 0) == 0 and all(p.tokens is None for p in host)
+        ratio = as_float(ctx.args.get("hicache_ratio"))
+        auto = ctx.startup.of(HiCacheAutoSize)
+        if auto:
+            # 0.5.22+ lowered the default ratio to fit the host's free memory: the printed server_args ratio is
+            # the one asked, not the one that sized the pools
+            a0 = auto[0]
+            ratio = a0.ratio
+            ctx.notes.append(f"HiCache auto-sizing (SGLang 0.5.22+, hicache_auto_size.py): ratio {a0.ratio_asked:g} "
+                             f"-> {a0.ratio:g} to fit {a0.host_budget_gib:.1f} GiB of host memory per rank; the "
+                             f"host pools ({a0.host_pools_gib:.1f} GiB) are host RAM, not GPU KV")
+        out.append(F.hicache_host(round(sum(p.host_gb for p in host), 2), cells.logged if by_ratio and ratio else None,
+                                  cells.cell.pool if cells.cell else None, ratio,
+                                  [f"{p.what} {p.host_gb:.2f} GB" + (f" ({p.tokens:,} tokens)" if p.tokens else "")
+                                   for p in host] if len(host) > 1 or host[0].tokens else None))
     return out
 
 

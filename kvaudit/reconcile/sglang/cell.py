@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
+from kvaudit.reconcile import findings as F
+from kvaudit.reconcile.interface import Finding
 from kvaudit.reconcile.sglang.pool import components, kv_gib, kv_parts
 from kvaudit.units import GIB, LOG_HALF_ULP, MIB, Interval
 from kvaudit.versions import VersionRange
@@ -157,6 +159,38 @@ def config_cell(ctx: Context, stage: int | None = None) -> tuple[CellSize | None
     return cell_size(geom, ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp, stage), None
 
 
+def swa_pool_unused(ctx: Context) -> Finding | None:
+    """SWA_POOL_UNUSED: the config is a sliding-window hybrid, the log one plain pool (sgl-project/sglang#39308's
+    Spark2_5ForCausalLM: 73,728 B per token on all 36 layers instead of 18,432 B on the 9 full ones plus the SWA
+    pool). What to set follows the release: drop --disable-hybrid-swa-memory when the log's server_args set it;
+    else the architecture is outside ``is_hybrid_swa_model``'s allow-list (configs/model_config.py), which from
+    0.5.13 also admits a text config with ``is_hybrid_swa: true`` and a ``hybrid_layer_pattern`` (1 = sliding,
+    0 = full; ``get_hybrid_layer_ids``' fallback)."""
+    geom: ModelGeometry | None = ctx.opts.model_geometry
+    if (geom is None or geom.incomplete or ctx.kv_elt is None or not geom.is_hybrid_swa or not _one_full_pool(ctx)
+            or geom.full_kv_heads or geom.full_head_dim or geom.swa_kv_heads or geom.swa_head_dim):
+        return None
+    flat = cell_size(replace(geom, full_attention_layers=None, sliding_window_layers=None), ctx.era, ctx.attn_tp,
+                     ctx.kv_elt, ctx.pp)
+    full_layers = geom.full_attention_layers or 0
+    full = cell_size(replace(geom, num_layers=full_layers, full_attention_layers=None, sliding_window_layers=None),
+                     ctx.era, ctx.attn_tp, ctx.kv_elt, ctx.pp)
+    if not full.pool or not flat.pool:
+        return None
+    if ctx.args.get("disable_hybrid_swa_memory") is True:
+        advice = "the log's server_args set disable_hybrid_swa_memory: drop --disable-hybrid-swa-memory"
+    elif ctx.era.lo >= (0, 5, 13):
+        advice = ("the architecture is outside SGLang's is_hybrid_swa_model allow-list (configs/model_config.py): "
+                  "set is_hybrid_swa: true and hybrid_layer_pattern (one entry a layer, 1 = sliding, 0 = full) in "
+                  "the model's text config to opt it in (SGLang 0.5.13+)")
+    else:
+        advice = ("the architecture is outside SGLang's is_hybrid_swa_model allow-list (configs/model_config.py), "
+                  "or --disable-hybrid-swa-memory was set; from SGLang 0.5.13 a text config with is_hybrid_swa: "
+                  "true and hybrid_layer_pattern (1 = sliding, 0 = full) opts a model in")
+    return F.swa_pool_unused(geom.architecture or "the model", full_layers, geom.sliding_window_layers or 0,
+                             flat.pool, full.pool, advice)
+
+
 def _one_full_pool(ctx: Context) -> bool:
     """Every rank logged one unnamed KV pool and nothing of an SWA pool (no SWAKVPool summary, no sliding-window
     split line): SGLang did not size this model as a sliding-window hybrid."""
@@ -215,6 +249,8 @@ def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, flo
     size, parts = None, 0
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
         comps = components(rf)
+        if any(c.backed for c in comps):
+            return None, None  # rounded up per buffer to the VMM granularity: no cell from it
         if kv_gib(comps) is not None:
             size, parts = kv_gib(comps), kv_parts(comps)
             break

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.sglang import KVDtype, SchedulerSummary, WeightEnd
+from kvaudit.parse.sglang import KVDtype, PostCaptureKV, SchedulerSummary, WeightEnd
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.sglang.cell import element_bytes
 from kvaudit.reconcile.sglang.facts import RankFacts, gather_facts
@@ -142,19 +142,36 @@ def logged_token_count(ctx: Context) -> tuple[int | None, bool]:
     """The pool's token count and whether the log gives it only approximately (an abridged ``#tokens: 273K``).
     An exact KV line first, then the scheduler summary, then an abridged figure. For a sliding-window hybrid
     the count is the full-attention pool's (``max_total_num_tokens`` is ``full_tokens``, reference §2.5)."""
+    resized = [ev for ev in ctx.startup.of(PostCaptureKV) if ev.tokens is not None]
+    if resized:
+        # post-capture KV sizing: the pool is what the resize left, not the pre-capture upper bound
+        return resized[0].tokens, False
     for rf in sorted(ctx.facts.values(), key=lambda r: r.rank):
         if rf.swa_summary is not None and rf.swa_summary.detail.get("full_size"):
             return int(rf.swa_summary.detail["full_size"]), False
         for kv in rf.kv:
-            if kv.tokens is not None and not kv.tokens_approx and kv.label.upper() != "SWA":
+            if kv.tokens is not None and not kv.tokens_approx and kv.label.upper() != "SWA" and not kv.upper_bound:
                 return kv.tokens, False
     if ctx.summary is not None:
         return ctx.summary.max_total_num_tokens, False
     for rf in ctx.facts.values():
         for kv in rf.kv:
-            if kv.tokens is not None:
+            if kv.tokens is not None and not kv.upper_bound:
                 return kv.tokens, True
     return None, False
+
+
+def post_capture(ctx: Context) -> tuple[bool, int | None, bool]:
+    """Whether the startup sized its pool after CUDA-graph capture (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``,
+    0.5.16+: a 'VA upper bound' KV line or a 'Post-capture KV sizing' line), the pre-capture upper bound in tokens
+    when a line states it, and whether that figure is abridged (``273K``)."""
+    bounds = [kv for rf in ctx.facts.values() for kv in rf.kv if kv.upper_bound and kv.tokens is not None]
+    active = bool(bounds) or bool(ctx.startup.of(PostCaptureKV)) or any(
+        kv.upper_bound for rf in ctx.facts.values() for kv in rf.kv)
+    if not bounds:
+        return active, None, False
+    low = min(bounds, key=lambda kv: kv.tokens or 0)
+    return active, low.tokens, low.tokens_approx
 
 
 def context_length_of(ctx: Context) -> int | None:

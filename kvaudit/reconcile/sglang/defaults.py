@@ -16,8 +16,14 @@ GPUs (the card's physical size, not T). ``p`` is tp x pp where the release uses 
   cards over 60 GiB; round((gpu_mem - reserved) / gpu_mem, 3).
 - 0.5.10-0.5.17: the same with the piecewise CUDA graph on by default: MLA models +1.5 GiB; other models
   + len(piecewise capture sizes) x 8 MiB (their default maximum is not established here: not modelled).
-- 0.5.18+ (``arg_groups/memory_hook.py``), multimodal models (``adjust_mem_fraction_for_vlm`` needs the vision
-  tower's size) and speculative decoding: not modelled; the plan asks for --fraction.
+- post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, default off; 0.5.16+, and only where
+  ``post_capture_kv_sizing_planned`` admits it: CUDA, no MLA, no FP4 KV, no DP attention, graphs on): the graph and
+  activation reserve is skipped, reserved = R + p / 8 x 1024 MiB with R = 512 (0.5.16-0.5.17) or 1536 (0.5.18+,
+  server_args.py, then ``arg_groups/memory_hook.py`` from 0.5.19), no 10 GiB floor; round((gpu_mem - reserved) /
+  gpu_mem, 3). Multimodal models are then adjusted by the vision tower (not modelled).
+- 0.5.18+ without post-capture sizing (``memory_hook.py`` from 0.5.19), multimodal models
+  (``adjust_mem_fraction_for_vlm`` needs the vision tower's size) and speculative decoding: not modelled; the plan
+  asks for --fraction.
 
 Source: kvaudit's reading of server_args.py per release (docs/plan.md, "SGLang's default fraction"); the
 0.5.3-0.5.9 rule was checked against ``_handle_gpu_memory_settings`` as published.
@@ -60,12 +66,16 @@ def _graph_defaults(gpu_mem: float, tp: int, v: tuple[int, ...]) -> tuple[int, i
 
 
 def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_attention: int, mla: bool,
-                     multimodal: bool, speculative: str | None = None) -> tuple[float | None, str]:
+                     multimodal: bool, speculative: str | None = None,
+                     post_capture: bool = False) -> tuple[float | None, str]:
     """(the default, how it was formed) or (None, why it is not modelled). ``speculative``: the algorithm, when a
     draft runs (its reserve: 0.4.7 20 GiB instead of 18, or x 0.95; 0.4.8-0.5.2 +2 GiB; 0.5.3-0.5.9 +2 GiB,
-    STANDALONE +6; 0.5.10-0.5.13 EAGLE +4 GiB, STANDALONE +6; none from 0.5.14, where the draft is counted)."""
+    STANDALONE +6; 0.5.10-0.5.13 EAGLE +4 GiB, STANDALONE +6; none from 0.5.14, where the draft is counted).
+    ``post_capture``: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set (0.5.16+)."""
     v = parse_version(version)
     p = tp * pp
+    if post_capture:
+        return _post_capture_default(version, v, gpu_mem_mib, p, dp_attention, mla, multimodal)
     if speculative and v < (0, 4, 7):
         return None, f"SGLang {version}'s default with a speculative draft is not established"
     if multimodal and v >= (0, 3, 0):
@@ -137,3 +147,26 @@ def default_fraction(version: str, gpu_mem_mib: float, tp: int, pp: int, dp_atte
     f = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     return f, (f"SGLang {version}: round(({gpu_mem_mib:,.0f} - {reserved:,.0f}) / {gpu_mem_mib:,.0f}, 3), reserved = "
                f"{words} MiB (server_args.py _handle_gpu_memory_settings)")
+
+
+def _post_capture_default(version: str, v: tuple[int, ...], gpu_mem_mib: float, p: int, dp_attention: int,
+                          mla: bool, multimodal: bool) -> tuple[float | None, str]:
+    """The default under post-capture KV sizing (server_args.py 0.5.16-0.5.18, arg_groups/memory_hook.py 0.5.19+:
+    the ``post_capture_kv_sizing_planned`` branch)."""
+    if v < (0, 5, 16):
+        return None, f"SGLang {version} has no post-capture KV sizing (0.5.16+)"
+    if mla:
+        return None, ("post-capture KV sizing is off for MLA models (post_capture_kv_sizing_planned): the usual "
+                      "default applies")
+    if dp_attention > 1:
+        return None, ("post-capture KV sizing with DP attention depends on the prefill graphs' coverage in later "
+                      "releases: not modelled")
+    if multimodal:
+        return None, ("a multimodal model's default is then adjusted by its vision tower "
+                      "(adjust_mem_fraction_for_vlm), which kvaudit does not size")
+    base = 512 if v < (0, 5, 18) else 1536
+    reserved = base + p / 8 * 1024
+    f = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    return f, (f"SGLang {version} with post-capture KV sizing: round(({gpu_mem_mib:,.0f} - ({base} + {p}/8 x 1024)) / "
+               f"{gpu_mem_mib:,.0f}, 3) ({'server_args.py' if v < (0, 5, 19) else 'arg_groups/memory_hook.py'}: "
+               "the graph and activation reserve is skipped, measured after capture instead)")

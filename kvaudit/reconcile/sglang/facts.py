@@ -6,7 +6,7 @@ into one record per rank, which every later step reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvaudit.parse.interface import Rank, Startup
 from kvaudit.parse.sglang import (
@@ -14,6 +14,7 @@ from kvaudit.parse.sglang import (
     GraphBegin,
     GraphEnd,
     KVAlloc,
+    PostCaptureKV,
     KVBudget,
     OtherPool,
     PoolEnd,
@@ -44,6 +45,7 @@ class RankFacts:
 
     swa_summary: OtherPool | None = None  # "SWAKVPool mem usage: X GB, swa size: N, full size: M"
     kv_budget: float | None = None  # "The available memory for KV cache is X GB": the engine's own rest
+    post_capture_kv: PostCaptureKV | None = None  # the pool re-sized after capture (0.5.16+, opt-in)
 
 
 def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
@@ -54,7 +56,14 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
             facts[rank] = RankFacts(rank)
         return facts[rank]
 
+    # post-capture KV sizing (0.5.16+, opt-in): the pre-capture KV lines name address space, not memory (0.5.17+
+    # says "VA upper bound"; 0.5.16 still says "is allocated"): a later "Post-capture KV sizing" line marks them
+    resized = startup.of(PostCaptureKV)
+    first_resize = min((ev.line for ev in resized), default=None)
     for ev in startup.events:
+        if (isinstance(ev, KVAlloc) and ev.role == "target" and first_resize is not None and ev.line < first_resize
+                and not ev.upper_bound):
+            ev = replace(ev, upper_bound=True)
         if isinstance(ev, WeightBegin) and ev.role == "target" and ev.avail_gib is not None:
             rf = get(ev.rank)
             if rf.pre is None or rf.pre_source != "Load weight begin":
@@ -83,6 +92,12 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
                 if ev.begin_avail_gib is not None and rf.pre is None:
                     rf.pre = Interval(ev.begin_avail_gib - 2.0, ev.begin_avail_gib + LOG_HALF_ULP)
                     rf.pre_source = "Init torch begin (before NCCL; approximate)"
+        elif isinstance(ev, PostCaptureKV) and ev.tokens is not None:
+            rf = get(ev.rank)
+            rf.post_capture_kv = ev
+            rf.lines["post_capture_kv"] = ev.line
+            if ev.free_gib is not None:
+                rf.readings.append((ev.line, ev.free_gib, "after the post-capture KV resize"))
         elif isinstance(ev, KVAlloc):
             rf = get(ev.rank)
             (rf.kv if ev.role == "target" else rf.draft_kv).append(ev)

@@ -170,8 +170,11 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
         t_eff = (post.mid - rest_needed) / (1 - mfs)
         if abs(t_eff - ctx.opts.gpu_capacity_gib) < 0.05:
             causes.append("T taken as the card's capacity instead of free memory (a fork or patched build)")
-    if state is not None and logged < lo and ctx.era.overlaps((0, 5, 23), None):
-        causes.append("SGLang 0.5.23's minimum slack for Mamba models with post-capture KV sizing "
+    if state is not None and logged < lo and ctx.era.overlaps((0, 5, 16), None):
+        # kv_cache_configurator.py: with post-capture KV sizing a Mamba model's slack is at least the pre-capture
+        # activation reserve (server_args.mamba_pre_capture_reserve_mb, 0.5.16-0.5.19; runtime_context's
+        # pre_capture_activation_reserve_mb after), read in the 0.5.16-0.5.23 wheels
+        causes.append("SGLang 0.5.16+'s minimum slack for Mamba models with post-capture KV sizing "
                       "(max((1 - mfs) x T, a pre-capture activation reserve))")
     if (logged < lo and _multimodal(ctx) and not _reserve_logged(ctx) and ctx.era.overlaps((0, 5, 18), None)
             and not _reservation_span_logged(ctx)):

@@ -120,6 +120,10 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         else:
             items.append(LedgerItem(c.key, c.label, c.gib, "log", line=c.line))
     kv_line = next((c.line for c in comps if c.key in KV_KEYS), None)
+    if kv_line is None and rf.post_capture_kv is not None:
+        # 0.5.16's post-capture line gives the pool's tokens and the free memory, not its size
+        unmodelled.append("KV cache sized after capture (0.5.16 prints its tokens, not its size)")
+        limits["KV cache sized after capture (0.5.16 prints its tokens, not its size)"] = None
     if not comps and rf.post is not None and rf.pool_end is not None:
         # MLA pools before 0.4.6 print no KV line: the drop across the pool stage is the pool and the table
         items.append(LedgerItem("kv_cache", "KV pool + request table (no KV line; free after weights - Memory "

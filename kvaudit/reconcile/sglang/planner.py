@@ -22,6 +22,7 @@ from kvaudit.planning import calibrate
 from kvaudit.planning import terms as shared
 from kvaudit.planning.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
 from kvaudit.planning.terms import PlanError, weakest
+from kvaudit.reconcile.interface import Thresholds
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
@@ -153,6 +154,11 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     need = (inp.context_length or 1) * pred.cell.hi / GIB  # the cell the budget is divided by (a draft's inflation)
     smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
     starts, why = _starts(rest, left, hi, lo, inp.context_length)
+    if starts == "yes" and left is not None:
+        had = calibrate.observe(history, inp, lambda s: s["free_at_end_gib"], by_model=True)
+        low = _low_headroom(left, had)
+        if low:
+            starts, why = "at risk", low
     if in_reserve is not None and left is None and starts != "no":
         if reserve.hi < in_reserve.lo:
             starts, why = "no", (f"the reserve ({reserve.lo:.2f}-{reserve.hi:.2f} GiB) cannot hold the draft's weights "
@@ -202,6 +208,20 @@ def _default(inp: PlanInput) -> tuple[float, str] | None:
     if f is None:
         raise PlanError(f"give --fraction (mem_fraction_static): {how}")
     return f, how + "; the release's default, as --mem-fraction-static is not given"
+
+
+def _low_headroom(left: Term, had: calibrate.Observation | None) -> str | None:
+    """whatif's LOW HEADROOM rule on the same terms (reconcile/sglang/whatif.py; docs/findings.md): what the reserve
+    leaves for activations under low_headroom_gib, or under half of what the calibrating startups left, is a risk
+    for long prefills at runtime, so a plan and a what-if of one startup say the same."""
+    threshold = Thresholds().low_headroom_gib
+    if left.lo < threshold:
+        return (f"LOW HEADROOM: {left.lo:.2f}-{left.hi:.2f} GiB would be left for activations, under "
+                f"{threshold:g} GiB: long prefills may run out of memory at runtime")
+    if had is not None and left.lo < 0.5 * had.lo:
+        return (f"LOW HEADROOM: activation headroom would fall from {had.lo:.2f} GiB (at the history's startup) to "
+                f"{left.lo:.2f}-{left.hi:.2f} GiB, under half: long prefills may run out of memory at runtime")
+    return None
 
 
 def _starts(rest: Interval, left: Term | None, hi: int, lo: int, context: int | None) -> tuple[str, str]:

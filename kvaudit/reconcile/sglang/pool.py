@@ -34,6 +34,9 @@ class PoolComponent:
     line: int
     tokens: int | None = None  # rows it holds, when the line says (#tokens, swa size)
     per_token: bool = True  # False for the state pool (sized per request)
+    #: post-capture sizing's backed bytes: each buffer rounded up to the VMM granularity (kv_vmm_backing.py
+    #: align_up), so the size over the tokens is not the cell
+    backed: bool = False
 
 
 def _kv_size(lines: list[KVAlloc]) -> tuple[float, int]:
@@ -73,6 +76,11 @@ def components(rf: RankFacts) -> tuple[PoolComponent, ...]:
     elif kvs:
         gib, parts = _kv_size(kvs)
         out.append(PoolComponent("kv_cache", "KV cache (target)", gib, parts, kvs[-1].line, kvs[0].tokens))
+    elif rf.post_capture_kv is not None and rf.post_capture_kv.kv_gib is not None:
+        # post-capture sizing (0.5.17+): the memory backed after the resize, not the pre-capture address space
+        pc = rf.post_capture_kv
+        out.append(PoolComponent("kv_cache", "KV cache (backed after CUDA-graph capture)", pc.kv_gib or 0.0, 1,
+                                 pc.line, pc.tokens, backed=True))
     for pool in rf.other_pools:
         if pool.kind == "mamba":
             sizes = [k for k in pool.detail if k != "max_mamba_cache_size"]

@@ -48,8 +48,13 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
             and pool.gib < 0.8 * budget.lo):
         # a C++ pool far below the fraction's budget, and no cap in the log: probably capped
         findings.append(F.pool_below_budget(pool.gib, budget.mid, ctx.fraction, budget.smallest.mid))
+        # the fraction itself is unknown when the log does not state it: a lower one is as likely as a cap
+        share = pool.gib / budget.smallest.mid
+        why = (f"a fraction of about {share:.2f} instead of the assumed {ctx.fraction:g} (the log does not state it), "
+               "or a cap the log does not show, sized it" if ctx.fraction_assumed
+               else "a cap the log does not show sized it")
         pred = Prediction(None, Verdict.UNKNOWN, f"the pool ({pool.gib:.2f} GiB) is far below the fraction's "
-                                                 "budget: a cap the log does not show sized it")
+                                                 f"budget: {why}")
     formula = _formula(ctx, budget, cell, pool, pred)
     if pred.verdict == Verdict.MATCH:
         text = f"({budget.smallest.text}) x {ctx.fraction:g}" if budget.smallest else "the available KV memory"
@@ -89,6 +94,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         ranks=ledgers,
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
         speculative=None,
+        # two or more attention windows: VSWA, whose per-window split the support table marks not modelled (rule 7
+        # then keeps every model judgement off the pool); otherwise the verdict derives the kinds from the model
+        pool_kinds=(("mla" if geom is not None and geom.is_mla else "dense"), "swa") if len(ctx.windows) > 1 else (),
         hicache_host_gb=None,
         notes=tuple(ctx.notes + ([f"bytes per token: {cell.description}"] if cell.description else [])
                     + (["the KV dtype is assumed (pass --kv-cache-dtype)"]
@@ -143,10 +151,11 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     notes, block, logged = ctx.notes, ctx.block, pool.tokens
     if len(ctx.windows) > 1:
         notes.append("variable sliding-window attention: the pool is split per window size ("
-                     + "; ".join(f"window {w:,}: " + ", ".join(x for x in (
+                     + "; ".join(f"window {w:,}: " + (", ".join(x for x in (
                          f"{tokens:,} max tokens" if tokens is not None else "",
-                         f"{blocks:,} primary blocks" if blocks is not None else "") if x)
-                         for w, (tokens, blocks) in sorted(ctx.windows.items())) + ")")
+                         f"{blocks:,} primary blocks" if blocks is not None else "") if x) or "its pool not printed")
+                         for w, (tokens, blocks) in sorted(ctx.windows.items()))
+                     + "); the split itself is not modelled, so the count is not checked")
     peak_line = min((rr.lines["peak_gib"] for rr in ctx.facts.values() if "peak_gib" in rr.lines), default=None)
     final = pool.smallest
     writeback = [c for c in ctx.caps if c.kind == "both_set" and final is not None and c.line < final.line
@@ -178,13 +187,32 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
                      + (" = the pool" if round_up(n, block) == logged else f", but the pool has {logged:,}"))
     elif est is not None:
         notes.append(f"the engine estimated {int(est):,} tokens")
+    cap, cap_fraction = ctx.first("torch_cap_gib"), ctx.first("torch_cap_fraction")
+    if cap is not None and cap_fraction:
+        # _adjust_torch_mem_fraction: cap = free + torch-reserved - 32 MiB after the pool, as a fraction of the total
+        notes.append(f"after the pool PyTorch's allocator was capped at {cap:.2f} GiB ({cap_fraction:.4f} of "
+                     f"{cap / cap_fraction:.2f} GiB: what was free plus what torch held, less 32 MiB; "
+                     "_adjust_torch_mem_fraction): near it torch releases its cached blocks, and an allocation past "
+                     "it fails with OOM")
     if ctx.fraction_assumed:
         notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
     if ctx.tp_at_least:
         notes.append(f"TP size at least {ctx.tp}: {ctx.tp_source}")
-    for w in ctx.startup.of(WindowNote)[-1:]:
-        notes.append(f"the attention window {w.window:,} was reduced to {w.bound:,} tokens: the pool holds no more "
-                     f"(line {w.line})")
+    cut = ctx.startup.of(WindowNote)
+    if cut:
+        # _validate_and_adjust_attention_windows (resource_manager.py): a window longer than its pool can hold for
+        # one sequence is cut to get_max_atten_window_upper_bound, which for beam width 1 and no sink tokens is
+        # the pool's blocks x tokens per block, i.e. the whole pool; max_seq_len follows it
+        w = cut[-1]
+        whole = ""
+        if len(ctx.windows) <= 1 and logged and block and w.bound == logged:
+            whole = f" = the whole pool ({logged // block:,} blocks x {block}): one request may fill it"
+        elif len(ctx.windows) <= 1 and logged and w.bound > logged:
+            whole = f", more than the pool's {logged:,} tokens"
+        seq = ctx.first("max_seq_len_adjusted")
+        notes.append(f"the attention window {w.window:,} was cut to {w.bound:,} tokens (line {w.line}){whole}"
+                     + (f"; max_seq_len became {int(seq):,}: a longer request is refused" if seq else
+                        ": a sequence cannot attend beyond it"))
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
         fits = _block_sizes(b, int(blocks), cell.bytes if cell.source == "config" else None)

@@ -3,7 +3,7 @@ the KV cache, and failures (the executor's OOM table, a pool too small for one s
 
 from __future__ import annotations
 
-from kvaudit.parse.trtllm import Failure
+from kvaudit.parse.trtllm import ComponentRow, Failure
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding
 from kvaudit.units import GIB
@@ -72,6 +72,11 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th,
             detail = f": the {component} could not be created"
             if free is not None and total is not None:
                 detail += f" with {free:.2f} GiB free of {total:.2f} GiB"
+        rows = startup.of(ComponentRow)
+        if rows:
+            # what each component created before took (free before - free after; a temporary one may give it back)
+            detail += "; before it: " + ", ".join(f"{r.name.split(' (')[0]} {r.before_gib - r.after_gib:.2f} GiB"
+                                                  for r in rows)
         out.append(F.not_enough_memory(executor.message.rstrip(".") + detail, executor.line,
                                        {"component": component, "free_gib": free, "total_gib": total}))
         quoted.add(executor.line)

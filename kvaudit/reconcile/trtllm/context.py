@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from kvaudit.model_config import ModelGeometry
 from kvaudit.model_config import element_bytes as model_element_bytes
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.trtllm import Cap, WindowPool
+from kvaudit.parse.trtllm import Cap, WindowPool, WindowVector
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.trtllm.facts import RankFacts, first, gather_facts
 
@@ -65,7 +65,9 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     if fraction is None:
         fraction, source = DEFAULT_FRACTION, "default 0.9 (the log does not state it)"
 
-    tagged = [r for r in facts if r.label]
+    # every rank a line names counts, a failing rank's error too ('[RANK 1] [E] Failed to initialize executor'),
+    # not only the ranks that logged a reading
+    tagged = [r for r in {*facts, *startup.ranks()} if r.label]
     tp = opts.tp_size or (max(r.sort_key[1] for r in tagged) + 1 if tagged else 1)
     tp_source = "--tp-size" if opts.tp_size else ("rank tags (at least)" if tagged else "assumed (no rank tags)")
 
@@ -81,6 +83,13 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
         tokens, blocks = windows.get(w.window, (None, None))
         windows[w.window] = (w.max_tokens if w.max_tokens is not None else tokens,
                              w.primary_blocks if w.primary_blocks is not None else blocks)
+    # the window vector names the windows even where no per-window pool line is printed (the 1.x PyTorch backend
+    # prints only "Adjusted max_attention_window_vec"): two or more distinct windows are VSWA, whose per-window
+    # split kvaudit does not model
+    vectors = startup.of(WindowVector)
+    if vectors and len(set(vectors[-1].windows)) > 1:
+        for size in set(vectors[-1].windows):
+            windows.setdefault(size, (None, None))
     return Context(startup, opts, facts, geom, fraction, source, assumed,
                    int(first(facts, "tokens_per_block") or 0) or None, tp, not opts.tp_size and bool(tagged),
                    tp_source, kv_dtype, elt, kv_assumed, caps, windows, bool(first(facts, "speculative")),

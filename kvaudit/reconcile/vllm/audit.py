@@ -158,15 +158,44 @@ def logged_pool(ctx: Context) -> LoggedPool:
     return LoggedPool(event.tokens, event, stated)
 
 
+def _startup_plan(ctx: Context) -> list[str]:
+    """What the persisted startup plan did (v1/worker/startup_plan.py, VLLM_ENABLE_STARTUP_PLAN=1, read in the
+    0.26.0 wheel): applied, its kv_cache_memory_bytes replaces profiling (the next line says 'as specified by
+    kv_cache_memory_bytes config' though no flag was passed); not applied, the free memory at the start was below
+    the plan's baseline and the pool was profiled; saved, the next startup may reuse this one's size."""
+    said = {e.value: e for e in ctx.startup.of(Setting) if e.key == "startup_plan"}
+    free, base = first(ctx.facts, "plan_free_gib"), first(ctx.facts, "plan_baseline_gib")
+    free_text = (f" (recorded with {base:.2f} GiB free; {free:.2f} GiB free at this start)"
+                 if free is not None and base is not None else "")
+    out = []
+    if "applied" in said:
+        out.append(f"a persisted startup plan (VLLM_ENABLE_STARTUP_PLAN=1, line {said['applied'].line}), not "
+                   f"--kv-cache-memory-bytes,{free_text}")
+    if "not applied" in said and free is not None and base is not None:
+        out.append(f"the persisted startup plan was not applied (line {said['not applied'].line}): {free:.2f} GiB was "
+                   f"free at the start, {base - free:.2f} GiB less than the {base:.2f} GiB it was recorded with "
+                   "(another process, or memory not yet released, holds it), so the pool was profiled")
+    if "unreadable" in said:
+        out.append(f"a startup plan could not be read (line {said['unreadable'].line}): the pool was profiled")
+    if "saved" in said:
+        out.append(f"this startup's KV size was saved as a startup plan (line {said['saved'].line}): a later start "
+                   "with the same configuration and at least as much free memory reuses it without profiling")
+    return out
+
+
 def kv_budgets(ctx: Context) -> KVBudgets:
     facts = ctx.facts
     notes = ctx.notes
     kvs = {rr.rank.display: rr.r["kv_gib"] for rr in facts.values() if "kv_gib" in rr.r}
     fixed = [rr.r["kv_bytes_config_gib"] for rr in facts.values() if "kv_bytes_config_gib" in rr.r]
+    plan = _startup_plan(ctx)
+    applied = bool(plan) and plan[0].startswith("a persisted startup plan")
     if fixed and not kvs:  # --kv-cache-memory-bytes (0.10.2+): the KV size is set, the util budget is skipped
         kvs = {"all": min(fixed)}
-        notes.append(f"--kv-cache-memory-bytes fixed the KV cache at {min(fixed)} GiB: gpu_memory_utilization and "
+        who = plan.pop(0) if applied else "--kv-cache-memory-bytes"
+        notes.append(f"{who} fixed the KV cache at {min(fixed)} GiB: gpu_memory_utilization and "
                      "the profiling budget do not apply")
+    notes.extend(plan)
     K = min(kvs.values()) if kvs else None
     totals = [rr.r["total_gib"] for rr in facts.values() if "total_gib" in rr.r]
     T = min(totals) if totals else None

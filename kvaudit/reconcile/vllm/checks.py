@@ -140,7 +140,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
     util = ctx.util
     if mem is not None:
-        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell)
+        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell, _unified(ctx))
         cause, extra = _graph_estimate_cause(ctx, mem.kind, K)
         out.append(F.not_enough_memory(mem.message + fit[0] + cause, mem.line, {**mem.numbers, **fit[1], **extra}))
         quoted.add(mem.line)
@@ -154,7 +154,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
                                                                           **oom.numbers}))
         quoted.add(oom.line)
     elif K is not None and K <= 0:
-        fit = _what_fits("no_kv_memory", {}, util, T, K, cell)
+        fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx))
         out.append(F.not_enough_memory(
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
             f"gpu_memory_utilization{fit[0]}", 0, {"kv_gib": K, **fit[1]}))
@@ -197,9 +197,23 @@ def _graph_estimate_cause(ctx: Context, kind: str, K: float | None) -> tuple[str
             "or --enforce-eager give it back", {"graph_estimate_gib": est})
 
 
+def _unified(ctx: Context) -> bool:
+    return ctx.opts.platform is not None and bool(getattr(ctx.opts.platform, "unified_memory", False))
+
+
+#: what replaces "a higher gpu_memory_utilization" on unified memory (GB10, Jetson): the fraction there applies to
+#: the system memory the OS and every other program share, so raising it takes memory from the host itself
+UNIFIED_NO_RAISE = ("; not a higher gpu_memory_utilization: on unified memory that memory is the host's (drop the "
+                    "page cache before the start, or stop other programs, to raise what is free)")
+
+
 def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float | None, K: float | None,
-               cell: int | None) -> tuple[str, dict[str, float]]:
-    """The setting that would have fit, as a clause for the message and as fields."""
+               cell: int | None, unified: bool = False) -> tuple[str, dict[str, float]]:
+    """The setting that would have fit, as a clause for the message and as fields. On unified memory a larger
+    fraction is never the advice (it would take the host's memory): the clause says so instead."""
+    if unified and kind in ("kv_needed", "max_len", "no_kv_memory"):
+        text, fields = _what_fits(kind, nums, None, None, K, cell)
+        return (text or " ->") + UNIFIED_NO_RAISE.lstrip(";" if not text else ""), fields
     if kind == "kv_needed":
         clauses, fields = [], {}
         est = nums.get("estimated_max_model_len")

@@ -46,9 +46,17 @@ from kvaudit.versions import VersionRange
 #:     default when FlashInfer is installed: top_k_top_p_sampling_from_logits, no sort) holds the bf16 logits,
 #:     their float32 copy, the masked logits and the probabilities: 8-16 B an element, read in the code. Which
 #:     one runs is an installation fact (--sampler); not known, the range spans both.
+#:   From 0.17 the native path sorts no more for 8 rows or more (v1/sample/ops/topk_topp_triton.py, new in
+#:     0.17.0, absent from 0.16.0's wheel: apply_top_k_top_p_triton masks the float32 logits in place with a
+#:     per-SM buffer): it holds the bf16 logits, their float32 copy (sampler.py: logits.to(torch.float32)), the
+#:     float32 probabilities and random_sample's float32 exponential draw: 10-16 B an element, read in the code;
+#:     FlashInfer's sampler became opt-in (VLLM_USE_FLASHINFER_SAMPLER=1) in the same releases. So from 0.17 both
+#:     paths hold 8-16 B and the sampler need not be known.
 #: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
 FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
-SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0)}
+TRITON_SAMPLER = "native, Triton top-k/top-p (0.17+)"
+SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0), TRITON_SAMPLER: (10.0, 16.0)}
+TRITON_SAMPLER_SINCE = (0, 17, 0)
 #: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
 #: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
@@ -56,6 +64,15 @@ ACTIVATION_GIB = (0.2, 6.5)
 #: c014, vllm_016, llm-d's 0.13-0.14) and 0.2-0.55 at TP 2-4 (vllm_c007, llm-d's 0.54-0.55). LMCache-style
 #: connectors hold more (vllm_c013: 7.33 GiB) and are not modelled.
 NON_TORCH_GIB = {("0.6", 1): (1.0, 2.0), ("0.6", 2): (2.0, 4.0), ("0.7+", 1): (0.03, 0.4), ("0.7+", 2): (0.15, 0.8)}
+#: from 0.17.0 the default optimization level (O2) fuses the all-reduce with the RMS norm when TP > 1 on SM 9.0 or
+#: 10.x with PP 1 and DP 1 (config/vllm.py enable_allreduce_rms_fusion, read in 0.17.0 and 0.19.0; 0.16.0's O2 has it
+#: off), through FlashInfer's all-reduce workspace. Under 0.19.0 on H100s a rank's non-torch memory is then 2.07 GiB
+#: at TP 2 and 2.13 at TP 4 against 0.25 at TP 1 and 0.07 at PP 2 and 4 (the calibration set's Llama-3.1-8B runs of
+#: llm-d-planner's sweep); 0.11.0's TP 2 had 0.54. What the ~2 GiB are made of (the workspace, NCCL's buffers for the
+#: fused path) was not sized from the code: 0.19+ takes the calibration range, 0.17-0.18 (no startup) the union.
+FUSED_ALLREDUCE_SINCE = (0, 17, 0)
+FUSED_ALLREDUCE_MEASURED = (0, 19, 0)
+NON_TORCH_FUSED_GIB = (1.9, 2.4)
 GRAPH_ESTIMATE_GIB = (0.05, 2.0)
 #: what is in use before vLLM compares the free memory with total x util: the CUDA context and torch's own
 CONTEXT_GIB = (0.25, 0.6)
@@ -64,6 +81,18 @@ CONTEXT_GIB = (0.25, 0.6)
 #: TP 1 and 30.59 for 30.51 at TP 2)
 VLLM_WEIGHT_EXTRA = (0.0, 0.15)  # GiB, plus up to 0.5 % of the weights
 VLLM_WEIGHT_SHARE = 0.005
+#: an MXFP4 checkpoint's experts (gpt-oss) are re-laid out at load, padded per kernel backend
+#: (model_executor/layers/quantization/mxfp4.py ``Mxfp4MoEMethod.create_weights``, read in 0.10.1.1 and 0.11.0):
+#: Marlin (a card below SM 9.0, where FP4 has no native support) pads each rank's expert width to a multiple of 128
+#: and the hidden size to 256; the SM 9.0+ backends pad the width to 64 (Triton; its swizzle, in the triton_kernels
+#: package, was not read), 128 (FlashInfer on SM 9.0 with VLLM_USE_FLASHINFER_MOE_MXFP4_BF16, both sizes) or 256
+#: (FlashInfer on SM 10.0, both sizes). (multiple of the width, multiple of hidden) per backend:
+MXFP4_PAD = {"marlin": (128, 256), "triton": (64, 1), "flashinfer-sm90": (128, 128), "flashinfer-sm100": (256, 256)}
+MXFP4_BLOCK = 32  # values per u8 scale; 4-bit values, two a byte
+#: the compute capability of the cards plan names (NVIDIA's CUDA GPU table), for the MXFP4 backend
+CARD_CAPABILITY = {"a100": 8.0, "a10": 8.6, "a10g": 8.6, "a40": 8.6, "l4": 8.9, "l40s": 8.9, "rtx-4090": 8.9,
+                   "rtx 4090": 8.9, "h100": 9.0, "h200": 9.0, "h20": 9.0, "b200": 10.0, "rtx-5090": 12.0,
+                   "rtx 5090": 12.0, "rtx-pro-6000": 12.0, "rtx pro 6000": 12.0}
 
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
@@ -170,12 +199,64 @@ def _weights(inp: PlanInput, history: Any) -> Term:
         lo, words = lo / 2, words + ("; a float32 config is served in 16 bits (--dtype auto): a float32 checkpoint "
                                      f"loads at half its bytes, down to {lo / 2:.2f}")
     hi = even * (1 + VLLM_WEIGHT_SHARE) + VLLM_WEIGHT_EXTRA[1]
+    pad = mxfp4_padding(inp)
+    if pad is not None:
+        p_lo, p_hi, p_words = pad
+        lo, hi, words = lo + p_lo, hi + p_hi, words + "; " + p_words
     if inp.pp > 1 and sz is not None and sz.vocab_size and sz.hidden_size and inp.geometry is not None:
         hi += sz.vocab_size * sz.hidden_size * inp.geometry.dtype_bytes / inp.tp / GIB  # the first/last stage
         words += "; pipeline stages are uneven by an embedding"
     return Term("weights_gib", "weights per rank (what loading took)", lo, hi, "GiB", ASSUMED,
                 f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {ranks} ranks = {even:.2f} GiB (formula), plus "
                 f"up to {VLLM_WEIGHT_EXTRA[1]} GiB + {VLLM_WEIGHT_SHARE:.1%} loaded with them (assumed){words}")
+
+
+def _capability(card: str | None) -> float | None:
+    name = (card or "").lower()
+    for key in sorted(CARD_CAPABILITY, key=len, reverse=True):
+        if key in name:
+            return CARD_CAPABILITY[key]
+    return None
+
+
+def mxfp4_padding(inp: PlanInput) -> tuple[float, float, str] | None:
+    """What vLLM's MXFP4 experts take per rank beyond the checkpoint's bytes (GiB, low and high): their width per
+    rank and the hidden size padded to the backend's multiples (MXFP4_PAD), 4-bit values and one u8 scale per 32.
+    None unless the checkpoint is MXFP4 with its experts' sizes in the config."""
+    sz = inp.sizes
+    if sz is None or sz.quant_method != "mxfp4":
+        return None
+    width = sz.moe_intermediate_size or sz.intermediate_size
+    hidden, experts, layers = sz.hidden_size, sz.num_experts, sz.num_layers
+    if not (width and hidden and experts and layers):
+        return None
+
+    def expert_bytes(w: int, h: int) -> float:  # gate_up (2w x h) and down (h x w), values and scales
+        return 3 * w * h * (0.5 + 1 / MXFP4_BLOCK)
+
+    per_rank = width / inp.tp
+    plain = expert_bytes(width, hidden) / inp.tp
+
+    def padded(backend: str) -> float:
+        mw, mh = MXFP4_PAD[backend]
+        w = math.ceil(per_rank / mw) * mw
+        h = math.ceil(hidden / mh) * mh
+        return (expert_bytes(w, h) - plain) * experts * layers / inp.pp / GIB
+
+    cap = _capability(inp.card)
+    if cap is not None and cap < 9.0:
+        backends = ["marlin"]
+    elif cap is not None and cap < 10.0:
+        backends = ["triton", "flashinfer-sm90", "marlin"]  # Marlin without triton_kernels or torch 2.8
+    elif cap is not None:
+        backends = ["triton", "flashinfer-sm100", "marlin"]
+    else:
+        backends = list(MXFP4_PAD)
+    amounts = {b: padded(b) for b in backends}
+    lo, hi = min(amounts.values()), max(amounts.values())
+    which = ", ".join(f"{b} {v:.2f}" for b, v in amounts.items())
+    return lo, hi, (f"MXFP4 experts padded at load by the kernel backend ({which} GiB; vLLM mxfp4.py "
+                    "create_weights; card " + (f"SM {cap:g}" if cap is not None else "not known") + ")")
 
 
 def profile_batch(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[int, int, int, int, str]:
@@ -233,6 +314,12 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
         kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
         b_lo, b_hi = SAMPLER_BYTES[kind]
+    elif version >= TRITON_SAMPLER_SINCE and inp.sampler != "flashinfer":
+        triton = SAMPLER_BYTES[TRITON_SAMPLER]
+        if inp.sampler:
+            kind, (b_lo, b_hi) = TRITON_SAMPLER, triton
+        else:  # either path: 8-16 B
+            kind, b_lo, b_hi = "native (Triton top-k/top-p) or flashinfer", SAMPLER_BYTES["flashinfer"][0], triton[1]
     elif inp.sampler:
         kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
     else:
@@ -248,7 +335,23 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
 
 def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
     era = "0.6" if version < (0, 7, 0) else "0.7+"
-    return NON_TORCH_GIB[(era, 1 if inp.tp * inp.pp == 1 else 2)]
+    base = NON_TORCH_GIB[(era, 1 if inp.tp * inp.pp == 1 else 2)]
+    fused = fused_allreduce(inp, version)
+    if fused is None or fused is False:
+        return base
+    lo = NON_TORCH_FUSED_GIB[0] if fused is True and version >= FUSED_ALLREDUCE_MEASURED else base[0]
+    return lo, NON_TORCH_FUSED_GIB[1]
+
+
+def fused_allreduce(inp: PlanInput, version: tuple[int, ...]) -> bool | None:
+    """Whether vLLM fuses the all-reduce with the RMS norm (FUSED_ALLREDUCE_SINCE): True or False, or None when the
+    card's compute capability is not known (a card given by its memory only)."""
+    if version < FUSED_ALLREDUCE_SINCE or inp.tp < 2 or inp.pp > 1:
+        return False
+    cap = _capability(inp.card)
+    if cap is None:
+        return None
+    return cap == 9.0 or 10.0 <= cap < 11.0
 
 
 def _besides(inp: PlanInput, history: Any, version: tuple[int, ...], total: Term) -> Term:
@@ -265,7 +368,11 @@ def _besides(inp: PlanInput, history: Any, version: tuple[int, ...], total: Term
     else:
         a_lo, a_hi, words = act
     parts = [(a_lo, a_hi), nt]
-    words += f", non-torch {nt[0]}-{nt[1]} GiB ({'one rank' if inp.tp * inp.pp == 1 else 'several ranks'})"
+    fused = fused_allreduce(inp, version)
+    why = ("TP > 1 with the all-reduce + RMS norm fusion (0.17+ on SM 9.0/10.x)" if fused else
+           "TP > 1, the all-reduce fusion not known (the card's compute capability is not)" if fused is None else
+           "one rank" if inp.tp * inp.pp == 1 else "several ranks")
+    words += f", non-torch {nt[0]}-{nt[1]} GiB ({why})"
     if version >= (0, 20, 0):
         parts.append(GRAPH_ESTIMATE_GIB)
         words += f", CUDA graph estimate {GRAPH_ESTIMATE_GIB[0]}-{GRAPH_ESTIMATE_GIB[1]} GiB (assumed)"
