@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvaudit.collect import capture as capture_mod
 from kvaudit.collect.interface import CollectError, Collected, HostTimeout, JournalDenied, NoEngineFound, Runner
 from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
-from kvaudit.engines import all_anchors, process_names
+from kvaudit.engines import all_anchors, process_names, startup_window
 from kvaudit.platforms import detect
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
 from kvaudit.parse.interface import Startup
@@ -64,7 +64,7 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
         raise BadSetting(problem)
     notes: list[str] = []
     copts = CollectOptions(all_anchors(), opts.unit, opts.source, opts.journal_directory, opts.command_timeout,
-                           engine_names=process_names())
+                           engine_names=process_names(), window=startup_window())
     runner: Runner
     if is_local(target):
         from kvaudit.collect.local import LocalRunner

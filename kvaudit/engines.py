@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kvaudit.parse.interface import EngineParser, Startup
 from kvaudit.parse.lmdeploy import LMDeployParser
@@ -19,6 +19,9 @@ from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import settle
+
+if TYPE_CHECKING:  # the host commands load only for check (explain starts without them)
+    from kvaudit.collect.commands import StartupWindow
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Engine:
     #: documents, None when they are not its own) and ``PATHS`` (each document as the paths it has been served
     #: at, newest first); None when the engine serves none kvaudit reads
     endpoint_module: str | None = None
+    #: the lines the engine prints once its startup is over and it serves (each ends the line: a suffix match):
+    #: a running server's journal is read up to this line (kvaudit.collect.commands.StartupWindow)
+    ready: tuple[str, ...] = ()
 
     @property
     def reconcile(self) -> Callable[[Startup, AuditOptions, int], Audit]:
@@ -89,15 +95,47 @@ def on_platform(a: Audit, opts: AuditOptions) -> Audit:
     return replace(a, platform=p.name, notes=a.notes + (note,))
 
 
+#: uvicorn's line once the ASGI app has started (uvicorn/lifespan/on.py): vLLM, TensorRT-LLM's trtllm-serve and
+#: LMDeploy's api_server build their engine (weights, KV cache, graphs) before they hand the app to uvicorn
+UVICORN_READY = "Application startup complete."
+
 ENGINES: tuple[Engine, ...] = (
+    # sglang/srt/entrypoints/http_server.py::_wait_and_warmup (0.4+; srt/server.py before): after the warm-up
+    # request, which uvicorn's own line precedes (a warm-up failure is logged after it)
     Engine("sglang", "SGLang", SGLangParser(), "kvaudit.reconcile.sglang", ("sglang",),
-           "kvaudit.reconcile.sglang.endpoint"),
-    Engine("vllm", "vLLM", VLLMParser(), "kvaudit.reconcile.vllm", ("vllm",), "kvaudit.reconcile.vllm.endpoint"),
+           "kvaudit.reconcile.sglang.endpoint", ready=("The server is fired up and ready to roll!",)),
+    # vllm/entrypoints/launcher.py::serve_http (0.5.1+), after build_async_engine_client has sized the KV cache
+    Engine("vllm", "vLLM", VLLMParser(), "kvaudit.reconcile.vllm", ("vllm",), "kvaudit.reconcile.vllm.endpoint",
+           ready=("Available routes are:", UVICORN_READY)),
+    # tensorrt_llm/commands/serve.py: LLM(...) (the executor and its KV cache manager), then OpenAIServer under
+    # uvicorn; Triton's "Started HTTPService at ADDRESS" ends in an address, no suffix: read to the end there
     Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), "kvaudit.reconcile.trtllm",
-           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint"),
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint",
+           ready=(UVICORN_READY,)),
+    # lmdeploy/serve/openai/api_server.py::serve: the pipeline's engine is built before uvicorn.run
     Engine("lmdeploy", "LMDeploy", LMDeployParser(), "kvaudit.reconcile.lmdeploy", ("lmdeploy",),
-           "kvaudit.reconcile.lmdeploy.endpoint"),
+           "kvaudit.reconcile.lmdeploy.endpoint", ready=(UVICORN_READY,)),
 )
+
+#: words (lower case) that, in the last lines of a server's invocation, say more than serving: a crash, an OOM
+#: at run time, a kill, an engine's failure wording (each grammar's failures carry one: "No available memory",
+#: "CUDA out of memory", "Executor creation failed", "No free blocks left", "max seq len", SGLang's sigquit).
+#: With one there, the invocation is read to its end, as the audit of a failed server needs.
+TAIL_WORDS = ("error", "exception", "traceback", "killed", "fail", "memory", "no free blocks", "max seq len",
+              "sigquit", "abort")
+
+
+def startup_window() -> StartupWindow:
+    """Where a running server's startup ends in its journal (kvaudit.collect.commands.StartupWindow): each
+    engine's markers and ready lines; the tail words, with every marker and ready line (another startup in one
+    invocation, a wrapper restarting the engine: read it all)."""
+    from kvaudit.collect.commands import StartupWindow
+
+    markers = tuple((i, m) for i, e in enumerate(ENGINES) for m in e.parser.markers)
+    ready = tuple((i, r) for i, e in enumerate(ENGINES) for r in e.ready)
+    # a marker shorter than 8 characters ("vLLM", "[TM][") is in the lines a server logs while it serves
+    words = TAIL_WORDS + tuple(t.lower() for _, t in markers + ready if len(t) >= 8)
+    return StartupWindow(markers, ready, tuple(dict.fromkeys(words)))
 
 #: engines we recognise but cannot audit yet: their tell-tale strings, to say so instead of "no startup found"
 RECOGNISED_ONLY: dict[str, tuple[str, ...]] = {

@@ -98,6 +98,10 @@ def _engine_from_head(stream: BinaryIO) -> Engine | None:
 #: own counts: digits inside an identifier (a Hugging Face snapshot hash such as ``...1e950...``, a UUID, a run
 #: id) are never parsed as a number, so they never make a line be skipped; a unit may follow (``1e999GB``)
 _ABSURD_NUMBER = re.compile(r"(?<![\w.])(?:\d{25,}|\d+(?:\.\d+)?[eE]\+?\d{3,})(?![0-9a-fA-F_-])")
+#: what every absurd number holds (25 digits in a row, or a 3-digit exponent): two searches with a cheap start
+#: that rule most hosts' lines out before the full pattern (which tries every digit) runs
+_ABSURD_EXPONENT = re.compile(r"[eE]\+?\d{3}")
+_ABSURD_DIGITS = re.compile(r"\d{25}")
 
 
 #: request payloads in the OpenAI shape, whatever engine logs them (each grammar adds its own markers)
@@ -174,7 +178,8 @@ def _sane(lines: list[Line], stats: ScanStats) -> list[Line]:
     the text is cheaper than one per line."""
     markers = request_markers()
     text = "\n".join(ln.text for ln in lines)
-    if not _ABSURD_NUMBER.search(text) and not any(m in text for m in markers):
+    absurd = (_ABSURD_EXPONENT.search(text) or _ABSURD_DIGITS.search(text)) and _ABSURD_NUMBER.search(text)
+    if not absurd and not any(m in text for m in markers):
         return lines
     sane = [ln for ln in lines if not _ABSURD_NUMBER.search(ln.text) and not any(m in ln.text for m in markers)]
     stats.absurd_lines += len(lines) - len(sane)
@@ -211,7 +216,7 @@ def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
 def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
     the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
-    a = unread(a, *uninterpreted(log.memory, startup))
+    a = unread(a, *uninterpreted(log.memory, startup, selected=True))
     notes = []
     if log.stats.absurd_lines:
         notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
+from dataclasses import dataclass
 
 #: the most seconds one nvidia-smi may take (it answers in about a second; a hung driver never does)
 SMI_TIMEOUT_S = 20
@@ -36,6 +37,71 @@ CGROUP_PIDS_SCRIPT = (
 SCRIPTS = (HF_SNAPSHOT_SCRIPT, CGROUP_PIDS_SCRIPT)
 #: the kinds of log source the host script reads (``none``: no log, a pod's readings and config only)
 SCRIPT_KINDS = ("journal", "dir", "docker", "file", "none")
+
+# --- a running server's journal: its startup, not its serving ----------------------------------------------
+# A server that has run for days has logged gigabytes since its start (decode batches, requests), and reading them
+# all is journalctl's cost (13 s of a host core for 2 GiB): the audit reads the startup, which is at the start of
+# the invocation and ends where the engine says it serves. So the invocation is read up to that line (an awk that
+# passes lines through and exits there: journalctl then stops at its next write), unless its last lines say more
+# than serving: an error, a failure, a kill, a memory word, another startup's markers (a crash, or a restart inside
+# one invocation), when it is read to its end as before. awk (POSIX; mawk, gawk and BusyBox's) rather than sed: the
+# strings are data (-v), never a program.
+
+@dataclass(frozen=True)
+class StartupWindow:
+    """Where a startup ends in a journal, from the engine registry (kvaudit.engines.startup_window). ``markers``
+    and ``ready`` are (engine, string) pairs: lines only that engine's startup prints, and the line it prints when
+    it serves. A ready line ends the read when every engine whose markers came before it lists it (uvicorn's
+    ``Application startup complete.`` ends LMDeploy's startup, not SGLang's, whose warm-up comes after it), and at
+    least one did. ``tail_words`` (lower case): a line among the invocation's last ``tail_lines`` that holds one
+    sends the read to the invocation's end."""
+
+    markers: tuple[tuple[int, str], ...] = ()
+    ready: tuple[tuple[int, str], ...] = ()
+    tail_words: tuple[str, ...] = ()
+    tail_lines: int = 2000
+
+    def __post_init__(self) -> None:
+        for text in [t for _, t in self.markers + self.ready] + list(self.tail_words):
+            if not _WINDOW_WORD.fullmatch(text):
+                raise ValueError(f"a startup window's string must be printable without tab or backslash: {text!r}")
+
+    @property
+    def args(self) -> tuple[str, str, str, str]:
+        """The four positional parameters the journal scripts take: lines, words, markers, ready lines."""
+        def pairs(items: tuple[tuple[int, str], ...]) -> str:
+            return "\t".join(f"{e}\t{t}" for e, t in items)
+
+        return str(self.tail_lines), "\t".join(self.tail_words), pairs(self.markers), pairs(self.ready)
+
+
+#: a string awk -v takes as it is (-v processes backslash escapes) and a tab-joined list can hold
+_WINDOW_WORD = re.compile(r"[^\t\n\\\x00-\x1f\x7f]{1,200}")
+_PAIR = r"[0-9]{1,2}\t[^\t\n\\\x00-\x1f\x7f]{1,200}"
+_WINDOW_PAIRS = re.compile(rf"(?:{_PAIR}(?:\t{_PAIR})*)?")
+_WINDOW_WORDS = re.compile(r"(?:[^\t\n\\\x00-\x1f\x7f]{1,200}(?:\t[^\t\n\\\x00-\x1f\x7f]{1,200})*)?")
+_TAIL_LINES = re.compile(r"[1-9][0-9]{0,5}")
+
+#: exits 0 when a line holds one of the words $w (tab-joined, lower case): the tail says more than serving
+TAIL_AWK = ('BEGIN { n = split(w, W, "\t") } { l = tolower($0); for (i = 1; i <= n; i++) if (index(l, W[i])) '
+            '{ f = 1; exit } } END { exit !f }')
+#: passes lines through and exits after the ready line that ends the startup (StartupWindow's rule)
+STOP_AWK = ('BEGIN { nm = split(m, M, "\t"); nr = split(r, R, "\t") } { print; a = 0\n'
+            'for (i = 1; i < nm; i += 2) if (!(M[i] in s) && index($0, M[i + 1])) s[M[i]] = 1\n'
+            'for (i = 1; i < nr; i += 2) { t = R[i + 1]; if (length($0) >= length(t) && '
+            'substr($0, length($0) - length(t) + 1) == t) { if (!a) split("", h); h[R[i]] = 1; a = 1 } }\n'
+            'if (a) { ok = 0; for (e in s) if (e in h) ok = 1; else { ok = 0; break }; if (ok) exit } }')
+#: the invocation's lines as journal_lines's plain read gives them, through its startup's ready line only when the
+#: last lines say nothing but serving. $1 journal directory ('' = the system's) $2 the match; then
+#: StartupWindow.args; then the anchors
+JOURNAL_WINDOW_SCRIPT = r"""d=$1 m=$2 tn=$3 tw=$4 wm=$5 wr=$6; shift 6
+c=$#; for a do set -- "$@" -e "$a"; done; shift "$c"
+j() { if [ -n "$d" ]; then journalctl --no-pager -q --directory "$d" "$@"; else journalctl --no-pager -q "$@"; fi; }
+if [ -z "$wr" ] || j "$m" -n "$tn" -o cat -a | awk -v w="$tw" '@TAIL@'; then j "$m" -o cat -a
+else j "$m" -o cat -a | awk -v m="$wm" -v r="$wr" '@STOP@'; fi | grep -a -n -F "$@" | cut -c 1-@MAX_LINE@"""
+JOURNAL_WINDOW_SCRIPT = (JOURNAL_WINDOW_SCRIPT.replace("@TAIL@", TAIL_AWK).replace("@STOP@", STOP_AWK)
+                         .replace("@MAX_LINE@", str(MAX_LINE)))
+
 
 def _grep_filter(anchors: tuple[bytes, ...]) -> str:
     argv = ["grep", "-a", "-n", "-F"]
@@ -73,7 +139,14 @@ def last_invocation_in_journal(unit: str, directory: str | None) -> str:
                                                   "--output-fields=_SYSTEMD_INVOCATION_ID"])
 
 
-def journal_lines(unit: str, invocation: str | None, directory: str | None, anchors: tuple[bytes, ...]) -> str:
+def journal_lines(unit: str, invocation: str | None, directory: str | None, anchors: tuple[bytes, ...],
+                  window: StartupWindow | None = None) -> str:
+    """The lines of the unit's latest invocation (all its starts when there is no id). With a ``window`` and an
+    invocation, read through the startup's ready line only (JOURNAL_WINDOW_SCRIPT)."""
+    if invocation and window is not None and window.ready:
+        return shlex.join(["sh", "-c", JOURNAL_WINDOW_SCRIPT, "sh", directory or "",
+                           f"_SYSTEMD_INVOCATION_ID={invocation}", *window.args,
+                           *(a.decode("latin-1") for a in anchors)])
     match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else [f"--unit={unit}"]
     return shlex.join(_journal_base(directory) + match + ["-o", "cat", "-a"]) + " | " + _grep_filter(anchors)
 
@@ -310,12 +383,24 @@ _FRAGMENT_LIST = re.compile(r"(?:[a-z0-9._-]{1,64}(?: (?=[a-z0-9._-])|$)){0,32}"
 def _sh(args: list[str]) -> bool:
     if len(args) >= 12 and args[:3] == ["-c", HOST_SCRIPT, "sh"]:
         return _host_script_args(args[3:])
+    if len(args) >= 9 and args[:3] == ["-c", JOURNAL_WINDOW_SCRIPT, "sh"]:
+        directory, match = args[3], args[4]
+        return ((not directory or setting_problem(None, directory) is None)
+                and _INVOCATION_MATCH.fullmatch(match) is not None and _window_args_ok(args[5:9]))
     if len(args) == 5 and args[:3] == ["-c", PS_SCRIPT, "sh"]:
         return _PID_LIST.fullmatch(args[3]) is not None and _FRAGMENT_LIST.fullmatch(args[4]) is not None
     return len(args) == 4 and args[0] == "-c" and args[1] in SCRIPTS and args[2] == "sh"
 
 
 _NONCE = re.compile(r"[0-9a-f]{16}")
+_INVOCATION_MATCH = re.compile(r"_SYSTEMD_INVOCATION_ID=[0-9a-f]{32}")
+
+
+def _window_args_ok(args: list[str]) -> bool:
+    """StartupWindow.args: the tail's line count, its words, the markers, the ready lines (data to awk's -v)."""
+    return (len(args) == 4 and _TAIL_LINES.fullmatch(args[0]) is not None and _WINDOW_WORDS.fullmatch(args[1])
+            is not None and _WINDOW_PAIRS.fullmatch(args[2]) is not None
+            and _WINDOW_PAIRS.fullmatch(args[3]) is not None)
 _SECONDS = re.compile(r"[1-9][0-9]{0,4}")
 _FRAGMENT = re.compile(r"[a-z0-9._-]{1,64}")
 
@@ -335,7 +420,7 @@ def _host_script_args(args: list[str]) -> bool:
     fragments = args[8:8 + int(k)]
     smi = args[8 + int(k)] if len(args) > 8 + int(k) else ""
     return (len(fragments) == int(k) and all(_FRAGMENT.fullmatch(f) for f in fragments)
-            and _SECONDS.fullmatch(smi) is not None)
+            and _SECONDS.fullmatch(smi) is not None and _window_args_ok(args[9 + int(k):13 + int(k)]))
 
 
 _PROGRAMS = {
@@ -415,11 +500,12 @@ def _stage_allowed(stage: str, first: bool) -> bool:
 # $1 nonce  $2 kind: journal | dir | docker | file | none  $3 unit ('' = find it)  $4 journal directory
 # $5 docker name or file path  $6 model path known beforehand (a pod's)  $7 bytes of lines kept
 # $8 k, then k lower-case unit-name fragments; then the seconds each nvidia-smi may take (coreutils/BusyBox
-# ``timeout``, where the host has it: a hung driver costs the readings, exit 124, never the audit); the rest: the
-# anchors
+# ``timeout``, where the host has it: a hung driver costs the readings, exit 124, never the audit); then
+# StartupWindow.args (an invocation's read stops at its startup's ready line: JOURNAL_WINDOW_SCRIPT); the rest:
+# the anchors
 _HOST_SCRIPT = r"""n=$1 kind=$2 unit=$3 dir=$4 src=$5 model=$6 cap=$7 k=$8; shift 8
 frags=; while [ "$k" -gt 0 ]; do frags="$frags $1"; shift; k=$((k-1)); done
-st=$1; shift
+st=$1 tn=$2 tw=$3 wm=$4 wr=$5; shift 5
 c=$#; for a do set -- "$@" -e "$a"; done; shift "$c"
 set -f; nl='
 '; IFS=$nl; exec 3>&1
@@ -443,6 +529,9 @@ jbase() { if [ -n "$dir" ]; then journalctl --no-pager -q --directory "$dir" "$@
   else journalctl --no-pager -q "$@"; fi; }
 filter() { grep -a -n -F "$@" | cut -c 1-@MAX_LINE@; }
 jread() { m=$1; shift; jbase "$m" -o cat -a | filter "$@"; }
+jwin() { m=$1; shift
+  if [ -z "$wr" ] || jbase "$m" -n "$tn" -o cat -a | awk -v w="$tw" '@TAIL@'; then jbase "$m" -o cat -a
+  else jbase "$m" -o cat -a | awk -v m="$wm" -v r="$wr" '@STOP@'; fi | filter "$@"; }
 dread() { s=$1; shift; if [ -n "$s" ]; then docker logs --since "$s" -- "$src" 2>&1 | filter "$@"
   else docker logs -- "$src" 2>&1 | filter "$@"; fi; }
 fread() { grep -a -n -F "$@" -- "$src" | cut -c 1-@MAX_LINE@; }
@@ -473,7 +562,7 @@ journal|dir)
       val 2 lastinv "$unit" jbase "--unit=$unit" -n 1 -o export --output-fields=_SYSTEMD_INVOCATION_ID
       case $out in *"${nl}_SYSTEMD_INVOCATION_ID="*) inv=$(hexid "${out#*"${nl}"_SYSTEMD_INVOCATION_ID=}");; esac
     fi
-    if [ -n "$inv" ]; then lines 3 lines "$unit" "$inv" jread "_SYSTEMD_INVOCATION_ID=$inv" "$@"
+    if [ -n "$inv" ]; then lines 3 lines "$unit" "$inv" jwin "_SYSTEMD_INVOCATION_ID=$inv" "$@"
     else lines 3 lines "$unit" "" jread "--unit=$unit" "$@"; fi
     [ -n "$cg" ] && val 2 pids "$cg" procs "$cg"
     if [ -n "$inv" ]; then m="_SYSTEMD_INVOCATION_ID=$inv"; else m="--unit=$unit"; fi
@@ -518,7 +607,8 @@ HOST_SCRIPT: str = (_HOST_SCRIPT.replace("@GPU_FIELDS@", ",".join(GPU_FIELDS))
                     .replace("@APP_FIELDS@", ",".join(APP_FIELDS)).replace("@MAX_LINE@", str(MAX_LINE))
                     .replace("@CONFIG_MAX@", str(CONFIG_MAX_BYTES)).replace("@PS_SCRIPT@", PS_SCRIPT)
                     .replace("@MAX_PIDS@", str(MAX_STATUS_PIDS))
-                    .replace("@MEM_KEYS@", "".join(f" -e '^{k}'" for k in MEMINFO_KEYS + STATUS_KEYS)))
+                    .replace("@MEM_KEYS@", "".join(f" -e '^{k}'" for k in MEMINFO_KEYS + STATUS_KEYS))
+                    .replace("@TAIL@", TAIL_AWK).replace("@STOP@", STOP_AWK))
 
 
 #: the host script's command up to its nonce, as :func:`host_script` writes it, and the nonce :func:`is_allowed`
@@ -529,20 +619,23 @@ _PLACEHOLDER_NONCE = "0" * 16
 
 def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, source: str | None,
                 model: str | None, cap: int, fragments: tuple[str, ...], anchors: tuple[bytes, ...],
-                smi_timeout: int = SMI_TIMEOUT_S) -> str:
+                smi_timeout: int = SMI_TIMEOUT_S, window: StartupWindow | None = None) -> str:
     """The one exec that collects everything (see HOST_SCRIPT)."""
     argv = ["sh", "-c", HOST_SCRIPT, "sh", nonce, kind, unit or "", directory or "", source or "", model or "",
             str(cap), str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout)))),
+            *(window or StartupWindow()).args,
             *(a.decode("latin-1") for a in anchors)]
     return shlex.join(argv)
 
 
-_SCRIPT_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT])[:60]
+#: how a command that is the host script begins, for naming it (a name of its own: is_allowed's _SCRIPT_HEAD, the
+#: head up to the nonce, was once shadowed by this one, and no host's gate ever hit the cache)
+_SHOWN_HEAD = shlex.join(["sh", "-c", HOST_SCRIPT])[:60]
 
 
 def shown(command: str, limit: int = 80) -> str:
     """A command as a message names it: the host script by what it is (its text, 3 KB of shell, helps nobody in a
     health-check headline or a fleet report), any other command by its first ``limit`` characters."""
-    if command.startswith(_SCRIPT_HEAD):
+    if command.startswith(_SHOWN_HEAD):
         return "kvaudit's collection script (the log, the config, nvidia-smi: one exec)"
     return command[:limit]

@@ -45,6 +45,7 @@ class CollectOptions:
     command_timeout: float = 60.0
     max_output: int = 64 << 20
     engine_names: tuple[str, ...] = ()  # unit-name fragments of the engines kvaudit audits
+    window: C.StartupWindow | None = None  # where a startup ends: an invocation's read stops there (speed)
 
     @property
     def unit_fragments(self) -> tuple[str, ...]:
@@ -128,7 +129,8 @@ class HostSession:
         nonce = secrets.token_hex(8)
         script = C.host_script(nonce, kind, o.unit if kind in ("journal", "dir") else None, o.journal_directory
                                if kind == "dir" else None, src.partition(":")[2] or None, model_path,
-                               o.max_output + 1, o.unit_fragments, o.anchors, smi_timeout=self._smi_timeout())
+                               o.max_output + 1, o.unit_fragments, o.anchors, smi_timeout=self._smi_timeout(),
+                               window=o.window)
         self._gate(script)
         limit = o.max_output + 1 + 4 * C.CONFIG_MAX_BYTES + BATCH_MAX_BYTES
         res = self.runner.run(script, 2 * o.command_timeout, limit)
@@ -152,7 +154,7 @@ class HostSession:
             "units": lambda: C.list_units(), "junits": lambda: C.journal_units(d),
             "inv": lambda: C.invocation_id(one), "cg": lambda: C.control_group(one),
             "lastinv": lambda: C.last_invocation_in_journal(one, d),
-            "lines": lambda: C.journal_lines(one, args[1] or None, d, o.anchors),
+            "lines": lambda: C.journal_lines(one, args[1] or None, d, o.anchors, o.window),
             "pids": lambda: C.cgroup_pids(one), "dstart": lambda: C.docker_started(one),
             "dlines": lambda: C.docker_lines(one, args[1] or None, o.anchors),
             "flines": lambda: C.file_lines(one, o.anchors), "hf": lambda: C.hf_snapshots(one),
@@ -216,7 +218,7 @@ class HostSession:
         self.invocation = inv
         which = f" invocation={inv}" if inv else " (no invocation id: all starts)"
         self.source_desc = f"journal unit={unit}{which}" + (f" directory={d}" if d else "")
-        res = self._read_log(C.journal_lines(unit, inv, d, self.opts.anchors))
+        res = self._read_log(C.journal_lines(unit, inv, d, self.opts.anchors, self.opts.window))
         lines = self._lines(res)
         if not lines:
             denied = _journal_denied(res.stderr)

@@ -33,16 +33,17 @@ def is_memory_line(text: str) -> bool:
             and _PROGRESS.search(text) is None)
 
 
-def uninterpreted(lines: Iterable[Line], startup: Startup) -> tuple[tuple[tuple[int, str], ...], int]:
+def uninterpreted(lines: Iterable[Line], startup: Startup,
+                  selected: bool = False) -> tuple[tuple[tuple[int, str], ...], int]:
     """The memory lines of the startup's window that none of its events read: up to KEEP of them (line number,
-    text), and how many there were in all."""
+    text), and how many there were in all. ``selected``: ``lines`` are memory lines already (ParsedLog.memory)."""
     read = {e.line for e in startup.events}
     out: list[tuple[int, str]] = []
     total = 0
     for ln in lines:
         if ln.number < startup.first_line or ln.number > startup.last_line or ln.number in read:
             continue
-        if is_memory_line(ln.text):
+        if selected or is_memory_line(ln.text):
             total += 1
             if len(out) < KEEP:
                 out.append((ln.number, ln.text[:300]))

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from kvaudit.collect import commands as C
-from kvaudit.engines import all_anchors
+from kvaudit.engines import all_anchors, startup_window
 
 HOSTILE = ["sglang server; rm -rf /", "$(reboot)", "`id`", "a' || touch /tmp/x '", "x\nrm -rf /", "--vacuum-size=1"]
 
@@ -32,6 +32,8 @@ def test_every_builder_passes_the_gate():
     for cmd in (C.list_units(), C.journal_units(None), C.journal_units("/var/log/journal"), C.invocation_id("u"),
                 C.control_group("u"), C.cgroup_pids("/system.slice/u.service"), C.last_invocation_in_journal("u", None),
                 C.journal_lines("u", "b" * 32, None, a), C.journal_lines("u", None, "/j", a),
+                C.journal_lines("u", "b" * 32, "/j", a, startup_window()), C.journal_lines("u", "b" * 32, None, a,
+                                                                                          startup_window()),
                 C.docker_started("c"), C.docker_lines("c", "2026-01-01T00:00:00Z", a), C.file_lines("/f", a),
                 C.query_gpus(), C.query_apps(), C.read_config("/m/config.json"), C.hf_snapshots("org/name"),
                 C.hostname()):
@@ -133,7 +135,8 @@ def test_a_unit_or_directory_no_command_can_take_is_the_users_input(tmp_path):
 
 def _script(kind="journal", unit=None, directory=None, source=None, model=None, fragments=("sglang", "vllm"),
             anchors=(b"KV Cache is allocated", b"GB")):
-    return C.host_script("0123456789abcdef", kind, unit, directory, source, model, 1 << 20, fragments, anchors)
+    return C.host_script("0123456789abcdef", kind, unit, directory, source, model, 1 << 20, fragments, anchors,
+                         window=startup_window())
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -161,12 +164,25 @@ def test_hostile_values_reach_the_host_script_as_literal_parameters(name):
     lambda a: a.__setitem__(7, "relative/dir"),  # a journal directory (given to a journal kind) must be absolute
     lambda a: a.__setitem__(11, "3"),  # more fragments announced than given
     lambda a: a.__setitem__(12, "Sglang server"),  # a fragment is one lower-case word
+    lambda a: a.__setitem__(15, "0"),  # the startup window's tail: a count of lines
+    lambda a: a.__setitem__(17, "0\tmarker\\n"),  # a backslash awk's -v would read as an escape
+    lambda a: a.__setitem__(18, "sglang\tready"),  # a ready line's engine is its index
 ])
 def test_the_gate_holds_the_host_script_to_its_shape(change):
     argv = shlex.split(_script())
     assert C.is_allowed(shlex.join(argv))
     change(argv)
     assert not C.is_allowed(shlex.join(argv))
+
+
+def test_the_host_scripts_gate_is_one_parse_for_a_fleet():
+    """Each host's script differs only in its nonce: the gate parses it once (a fleet's hosts share it)."""
+    first = _script()
+    C.is_allowed(first)
+    before = C._is_allowed.cache_info().hits
+    other = first.replace(" 0123456789abcdef ", " fedcba9876543210 ", 1)
+    assert other != first and C.is_allowed(other)
+    assert C._is_allowed.cache_info().hits == before + 1
 
 
 def test_the_host_script_runs_hostile_values_as_data(tmp_path):
