@@ -199,6 +199,9 @@ class SchedulerSummary(Event):
     max_running_requests: int | None = None
     context_len: int | None = None
     available_gpu_mem_gib: float | None = None
+    #: the rank tag of the line (every TP rank prints its own summary): not a RankEvent, so that it adds no
+    #: rank of memory facts, but its tag still bounds the TP size from below
+    tagged_rank: Rank | None = None
 
 
 @dataclass(frozen=True)
@@ -741,6 +744,7 @@ def parse_line(line: Line) -> _Parsed:
                 n, text, int(m.group(1)), _int(fields.get("chunked_prefill_size")),
                 _int(fields.get("max_prefill_tokens")), _int(fields.get("max_running_requests")),
                 _int(fields.get("context_len")), float(avail_text) if avail_text is not None else None,
+                rank if rank != SINGLE_RANK else None,
             ),
             clues,
         )

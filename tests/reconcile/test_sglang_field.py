@@ -41,12 +41,13 @@ def test_a_pool_the_cap_sized_is_not_told_to_raise_the_fraction(name):
     assert a.formula.predicted_tokens.low == a.formula.predicted_tokens.high == 20480
 
 
-def test_an_nsa_fp8_pool_is_not_checked_against_its_kv_line_without_the_config():
+@pytest.mark.parametrize("name", ["sglang_c047", "sglang_c052"])
+def test_an_nsa_fp8_pool_is_not_checked_against_its_kv_line_without_the_config(name):
     """GLM-5-FP8 on MI355X (0.5.9-era main): NSATokenToKVPool stores 656-byte FP8 rows (+ 132 B of indexer) per
     layer while get_cell_size_per_token divides the budget by 576 + 132. The KV line's 61,463 B per token is the
     pool's, not the budget's; judging the pool by it gave a 330,880-token TOKENS_MISMATCH that implied a fraction
     of 0.9748. Without the config the split is unknown: not checked, and said why."""
-    a = _audit("sglang_c047")
+    a = _audit(name)
     codes = _codes(a)
     assert "TOKENS_MISMATCH" not in codes and "TOKENS_MATCH" not in codes
     assert a.formula.verdict.value == "unknown"
@@ -60,3 +61,11 @@ def test_an_mla_pool_without_an_indexer_is_still_checked_from_its_kv_line():
     checked from its KV line and matches (2,454,421 tokens)."""
     a = _audit("sglang_c046")
     assert a.formula.verdict.value == "match" and a.formula.logged_tokens == 2454421
+
+
+def test_scheduler_summaries_alone_bound_the_tp_size_by_their_rank_tags():
+    """The SGLang k8s guide's leader log: eight 'TPn ... max_total_num_tokens=' lines and one graph line. The
+    summaries' tags (TP0..TP7) bound the TP size at 8; only the ranks with memory lines were counted before (2)."""
+    a = _audit("sglang_c050")
+    assert a.model.attention_tp_size == 8 and a.model.attention_tp_size_at_least
+    assert a.formula.verdict.value == "unknown" and not [f for f in a.findings if not f.ignored]
