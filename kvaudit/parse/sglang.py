@@ -271,6 +271,16 @@ class RequestsReduced(Event):
 
 
 @dataclass(frozen=True)
+class NsaModel(Event):
+    """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
+    ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
+    ``_set_default_nsa_backends``, 0.5.9; not in 0.5.8.post1) or ``DSA with TP mode is active`` (0.5.8.post1, 0.5.9); both only on the
+    ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names."""
+
+    kv_cache_dtype: str | None = None
+
+
+@dataclass(frozen=True)
 class AiterFractionKept(RankEvent):
     """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
     normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
@@ -363,6 +373,7 @@ _HICACHE_POOL = lazy(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens,
 _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
+_NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache|DSA with TP mode is active")
 _AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
@@ -872,6 +883,9 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1)), None, m.group(2)), clues)
+    m = _NSA_MODEL.search(text) if ("NSA backends" in text or "DSA with TP" in text) else None
+    if m:
+        return _Parsed(NsaModel(n, text, m.group(1)), [])
     m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
     if m:
         rank, clues = at(m)

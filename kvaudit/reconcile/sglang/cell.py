@@ -254,17 +254,18 @@ def nsa_fp8_line_not_budget(ctx: Context) -> str | None:
     and the indexer's; ``get_cell_size_per_token`` (0.5.7-0.5.16) divides the budget by ``kv_lora_rank +
     qk_rope_head_dim`` (576) plus the indexer. Without the config the line's figure is the larger of the two and
     the split is not in the log; from 0.5.17 the profile counts the stored row (cell.py ``cell_size``).
-    The model is known to be NSA from its architecture, or from server_args' NSA backends, which SGLang sets
-    only for such models (server_args.py)."""
+    The model is known to be NSA from its architecture, or from the engine's own NSA lines (parse.sglang
+    ``NsaModel``: printed only on the ``is_deepseek_nsa`` path), never from --nsa-*-backend alone, which a user
+    may set for any model."""
     if ctx.kv_elt != 1 or (ctx.era.lo >= (0, 5, 17)):
         return None
-    from kvaudit.parse.sglang import WeightEnd
+    from kvaudit.parse.sglang import NsaModel, WeightEnd
 
     arch = next((e.model_type for e in ctx.startup.of(WeightEnd) if e.model_type in NSA_ARCHITECTURES), None)
-    backends = [k for k in ("nsa_prefill_backend", "nsa_decode_backend") if ctx.args.get(k) not in (None, "None")]
-    if arch is None and not backends:
+    said = ctx.startup.of(NsaModel)
+    if arch is None and not said:
         return None
-    why = arch or f"server_args set {', '.join(backends)}"
+    why = arch or f"the engine's line {said[0].line}: NSA backends set"
     return (f"NSA (DeepSeek sparse attention) pool with an FP8 KV cache ({why}): its KV line counts rows "
             "of kv_lora_rank + scales + a 16-bit rope part (656 B a layer for DeepSeek-V3.2 and GLM-5) and the "
             "indexer, while SGLang before 0.5.17 divides the budget by kv_lora_rank + qk_rope_head_dim (576 B) "
