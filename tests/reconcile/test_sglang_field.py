@@ -69,3 +69,13 @@ def test_scheduler_summaries_alone_bound_the_tp_size_by_their_rank_tags():
     a = _audit("sglang_c050")
     assert a.model.attention_tp_size == 8 and a.model.attention_tp_size_at_least
     assert a.formula.verdict.value == "unknown" and not [f for f in a.findings if not f.ignored]
+
+
+def test_the_aiter_scaling_is_in_the_advice_to_raise_the_fraction():
+    """Grok 2.5 on MI355X, SGLang 0.5.6.post2, aiter at a 131,072 context: SGLang multiplies any
+    --mem-fraction-static by 0.85 (server_args.py), so the effective 0.96 that would use the idle 68.59 GiB cannot
+    be reached by passing 0.96 (it runs as 0.816), nor by any value. The advice says so instead."""
+    a = _audit("sglang_c053")
+    advice = {f.code: f for f in judge(a).findings}["UNUSED_MEMORY"].fields["advice"]
+    assert "--mem-fraction-static 0.96 would use it" not in advice
+    assert "0.85" in advice and "aiter" in advice and "no value reaches" in advice
