@@ -260,7 +260,7 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
             findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
             iv, source = line_cell, "kv_line (config disagrees)"
     elif line_cell is not None and nsa_fp8_line_not_budget(ctx):
-        source = "kv_line (NSA FP8 rows: not the budget's bytes per token)"
+        source = "none: the NSA FP8 KV line gives the stored rows, not the budget's bytes per token"
     elif line_cell is not None:
         iv, source = line_cell, "kv_line"
     if cell_note:
