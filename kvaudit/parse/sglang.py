@@ -274,8 +274,8 @@ class RequestsReduced(Event):
 class NsaModel(Event):
     """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
     ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
-    ``_set_default_nsa_backends``, 0.5.9; not in 0.5.8.post1) or ``DSA with TP mode is active`` (0.5.8.post1, 0.5.9); both only on the
-    ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names."""
+    ``_set_default_nsa_backends``, 0.5.9; not in 0.5.8.post1) or ``DSA with TP mode is active`` (0.5.8.post1,
+    0.5.9); both only on the ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names."""
 
     kv_cache_dtype: str | None = None
 
