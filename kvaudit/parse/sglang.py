@@ -199,6 +199,9 @@ class SchedulerSummary(Event):
     max_running_requests: int | None = None
     context_len: int | None = None
     available_gpu_mem_gib: float | None = None
+    #: the rank tag of the line (every TP rank prints its own summary): not a RankEvent, so that it adds no
+    #: rank of memory facts, but its tag still bounds the TP size from below
+    tagged_rank: Rank | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,16 @@ class RequestsReduced(Event):
 
     requested: int = 0
     applied: int = 0
+
+
+@dataclass(frozen=True)
+class NsaModel(Event):
+    """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
+    ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
+    ``_set_default_nsa_backends``, 0.5.9; not in 0.5.8.post1) or ``DSA with TP mode is active`` (0.5.8.post1,
+    0.5.9); both only on the ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names."""
+
+    kv_cache_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +373,7 @@ _HICACHE_POOL = lazy(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens,
 _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
+_NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache|DSA with TP mode is active")
 _AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
@@ -741,6 +755,7 @@ def parse_line(line: Line) -> _Parsed:
                 n, text, int(m.group(1)), _int(fields.get("chunked_prefill_size")),
                 _int(fields.get("max_prefill_tokens")), _int(fields.get("max_running_requests")),
                 _int(fields.get("context_len")), float(avail_text) if avail_text is not None else None,
+                rank if rank != SINGLE_RANK else None,
             ),
             clues,
         )
@@ -868,6 +883,9 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1)), None, m.group(2)), clues)
+    m = _NSA_MODEL.search(text) if ("NSA backends" in text or "DSA with TP" in text) else None
+    if m:
+        return _Parsed(NsaModel(n, text, m.group(1)), [])
     m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
     if m:
         rank, clues = at(m)

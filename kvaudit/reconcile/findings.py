@@ -166,7 +166,11 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
                 if extra_tokens else "")
     suggest = ""
     keep = 2.0  # GiB left for activation peaks after raising the fraction
-    if (f.mem_fraction_static is not None and f.mem_fraction_static_source != "inferred" and t
+    if f.max_total_tokens_cap and f.logged_tokens == f.max_total_tokens_cap:
+        # the cap sized the pool (min(profiled, max_total_tokens)): a larger fraction would not grow it
+        suggest = (f"; --max-total-tokens {f.max_total_tokens_cap:,} caps the pool: a larger fraction would not grow "
+                   "it, raising or dropping the cap would")
+    elif (f.mem_fraction_static is not None and f.mem_fraction_static_source != "inferred" and t
             and reachable > keep):
         target = min(0.98, f.mem_fraction_static + max(0.0, reachable - keep) / t)
         suggest = f"; --mem-fraction-static {target:.2f} would use it and keep ~{keep:.0f} GiB free"

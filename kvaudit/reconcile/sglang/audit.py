@@ -21,7 +21,7 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, swa_pool_unused
+from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, nsa_fp8_line_not_budget, swa_pool_unused
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -84,7 +84,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     if resized and pools4 is None:
         outcome = post_capture_outcome(outcome, bound, bound_approx, cells.logged)
     if cap.cap and cells.logged is not None and cells.logged == cap.cap:
-        findings.append(F.tokens_capped(cap.cap, outcome.prediction.tokens if outcome.prediction else None))
+        pred = outcome.prediction
+        findings.append(F.tokens_capped(cap.cap, (pred.uncapped or pred.tokens) if pred else None))
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
     formula = formula_of(ctx, free, fraction, cells, state, cap, replace(outcome, eff_mfs=eff_mfs))
     # the formula's verdict stands in the formula: kvaudit.verdict raises TOKENS_* from it (rule 6)
@@ -258,6 +259,8 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
         elif line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
             findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
             iv, source = line_cell, "kv_line (config disagrees)"
+    elif line_cell is not None and nsa_fp8_line_not_budget(ctx):
+        source = "none: the NSA FP8 KV line gives the stored rows, not the budget's bytes per token"
     elif line_cell is not None:
         iv, source = line_cell, "kv_line"
     if cell_note:
@@ -368,7 +371,10 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
             if first is not None:
                 reason += f"; the formula gives {first.tokens.low:,}..{first.tokens.high:,} tokens"
             return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
-        if first is None:
+        nsa = nsa_fp8_line_not_budget(ctx) if "bytes per token" in missing and cells.cell is None else None
+        if first is None and nsa and cells.line_mid is not None:
+            reason = f"not checked: {nsa}"
+        elif first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
                       + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
         else:
@@ -396,6 +402,12 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        f"{logged:,} tokens lie in {hit.tokens.low:,}..{hit.tokens.high:,}, but on unified memory T "
                        f"may be up to {UNIFIED_T_DRIFT_GIB} GiB above the printed reading, which spans more than "
                        f"{UNIFIED_MAX_SPREAD:.0%} of this small pool: not checked", None, negative)
+    if hit is not None and _cap_bound(hit, cap.cap, logged):
+        assert hit.uncapped is not None
+        return Outcome(hit, Verdict.MATCH,
+                       f"{logged:,} tokens is the --max-total-tokens cap: the fraction's budget allows "
+                       f"{hit.uncapped.low:,}..{hit.uncapped.high:,}, so the cap, not mem_fraction_static, sized the "
+                       "pool", None, negative)
     if hit is not None:
         return Outcome(hit, Verdict.MATCH,
                        f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}",
@@ -507,12 +519,26 @@ def shortfall_of(ctx: Context, free: FreeMemory, budget: PoolBudget, outcome: Ou
     return shortfall, eff_mfs
 
 
+def _cap_bound(pred: Prediction, cap: int | None, logged: int | None) -> bool:
+    """--max-total-tokens sized the pool: the logged count is the cap and the fraction's budget allows at least
+    that much on every reading (``min(profiled, max_total_tokens)``, then page rounding)."""
+    return (cap is not None and logged is not None and logged == cap and pred.uncapped is not None
+            and pred.uncapped.low >= logged)
+
+
 def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, state: Interval | None, cap: Cap,
                outcome: Outcome) -> Formula:
     T, post, mfs = free.T, free.post, fraction.value
     reserve = free.reserve(mfs)
     rest = (post - reserve) if (post is not None and reserve is not None) else None
     prediction = outcome.prediction
+    check_text = None
+    if (outcome.verdict == Verdict.MATCH and prediction is not None and prediction.uncapped is not None
+            and _cap_bound(prediction, cap.cap, cells.logged) and T is not None and post is not None
+            and mfs is not None):
+        u = prediction.uncapped
+        check_text = (f"min(--max-total-tokens {cap.cap:,}, ({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / "
+                      f"{round(prediction.cell.mid):,} B per token = {u.low:,}..{u.high:,}): the cap bound")
     return Formula(
         mem_fraction_static=mfs,
         mem_fraction_static_source=fraction.source,
@@ -544,6 +570,7 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         check_inputs=("mem_fraction_static", "pre_load_free_gib", "post_load_free_gib", "bytes_per_token")
         + (("attention_tp_size",) if cells.source == "config" else ()),
         bytes_per_token_range=(cells.iv.lo, cells.iv.hi) if cells.iv is not None else None,
+        check_text=check_text,
     )
 
 

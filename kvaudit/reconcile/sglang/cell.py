@@ -242,6 +242,37 @@ def pad_rows(era: VersionRange, page_size: int | None) -> tuple[int, int]:
     return min(1, page[0]), max(1, page[1])
 
 
+#: architectures SGLang sizes with the NSA (DeepSeek sparse attention) pool: ``configs/model_config.py``
+#: ``is_deepseek_nsa`` (with ``index_topk`` in the config; GlmMoeDsaForCausalLM from 0.5.9)
+NSA_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+
+
+def nsa_fp8_line_not_budget(ctx: Context) -> str | None:
+    """Why the KV line of an NSA pool with an FP8 cache does not give the bytes the budget divides by, or None.
+    ``NSATokenToKVPool`` stores each FP8 row as ``kv_lora_rank + kv_lora_rank // 128 * 4 + qk_rope_head_dim * 2``
+    bytes (656 for DeepSeek-V3.2 and GLM-5: the scales and a 16-bit rope part), and its KV line counts those rows
+    and the indexer's; ``get_cell_size_per_token`` (0.5.7-0.5.16) divides the budget by ``kv_lora_rank +
+    qk_rope_head_dim`` (576) plus the indexer. Without the config the line's figure is the larger of the two and
+    the split is not in the log; from 0.5.17 the profile counts the stored row (cell.py ``cell_size``).
+    The model is known to be NSA from its architecture, or from the engine's own NSA lines (parse.sglang
+    ``NsaModel``: printed only on the ``is_deepseek_nsa`` path), never from --nsa-*-backend alone, which a user
+    may set for any model."""
+    if ctx.kv_elt != 1 or (ctx.era.lo >= (0, 5, 17)):
+        return None
+    from kvaudit.parse.sglang import NsaModel, WeightEnd
+
+    arch = next((e.model_type for e in ctx.startup.of(WeightEnd) if e.model_type in NSA_ARCHITECTURES), None)
+    said = ctx.startup.of(NsaModel)
+    if arch is None and not said:
+        return None
+    why = arch or f"the engine's line {said[0].line}: NSA backends set"
+    return (f"NSA (DeepSeek sparse attention) pool with an FP8 KV cache ({why}): its KV line counts rows "
+            "of kv_lora_rank + scales + a 16-bit rope part (656 B a layer for DeepSeek-V3.2 and GLM-5) and the "
+            "indexer, while SGLang before 0.5.17 divides the budget by kv_lora_rank + qk_rope_head_dim (576 B) "
+            "and the indexer: the line's bytes per token are not the budget's, and the log does not give the "
+            "split; pass --model-config (the model's config.json) to check the pool")
+
+
 def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, float | None]:
     """Bytes per token implied by the target KV line(s): size / (tokens + padding rows), as an interval.
     For a sliding-window hybrid the size is the whole pool (both kinds of layers) and the tokens are the full-

@@ -6,10 +6,10 @@ import re
 
 from dataclasses import replace
 
-from kvaudit.parse.sglang import Failure, KVDtype, OtherPool, WeightEnd
+from kvaudit.parse.sglang import AiterFractionKept, Failure, KVDtype, OtherPool, WeightEnd
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Thresholds
-from kvaudit.reconcile.sglang.context import Context
+from kvaudit.reconcile.sglang.context import Context, context_length_of
 from kvaudit.reconcile.values import as_float
 from kvaudit.units import GIB, Interval
 
@@ -87,7 +87,8 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
             reachable = max(0.0, idle - late)
             extra = int(reachable * GIB / formula.bytes_per_token) if formula.bytes_per_token else None
             hicache = as_float(ctx.args.get("hicache_ratio")) if ctx.args.get("enable_hierarchical_cache") else None
-            out.append(F.unused_memory(l, idle, t, formula, extra, l.end_is_final, hicache, late))
+            out.append(_aiter_scaled_advice(ctx, F.unused_memory(l, idle, t, formula, extra, l.end_is_final,
+                                                                 hicache, late)))
             break
     low = [l for l in ledgers if l.end_is_final and l.free_at_end_gib is not None
            and l.free_at_end_gib < th.low_headroom_gib]
@@ -257,3 +258,33 @@ def _unquantized_layer(ctx: Context, message: str) -> str:
     return (f"; the {quant} checkpoint has the quantized tensor '{m.group(1)}' but the model built no parameter for "
             "it: that layer was created without the checkpoint's quantization (this build does not apply it there), "
             "a build or model-support problem, not memory")
+
+
+#: SGLang multiplies mem_fraction_static by this with the aiter backend and a context above 8,192 tokens
+AITER_SCALE = 0.85
+
+
+def _aiter_scaled_advice(ctx: Context, f: Finding) -> Finding:
+    """UNUSED_MEMORY's advice names the effective fraction. With the aiter backend and a context above 8,192,
+    SGLang multiplies *any* --mem-fraction-static by 0.85 (ModelRunner 0.4.9-0.5.4; ServerArgs post-processing
+    0.5.5+, server_args.py ``_handle_attention_backend_compatibility``; attention_hook.py 0.5.19+ unless
+    SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION, which logs that it kept the value): passing the effective target
+    would land at 0.85 of it. The advice says what to pass, or that the backend's scaling caps the fraction."""
+    advice = f.fields.get("advice")
+    m = re.match(r"--mem-fraction-static (\d+\.\d+) would use it", advice or "")
+    ctx_len = context_length_of(ctx)
+    if (m is None or str(ctx.args.get("attention_backend")) != "aiter" or not ctx_len or ctx_len <= 8192
+            or ctx.startup.of(AiterFractionKept) or not ctx.era.overlaps((0, 4, 9), None)):
+        return f
+    target = float(m.group(1))
+    scaled = (f"SGLang multiplies --mem-fraction-static by {AITER_SCALE:g} with the aiter backend at a context of "
+              f"{ctx_len:,} (> 8,192)")
+    need = target / AITER_SCALE
+    if need <= 0.99:
+        advice = (f"--mem-fraction-static {need:.2f} would use it ({scaled}: {need:.2f} runs as {target:.2f}) and "
+                  "keep ~2 GiB free")
+    else:
+        advice = (f"{scaled}, so no value reaches the {target:.2f} that would use it (1.0 runs as "
+                  f"{AITER_SCALE:g}); a context of at most 8,192, another attention backend, or from SGLang 0.5.19 "
+                  "SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION=1 lifts the scaling")
+    return replace(f, fields={**f.fields, "advice": advice})

@@ -50,7 +50,8 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     )
     if spec_algo is None and draft_seen:
         spec_algo = "unknown (draft worker lines seen)"
-    tp, attn_tp, at_least, attn_source = _parallelism(args, opts, facts, notes)
+    tagged = [s.tagged_rank for s in startup.of(SchedulerSummary) if s.tagged_rank is not None]
+    tp, attn_tp, at_least, attn_source = _parallelism(args, opts, facts, notes, tagged)
     pp = as_int(args.get("pp_size")) or (max((r.sort_key[0] for r in facts), default=0) + 1)
     page_size = as_int(args.get("page_size"))
     summaries = startup.of(SchedulerSummary)
@@ -74,11 +75,12 @@ def _dp_attention_from_tags(ranks: list[Rank]) -> int | None:
 
 
 def _parallelism(args: dict[str, Any], opts: AuditOptions, facts: dict[Rank, RankFacts],
-                 notes: list[str]) -> tuple[int, int, bool, str]:
+                 notes: list[str], summary_ranks: list[Rank] | None = None) -> tuple[int, int, bool, str]:
     """TP size and the attention-TP size (the KV-head divisor, reference §2), from what establishes them:
     --tp-size, server_args (tp_size, dp_size, enable_dp_attention), else the rank tags, which give only a
     lower bound ("at least N": an excerpt may not show every rank)."""
-    tags_tp = {r.sort_key[1] for r in facts}
+    # the scheduler summaries' tags count too: an excerpt of summary lines alone names every TP rank
+    tags_tp = {r.sort_key[1] for r in facts} | {r.sort_key[1] for r in summary_ranks or ()}
     args_tp = as_int(args.get("tp_size"))
     at_least = False
     if opts.tp_size:

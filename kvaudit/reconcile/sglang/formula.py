@@ -64,6 +64,9 @@ class Prediction:
     rule: Rule
     headroom: int | None
     cell: Interval
+    #: the fraction's budget before --max-total-tokens (``min(profiled, max_total_tokens)``, model_runner.py /
+    #: pool_configurator.py): when the cap binds, the pool says only that the budget reached the cap
+    uncapped: TokenInterval | None = None
 
 
 def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Interval, Interval]], mfs: float,
@@ -74,7 +77,10 @@ def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Int
     if len(preds) == 1:
         return preds[0]
     low = min(preds, key=lambda p: p.tokens.low)
-    return Prediction(TokenInterval(low.tokens.low, min(p.tokens.high for p in preds)), rule, low.headroom, low.cell)
+    uncapped = [p.uncapped for p in preds if p.uncapped is not None]
+    return Prediction(TokenInterval(low.tokens.low, min(p.tokens.high for p in preds)), rule, low.headroom, low.cell,
+                      TokenInterval(min(u.low for u in uncapped), min(u.high for u in uncapped))
+                      if len(uncapped) == len(preds) else None)
 
 
 def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, cell: Interval,
@@ -103,9 +109,11 @@ def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, c
     if ctx.page_size > 1 and ctx.era.overlaps((0, 4, 4), None):
         lo, hi = lo // ctx.page_size * ctx.page_size, hi // ctx.page_size * ctx.page_size
     cap = as_int(ctx.args.get("max_total_tokens"))
+    uncapped = None
     if cap:
+        uncapped = TokenInterval(lo, hi)
         lo, hi = min(lo, cap), min(hi, cap)
-    return Prediction(TokenInterval(lo, hi), rule, headroom, c)
+    return Prediction(TokenInterval(lo, hi), rule, headroom, c, uncapped)
 
 
 
