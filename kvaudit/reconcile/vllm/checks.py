@@ -155,9 +155,12 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         quoted.add(oom.line)
     elif K is not None and K <= 0:
         fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx))
+        # the line that printed the negative budget (the smallest worker's), not line 0
+        at = min((rr.lines["kv_gib"] for rr in ctx.facts.values() if rr.r.get("kv_gib") == K
+                  and "kv_gib" in rr.lines), default=0)
         out.append(F.not_enough_memory(
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
-            f"gpu_memory_utilization{fit[0]}", 0, {"kv_gib": K, **fit[1]}))
+            f"gpu_memory_utilization{fit[0]}", at, {"kv_gib": K, **fit[1]}))
     fatal = [f for f in failures if f.kind in FATAL]
     if logged is None:
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
