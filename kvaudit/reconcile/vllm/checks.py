@@ -14,7 +14,7 @@ from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 #: failures that mean there was no room for the KV cache (each quoted once, in NOT_ENOUGH_MEMORY)
-MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory")
+MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory", "mamba_blocks")
 FATAL = MEMORY_FAILURES + ("engine_failed", "oom", "profiling")
 
 
@@ -240,6 +240,15 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
             clauses.append(f"or gpu_memory_utilization {util + extra / T:.4f} (+{extra:.2f} GiB)")
             fields["utilization_that_fits"] = round(util + extra / T, 4)
         return (" -> " + " ".join(clauses) if clauses else "", fields)
+    if kind == "mamba_blocks":
+        # the engine's own bound: one Mamba block per decode sequence. A larger fraction is the other way out, but
+        # how many blocks it buys depends on the page layout, which this message does not give
+        have = nums.get("mamba_blocks")
+        if have:
+            # raised after the pool was sized: the report must not say the formula was never reached
+            return (f" -> --max-num-seqs {int(have):,} fits (the pool's {int(have):,} blocks, the engine's own bound)",
+                    {"max_num_seqs_that_fits": have, "pool_sized": 1.0})
+        return "", {}
     if kind == "free_memory":
         free, total = nums.get("free_gib"), nums.get("total_gib")
         if free is not None and total:
