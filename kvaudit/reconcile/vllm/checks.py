@@ -137,6 +137,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     out: list[Finding] = []
     failures = ctx.startup.of(Failure)
     quoted: set[int] = set()
+    negative_at = None
     mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
     util = ctx.util
     if mem is not None:
@@ -161,6 +162,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         out.append(F.not_enough_memory(
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
             f"gpu_memory_utilization{fit[0]}", at, {"kv_gib": K, **fit[1]}))
+        negative_at = at
     fatal = [f for f in failures if f.kind in FATAL]
     if logged is None:
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
@@ -175,6 +177,11 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         last = fatal[-1]
         if last.line in quoted:
             detail = "the error quoted in NOT_ENOUGH_MEMORY"
+        elif negative_at is not None and last.kind == "engine_failed" and last.line > negative_at:
+            # a budget <= 0 raises "No available memory for the cache blocks" (v1/core/kv_cache_utils.py
+            # check_enough_kv_cache_memory): the generic engine-core line that follows is that error's, not another
+            detail = (f"the error quoted in NOT_ENOUGH_MEMORY (a budget <= 0 stops the engine), then: "
+                      f"{last.message}")
         else:
             detail = last.message
         after = None

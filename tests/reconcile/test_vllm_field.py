@@ -1,0 +1,109 @@
+"""A field test of vLLM startup logs kvaudit had not seen (issue 35's field pass): each test holds the real lines
+of one public log (fixtures/corpus/new-vfield.json names the source) to what vLLM's code at that release says."""
+
+from __future__ import annotations
+
+import io
+
+from kvaudit.explain import audit, read_log
+from kvaudit.model_config import load_config
+from kvaudit.reconcile.interface import AuditOptions, Verdict
+from kvaudit.verdict import judge
+from tests.conftest import ROOT
+
+CONFIGS = ROOT / "fixtures" / "configs"
+
+
+def run(text: str, config: str | None = None, **opts):
+    geom = load_config(CONFIGS / config) if config else None
+    return audit(read_log(io.BytesIO(text.encode())), AuditOptions(model_geometry=geom, **opts))[-1]
+
+
+def codes(a):
+    return {f.code: f for f in a.findings}
+
+
+# vllm#23278 (gpt-oss-120b on one H100, vLLM 0.10.1): the budget went negative, then the engine core died
+GPT_OSS_NEGATIVE = (
+    "(EngineCore_0 pid=5839) INFO 08-20 18:04:10 [gpu_model_runner.py:2007] Model loading took 65.9651 GiB and "
+    "12.799889 seconds\n"
+    "(EngineCore_0 pid=5839) INFO 08-20 18:04:21 [monitor.py:34] torch.compile takes 5.55 s in total\n"
+    "(EngineCore_0 pid=5839) INFO 08-20 18:04:22 [gpu_worker.py:276] Available KV cache memory: -2.14 GiB\n"
+    "(EngineCore_0 pid=5839) ERROR 08-20 18:04:22 [core.py:700] EngineCore failed to start.\n")
+
+
+def test_a_negative_budget_is_the_cause_and_names_its_line():
+    """A budget <= 0 makes check_enough_kv_cache_memory raise 'No available memory for the cache blocks'; the
+    generic 'EngineCore failed to start' that follows is that failure, not a second cause. The finding names
+    the line that printed the budget (it said line 0), and the headline leads with the budget."""
+    a = run(GPT_OSS_NEGATIVE)
+    mem = codes(a)["NOT_ENOUGH_MEMORY"]
+    assert mem.fields["kv_gib"] == -2.14 and "line 3:" in mem.message
+    assert str(codes(a)["STARTUP_FAILED"].fields["detail"]).startswith("the error quoted in NOT_ENOUGH_MEMORY")
+    head = judge(a).headline
+    assert head.startswith("ERROR startup failed: available KV cache memory is -2.14 GiB") and "(line 3)" in head
+
+
+# vllm#21348 (Qwen3-235B-A22B-FP8, TP4 per the issue's command, vLLM of July 2025): the lines as the reporter
+# quoted them, one worker's budget and no process tags
+QWEN3_235B_TP4 = "Available KV cache memory: 8.11 GiB\nGPU KV cache size: 178,880 tokens\n"
+
+
+def test_an_assumed_tp_that_explains_the_pool_as_an_upper_bound_is_no_geometry_mismatch():
+    """At TP 1 (assumed) the config gives 192,512 B/token, four times what the line implies. At TP 4 it gives
+    48,128 B/token: 178,880 tokens x 48,128 B = 8.02 GiB, within the 8.11 GiB shown and 0.09 GiB below it,
+    as a pool sized on another worker's smaller budget is (get_kv_cache_configs takes the minimum). The TP is
+    not established: no mismatch, no match, the count unchecked."""
+    a = run(QWEN3_235B_TP4, "qwen3-235b-a22b.json")
+    assert "GEOMETRY_MISMATCH" not in codes(a) and "TOKENS_MISMATCH" not in codes(a)
+    assert a.formula.verdict == Verdict.UNKNOWN
+    assert "assumed" in a.formula.verdict_reason and "TP 4" in a.formula.verdict_reason
+    assert "within the budget shown" in a.formula.verdict_reason
+    # stated, the same TP gives the same upper-bound reading (the existing path)
+    b = run(QWEN3_235B_TP4, "qwen3-235b-a22b.json", tp_size=4)
+    assert b.formula.verdict == Verdict.UNKNOWN and "upper bound" in b.formula.verdict_reason
+
+
+def test_a_pool_far_below_every_tp_fit_is_still_a_mismatch():
+    """The upper-bound fit is bounded: a pool 30 % below the budget at the TP that first fits is not explained
+    by an unseen worker, so a config that disagrees is still said to disagree."""
+    a = run("Available KV cache memory: 8.11 GiB\nGPU KV cache size: 125,000 tokens\n", "qwen3-235b-a22b.json")
+    assert "GEOMETRY_MISMATCH" in codes(a)
+
+
+# vllm-project/recipes#831 (Qwen3.8-27B FP8 on one RTX PRO 6000, the qwen38 image): the error as the PR quotes it,
+# wrapped over three lines
+MAMBA_BLOCKS = (
+    "ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (939).\n"
+    "Each decode sequence requires one Mamba cache block, so CUDA graph capture cannot\n"
+    "proceed. Please lower max_num_seqs to at most 939 or increase gpu_memory_utilization.\n")
+
+
+def test_the_mamba_blocks_error_is_a_vllm_memory_failure_after_the_pool():
+    """config/compilation.py (0.20.0+): with FULL decode graphs every sequence needs a Mamba block, and the pool
+    sized 939. The log was not recognised as vLLM at all; now NOT_ENOUGH_MEMORY with the engine's own bound,
+    and the report does not say the startup failed before the pool was sized."""
+    from kvaudit.report.view import not_reached
+
+    a = run(MAMBA_BLOCKS)
+    assert a.engine == "vllm" and a.engine_version == ">=0.20.0"
+    mem = codes(a)["NOT_ENOUGH_MEMORY"]
+    assert mem.fields["max_num_seqs_that_fits"] == 939 and "--max-num-seqs 939 fits" in mem.message
+    assert judge(a).headline.startswith("ERROR startup failed: ValueError:")
+    assert not not_reached(a)
+
+
+# club-3090#1047 (Qwen3.8-27B NVFP4 on an A6000, vLLM 0.2x): the checkpoint has no KV scales
+FP8_SCALE_WARNING = (
+    "(EngineCore pid=196) WARNING 08-17 20:38:37 [kv_cache.py:151] Using KV cache scaling factor 1.0 for fp8_e4m3. "
+    "If this is unintended, verify that k/v_scale scaling factors are properly set in the checkpoint.\n"
+    "(EngineCore pid=196) INFO 08-17 20:38:38 [gpu_model_runner.py:5405] Model loading took 19.75 GiB memory and "
+    "6.356814 seconds\n")
+
+
+def test_the_default_fp8_scale_warning_names_the_kv_dtype():
+    """quantization/kv_cache.py warns so only for a quantized, non-e5m2 KV cache (0.7.3 .. 0.27.1): the KV is
+    fp8, one byte, said by the log; it was shown as bfloat16, assumed."""
+    a = run(FP8_SCALE_WARNING)
+    assert a.model.kv_dtype == "fp8_e4m3" and a.model.kv_dtype_bytes == 1
+    assert "assumed" not in (a.model.kv_dtype or "")
