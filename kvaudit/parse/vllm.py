@@ -121,7 +121,8 @@ class Setting(Event):
     ("Mamba cache mode is set to 'align' ...", ``config/vllm.py`` 0.2x), ``max_num_batched_tokens`` ("Chunked
     prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
     padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
-    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X)."""
+    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X), ``sliding_as_full`` (the warning that every
+    sliding-window layer is sized as full attention)."""
 
     key: str = ""
     value: str = ""
@@ -204,6 +205,10 @@ _MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
 _KV_DTYPE_LINE = lazy(r"Using (\w+) data type to store kv cache")
 # quantization/kv_cache.py process_weights_after_loading (0.7.3 .. 0.27.1 at least): warned only when the KV cache is
 # quantized (is_quantized_kv_cache) to a non-e5m2 fp8 and the checkpoint gave no k/v scales, so it names the KV dtype
+# v1/core/kv_cache_utils.py: unify_hybrid_kv_cache_specs (0.10+) and, 0.2x, the page-size fallback both size every
+# sliding-window layer as full attention (the hybrid manager off, whatever the args said)
+_SLIDING_AS_FULL = lazy(r"Hybrid KV cache manager is disabled for this hybrid model|KV cache page sizes cannot be "
+                        r"unified; treating sliding-window layers as full attention")
 _KV_SCALE_DEFAULT = lazy(r"Using KV cache scaling factor 1\.0 for (fp8_e4m3)\b")
 #: V1 gpu_worker.py determine_available_memory at DEBUG (0.9-0.2x, read in the 0.19.0 wheel): the request, the
 #: init snapshot (utils/mem_utils.py MemorySnapshot.__repr__: "... free_memory=F GiB, total_memory=T GiB, ...") and
@@ -450,6 +455,9 @@ def parse_line(line: Line) -> _Parsed:
     m = _KV_DTYPE_LINE.search(t) if "data type to store kv cache" in t else None
     if m:
         return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
+    m = _SLIDING_AS_FULL.search(t) if "sliding" in t or "Hybrid KV cache manager" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "sliding_as_full", m.group(0))], [])
     m = _KV_SCALE_DEFAULT.search(t) if "KV cache scaling factor 1.0" in t else None
     if m:
         return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
@@ -582,9 +590,11 @@ def parse_line(line: Line) -> _Parsed:
     m = _CONCURRENCY.search(t) if "Maximum concurrency" in t else None
     if m:
         ev.append(Concurrency(n, t, int(m.group(1).replace(",", "")), float(m.group(2))))
+        # a length under 1,000 prints the same with or without the separator (f"{n:,}" of 128 is "128"): no clue
         clue = (_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'") if "," in m.group(1)
-                else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer"))
-        return _Parsed(ev, [clue])
+                else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer")
+                if int(m.group(1)) >= 1000 else None)
+        return _Parsed(ev, [clue] if clue else [])
     # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
     # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
     num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None

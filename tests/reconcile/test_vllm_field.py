@@ -107,3 +107,31 @@ def test_the_default_fp8_scale_warning_names_the_kv_dtype():
     a = run(FP8_SCALE_WARNING)
     assert a.model.kv_dtype == "fp8_e4m3" and a.model.kv_dtype_bytes == 1
     assert "assumed" not in (a.model.kv_dtype or "")
+
+
+# tenstorrent/tt-xla#5727 (gemma-4-31B-it through the Tenstorrent vLLM plugin, July 2026): the pids elided as posted
+TT_GEMMA4 = (
+    "(EngineCore pid=...) WARNING ... [kv_cache_utils.py:1339] Hybrid KV cache manager is disabled for this hybrid "
+    "model, This means we do not enable any optimizations for saving KV cache memory (e.g., dropping the KV cache "
+    "outside the sliding window). The compute of layers like sliding window is still saved.\n"
+    "\n"
+    "(EngineCore pid=...) INFO ... [kv_cache_utils.py:1733] GPU KV cache size: 7,584 tokens\n"
+    "(EngineCore pid=...) INFO ... [kv_cache_utils.py:1734] Maximum concurrency for 128 tokens per request: 59.25x\n")
+
+
+def test_a_short_max_model_len_dates_nothing():
+    """'128' prints the same with or without a thousands separator (f"{n:,}"), so it is no sign of a pre-0.11
+    release: the version read 0.8.0..0.10.99 for a 2026 Gemma-4 log."""
+    a = run(TT_GEMMA4)
+    assert "0.10.99" not in a.engine_version
+
+
+def test_sliding_layers_sized_as_full_are_not_modelled_as_a_sliding_window_pool():
+    """unify_hybrid_kv_cache_specs (v1/core/kv_cache_utils.py) warns when it sizes every sliding-window layer as
+    full attention: the config's sliding-window page layout is then not the pool's, so it is not used."""
+    a = run(TT_GEMMA4, "gemma-4-31b-it.json")
+    assert a.formula.bytes_per_token is None
+    assert any("sized as full attention" in n for n in a.notes)
+    with_budget = run("Available KV cache memory: 10.00 GiB\n" + TT_GEMMA4.replace("128 tokens", "4,096 tokens"),
+                      "gemma-4-31b-it.json")
+    assert not {"TOKENS_MISMATCH", "GEOMETRY_MISMATCH", "TOKENS_MATCH"} & set(codes(with_budget))

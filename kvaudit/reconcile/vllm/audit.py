@@ -344,6 +344,10 @@ def _swa_unmodelled(ctx: Context, geom) -> str | None:
         return None
     if ctx.args.get("disable_hybrid_kv_cache_manager") is True:
         return "the hybrid KV cache manager is disabled (--disable-hybrid-kv-cache-manager)"
+    said = next((e for e in ctx.startup.of(Setting) if e.key == "sliding_as_full"), None)
+    if said is not None:
+        return (f"the log says the sliding-window layers are sized as full attention (line {said.line}: "
+                f"'{said.value}')")
     return sliding_window_unmodelled(geom)
 
 
