@@ -591,10 +591,10 @@ def parse_line(line: Line) -> _Parsed:
     if m:
         ev.append(Concurrency(n, t, int(m.group(1).replace(",", "")), float(m.group(2))))
         # a length under 1,000 prints the same with or without the separator (f"{n:,}" of 128 is "128"): no clue
-        clue = (_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'") if "," in m.group(1)
-                else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer")
-                if int(m.group(1)) >= 1000 else None)
-        return _Parsed(ev, [clue] if clue else [])
+        if "," in m.group(1):
+            return _Parsed(ev, [_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'")])
+        return _Parsed(ev, [_clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer")]
+                       if int(m.group(1)) >= 1000 else [])
     # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
     # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
     num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None

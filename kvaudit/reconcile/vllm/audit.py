@@ -274,8 +274,8 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
                   if ctx.tp_at_least or ctx.tp_assumed else None)
         if fitted is not None:
             how = ("which fits" if line_cell.contains(fitted[1], slack=fitted[1] * 0.002 + slack_b) else
-                   f"whose pool ({(logged or 0) * fitted[1] / GIB:.2f} GiB) fits within the budget shown, the gap left to "
-                   f"the {fitted[0] * ctx.pp - len(kv.kvs)} workers whose budgets the log does not show")
+                   f"whose pool ({(logged or 0) * fitted[1] / GIB:.2f} GiB) fits within the budget shown, the gap "
+                   f"left to the {fitted[0] * ctx.pp - len(kv.kvs)} workers whose budgets the log does not show")
             said = (f"at TP {ctx.tp} (assumed: the log does not state it)" if ctx.tp_assumed and not ctx.tp_at_least
                     else f"at the TP the log establishes ({'at least ' if ctx.tp_at_least else ''}{ctx.tp})")
             tp_fit_note = (f"{said} the "
