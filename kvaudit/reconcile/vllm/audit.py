@@ -367,7 +367,7 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         logged_tokens=seen.logged,
         verdict=pred.verdict,
         verdict_reason=pred.reason,
-        rule=rule_text(ctx, list(kv.budgets), applied),
+        rule=rule_text(ctx, list(kv.budgets), applied, kv.fixed),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
         # "default (16 on CUDA)" when neither the args nor a hybrid layout line set it: not "log"
