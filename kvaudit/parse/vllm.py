@@ -405,6 +405,9 @@ def parse_line(line: Line) -> _Parsed:
                     nums.update(util=float(d.group(1)), requested_gib=float(d.group(2)))
             clues = [_clue((0, 20, 0), None, "the Mamba-blocks ValueError (config/compilation.py, 0.20.0+)")
                      ] if kind == "mamba_blocks" else []
+            if kind in ("kv_needed", "no_kv_memory") and "also controls CPU memory" in t:
+                # v1/core/kv_cache_utils.py: the CPU-backend aside is in the 0.22.0 and 0.27.1 wheels, not 0.20.1's
+                clues.append(_clue((0, 20, 2), None, "'also controls CPU memory' in the KV memory error"))
             return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], clues)
     m = _WEIGHTS.search(t) if "took" in t else None
     if m:
