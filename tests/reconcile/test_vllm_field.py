@@ -135,3 +135,22 @@ def test_sliding_layers_sized_as_full_are_not_modelled_as_a_sliding_window_pool(
     with_budget = run("Available KV cache memory: 10.00 GiB\n" + TT_GEMMA4.replace("128 tokens", "4,096 tokens"),
                       "gemma-4-31b-it.json")
     assert not {"TOKENS_MISMATCH", "GEOMETRY_MISMATCH", "TOKENS_MATCH"} & set(codes(with_budget))
+
+
+# vllm#26646 (Qwen3-Next-80B-A3B int4 AutoRound, TP2 with EP per the issue's Worker_TP1_EP1 lines, vLLM 0.11)
+QWEN3_NEXT_CORE_LINES = (
+    "(EngineCore_DP0 pid=1007431) INFO 10-11 16:19:14 [kv_cache_utils.py:1199] GPU KV cache size: 90,048 tokens\n"
+    "(EngineCore_DP0 pid=1007431) INFO 10-11 16:19:14 [kv_cache_utils.py:1204] Maximum concurrency for 215,040 "
+    "tokens per request: 1.66x\n")
+
+
+def test_the_engine_cores_own_lines_do_not_establish_tp_1():
+    """The engine core prints the pool's size and concurrency under its own tag at every TP size (its workers
+    are other processes): an excerpt of only those lines does not show one process, so TP 1 is assumed, not
+    established. A worker's line under the same tag (TP 1 runs the worker in the engine core) does."""
+    a = run(QWEN3_NEXT_CORE_LINES)
+    assert a.model.attention_tp_size == 1 and a.model.attention_tp_size_source.startswith("assumed")
+    worker = ("(EngineCore_DP0 pid=1007431) INFO 10-11 16:19:13 [gpu_worker.py:298] Available KV cache memory: "
+              "2.06 GiB\n")
+    b = run(worker + QWEN3_NEXT_CORE_LINES)
+    assert b.model.attention_tp_size_source == "one process (no worker tags)"
