@@ -154,3 +154,32 @@ def test_the_engine_cores_own_lines_do_not_establish_tp_1():
               "2.06 GiB\n")
     b = run(worker + QWEN3_NEXT_CORE_LINES)
     assert b.model.attention_tp_size_source == "one process (no worker tags)"
+
+
+# SergiioB/intel-arc-pro-b70-inference-cookbook#4 (Intel XPU, vLLM 0.2x): a pinned budget, then the engine died
+XPU_PINNED = (
+    "(EngineCore pid=316) INFO 08-21 18:37:44 [gpu_worker.py:492] Initial free memory 31.16 GiB, reserved 4.25 GiB "
+    "memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling. This does not "
+    "respect the gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control of "
+    "KV cache memory size. If OOM'ed, check the difference of initial free memory between the current run and the "
+    "previous run where kv_cache_memory_bytes is suggested and update it correspondingly.\n"
+    "(EngineCore pid=316) ERROR 08-21 18:37:44 [core.py:1344] EngineCore failed to start.\n")
+
+
+def test_a_pinned_budgets_formula_is_the_setting_not_total_times_util():
+    """determine_available_memory skips profiling when kv_cache_memory_bytes is set: the rule shown is that
+    setting, not 'total x util - (weights + ...)', which did not apply."""
+    a = run(XPU_PINNED)
+    assert a.formula.rest_gib == 4.25
+    assert a.formula.rule.startswith("kv_cache_memory_bytes as set") and "total x util" not in a.formula.rule
+
+
+def test_the_cpu_backend_aside_dates_the_kv_memory_error():
+    """'(which also controls CPU memory on the CPU backend)' is in the 0.22.0 and 0.27.1 kv_cache_utils.py and
+    not in 0.20.1's: a bare error line is no longer 'vLLM unknown' (vllm#44376)."""
+    a = run("ValueError: To serve at least one request with the model's max seq len (30000), (6.66 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (5.44 GiB). Based on the available memory, "
+            "the estimated maximum model length is 13528. Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine.\n")
+    assert a.engine_version == ">=0.20.2"
+    assert codes(a)["NOT_ENOUGH_MEMORY"].fields["max_model_len_that_fits"] == 13528
