@@ -739,7 +739,10 @@ class VLLMParser:
                                         path if isinstance(path, str) else None))
 
         rows: list[tuple[Line, _Parsed]] = []
+        end = 0  # the input's last line: a startup's window runs to the next one's start, the last to the end, so
+        # a memory line after its last event (a sleep-mode line, a summary kvaudit does not read) is still listed
         for line in lines:
+            end = line.number
             p = parse_line(line)
             p.events = unquoted(line, p.events, lambda masked: parse_line(masked).events)
             if p.events:  # else nothing, or engine-looking text only inside a quoted value (a prompt, a path)
@@ -766,6 +769,7 @@ class VLLMParser:
                     and abs(r.value - f.numbers["available_gib"]) > 0.015 for r in events)
                 for f in p.events)
             if restart:
+                last = max(last, line.number - 1)
                 flush()
                 events, clues, config, seen_memory = [], [], {}, False
             if not events:
@@ -777,6 +781,7 @@ class VLLMParser:
                 config.update(banner.config)
             elif not all(isinstance(e, Setting) for e in p.events):
                 seen_memory = True  # a setting the API server states before the engine's banner starts nothing
+        last = max(last, end)
         flush()
         if events and startups and all(isinstance(e, Banner) for e in events) and not any(
                 "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):

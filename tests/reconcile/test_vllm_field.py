@@ -183,3 +183,19 @@ def test_the_cpu_backend_aside_dates_the_kv_memory_error():
             "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine.\n")
     assert a.engine_version == ">=0.20.2"
     assert codes(a)["NOT_ENOUGH_MEMORY"].fields["max_model_len_that_fits"] == 13528
+
+
+def test_a_memory_line_after_the_last_read_one_is_listed_not_ignored():
+    """The startup's window ended at its last event, so a memory line after it (gpu_worker.sleep's 'Sleep mode
+    freed X GiB memory, ...', which kvaudit does not read) was dropped silently; the last startup now runs to
+    the end of the input and the line is listed as not interpreted."""
+    text = ("the current vLLM instance can use total_gpu_memory (79.22GiB) x gpu_memory_utilization (0.90) = "
+            "71.29GiB\n"
+            "model weights take 2.32GiB; non_torch_memory takes 0.67GiB; PyTorch activation peak memory takes 1.20GiB; "
+            "the rest of the memory reserved for KV Cache is 67.11GiB.\n"
+            "INFO 01-05 10:00:00 [gpu_worker.py:222] Sleep mode freed 70.12 GiB memory, 1.03 GiB memory is still in "
+            "use.\n")
+    a = run(text)
+    assert a.last_line == 3
+    assert [n for n, _ in a.uninterpreted] == [3]
+    assert "BUDGET_RECONCILES" in codes(a)
