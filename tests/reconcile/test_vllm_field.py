@@ -199,3 +199,20 @@ def test_a_memory_line_after_the_last_read_one_is_listed_not_ignored():
     assert a.last_line == 3
     assert [n for n, _ in a.uninterpreted] == [3]
     assert "BUDGET_RECONCILES" in codes(a)
+
+
+# club-3090#612 (Qwen3.6-35B-A3B NVFP4 on one RTX 5090, vLLM 0.24.0): the KV lines without the hybrid's block line
+HYBRID_NO_BLOCK_LINE = (
+    "(EngineCore pid=107) INFO 07-06 22:52:09 [gpu_worker.py:508] Available KV cache memory: 5.98 GiB\n"
+    "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2146] GPU KV cache size: 567,978 tokens\n"
+    "(EngineCore pid=107) INFO 07-06 22:52:09 [kv_cache_utils.py:2147] Maximum concurrency for 131,072 tokens per "
+    "request: 4.33x\n")
+
+
+def test_a_hybrid_pool_without_its_block_line_predicts_nothing():
+    """vLLM raises a Mamba hybrid's attention block so one attention page holds a Mamba page (and logs 'Setting
+    attention block size to N tokens'); without that line the block is not the default 16, so no token range is
+    predicted from 16 (it showed 626,053..627,108 as if the Mamba cache mode were the only unknown)."""
+    a = run(HYBRID_NO_BLOCK_LINE, "qwen3.5-35b-a3b.json", kv_cache_dtype="fp8")
+    assert a.formula.verdict == Verdict.UNKNOWN and a.formula.predicted_tokens is None
+    assert "attention block size is not in the log" in a.formula.verdict_reason

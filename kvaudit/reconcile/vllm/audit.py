@@ -535,6 +535,13 @@ def _predict_grouped(ctx: Context, K: float, logged: int, pool: HybridPool | Non
     count is not checked (UNKNOWN), and it is a mismatch only when no value could give it."""
     mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
         ctx.args.get("max_model_len"))
+    if pool is not None and ctx.block_source.startswith("default"):
+        # HybridAttentionMambaModelConfig.verify_and_update_config raises the attention block so an attention page
+        # holds a Mamba page and says so ("Setting attention block size to N tokens"): without that line the block
+        # is not 16, and the Mamba state size that sets it is not in the config geometry read here
+        return Prediction(None, Verdict.UNKNOWN, (
+            "hybrid pool: the attention block size is not in the log (vLLM raises it so an attention page holds a "
+            "Mamba page: the 'Setting attention block size to N tokens' line), so the count is not checked"))
     if pool is not None:
         cands, why = hybrid_candidates(K, pool, ctx, mml, _speculative_tokens(ctx.args), logged)
     else:
