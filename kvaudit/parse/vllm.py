@@ -62,6 +62,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"Auto-fit",
     b"weights took",  # also the MiB form, which carries no "GiB"
     b"Mamba cache mode",
+    b"Mamba cache blocks",
     b"data type to store kv cache",
     b"Worker_",  # a worker's tag on any line (a compiler's, a progress bar's) names a rank: TP at least n + 1
     b"max_num_batched_tokens",
@@ -69,7 +70,7 @@ ANCHORS: tuple[bytes, ...] = (
 
 MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
                             "GPU KV cache size", "Available KV cache memory", "# GPU blocks", "# CUDA blocks",
-                            "# cuda blocks", "vLLM instance can use", "VllmWorker")
+                            "# cuda blocks", "vLLM instance can use", "VllmWorker", "exceeds available Mamba cache blocks")
 
 NUM = r"(-?\d+(?:\.\d+)?)"
 GI = r"\s?(?:GiB|GB|Gib)"
@@ -120,7 +121,8 @@ class Setting(Event):
     ("Mamba cache mode is set to 'align' ...", ``config/vllm.py`` 0.2x), ``max_num_batched_tokens`` ("Chunked
     prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
     padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
-    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X)."""
+    ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X), ``sliding_as_full`` (the warning that every
+    sliding-window layer is sized as full attention)."""
 
     key: str = ""
     value: str = ""
@@ -201,6 +203,13 @@ _HYBRID_BLOCK = lazy(r"Setting attention block size to (\d+) tokens to ensure th
 _MAMBA_PAD = lazy(r"Padding mamba page size by " + NUM + r"%")
 #: config/cache.py (0.6+): "Using fp8_e4m3 data type to store kv cache. It reduces the GPU memory footprint ..."
 _KV_DTYPE_LINE = lazy(r"Using (\w+) data type to store kv cache")
+# quantization/kv_cache.py process_weights_after_loading (0.7.3 .. 0.27.1 at least): warned only when the KV cache is
+# quantized (is_quantized_kv_cache) to a non-e5m2 fp8 and the checkpoint gave no k/v scales, so it names the KV dtype
+# v1/core/kv_cache_utils.py: unify_hybrid_kv_cache_specs (0.10+) and, 0.2x, the page-size fallback both size every
+# sliding-window layer as full attention (the hybrid manager off, whatever the args said)
+_SLIDING_AS_FULL = lazy(r"Hybrid KV cache manager is disabled for this hybrid model|KV cache page sizes cannot be "
+                        r"unified; treating sliding-window layers as full attention")
+_KV_SCALE_DEFAULT = lazy(r"Using KV cache scaling factor 1\.0 for (fp8_e4m3)\b")
 #: V1 gpu_worker.py determine_available_memory at DEBUG (0.9-0.2x, read in the 0.19.0 wheel): the request, the
 #: init snapshot (utils/mem_utils.py MemorySnapshot.__repr__: "... free_memory=F GiB, total_memory=T GiB, ...") and
 #: MemoryProfilingResult.__repr__ ("Memory profiling takes S seconds. Total non KV cache memory: A GiB; torch peak
@@ -235,7 +244,8 @@ _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM +
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
-#: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | engine_failed | oom | free_memory
+#: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | mamba_blocks | engine_failed | oom
+#: | free_memory
 #: | exception (a traceback's final line; fatal only before the KV pool was sized)
 _FAILURES = (
     (lazy(r"No available memory for the cache blocks"), "no_kv_memory"),
@@ -246,13 +256,16 @@ _FAILURES = (
     (lazy(r"(?:\(|^|[\s,])" + NUM + r" G(?:i)?B KV cache is needed, which is larger than the available KV "
                 r"cache memory \(" + NUM + r" G(?:i)?B\)"), "kv_needed"),
     (lazy(r"on startup is less than desired GPU memory utilization"), "free_memory"),
+    # config/compilation.py (vllm#34094; in the 0.20.0 and 0.27.1 wheels, not 0.19.0): after the pool was sized, FULL decode CUDA graphs
+    # need one Mamba block per sequence, so max_num_seqs above the pool's block count stops the startup
+    (lazy(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)"), "mamba_blocks"),
     (lazy(r"EngineCore failed to start"), "engine_failed"),
     (lazy(r"CUDA out of memory"), "oom"),
 )
 
 
 _FAILURE_WORDS = ("No available memory", "max seq len", "Error in memory profiling", "KV cache is needed",
-                  "less than desired GPU memory", "EngineCore failed", "out of memory")
+                  "less than desired GPU memory", "Mamba cache blocks", "EngineCore failed", "out of memory")
 
 
 def _rank(text: str, upto: int) -> Rank:
@@ -376,6 +389,8 @@ def parse_line(line: Line) -> _Parsed:
                 ml = re.search(r"max seq len \((\d+)\)", t)
                 if ml:
                     nums["max_model_len"] = float(ml.group(1))
+            elif kind == "mamba_blocks":
+                nums = {"max_num_seqs": float(m.group(1)), "mamba_blocks": float(m.group(2))}
             elif kind == "oom":
                 want = re.search(r"Tried to allocate " + NUM + r" (GiB|MiB)", t)
                 free = re.search(r"of which " + NUM + r" (GiB|MiB) (?:is )?free", t)
@@ -388,7 +403,12 @@ def parse_line(line: Line) -> _Parsed:
                     nums.update(free_gib=float(fm.group(1)), total_gib=float(fm.group(2)))
                 if d:
                     nums.update(util=float(d.group(1)), requested_gib=float(d.group(2)))
-            return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], [])
+            clues = [_clue((0, 20, 0), None, "the Mamba-blocks ValueError (config/compilation.py, 0.20.0+)")
+                     ] if kind == "mamba_blocks" else []
+            if kind in ("kv_needed", "no_kv_memory") and "also controls CPU memory" in t:
+                # v1/core/kv_cache_utils.py: the CPU-backend aside is in the 0.22.0 and 0.27.1 wheels, not 0.20.1's
+                clues.append(_clue((0, 20, 2), None, "'also controls CPU memory' in the KV memory error"))
+            return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], clues)
     m = _WEIGHTS.search(t) if "took" in t else None
     if m:
         read(m, (("weights_gib", 1),))
@@ -436,6 +456,12 @@ def parse_line(line: Line) -> _Parsed:
         read(m, (("total_gib", 2),))
         return _Parsed(ev, [])
     m = _KV_DTYPE_LINE.search(t) if "data type to store kv cache" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
+    m = _SLIDING_AS_FULL.search(t) if "sliding" in t or "Hybrid KV cache manager" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "sliding_as_full", m.group(0))], [])
+    m = _KV_SCALE_DEFAULT.search(t) if "KV cache scaling factor 1.0" in t else None
     if m:
         return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
     m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
@@ -567,9 +593,11 @@ def parse_line(line: Line) -> _Parsed:
     m = _CONCURRENCY.search(t) if "Maximum concurrency" in t else None
     if m:
         ev.append(Concurrency(n, t, int(m.group(1).replace(",", "")), float(m.group(2))))
-        clue = (_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'") if "," in m.group(1)
-                else _clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer"))
-        return _Parsed(ev, [clue])
+        # a length under 1,000 prints the same with or without the separator (f"{n:,}" of 128 is "128"): no clue
+        if "," in m.group(1):
+            return _Parsed(ev, [_clue((0, 8, 0), None, "thousands separator in 'Maximum concurrency'")])
+        return _Parsed(ev, [_clue((0, 6, 3), (0, 10, 99), "'Maximum concurrency' with a raw integer")]
+                       if int(m.group(1)) >= 1000 else [])
     # which pattern matched is told by the match kept, not by comparing m.re with a pattern (the patterns are
     # compiled lazily: m.re is the compiled one, never the module's LazyPattern)
     num = _NUM_BLOCKS.search(t) if "num_gpu_blocks" in t else None
@@ -711,7 +739,10 @@ class VLLMParser:
                                         path if isinstance(path, str) else None))
 
         rows: list[tuple[Line, _Parsed]] = []
+        end = 0  # the input's last line: a startup's window runs to the next one's start, the last to the end, so
+        # a memory line after its last event (a sleep-mode line, a summary kvaudit does not read) is still listed
         for line in lines:
+            end = line.number
             p = parse_line(line)
             p.events = unquoted(line, p.events, lambda masked: parse_line(masked).events)
             if p.events:  # else nothing, or engine-looking text only inside a quoted value (a prompt, a path)
@@ -738,6 +769,7 @@ class VLLMParser:
                     and abs(r.value - f.numbers["available_gib"]) > 0.015 for r in events)
                 for f in p.events)
             if restart:
+                last = max(last, line.number - 1)
                 flush()
                 events, clues, config, seen_memory = [], [], {}, False
             if not events:
@@ -749,6 +781,7 @@ class VLLMParser:
                 config.update(banner.config)
             elif not all(isinstance(e, Setting) for e in p.events):
                 seen_memory = True  # a setting the API server states before the engine's banner starts nothing
+        last = max(last, end)
         flush()
         if events and startups and all(isinstance(e, Banner) for e in events) and not any(
                 "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):

@@ -139,7 +139,8 @@ def not_reached(a: Audit) -> bool:
     failed = any(fi.code in ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY") and not fi.ignored for fi in a.findings)
     empty = all(v is None for v in (f.pre_load_free_gib, f.post_load_free_gib, f.rest_gib, f.predicted_tokens,
                                     f.logged_tokens, f.bytes_per_token))
-    return failed and empty and not any(r.value is not None for r in a.formula_rows if r.unit == "GiB")
+    sized = any(fi.fields.get("pool_sized") for fi in a.findings)  # it failed after the pool was sized
+    return failed and empty and not sized and not any(r.value is not None for r in a.formula_rows if r.unit == "GiB")
 
 
 def summary_sentences(a: Audit) -> list[str]:

@@ -270,11 +270,17 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
     if (cell is not None and pool is None and swa is None and line_cell is not None
             and not line_cell.contains(cell, slack=cell * 0.002 + slack_b)
             and logged * cell > (K + LOG_HALF_ULP) * GIB):  # type: ignore[operator]
-        fitted = _tp_that_fits(ctx, line_cell, slack_b) if ctx.tp_at_least or ctx.tp_assumed else None
+        fitted = (_tp_that_fits(ctx, line_cell, slack_b, K, logged, len(kv.kvs))
+                  if ctx.tp_at_least or ctx.tp_assumed else None)
         if fitted is not None:
-            tp_fit_note = (f"at the TP the log establishes ({'at least ' if ctx.tp_at_least else ''}{ctx.tp}) the "
+            how = ("which fits" if line_cell.contains(fitted[1], slack=fitted[1] * 0.002 + slack_b) else
+                   f"whose pool ({(logged or 0) * fitted[1] / GIB:.2f} GiB) fits within the budget shown, the gap "
+                   f"left to the {fitted[0] * ctx.pp - len(kv.kvs)} workers whose budgets the log does not show")
+            said = (f"at TP {ctx.tp} (assumed: the log does not state it)" if ctx.tp_assumed and not ctx.tp_at_least
+                    else f"at the TP the log establishes ({'at least ' if ctx.tp_at_least else ''}{ctx.tp})")
+            tp_fit_note = (f"{said} the "
                            f"config gives {cell:,} B/token, more than the pool holds; at TP {fitted[0]} it gives "
-                           f"{fitted[1]:,} B/token, which fits: the TP size is not established, so the count is not "
+                           f"{fitted[1]:,} B/token, {how}: the TP size is not established, so the count is not "
                            "checked")
             cell, source = fitted[1], f"config at TP {fitted[0]} (fitted to the KV line)"
         else:
@@ -338,6 +344,10 @@ def _swa_unmodelled(ctx: Context, geom) -> str | None:
         return None
     if ctx.args.get("disable_hybrid_kv_cache_manager") is True:
         return "the hybrid KV cache manager is disabled (--disable-hybrid-kv-cache-manager)"
+    said = next((e for e in ctx.startup.of(Setting) if e.key == "sliding_as_full"), None)
+    if said is not None:
+        return (f"the log says the sliding-window layers are sized as full attention (line {said.line}: "
+                f"'{said.value}')")
     return sliding_window_unmodelled(geom)
 
 
@@ -357,7 +367,7 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         logged_tokens=seen.logged,
         verdict=pred.verdict,
         verdict_reason=pred.reason,
-        rule=rule_text(ctx, list(kv.budgets), applied),
+        rule=rule_text(ctx, list(kv.budgets), applied, kv.fixed),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
         # "default (16 on CUDA)" when neither the args nor a hybrid layout line set it: not "log"
@@ -431,7 +441,17 @@ def _seen_text(kvs: dict[str, float]) -> str:
     return ", ".join(names) if len(names) <= 4 else f"{len(names)} ranks"
 
 
-def _tp_that_fits(ctx: Context, line_cell: Interval, slack_b: int) -> tuple[int, int] | None:
+#: how far below the budget shown a pool may sit and still be read as sized on an unseen worker's smaller
+#: budget (real TP logs: 0.09 GiB of 8.11 on vllm#21348, 1.12 GiB of 21.47 on a two-node DGX Spark run)
+UNSEEN_WORKER_GAP = 0.08
+
+
+def _tp_that_fits(ctx: Context, line_cell: Interval, slack_b: int, K: float | None = None,
+                  logged: int | None = None, budgets_seen: int = 0) -> tuple[int, int] | None:
+    """The smallest TP (a power of two above the one assumed) at which the config's bytes per token fit the KV
+    line: exactly, or, when the log shows fewer budgets than that TP has workers, as a pool within the smallest
+    budget shown and close below it (vLLM sizes the pool on the smallest worker's budget,
+    v1/core/kv_cache_utils.py get_kv_cache_configs)."""
     geom = ctx.geom
     assert geom is not None
     t = ctx.tp * 2
@@ -439,6 +459,10 @@ def _tp_that_fits(ctx: Context, line_cell: Interval, slack_b: int) -> tuple[int,
         c, _ = cell_size(geom, t, ctx.kv_elt, ctx.pp, split_v=ctx.era.lo >= (0, 14, 0))
         if line_cell.contains(c, slack=c * 0.002 + slack_b):
             return t, c
+        if K is not None and logged and budgets_seen < t * ctx.pp:
+            pool = logged * c / GIB
+            if pool <= K + LOG_HALF_ULP:
+                return (t, c) if pool >= (K - LOG_HALF_ULP) * (1 - UNSEEN_WORKER_GAP) else None
         t *= 2
     return None
 
@@ -511,6 +535,13 @@ def _predict_grouped(ctx: Context, K: float, logged: int, pool: HybridPool | Non
     count is not checked (UNKNOWN), and it is a mismatch only when no value could give it."""
     mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
         ctx.args.get("max_model_len"))
+    if pool is not None and ctx.block_source.startswith("default"):
+        # HybridAttentionMambaModelConfig.verify_and_update_config raises the attention block so an attention page
+        # holds a Mamba page and says so ("Setting attention block size to N tokens"): without that line the block
+        # is not 16, and the Mamba state size that sets it is not in the config geometry read here
+        return Prediction(None, Verdict.UNKNOWN, (
+            "hybrid pool: the attention block size is not in the log (vLLM raises it so an attention page holds a "
+            "Mamba page: the 'Setting attention block size to N tokens' line), so the count is not checked"))
     if pool is not None:
         cands, why = hybrid_candidates(K, pool, ctx, mml, _speculative_tokens(ctx.args), logged)
     else:

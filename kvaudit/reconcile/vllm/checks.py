@@ -14,7 +14,7 @@ from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 #: failures that mean there was no room for the KV cache (each quoted once, in NOT_ENOUGH_MEMORY)
-MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory")
+MEMORY_FAILURES = ("no_kv_memory", "kv_needed", "max_len", "free_memory", "mamba_blocks")
 FATAL = MEMORY_FAILURES + ("engine_failed", "oom", "profiling")
 
 
@@ -137,6 +137,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     out: list[Finding] = []
     failures = ctx.startup.of(Failure)
     quoted: set[int] = set()
+    negative_at = None
     mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
     util = ctx.util
     if mem is not None:
@@ -155,9 +156,13 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         quoted.add(oom.line)
     elif K is not None and K <= 0:
         fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx))
+        # the line that printed the negative budget (the smallest worker's), not line 0
+        at = min((rr.lines["kv_gib"] for rr in ctx.facts.values() if rr.r.get("kv_gib") == K
+                  and "kv_gib" in rr.lines), default=0)
         out.append(F.not_enough_memory(
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
-            f"gpu_memory_utilization{fit[0]}", 0, {"kv_gib": K, **fit[1]}))
+            f"gpu_memory_utilization{fit[0]}", at, {"kv_gib": K, **fit[1]}))
+        negative_at = at
     fatal = [f for f in failures if f.kind in FATAL]
     if logged is None:
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
@@ -172,6 +177,11 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
         last = fatal[-1]
         if last.line in quoted:
             detail = "the error quoted in NOT_ENOUGH_MEMORY"
+        elif negative_at is not None and last.kind == "engine_failed" and last.line > negative_at:
+            # a budget <= 0 raises "No available memory for the cache blocks" (v1/core/kv_cache_utils.py
+            # check_enough_kv_cache_memory): the generic engine-core line that follows is that error's, not another
+            detail = (f"the error quoted in NOT_ENOUGH_MEMORY (a budget <= 0 stops the engine), then: "
+                      f"{last.message}")
         else:
             detail = last.message
         after = None
@@ -237,6 +247,15 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
             clauses.append(f"or gpu_memory_utilization {util + extra / T:.4f} (+{extra:.2f} GiB)")
             fields["utilization_that_fits"] = round(util + extra / T, 4)
         return (" -> " + " ".join(clauses) if clauses else "", fields)
+    if kind == "mamba_blocks":
+        # the engine's own bound: one Mamba block per decode sequence. A larger fraction is the other way out, but
+        # how many blocks it buys depends on the page layout, which this message does not give
+        have = nums.get("mamba_blocks")
+        if have:
+            # raised after the pool was sized: the report must not say the formula was never reached
+            return (f" -> --max-num-seqs {int(have):,} fits (the pool's {int(have):,} blocks, the engine's own bound)",
+                    {"max_num_seqs_that_fits": have, "pool_sized": 1.0})
+        return "", {}
     if kind == "free_memory":
         free, total = nums.get("free_gib"), nums.get("total_gib")
         if free is not None and total:

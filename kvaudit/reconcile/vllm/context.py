@@ -5,6 +5,8 @@ source, so a report can say "at least", "default" or "assumed" instead of printi
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +110,12 @@ def _ranks(startup: Startup) -> set[Rank]:
     return {e.rank if isinstance(e, RankEvent) else rank_of(e.text) for e in startup.events}
 
 
+#: files whose lines the V1 engine-core process prints itself, whatever the TP size (its workers log the memory
+#: profile, the weights and the graphs under their own tags when TP > 1)
+_ENGINE_CORE_FILE = re.compile(r"\[?(?:kv_cache_utils|core|core_client|scheduler|api_server|api_utils|arg_utils)"
+                               r"\.py:\d+\]")
+
+
 def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions) -> tuple[int, bool, bool, str]:
     """TP size, whether it is only a lower bound, whether it is assumed, and its source. Only --tp-size and the
     engine args establish it; tags give "at least" (an excerpt may not show every rank); the pids that happen to
@@ -129,7 +137,12 @@ def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions)
         n = len(pids) + (1 if driver else 0)
         return n, True, False, (f"{len(pids)} worker process(es)" + (" + the driver" if driver else "")
                                 + " seen; their pids do not name ranks")
-    if any(has_process_tag(e.text) for e in startup.events):
+    tagged_events = [e for e in startup.events if has_process_tag(e.text)]
+    if tagged_events and all(_ENGINE_CORE_FILE.search(e.text) for e in tagged_events):
+        # the engine core prints the pool's size and concurrency (v1/core/kv_cache_utils.py) and its own failure
+        # (v1/engine/core.py) under its tag at any TP size, its workers being other processes: no TP from these
+        return 1, False, True, "assumed (only the engine core's own lines are tagged; they name no TP size)"
+    if tagged_events:
         return 1, False, False, "one process (no worker tags)"
     return 1, False, True, "assumed (the log names no TP size and carries no process tags)"
 

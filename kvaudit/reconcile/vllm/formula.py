@@ -124,7 +124,10 @@ def budget(rr: RankFacts, ctx: Context, total: float | None, peers: list[RankFac
     return None
 
 
-def rule_text(ctx: Context, budgets: list[Budget], applied: bool) -> str:
+def rule_text(ctx: Context, budgets: list[Budget], applied: bool, fixed: float | None = None) -> str:
+    if fixed is not None:
+        # v1/worker/gpu_worker.py determine_available_memory (0.10.2+): kv_cache_memory_bytes set, profiling skipped
+        return "kv_cache_memory_bytes as set (no profiling; gpu_memory_utilization does not apply)"
     if any(b.terms and b.terms[0][0] == "torch peak" for b in budgets) or (
             ctx.era.hi is not None and ctx.era.hi <= (0, 6, 5) and ctx.era.lo >= (0, 6, 4)):
         return "0.6.4: total x util - (torch peak + non-torch)"
