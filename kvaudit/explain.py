@@ -9,7 +9,7 @@ from typing import BinaryIO
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.memory_lines import is_memory_line, uninterpreted
-from kvaudit.parse.request_time import set_aside
+from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS, set_aside
 from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
                                  read_pipe_head, scan_fast, scan_pipe)
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
@@ -48,8 +48,8 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS, stats),
-                                             stats), stats)
+            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS
+                                                       + SERVING_ANCHORS, stats), stats), stats)
         except NoStartupError:
             stream.seek(start)
     stats = ScanStats()
@@ -64,7 +64,7 @@ def _read_pipe(fd: int) -> ParsedLog:
     head, at_end = read_pipe_head(fd)
     engine = _engine_of(head.decode("utf-8", "replace"))
     stats = ScanStats()
-    anchors = engine.parser.anchors + PLATFORM_ANCHORS if engine is not None else all_anchors()
+    anchors = engine.parser.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
     lines = bounded_lines(scan_pipe(fd, head, at_end, anchors, stats), stats)
     try:
         return parse_lines(lines, stats)

@@ -8,9 +8,10 @@ engine's own, by where it stands, after every grammar has split the input into s
 
 1. **A process starts once.** A startup line printed by a process (the journal's ``name[pid]:``) that printed an
    earlier startup line is no restart.
-2. **Time does not run backwards.** A startup's opening line or an error stamped earlier than a line before it
-   by more than :data:`BACKWARDS_S` (more than any interleaving of the engine's own processes) was not printed
-   then: a copy of an earlier line. The first timestamp of a line counts, so a journal's or ``docker logs --timestamps``' own
+2. **Time does not run backwards.** A startup's opening line stamped before the last line of the startup above
+   it (a restart begins after the run it replaces), or an opening line or an error stamped earlier than any line
+   before it by more than :data:`BACKWARDS_S` (more than any interleaving of the engine's own processes), was
+   not printed then: a copy of earlier lines (a request can print many). The first timestamp of a line counts, so a journal's or ``docker logs --timestamps``' own
    stamp (which a request cannot write) is the one compared.
 3. **A restart is followed by its startup.** After a startup that came up (memory lines read, no failure), a new
    startup's opening line (``server_args``, a version banner, an engine config) must be followed by the engine's
@@ -60,12 +61,24 @@ COMPLETE = {"sglang": frozenset({"SchedulerSummary"})}
 AFTER_COMPLETE = {"sglang": frozenset({"HiCacheHost"})}
 AFTER_COMPLETE_FAILURES = {"sglang": frozenset({"warmup"})}
 
-#: lines a server prints only while serving requests (when a grammar's anchors select them): vLLM's periodic
-#: stats (``Avg prompt throughput: ...``, ``GPU KV cache usage: ...%``), SGLang's batch lines, an access log line
-SERVING = re.compile(r"Avg prompt throughput: |GPU KV cache usage: \d|KV cache usage: \d[\d.]*%|"
-                     r"(?:Decode|Prefill) batch[.,] #|\"(?:POST|GET) /(?:v1/|generate)")
-#: a serving line is the engine's own only with its logger's words before it within this many characters
-SERVING_WITHIN = 200
+#: lines a server prints once its startup is over and it serves: uvicorn's ``Application startup complete.`` and
+#: ``Uvicorn running on`` (vLLM, trtllm-serve and LMDeploy's api_server start it after the engine is up; SGLang
+#: starts it before its warmup, so for SGLang only its ``fired up and ready to roll``, after the warmup, counts),
+#: vLLM's periodic stats (selected already by their ``KV `` anchor). Not trtllm-bench's ``Request serving
+#: started``: its summary table, which the grammar reads, follows it. Lines printed per request or per batch
+#: (SGLang's batch lines, TurboMind's ``[ProcessInferRequests]``) are not selected for this: a long serving log
+#: would fill the scan's bound (kvaudit.parse.lines.FLOOD_KEEP) with them and push a restart's lines out
+SERVING = {
+    "sglang": re.compile(r"fired up and ready to roll"),
+    "vllm": re.compile(r"Avg prompt throughput: |GPU KV cache usage: \d|Application startup complete|"
+                       r"Uvicorn running on"),
+    "trtllm": re.compile(r"Application startup complete|Uvicorn running on"),
+    "lmdeploy": re.compile(r"Application startup complete|Uvicorn running on"),
+}
+#: the scan's anchors for those lines (kvaudit.engines.all_anchors, explain.read_log): each printed once per start
+ANCHORS: tuple[bytes, ...] = (b"fired up", b"startup complete", b"Uvicorn running")
+#: how far into a line a serving line's words may stand (after a journal's and the engine's prefixes)
+SERVING_WITHIN = 240
 
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)")
 _VLLM = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
@@ -107,21 +120,21 @@ def _behind(latest: dict[str, float], stamp: tuple[str, float] | None) -> float:
     return max(back, 0.0)
 
 
-def _key(e: Event) -> tuple[str, str, object, str]:
-    return (type(e).__name__, str(getattr(e, "kind", "") or getattr(e, "key", "")), getattr(e, "rank", None),
-            getattr(e, "role", ""))
+def _failed(e: Event) -> bool:
+    """A failure line, in any grammar (SGLang's parser has a Failure class of its own)."""
+    return isinstance(e, Failure) or type(e).__name__ == "Failure"
 
 
 def _came_up(s: Startup) -> bool:
     """The startup logged memory lines of its own and no failure: it came up (or was coming up)."""
-    return (not any(isinstance(e, Failure) for e in s.events)
+    return (not any(_failed(e) for e in s.events)
             and any(isinstance(e, RankEvent) or type(e).__name__ not in OPENING for e in s.events))
 
 
 def _followed(s: Startup) -> bool:
     """The startup's opening line is followed by the engine's own startup lines: an event that is neither an
     opening line nor a failure, after the first line."""
-    return any(e.line > s.first_line and type(e).__name__ not in OPENING and not isinstance(e, Failure)
+    return any(e.line > s.first_line and type(e).__name__ not in OPENING and not _failed(e)
                for e in s.events)
 
 
@@ -141,14 +154,14 @@ def set_aside(engine: str, startups: Sequence[Startup], lines: Sequence[Line]) -
     behind: dict[int, float] = {}
     latest: dict[str, float] = {}
     serving: list[int] = []
+    serving_rx = SERVING.get(engine)
     for ln in lines:  # input order: each line against the lines before it
         st = _stamp(ln.text)
         stamps[ln.number] = st
         behind[ln.number] = _behind(latest, st)
         if st is not None and behind[ln.number] == 0.0:
             latest[st[0]] = max(latest.get(st[0], st[1]), st[1])
-        m = SERVING.search(ln.text, 0, SERVING_WITHIN + 40)
-        if m is not None and (st is not None or m.start() == 0):
+        if serving_rx is not None and serving_rx.search(ln.text, 0, SERVING_WITHIN) is not None:
             serving.append(ln.number)
 
     kept: list[Startup] = []
@@ -161,15 +174,18 @@ def set_aside(engine: str, startups: Sequence[Startup], lines: Sequence[Line]) -
         if kept and pid is not None and pid in pids:
             reason = (f"it is not a restart: a process that had already started printed it (pid {pid}), and a "
                       "process starts once, so the line is text a request wrote into the log")
+        elif kept and (early := _before_previous(s, kept[-1], stamps)) > 0:
+            reason = (f"its opening line is stamped {early:,.0f} s before the last line of the startup above it: a "
+                      "restart begins after the run it replaces, so these are copies of earlier lines")
         elif kept and behind.get(s.first_line, 0.0) > BACKWARDS_S:
             reason = (f"stamped {behind[s.first_line]:,.0f} s before a line above it: the engine's lines do not "
                       "run backwards in time, so it is a copy of an earlier line")
-        elif kept and not isinstance(s.events[0], Failure) and _came_up(kept[-1]) and not _followed(s):
-            what = "an error" if any(isinstance(e, Failure) for e in s.events) else "nothing"
+        elif kept and not _failed(s.events[0]) and _came_up(kept[-1]) and not _followed(s):
+            what = "an error" if any(_failed(e) for e in s.events) else "nothing"
             reason = (f"its opening line is followed by {what}, not by the engine's own startup lines (weights, "
                       "memory, the KV pool), after a startup that had come up: a request can print one line, a "
                       "restart prints its startup")
-        elif kept and isinstance(s.events[0], Failure) and not _followed(s) and (
+        elif kept and _failed(s.events[0]) and not _followed(s) and (
                 _serving_in(serving, kept[-1].first_line, s.first_line)
                 or (_came_up(kept[-1]) and all(stamps.get(e.line) for e in kept[-1].events))):
             # an error that a grammar takes for another run (vLLM's "KV cache is needed" with another figure): in
@@ -194,6 +210,19 @@ def set_aside(engine: str, startups: Sequence[Startup], lines: Sequence[Line]) -
     return kept
 
 
+def _before_previous(s: Startup, previous: Startup, stamps: dict[int, tuple[str, float] | None]) -> float:
+    """How many seconds the opening line of ``s`` is stamped before the last stamped event of the startup above
+    it, in the same format (0 when it is not, or either carries no stamp). A restart's first line comes after
+    every line of the run it replaces; a copy of that run's lines carries its times."""
+    mine = stamps.get(s.first_line)
+    if mine is None:
+        return 0.0
+    theirs = [st[1] for e in previous.events if (st := stamps.get(e.line)) is not None and st[0] == mine[0]]
+    if not theirs:
+        return 0.0
+    return max(max(theirs) - mine[1], 0.0)
+
+
 def _serving_in(serving: Sequence[int], first: int, before: int) -> bool:
     return any(first <= n < before for n in serving)
 
@@ -213,14 +242,14 @@ def _within(engine: str, s: Startup, behind: dict[int, float], serving: Sequence
     events: list[Event] = []
     warmup_failed = False
     for e in s.events:
-        if isinstance(e, Failure) and e.line > s.first_line and behind.get(e.line, 0.0) > BACKWARDS_S:
+        if _failed(e) and e.line > s.first_line and behind.get(e.line, 0.0) > BACKWARDS_S:
             backwards.append(e.line)
             continue
         if end is not None and e.line > end:
             name = type(e).__name__
-            if isinstance(e, Failure):
+            if _failed(e):
                 if (complete_at is not None and (serving_at is None or e.line < serving_at)
-                        and (e.kind in allowed_failures or warmup_failed)):
+                        and (getattr(e, "kind", "") in allowed_failures or warmup_failed)):
                     warmup_failed = True
                     events.append(e)
                 else:
@@ -247,4 +276,10 @@ def _within(engine: str, s: Startup, behind: dict[int, float], serving: Sequence
                     "not the engine writing then")
     if not said:
         return s, ()
-    return replace(s, events=tuple(events), aside_lines=tuple(sorted({*failed_after, *after, *backwards}))), tuple(said)
+    out = replace(s, events=tuple(events), aside_lines=tuple(sorted({*failed_after, *after, *backwards})))
+    if any(isinstance(getattr(e, "path", None), str) for e in s.events if e not in events):
+        # a checkpoint line set aside (trtllm-serve prints it bare): the path is the one the kept lines name,
+        # none when they name two (the grammar's own rule, kvaudit.parse.trtllm)
+        paths = {e.path.rstrip("/") for e in events if isinstance(getattr(e, "path", None), str)}  # type: ignore[attr-defined]
+        out = replace(out, model_path=paths.pop() if len(paths) == 1 else None)
+    return out, tuple(said)

@@ -113,5 +113,10 @@ def test_two_checkpoint_paths_choose_none():
     real = (SAMPLES / "trtllm_001.log").read_text()
     log, _ = _read(real)
     assert log.startups[-1].model_path and "gpt-oss-120b" in log.startups[-1].model_path
-    log, _ = _read(real + "/etc/evil/models--x--y/snapshots/0123456789abcdef\n")
+    head, rest = real.split("\n", 1)  # inside the startup, before the server serves
+    log, _ = _read(head + "\n/etc/evil/models--x--y/snapshots/0123456789abcdef\n" + rest)
     assert log.startups[-1].model_path is None
+    # after the server serves (uvicorn's "Application startup complete"), such a line is set aside and said
+    log, a = _read(real + "/etc/evil/models--x--y/snapshots/0123456789abcdef\n")
+    assert "gpt-oss-120b" in log.startups[-1].model_path
+    assert any("after the startup was complete" in n for n in a.notes), a.notes
