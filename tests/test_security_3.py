@@ -387,13 +387,14 @@ def test_a_startup_line_the_serving_process_printed_again_is_no_restart(tmp_path
     lines = log.read_text().splitlines()
     first = lines[0].split(":", 1)[1]  # the real server_args line, as the journal gave it (pid 48190)
     forged = first.replace("/models/moonshotai/Kimi-K2.5", str(tmp_path / ".docker"))
-    log.write_text("\n".join(lines + [f"{len(lines) + 1}:{forged}"]) + "\n")
+    log.write_text("\n".join(lines + [f"{int(lines[-1].split(':', 1)[0]) + 1}:{forged}"]) + "\n")
     doc = json.loads(_run(tmp_path, "check", cap, "-f", "json").stdout)
     assert doc["status"] == "ok" and doc["startup"]["index"] == 1 and doc["startup"]["total"] == 1, doc["headline"]
     assert any("not a restart" in n and "pid 48190" in n for n in doc["notes"]), doc["notes"]
     again = [re.sub(r"python3\[48(\d+)\]", r"python3[51\1]", ln.split(":", 1)[1]).replace("2026-02-25", "2026-02-26")
              for ln in lines]
-    log.write_text("\n".join(lines + [f"{len(lines) + i + 1}:{t}" for i, t in enumerate(again)]) + "\n")
+    last = int(lines[-1].split(":", 1)[0])  # a capture's log numbers its lines as the journal selection did
+    log.write_text("\n".join(lines + [f"{last + i + 1}:{t}" for i, t in enumerate(again)]) + "\n")
     doc = json.loads(_run(tmp_path, "check", cap, "-f", "json").stdout)
     assert doc["startup"]["index"] == 2 and doc["startup"]["total"] == 2, doc["headline"]
     assert not any("set aside" in n for n in doc["notes"]), doc["notes"]
