@@ -17,13 +17,12 @@ engine's own, by where it stands, after every grammar has split the input into s
    startup's opening line (``server_args``, a version banner, an engine config) must be followed by the engine's
    own startup lines (a weight load, a memory reading, a pool): an opening line with nothing after it, or only
    an error after it, is set aside.
-4. **A serving server's lines are not its startup's.** Once a startup is complete (SGLang's scheduler summary,
-   the last line its scheduler prints before the server serves) or serving (a throughput or batch line the
-   server prints only while it serves requests), a memory or failure line that follows is not part of that
-   startup: it is set aside, so that a request can neither change the figures nor turn a serving host into
-   "startup failed". What the engine prints after its summary in a real startup (SGLang's host-cache line, a
-   warmup failure and the traceback after it) stays read. A real failure while serving is said, not hidden: the
-   note names the line.
+4. **A serving server's lines are not its startup's.** Once a startup serves (:data:`SERVING`: a line the server
+   prints only once its startup, warmup included, is over), a memory or failure line that follows is not part of
+   that startup: it is set aside, so that a request can neither change the figures nor turn a serving host into
+   "startup failed". SGLang's scheduler summary does not end its startup: its warmup (the first forward: a CUDA
+   error, an out-of-memory error, the kernel's ``Killed``) follows it. A real failure while serving is said, not
+   hidden: the note names the line.
 
 Every line or startup set aside is said in the audit's notes (:attr:`Startup.set_aside`). What this cannot tell:
 a whole startup forged line by line (an opening followed by its sequence, with plausible times) in a file that
@@ -51,15 +50,6 @@ JOURNAL_PID = re.compile(r"^\S+ \S+ [^\s\[\]]+\[(\d+)\]: ")
 #: the lines that open a startup in each grammar (the engine's arguments, its version banner, its engine config):
 #: the class names of their events, as each parser defines them
 OPENING = frozenset({"ServerArgs", "Banner", "ModelPath", "EngineConfig", "Release", "Setting"})
-
-#: the event after which a startup is complete, per engine: SGLang's scheduler prints ``max_total_num_tokens=...,
-#: available_gpu_mem=...`` once its pool and CUDA graphs exist (scheduler.py, every release read); on the corpus
-#: and samples (40 SGLang logs), only the host-cache line follows it in a startup
-COMPLETE = {"sglang": frozenset({"SchedulerSummary"})}
-#: what the engine itself prints after its startup is complete: SGLang's HiCache host pool line, and its
-#: launcher's warmup failure (``Initialization failed. warmup error``, after the summary), whose traceback follows
-AFTER_COMPLETE = {"sglang": frozenset({"HiCacheHost"})}
-AFTER_COMPLETE_FAILURES = {"sglang": frozenset({"warmup"})}
 
 #: lines a server prints once its startup is over and it serves: uvicorn's ``Application startup complete.`` and
 #: ``Uvicorn running on`` (vLLM, trtllm-serve and LMDeploy's api_server start it after the engine is up; SGLang
@@ -199,7 +189,7 @@ def set_aside(engine: str, startups: Sequence[Startup], lines: Sequence[Line]) -
             continue
         if pid is not None:
             pids.add(pid)
-        s, said = _within(engine, s, behind, serving)
+        s, said = _within(s, behind, serving)
         notes = tuple(pending) + said
         pending = []
         kept.append(replace(s, index=len(kept) + 1, set_aside=s.set_aside + notes) if notes or s.index != len(kept) + 1
@@ -227,40 +217,22 @@ def _serving_in(serving: Sequence[int], first: int, before: int) -> bool:
     return any(first <= n < before for n in serving)
 
 
-def _within(engine: str, s: Startup, behind: dict[int, float], serving: Sequence[int]
-            ) -> tuple[Startup, tuple[str, ...]]:
-    """The startup less the events that run backwards in time or follow its completion (rules 2 and 4)."""
-    complete_at = next((e.line for e in s.events if type(e).__name__ in COMPLETE.get(engine, ())), None)
-    serving_at = next((n for n in serving if s.first_line < n <= s.last_line), None)
-    ends = [n for n in (complete_at, serving_at) if n is not None]
-    end = min(ends) if ends else None
-    allowed = AFTER_COMPLETE.get(engine, frozenset())
-    allowed_failures = AFTER_COMPLETE_FAILURES.get(engine, frozenset())
+def _within(s: Startup, behind: dict[int, float], serving: Sequence[int]) -> tuple[Startup, tuple[str, ...]]:
+    """The startup less the errors that run backwards in time and the lines after it serves (rules 2 and 4)."""
+    end = next((n for n in serving if s.first_line < n <= s.last_line), None)
     backwards: list[int] = []
     after: list[int] = []
     failed_after: list[int] = []
     events: list[Event] = []
-    warmup_failed = False
     for e in s.events:
         if _failed(e) and e.line > s.first_line and behind.get(e.line, 0.0) > BACKWARDS_S:
             backwards.append(e.line)
-            continue
-        if end is not None and e.line > end:
-            name = type(e).__name__
-            if _failed(e):
-                if (complete_at is not None and (serving_at is None or e.line < serving_at)
-                        and (getattr(e, "kind", "") in allowed_failures or warmup_failed)):
-                    warmup_failed = True
-                    events.append(e)
-                else:
-                    failed_after.append(e.line)
-                continue
-            if name not in allowed or (serving_at is not None and e.line > serving_at):
-                after.append(e.line)
-                continue
-        events.append(e)
+        elif end is not None and e.line > end:
+            (failed_after if _failed(e) else after).append(e.line)
+        else:
+            events.append(e)
     said: list[str] = []
-    where = (f"line {end}, {'the startup summary' if end == complete_at else 'a line the server prints while serving'}")
+    where = f"line {end}, a line the server prints once it serves"
     if failed_after:
         said.append(f"error {_lines_said(sorted(set(failed_after)))} after the startup was complete ({where}) "
                     f"{'were' if len(set(failed_after)) != 1 else 'was'} not read as the startup's: a request can "
