@@ -11,8 +11,8 @@ engine's own, by where it stands, after every grammar has split the input into s
 2. **Time does not run backwards.** A startup's opening line stamped before the last line of the startup above
    it (a restart begins after the run it replaces), or an opening line or an error stamped earlier than any line
    before it by more than :data:`BACKWARDS_S` (more than any interleaving of the engine's own processes), was
-   not printed then: a copy of earlier lines (a request can print many). The first timestamp of a line counts, so a journal's or ``docker logs --timestamps``' own
-   stamp (which a request cannot write) is the one compared.
+   not printed then: a copy of earlier lines (a request can print many). The first timestamp of a line counts,
+   so a journal's or ``docker logs --timestamps``' own stamp (which a request cannot write) is the one compared.
 3. **A restart is followed by its startup.** After a startup that came up (memory lines read, no failure), a new
    startup's opening line (``server_args``, a version banner, an engine config) must be followed by the engine's
    own startup lines (a weight load, a memory reading, a pool): an opening line with nothing after it, or only
@@ -41,7 +41,8 @@ from kvaudit.parse.lines import Line
 
 #: how far a line may run behind an earlier one: the engine's processes (API server, schedulers, TP workers)
 #: write to one stream with their own buffers, and a pasted excerpt may put a section out of order. Measured on
-#: the corpus and samples (117 + 54 logs, the Kimi journal capture): at most 143 s behind (a paste), 20 s in a journal
+#: the corpus and samples (117 + 54 logs, the Kimi journal capture): at most 143 s behind (a paste), 20 s in a
+#: journal
 BACKWARDS_S = 300.0
 
 #: the journal's short formats: "2026-02-25T10:12:01+0000 gpu-node-07 python3[48190]: ..." (the process's pid)
