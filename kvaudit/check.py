@@ -14,7 +14,6 @@ from kvaudit.collect.session import NO_CONFIG, CollectOptions, HostSession
 from kvaudit.engines import all_anchors, process_names, startup_window
 from kvaudit.platforms import detect
 from kvaudit.explain import NoStartupError, ParsedLog, parse_lines, select, with_input_notes
-from kvaudit.parse.interface import Startup
 from kvaudit.parse.lines import Line, clean
 from kvaudit.reconcile.interface import Audit, AuditOptions
 from kvaudit.reconcile.live import reconcile_gpus
@@ -94,7 +93,9 @@ def collect(target: str, opts: CheckOptions) -> tuple[Collected, ParsedLog | Non
             # no engine log: what else was read (GPUs, processes, the commands) is still the host's evidence
             exc.collected = _evidence(session, target, lines or [], str(exc))
             raise
-        startup, _ = audited_startup(log, lines, opts.startup)
+        # what a request could have written (a startup line printed again) was set aside in parsing: the
+        # config.json read is the one the audited startup names (kvaudit.parse.request_time)
+        (startup,) = select(log, opts.startup)
         model_path = startup.model_path
         config, config_source = (None, None)
         if opts.audit.model_geometry is None:
@@ -259,39 +260,6 @@ def _parse_lines(target: str, lines: list[tuple[int, str]], session: HostSession
                             f"({sum(r.bytes_received for r in session.records):,} bytes received)") from None
 
 
-#: the journal's short formats: "2026-02-25T10:12:01+0000 gpu-node-07 python3[48190]: ..." (the process's pid)
-_JOURNAL_PID = re.compile(r"^\S+ \S+ [^\s\[\]]+\[(\d+)\]: ")
-
-
-def audited_startup(log: ParsedLog, lines: list[tuple[int, str]], which: int | None) -> tuple[Startup, str | None]:
-    """The startup ``which`` names (None: the latest), where a "startup" the same process opened again is no
-    restart: a process starts once, so a startup line printed by the pid that printed an earlier one is a line a
-    request wrote into the log (a prompt with a raw newline), not a new start. Told by the journal's pid on each
-    line; without pids (a plain file, docker) every startup stands. Returns the startup and, when a forged one was
-    passed over, a note that says so."""
-    if which is not None or len(log.startups) < 2:
-        return select(log, which)[0], None
-    text = dict(lines)
-    seen: set[str] = set()
-    genuine, forged = [], []
-    for s in log.startups:
-        m = _JOURNAL_PID.match(text.get(s.first_line, ""))
-        pid = m.group(1) if m else None
-        if pid is not None and pid in seen:
-            forged.append((s, pid))
-            continue
-        if pid is not None:
-            seen.add(pid)
-        genuine.append(s)
-    if not forged:
-        return log.startups[-1], None
-    said = ", ".join(f"line {s.first_line} (pid {pid})" for s, pid in forged[:3])
-    return genuine[-1], (f"{len(forged)} startup line{'s' if len(forged) != 1 else ''} printed by a process that had "
-                         f"already started ({said}) {'are' if len(forged) != 1 else 'is'} not a restart: a process "
-                         "starts once, so such a line is text a request wrote into the log; the startup at line "
-                         f"{genuine[-1].first_line} is audited")
-
-
 def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions,
                     notes: list[str] | None = None) -> HostAudit:
     notes = list(notes or [])
@@ -299,9 +267,7 @@ def audit_collected(c: Collected, log: ParsedLog | None, opts: CheckOptions,
         exc = NoEngineFound(f"{c.target}: no engine startup in the collected log ({len(c.log_lines)} lines)")
         exc.collected = c  # a capture made without the log still holds the GPUs and processes
         raise exc
-    startup, forged = audited_startup(log, list(c.log_lines), opts.startup)
-    if forged:
-        notes.append(forged)
+    (startup,) = select(log, opts.startup)
     aopts = replace(opts.audit, source=c.source)
     if aopts.model_geometry is None and c.config_json is not None:
         from kvaudit.model_config import ConfigError, geometry_from_text

@@ -15,6 +15,7 @@ from kvaudit.parse.lmdeploy import LMDeployParser
 from kvaudit.parse.sglang import SGLangParser
 from kvaudit.parse.trtllm import TRTLLMParser
 from kvaudit.parse.memory_lines import ANCHORS as MEMORY_ANCHORS
+from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
@@ -152,6 +153,8 @@ def all_anchors() -> tuple[bytes, ...]:
     for a in PLATFORM_ANCHORS:  # the lines that name a unified-memory platform
         seen[a] = None
     for a in MEMORY_ANCHORS:  # any line stating an amount of memory: read, or listed as not interpreted
+        seen[a] = None
+    for a in SERVING_ANCHORS:  # the lines a server prints once it serves (kvaudit.parse.request_time)
         seen[a] = None
     return tuple(seen)
 

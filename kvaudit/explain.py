@@ -9,6 +9,7 @@ from typing import BinaryIO
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.memory_lines import is_memory_line, uninterpreted
+from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS, set_aside
 from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
                                  read_pipe_head, scan_fast, scan_pipe)
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
@@ -47,8 +48,8 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS, stats),
-                                             stats), stats)
+            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS
+                                                       + SERVING_ANCHORS, stats), stats), stats)
         except NoStartupError:
             stream.seek(start)
     stats = ScanStats()
@@ -63,7 +64,7 @@ def _read_pipe(fd: int) -> ParsedLog:
     head, at_end = read_pipe_head(fd)
     engine = _engine_of(head.decode("utf-8", "replace"))
     stats = ScanStats()
-    anchors = engine.parser.anchors + PLATFORM_ANCHORS if engine is not None else all_anchors()
+    anchors = engine.parser.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
     lines = bounded_lines(scan_pipe(fd, head, at_end, anchors, stats), stats)
     try:
         return parse_lines(lines, stats)
@@ -168,6 +169,7 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
                      f"does not read, e.g. line {first.number}: {first.text.strip()[:160]!r}")
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
+    startups = set_aside(engine.name, startups, lines)  # what a request could have written (issue 39)
     return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines),
                      tuple(ln for ln in lines if is_memory_line(ln.text)))
 
@@ -216,8 +218,9 @@ def with_platform(opts: AuditOptions, log: ParsedLog) -> AuditOptions:
 def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
     the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
-    a = unread(a, *uninterpreted(log.memory, startup, selected=True))
-    notes = []
+    aside = set(startup.aside_lines)  # named in the notes already (kvaudit.parse.request_time)
+    a = unread(a, *uninterpreted((ln for ln in log.memory if ln.number not in aside), startup, selected=True))
+    notes = list(startup.set_aside)
     if log.stats.absurd_lines:
         notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "
                      "a 3-digit exponent)")

@@ -66,7 +66,9 @@ def test_heavier_weights_are_named_as_the_cause_of_fewer_tokens(tmp_path):
 def test_one_log_with_two_startups_compares_its_last_two(tmp_path):
     real = KIMI_LOG.read_text()
     p = tmp_path / "two.log"
-    p.write_text(real + real)
+    # a restart: the same startup a day later from other pids (the same lines again are copies, not a restart)
+    again = re.sub(r"\[(\d+)\]: ", lambda m: f"[{int(m.group(1)) + 5000}]: ", real).replace("2026-02-25", "2026-02-26")
+    p.write_text(real + again)
     r = cli("diff", p, "-m", KIMI_CONFIG, "-f", "json")
     assert r.code == 0, r.stderr
     j = r.json()

@@ -179,29 +179,53 @@ class KubeReader:
             raise BadAnswer(f"the Kubernetes API's pod list for '-l {selector}' in {ns} is not a list")
         return [_valid_pod(p, f"list pods {ns} -l {selector}") for p in items]
 
-    def log(self, ns: str, name: str, container: str, previous: bool) -> bytes:
+    def log_lines(self, ns: str, name: str, container: str, previous: bool, anchors: tuple[bytes, ...]
+                  ) -> tuple[list[tuple[int, str]], int, int]:
+        """The log's selected lines (:func:`lines_of`), how many flooded lines were skipped, and the bytes read.
+        The response is scanned as it streams in: a pod's log is never held whole (the DaemonSet's command on 8
+        pods with 64 MiB logs held 8 of them at once: 715 MiB against its 384 MiB limit)."""
         resp = self.call("get", "pods/log", ns, f"/{name} container={container}" + (" previous" if previous else ""),
                          self.api().read_namespaced_pod_log, name, ns, container=container, timestamps=True,
                          limit_bytes=LOG_LIMIT_BYTES, previous=previous, _preload_content=False)
         # the read timeout bounds one read; a log that drips a byte at a time passes every one of them. The host's
         # deadline bounds the whole read: a watchdog ends it (urllib3's shutdown() interrupts a blocked read)
         dog = Watchdog(self.remaining(f"reading the log of {ns}/{name}"), lambda: _interrupt(resp))
+        body = _Capped(resp, LOG_LIMIT_BYTES)
         try:
             with dog:
-                try:
-                    data = resp.read(LOG_LIMIT_BYTES + 1)[:LOG_LIMIT_BYTES]
-                except Exception:  # noqa: BLE001 - the read the watchdog interrupted, in whatever way urllib3 says
-                    if not dog.fired:
-                        raise
-                    data = b""
+                lines, flooded = lines_of(body, anchors)
         finally:
             resp.release_conn()
+        if body.failed is not None and not dog.fired:
+            raise body.failed  # the transport's own error, as a read of the whole body raised it before
         if dog.fired:
             raise HostTimeout(f"the Kubernetes API did not send the whole log of {ns}/{name} within the "
                               f"{self.timeout_s:g} s deadline (it streamed too slowly, or without end)")
         last = self.records[-1]
-        self.records[-1] = replace(last, bytes_received=len(data), truncated=len(data) >= LOG_LIMIT_BYTES)
-        return data
+        self.records[-1] = replace(last, bytes_received=body.read_bytes, truncated=body.read_bytes >= LOG_LIMIT_BYTES)
+        return lines, flooded, body.read_bytes
+
+
+class _Capped:
+    """A streamed response read by the scanner's feeder thread: at most ``limit`` bytes, and a read the watchdog
+    interrupted (or any error of the transport) ends the stream instead of raising in that thread."""
+
+    def __init__(self, resp: Any, limit: int):
+        self.resp, self.left, self.read_bytes = resp, limit, 0
+        self.failed: BaseException | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0 or self.failed is not None:
+            return b""
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        try:
+            block = self.resp.read(n)
+        except Exception as exc:  # noqa: BLE001 - the read the watchdog interrupted, in whatever way urllib3 says
+            self.failed = exc
+            return b""
+        self.left -= len(block)
+        self.read_bytes += len(block)
+        return block
 
 
 def _interrupt(resp: Any) -> None:
@@ -388,16 +412,12 @@ def read_logs(reader: KubeReader, target: PodTarget, engine_names: tuple[str, ..
     read = 0
     for pod in pods:
         c = container if container in [x.name for x in pod.spec.containers] else _container(pod, None, engine_names)
-        data = reader.log(target.namespace, pod.metadata.name, c, previous=False)
-        read += len(data)
-        lines, flooded = lines_of(data, anchors)
-        del data
+        lines, flooded, n = reader.log_lines(target.namespace, pod.metadata.name, c, False, anchors)
+        read += n
         restarts = _restarts(pod, c)
         if not has_startup(lines) and restarts > 0:
-            prev = reader.log(target.namespace, pod.metadata.name, c, previous=True)
-            read += len(prev)
-            prev_lines, prev_flooded = lines_of(prev, anchors)
-            del prev
+            prev_lines, prev_flooded, n = reader.log_lines(target.namespace, pod.metadata.name, c, True, anchors)
+            read += n
             if has_startup(prev_lines):
                 notes.append(f"pod {pod.metadata.name}: container {c} restarted ({restarts}x) and its latest "
                              "instance holds no startup: read the previous instance's log (previous=true); the "
@@ -431,14 +451,17 @@ def no_startup(target: PodTarget, log: PodLog) -> NoEngineFound:
         f"within hours; audit the live server from its own endpoints instead: kvaudit check {hint}")
 
 
-def lines_of(data: bytes, anchors: tuple[bytes, ...]) -> tuple[list[tuple[int, str]], int]:
-    """The selected lines of one pod's log, bounded as a file's are (the first and last FLOOD_KEEP: a log of
-    short anchor lines must not become millions of objects per pod), and how many were skipped between them."""
+def lines_of(data: "bytes | _Capped", anchors: tuple[bytes, ...]) -> tuple[list[tuple[int, str]], int]:
+    """The selected lines of one pod's log (its bytes, or its response as it streams in), bounded as a file's are
+    (the first and last FLOOD_KEEP: a log of short anchor lines must not become millions of objects per pod),
+    and how many were skipped between them."""
     from kvaudit.parse.lines import InputError, ScanStats, bounded_lines, scan_fast
 
     stats = ScanStats()
+    stream = io.BytesIO(data) if isinstance(data, bytes) else data
     try:
-        lines = [(ln.number, ln.text) for ln in bounded_lines(scan_fast(io.BytesIO(data), anchors, stats), stats)]
+        lines = [(ln.number, ln.text) for ln in bounded_lines(scan_fast(stream, anchors, stats),  # type: ignore[arg-type]
+                                                              stats)]
     except InputError:
         return [], 0
     return lines, stats.flooded_lines

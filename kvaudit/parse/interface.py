@@ -256,6 +256,11 @@ class Startup:
     model_path: str | None = None  # where the model (and its config.json) lives, as the engine's args say
     #: lines with the engine's words that were not read because they lack its log prefix (:func:`anchored`)
     unprefixed: tuple[int, ...] = ()
+    #: what was set aside as lines a request could have written, in or before this startup, said in its audit's
+    #: notes (:mod:`kvaudit.parse.request_time`)
+    set_aside: tuple[str, ...] = ()
+    #: the numbers of the lines inside this startup's span that were set aside (named in ``set_aside``)
+    aside_lines: tuple[int, ...] = ()
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
         return tuple(e for e in self.events if isinstance(e, kind))

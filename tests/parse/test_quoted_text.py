@@ -59,7 +59,9 @@ def test_the_same_text_unquoted_is_read(sample):
     audit (so the test above would fail if quoted text were read)."""
     real = (SAMPLES / sample).read_text()
     bare = FORGED[sample].replace("'", " ").replace('"', " ")
-    assert _summary(real + bare * 3) != _summary(real)
+    # inside the startup: after its completion such lines are set aside whatever they say (request_time)
+    head, rest = real.split("\n", 1)
+    assert _summary(head + "\n" + bare * 3 + rest) != _summary(real)
 
 
 @pytest.mark.parametrize("text, masked", [

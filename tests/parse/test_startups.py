@@ -22,7 +22,8 @@ def parse(text: str):
 def test_several_restarts_split_on_server_args_latest_by_default():
     first = (SAMPLES / "sglang_029.log").read_bytes().decode()
     second = KIMI_LOG.read_bytes().decode()
-    log = parse(first + second + first)
+    # the third run a year later: a copy with the same times would be a copy of earlier lines (request_time)
+    log = parse(first + second + first.replace("2025-", "2027-"))
     assert len(log.startups) == 3
     assert [s.first_line for s in log.startups][0] == 1
     opts = AuditOptions()
@@ -40,7 +41,8 @@ def test_restart_without_server_args_splits_after_the_summary():
             "[2026-01-01 10:00:01 TP0] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=8.37 GB, mem usage=14.39 GB.\n"
             "[2026-01-01 10:00:02 TP0] KV Cache is allocated. #tokens: 105531, K size: 2.82 GB, V size: 2.82 GB\n"
             "[2026-01-01 10:00:03 TP0] max_total_num_tokens=105531, chunked_prefill_size=2048, max_prefill_tokens=16384, max_running_requests=2049, context_len=131072, available_gpu_mem=1.60 GB\n")
-    log = parse(body + body.replace("105531", "99000"))
+    # the restart five minutes later: a copy with the same times would be copies of earlier lines (request_time)
+    log = parse(body + body.replace("105531", "99000").replace("10:00:0", "10:05:0"))
     assert [s.of(S.KVAlloc)[0].tokens for s in log.startups] == [105531, 99000]
 
 
