@@ -219,8 +219,20 @@ def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
     the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
     aside = set(startup.aside_lines)  # named in the notes already (kvaudit.parse.request_time)
-    a = unread(a, *uninterpreted((ln for ln in log.memory if ln.number not in aside), startup, selected=True))
+    memory = [ln for ln in log.memory if ln.number not in aside]
+    serving = startup.serving_line
+    # the startup's own memory lines are listed with it (rule 9); those a serving server printed later (a sleep,
+    # a reload, or text a request wrote) are counted in a note, never taken for what its startup lacks
+    a = unread(a, *uninterpreted([ln for ln in memory if serving is None or ln.number <= serving], startup,
+                                 selected=True))
     notes = list(startup.set_aside)
+    if serving is not None:
+        later, n_later = uninterpreted([ln for ln in memory if ln.number > serving], startup, selected=True)
+        if n_later:
+            shown = ", ".join(str(n) for n, _ in later[:5]) + (f" and {n_later - 5:,} more" if n_later > 5 else "")
+            notes.append(f"{n_later:,} memory line{'s' if n_later != 1 else ''} after the server began serving "
+                         f"(line {serving}) {'were' if n_later != 1 else 'was'} not read as its startup's (line"
+                         f"{'s' if n_later != 1 else ''} {shown}): the running server's, or text a request wrote")
     if log.stats.absurd_lines:
         notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "
                      "a 3-digit exponent)")

@@ -261,6 +261,9 @@ class Startup:
     set_aside: tuple[str, ...] = ()
     #: the numbers of the lines inside this startup's span that were set aside (named in ``set_aside``)
     aside_lines: tuple[int, ...] = ()
+    #: the line the server printed once its startup was over and it served (kvaudit.parse.request_time.SERVING),
+    #: where the log has one: memory lines after it are the running server's, not this startup's
+    serving_line: int | None = None
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
         return tuple(e for e in self.events if isinstance(e, kind))

@@ -320,7 +320,8 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     for needle, kind in _FAILURES:
         at = t.find(needle)
         if at >= 0:
-            ev.append(Failure(n, t, rank, "target", kind, quote(t[max(t.rfind("] ", 0, at) + 2, 0):] if kind == "oom"
+            cut = t.rfind("] ", 0, at)  # the message after the logger's last bracket; the whole line without one
+            ev.append(Failure(n, t, rank, "target", kind, quote(t[cut + 2 if cut >= 0 else 0:] if kind == "oom"
                                                                else t[at:]), oom_numbers(t)))
             return ev, clues
     m = _MODEL_KEY.search(t)

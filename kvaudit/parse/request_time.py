@@ -247,6 +247,8 @@ def _within(s: Startup, behind: dict[int, float], serving: Sequence[int]) -> tup
         said.append(f"error {_lines_said(sorted(set(backwards)))} {'were' if len(set(backwards)) != 1 else 'was'} not "
                     f"read: stamped more than {BACKWARDS_S:,.0f} s before a line above, so copies of earlier lines, "
                     "not the engine writing then")
+    if end is not None:
+        s = replace(s, serving_line=end)
     if not said:
         return s, ()
     out = replace(s, events=tuple(events), aside_lines=tuple(sorted({*failed_after, *after, *backwards})))

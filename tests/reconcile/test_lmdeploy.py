@@ -223,3 +223,18 @@ def test_whatif_names_lmdeploys_settings_in_its_own_words(tmp_path):
                          "json").stdout)
     assert doc["whatif"]["changes"] == {"quant_policy": 8, "session_len": 200000}
     assert doc["whatif"]["tokens_after"]["low"] > 64_000 * 1.9  # about twice the 64,000 tokens
+
+
+@pytest.mark.parametrize("text", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "2025-01-01 10:00:00,000 - lmdeploy - ERROR - [engine.py] torch.OutOfMemoryError: CUDA out of memory.",
+])
+def test_an_out_of_memory_message_is_quoted_whole(text):
+    """The message after the logger's last bracket, or the whole line where it has none (it lost its first
+    character: 'orch.OutOfMemoryError')."""
+    from kvaudit.parse.lmdeploy import parse_line
+    from kvaudit.parse.lines import Line
+
+    events, _ = parse_line(Line(1, text))
+    (failure,) = events
+    assert failure.message.startswith("torch.OutOfMemoryError"), failure.message
