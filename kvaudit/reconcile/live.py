@@ -281,9 +281,13 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
     """2026's node problems, each with its fix: engine processes no start owns, a stopped, swapped-out or
     sleeping tenant on the engine's GPUs, and the page cache a unified-memory host books as used."""
     out: list[Finding] = []
-    if roles.orphans:
+    # where nvidia-smi lists the GPUs' processes, an orphan that holds none of their memory is no GPU problem (and
+    # on a shared machine may be anyone's leftover): only those it lists are named; where it lists none (a PID
+    # namespace hides them), the titles are all there is, and every orphan is named (info unless on a GPU)
+    orphans = sorted(pid for pid in roles.orphans if not c.apps or _held(pid, ledgers))
+    if orphans:
         rows: list[dict[str, Any]] = []
-        for pid in sorted(roles.orphans):
+        for pid in orphans:
             h = roles.table[pid]
             held = _held(pid, ledgers)
             gib = round(sum(g or 0 for _, g in held), 3)
