@@ -45,3 +45,19 @@ def test_without_a_sign_of_rocm_the_printed_reading_is_t():
     a = _audit(data)
     assert a.formula.verdict == Verdict.MISMATCH, a.formula.verdict_reason
     assert not any("ROCm" in n for n in a.notes)
+
+
+def test_server_args_own_rocm_warning_is_a_sign_of_rocm():
+    """GLM-5 on MI355X with the triton backend (sglang_c052, 0.5.9 image): no aiter in server_args, but
+    server_args.py's 'Setting page size to 1 for DeepSeek DSA on ROCm.' (printed only under is_hip())."""
+    from kvaudit.reconcile.sglang.audit import rocm_evidence
+    from kvaudit.reconcile.sglang.context import build_context
+
+    log = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c052.log").read_bytes()))
+    ctx = build_context(log.startups[-1], AuditOptions(source="glm5"))
+    assert ctx.args.get("attention_backend") == "triton"
+    sign = rocm_evidence(ctx)
+    assert sign is not None and "server_args.py says so" in sign
+    # and a CUDA log says nothing of the kind
+    cuda = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c048.log").read_bytes()))
+    assert rocm_evidence(build_context(cuda.startups[-1], AuditOptions(source="llama"))) is None

@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
-                                  WeightBegin, WeightEnd)
+                                  RocmSign, WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -518,6 +518,9 @@ def rocm_evidence(ctx: Context) -> str | None:
     dtype = ctx.args.get("kv_cache_dtype")
     if isinstance(dtype, str) and "fnuz" in dtype:
         return f"kv_cache_dtype='{dtype}'"
+    signs = ctx.startup.of(RocmSign)
+    if signs:
+        return f"line {signs[0].line}: server_args.py says so"
     return None
 
 
