@@ -240,6 +240,8 @@ def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
         notes.append(f"{log.stats.flooded_lines:,} memory line(s) skipped: the input holds more than "
                      f"{2 * FLOOD_KEEP:,}, so only the first and the last {FLOOD_KEEP:,} were read (a startup logs a "
                      "few hundred; a flood of them is not a server starting)")
+    if (dropped := log.stats.dropped_bytes_note()) is not None:
+        notes.append(dropped)
     return replace(a, notes=a.notes + tuple(notes)) if notes else a
 
 

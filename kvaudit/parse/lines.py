@@ -38,6 +38,20 @@ BLOCK_SIZE = 8 << 20
 MAX_LINE_BYTES = 1 << 20
 #: look for NUL bytes in this much of the head of the input to call it binary
 BINARY_PROBE_BYTES = 64 << 10
+#: a head holding NUL bytes is still a text log (a writer's hole: a crashed writer, a log truncated while another
+#: process kept appending at its old offset, leaves one run of NULs, e.g. 12,618 bytes in the middle of AMD's
+#: sglang-ci Qwen3-30B server log) when the NULs come in at most this many runs, ...
+MAX_NUL_RUNS = 8
+#: ... the rest of the head is at least half of it and at least this many bytes, ...
+MIN_TEXT_BYTES = 1 << 10
+#: ... holds a line break per this many bytes on average (a log's lines are short) ...
+MAX_MEAN_LINE_BYTES = 4 << 10
+#: ... and at most this share of it is other control bytes (tab, line ends, form feed and ESC are a log's own).
+#: UTF-16 (a NUL every other byte), an ELF or a journal file (NUL runs everywhere), compressed data (control
+#: bytes everywhere) fail one of these and are refused as binary
+MAX_STRAY_CONTROL_SHARE = 0.01
+_NUL_RUN = re.compile(rb"\x00+")
+_STRAY_CONTROL = re.compile(rb"[\x01-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 
@@ -63,9 +77,25 @@ class ScanStats:
     absurd_lines: int = 0  # lines dropped for a number no engine prints (parse_lines)
     flooded_lines: int = 0  # selected lines skipped between the first and the last FLOOD_KEEP (bounded_lines)
     saw_nul: bool = False
+    #: the NUL runs of a text head read as text (:func:`check_head`): (byte offset, length, line number)
+    nul_runs: tuple[tuple[int, int, int], ...] = ()
+    #: other control bytes (not tab, line ends, form feed, ESC) in such a head: dropped with the NULs
+    stray_control_bytes: int = 0
     first_bytes: bytes = field(default=b"", repr=False)
     #: the scanner read the rest of a pipe itself (scan_pipe): bytes_read counts only the head
     bytes_unknown: bool = False
+
+    def dropped_bytes_note(self) -> str | None:
+        """What was dropped from a text head with NUL runs, and where (None when nothing was)."""
+        if not self.nul_runs:
+            return None
+        total = sum(n for _, n, _ in self.nul_runs)
+        where = "; ".join(f"{n:,} from byte {off:,} (line {line:,})" for off, n, line in self.nul_runs)
+        runs = "one run" if len(self.nul_runs) == 1 else f"{len(self.nul_runs)} runs"
+        stray = (f", and {self.stray_control_bytes:,} other control byte(s)," if self.stray_control_bytes else "")
+        return (f"{total:,} NUL byte(s) in {runs} ({where}){stray} dropped from the first "
+                f"{BINARY_PROBE_BYTES >> 10} KiB: a writer's hole in a text log (a crashed or truncated writer), "
+                "the rest read as text")
 
 
 #: the keys that hold the program's own line in a JSON record: journald's (``journalctl -o json``) and the
@@ -160,13 +190,7 @@ def _scan_raw(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats) ->
             first = False
             if not block:
                 raise InputError("the input is empty")
-            stats.first_bytes = block[:4096]
-            if b"\x00" in block[:BINARY_PROBE_BYTES]:
-                stats.saw_nul = True
-                raise InputError(
-                    "the input is binary, not a text log (for a journal file use "
-                    "'journalctl --file FILE -o cat -a | kvaudit explain -')"
-                )
+            check_head(block[:BINARY_PROBE_BYTES], stats)
         if not block:
             break
         stats.bytes_read += len(block)
@@ -290,7 +314,7 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         return
     origin = _regular_file_offset(stream)
     head = stream.read(BINARY_PROBE_BYTES)
-    _check_head(head, stats)
+    check_head(head, stats)
     feeder = None
     if origin is not None:
         stream.seek(origin)
@@ -335,15 +359,33 @@ PIPE_LINE_TOO_LONG = (f"the piped input has a line far over {MAX_LINE_BYTES >> 2
                       "the file (its overlong lines are then skipped)")
 
 
-def _check_head(head: bytes, stats: ScanStats) -> None:
-    """The input's first bytes: not empty, not binary (a NUL byte)."""
+BINARY_INPUT = ("the input is binary, not a text log (for a journal file use "
+                "'journalctl --file FILE -o cat -a | kvaudit explain -')")
+
+
+def check_head(head: bytes, stats: ScanStats) -> None:
+    """The input's first bytes: not empty, not binary. A head with NUL bytes is binary unless it is a text log
+    with a few holes (the bounds above); then its NUL runs are recorded for the note, and the cleaning drops
+    them (and any other control byte) from the lines like every control character."""
     if not head:
         raise InputError("the input is empty")
     stats.first_bytes = head[:4096]
-    if b"\x00" in head[:BINARY_PROBE_BYTES]:
-        stats.saw_nul = True
-        raise InputError("the input is binary, not a text log (for a journal file use "
-                         "'journalctl --file FILE -o cat -a | kvaudit explain -')")
+    probe = head[:BINARY_PROBE_BYTES]
+    if b"\x00" not in probe:
+        return
+    stats.saw_nul = True
+    runs = []
+    for m in _NUL_RUN.finditer(probe):
+        runs.append(m)
+        if len(runs) > MAX_NUL_RUNS:
+            raise InputError(BINARY_INPUT)
+    text = len(probe) - sum(m.end() - m.start() for m in runs)
+    stray = len(_STRAY_CONTROL.findall(probe))
+    if (text < MIN_TEXT_BYTES or 2 * text < len(probe) or probe.count(b"\n") * MAX_MEAN_LINE_BYTES < text
+            or stray > MAX_STRAY_CONTROL_SHARE * text):
+        raise InputError(BINARY_INPUT)
+    stats.nul_runs = tuple((m.start(), m.end() - m.start(), probe.count(b"\n", 0, m.start()) + 1) for m in runs)
+    stats.stray_control_bytes = stray
 
 
 def _start_scanner(base: list[str], anchors: tuple[bytes, ...], stdin) -> subprocess.Popen:
@@ -487,7 +529,7 @@ def scan_pipe(fd: int, head: bytes, at_end: bool, anchors: tuple[bytes, ...],
     rest of the pipe as the scanner's own standard input, its line numbers counted on from the head's."""
     anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
-    _check_head(head, stats)
+    check_head(head, stats)
     base = scanner() or []
     stats.bytes_read = len(head)
     offset = head.count(b"\n")

@@ -281,6 +281,12 @@ class NsaModel(Event):
 
 
 @dataclass(frozen=True)
+class RocmSign(Event):
+    """server_args.py's own words that it runs on ROCm, printed only under ``is_hip()`` (0.5.9):
+    ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``."""
+
+
+@dataclass(frozen=True)
 class AiterFractionKept(RankEvent):
     """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
     normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
@@ -374,6 +380,7 @@ _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
 _NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache|DSA with TP mode is active")
+_ROCM_SIGN = lazy(r"server_args\.py:\d+: (?:Setting page size to 1 for DeepSeek DSA on ROCm|Detected ROCm and )")
 _AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
@@ -886,6 +893,8 @@ def _other_lines(line: Line) -> _Parsed:
     m = _NSA_MODEL.search(text) if ("NSA backends" in text or "DSA with TP" in text) else None
     if m:
         return _Parsed(NsaModel(n, text, m.group(1)), [])
+    if "ROCm" in text and _ROCM_SIGN.search(text):
+        return _Parsed(RocmSign(n, text), [])
     m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
     if m:
         rank, clues = at(m)
@@ -1081,12 +1090,17 @@ def _avail(ev: Event) -> float | None:
     return None
 
 
+#: events of server_args.py's warnings, printed while the arguments are settled, before the 'server_args=' line
+_ARGS_WARNINGS = (NsaModel, RocmSign)
+
+
 def _starts_new(b: _Builder, ev: Event) -> bool:
     """Does this event begin a new server start rather than continue the current one?"""
     if b.empty:
         return False
     if isinstance(ev, ServerArgs):
-        return True
+        # server_args.py's own warnings (__post_init__) come before the 'server_args=' line they belong to
+        return b.server_args is not None or not all(isinstance(e, _ARGS_WARNINGS) for e in b.events)
     if isinstance(ev, (WeightBegin, WeightEnd, DistInit)) and ev.role == "target":
         st = b.ranks.get(ev.rank)
         now = _avail(ev)

@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
-                                  WeightBegin, WeightEnd)
+                                  RocmSign, WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -53,6 +53,25 @@ ENGINE = "sglang"
 UNIFIED_T_DRIFT_GIB = 0.16
 #: a widened prediction wider than this share of the pool checks nothing (a small budget on unified memory)
 UNIFIED_MAX_SPREAD = 0.05
+#: On ROCm the printed 'Load weight begin' reading is likewise only a lower bound of T. T is read at the end of
+#: ``init_torch_distributed``; then ``ModelRunner.initialize`` runs ``compute_initial_expert_location_metadata``,
+#: whose ``ModelConfigForExpertLocation.from_model_config`` calls ``get_model_architecture``: the model registry
+#: imports every sglang model module (read in the 0.4.7, 0.5.6, 0.5.9 and 0.5.20 wheels: model_runner.py,
+#: eplb/expert_location.py; AMD's logs print the registry's 'Ignore import error when loading
+#: sglang.srt.models.mindspore' between 'Init torch distributed ends' and 'Load weight begin'), and only then
+#: does ``load_model`` print its reading. On ROCm those imports (aiter, apex's fused RoPE, the HIP kernels they
+#: load) take device memory; CUDA loads modules lazily. No line prints T itself ('Init torch distributed ends'
+#: prints only the usage), so the drift is measured from the pools: on AMD's sglang-ci logs
+#: (michael-amd/sglang-ci@0232641, 0.5.4-0.5.6 images on MI300X and MI355X) the 44 startups whose pool lies below
+#: the printed numbers' formula need T 0.002..0.50 GiB above the printed reading (Grok 2.5 with aiter 0.25..0.50,
+#: GPT-OSS and Qwen3-30B 0.03..0.14, DeepSeek-R1 PD 0.002..0.085; corpus sglang_c053). The prediction takes T in
+#: [printed, printed + 0.6] (the largest seen, and a fifth more) where the log shows ROCm, and says so.
+ROCM_T_DRIFT_GIB = 0.6
+#: the releases whose ModelRunner reads T before that import (0.4.7, when expert-location metadata came in,
+#: through 0.5.20, the newest read)
+ROCM_T_DRIFT_RELEASES = ((0, 4, 7), (0, 5, 20))
+#: server_args values only AMD's builds take: the aiter and wave attention backends
+_ROCM_BACKENDS = ("aiter", "wave")
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
@@ -398,9 +417,11 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     widened = T is not None and _platform_T(ctx, opts, T, free.pre_source) != T
     if hit is not None and widened and hit.tokens.high - hit.tokens.low > UNIFIED_MAX_SPREAD * hit.tokens.high:
         # a small budget: the platform's drift alone spans much of it, and a check that cannot fail is no match
+        rocm = T is not None and _rocm_T(ctx, T, free.pre_source) != T
+        where, drift = ("on ROCm", ROCM_T_DRIFT_GIB) if rocm else ("on unified memory", UNIFIED_T_DRIFT_GIB)
         return Outcome(hit, Verdict.UNKNOWN,
-                       f"{logged:,} tokens lie in {hit.tokens.low:,}..{hit.tokens.high:,}, but on unified memory T "
-                       f"may be up to {UNIFIED_T_DRIFT_GIB} GiB above the printed reading, which spans more than "
+                       f"{logged:,} tokens lie in {hit.tokens.low:,}..{hit.tokens.high:,}, but {where} T "
+                       f"may be up to {drift} GiB above the printed reading, which spans more than "
                        f"{UNIFIED_MAX_SPREAD:.0%} of this small pool: not checked", None, negative)
     if hit is not None and _cap_bound(hit, cap.cap, logged):
         assert hit.uncapped is not None
@@ -484,12 +505,53 @@ def _spec_rules(ctx: Context) -> list[Rule]:
     return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
 
 
+def rocm_evidence(ctx: Context) -> str | None:
+    """What in the startup's server_args shows an AMD ROCm build (None: nothing does; a ROCm server on the
+    triton backend prints no such sign in the lines kvaudit reads)."""
+    for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        value = ctx.args.get(key)
+        if isinstance(value, str) and value in _ROCM_BACKENDS:
+            return f"{key}='{value}'"
+    for key, value in sorted(ctx.args.items()):
+        if "aiter" in key and value is True:
+            return f"{key}=True"
+    dtype = ctx.args.get("kv_cache_dtype")
+    if isinstance(dtype, str) and "fnuz" in dtype:
+        return f"kv_cache_dtype='{dtype}'"
+    signs = ctx.startup.of(RocmSign)
+    if signs:
+        return f"line {signs[0].line}: server_args.py says so"
+    return None
+
+
+def _rocm_T(ctx: Context, T: Interval, pre_source: str | None) -> Interval:
+    """T on ROCm: up to ROCM_T_DRIFT_GIB above the printed 'Load weight begin' reading (see the constant)."""
+    lo, hi = ROCM_T_DRIFT_RELEASES
+    if pre_source != "Load weight begin" or not ctx.era.overlaps(lo, hi):
+        return T
+    sign = rocm_evidence(ctx)
+    if sign is None:
+        return T
+    note = (f"ROCm ({sign}): SGLang's T is read at the end of init_torch_distributed, before the model registry's "
+            "imports load AMD's kernels, and the printed 'Load weight begin' reading comes after them; the "
+            f"prediction takes T up to {ROCM_T_DRIFT_GIB} GiB above it (measured on AMD's sglang-ci startups: up "
+            f"to 0.50 GiB), so a pool up to {ROCM_T_DRIFT_GIB} x (1 - mfs) GiB below the printed numbers' formula "
+            "is not a mismatch")
+    if note not in ctx.notes:
+        ctx.notes.append(note)
+    return Interval(T.lo, T.hi + ROCM_T_DRIFT_GIB)
+
+
 def _platform_T(ctx: Context, opts: AuditOptions, T: Interval, pre_source: str | None) -> Interval:
     """T as the engine read it: on a unified-memory platform up to UNIFIED_T_DRIFT_GIB above the printed
-    'Load weight begin' reading (see the constant); elsewhere the printed reading itself."""
+    'Load weight begin' reading, on ROCm up to ROCM_T_DRIFT_GIB above it (see the constants); elsewhere the
+    printed reading itself."""
+    rocm = _rocm_T(ctx, T, pre_source)
     platform = opts.platform
     if platform is None or not getattr(platform, "unified_memory", False) or pre_source != "Load weight begin":
-        return T
+        return rocm
+    if rocm != T:  # AMD's MI300A: unified and ROCm; the wider bound holds both
+        return rocm
     note = (f"unified memory ({platform.name}): SGLang's T is read at the end of init_torch_distributed, and the "
             "host's own allocations before the printed 'Load weight begin' reading lower that one; the prediction "
             f"takes T up to {UNIFIED_T_DRIFT_GIB} GiB above it (measured on GB10 startups), so a pool up to "

@@ -1,0 +1,63 @@
+"""SGLang on ROCm: T is read before the model registry's imports, the printed 'Load weight begin' after them.
+
+Real lines: AMD's sglang-ci Grok 2.5 server log (fixtures/corpus/sglang_c053.log, v0.5.6.post2 on MI355X, aiter):
+its pool of 5,599,082 tokens lies 4,203 tokens below the formula run on the printed reading (T 0.46 GiB above it
+explains them), the class seen on 44 such ROCm startups (up to 0.50 GiB)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from kvaudit.explain import audit, read_log
+from kvaudit.reconcile.interface import AuditOptions, Verdict
+from tests.conftest import FIXTURES
+
+GROK = (FIXTURES / "corpus" / "sglang_c053.log").read_bytes()
+
+
+def _audit(data: bytes):
+    return audit(read_log(io.BytesIO(data)), AuditOptions(source="grok"))[-1]
+
+
+def test_the_grok_pool_on_rocm_lies_within_the_drift_of_t():
+    a = _audit(GROK)
+    f = a.formula
+    assert f.verdict == Verdict.MATCH, f.verdict_reason
+    assert f.predicted_tokens is not None and f.predicted_tokens.low <= 5_599_082 <= f.predicted_tokens.high
+    # the upper end is the printed reading's: only T's lower bound moved
+    assert f.predicted_tokens.high == 5_604_359
+    assert any("ROCm (attention_backend='aiter')" in n and "0.6 GiB above it" in n for n in a.notes)
+
+
+def test_a_pool_further_below_than_the_drift_allows_is_still_a_mismatch():
+    # the drift allows 0.6 GiB x (1 - 0.7225) = 0.17 GiB of budget, about 5,450 tokens of 32,768 B; with every
+    # rank's free memory after the weights 0.26 GiB higher the pool lies about 12,700 tokens below: beyond it
+    data = re.sub(rb"avail mem=250\.\d\d GB, mem usage", b"avail mem=250.30 GB, mem usage", GROK)
+    assert data.count(b"avail mem=250.30 GB, mem usage") == 8
+    f = _audit(data).formula
+    assert f.verdict == Verdict.MISMATCH, f.verdict_reason
+
+
+def test_without_a_sign_of_rocm_the_printed_reading_is_t():
+    data = GROK.replace(b"attention_backend='aiter'", b"attention_backend='triton'")
+    assert data != GROK
+    a = _audit(data)
+    assert a.formula.verdict == Verdict.MISMATCH, a.formula.verdict_reason
+    assert not any("ROCm" in n for n in a.notes)
+
+
+def test_server_args_own_rocm_warning_is_a_sign_of_rocm():
+    """GLM-5 on MI355X with the triton backend (sglang_c052, 0.5.9 image): no aiter in server_args, but
+    server_args.py's 'Setting page size to 1 for DeepSeek DSA on ROCm.' (printed only under is_hip())."""
+    from kvaudit.reconcile.sglang.audit import rocm_evidence
+    from kvaudit.reconcile.sglang.context import build_context
+
+    log = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c052.log").read_bytes()))
+    ctx = build_context(log.startups[-1], AuditOptions(source="glm5"))
+    assert ctx.args.get("attention_backend") == "triton"
+    sign = rocm_evidence(ctx)
+    assert sign is not None and "server_args.py says so" in sign
+    # and a CUDA log says nothing of the kind
+    cuda = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c048.log").read_bytes()))
+    assert rocm_evidence(build_context(cuda.startups[-1], AuditOptions(source="llama"))) is None
