@@ -79,3 +79,17 @@ def test_the_renamed_2026_version_banner_is_read(tmp_path):
     d = cli("explain", log, "-f", "json").json()
     a = d["audits"][0] if "audits" in d else d
     assert a["engine_version"] == "1.3.0" and a["formula"]["logged_tokens"] == 6_931_712
+
+
+def test_tritons_second_report_of_the_same_error_is_quoted_once():
+    """trtllm_c024 (TensorRT-LLM ~0.5-0.6 under Triton, issue 494): backend_model.cc logs 'Failed to create
+    instance: ... maxTokensInPagedKvCache must be large enough ...' (line 2) and model_lifecycle.cc logs the same
+    check again as "failed to load 'tensorrt_llm' version 1: Internal: ..." (line 3): one error, quoted once, and
+    the headline quotes the check, not Triton's wrapper."""
+    d = _audit(CORPUS / "trtllm_c024.log")
+    f = {x["code"]: x for x in d["findings"]}
+    assert f["NOT_ENOUGH_MEMORY"]["message"].startswith("line 2: ERROR: Failed to create instance")
+    assert f["STARTUP_FAILED"]["message"].startswith("the server did not finish starting: the error quoted in "
+                                                     "NOT_ENOUGH_MEMORY")
+    assert sum(x["message"].count("maxTokensInPagedKvCache") for x in d["findings"]) == 1
+    assert "failed to load" not in d["headline"]
