@@ -93,3 +93,13 @@ def test_tritons_second_report_of_the_same_error_is_quoted_once():
                                                      "NOT_ENOUGH_MEMORY")
     assert sum(x["message"].count("maxTokensInPagedKvCache") for x in d["findings"]) == 1
     assert "failed to load" not in d["headline"]
+
+
+def test_a_lone_rank_0_tag_is_no_tp_size():
+    """trtllm_c022 (TensorRT-LLM issue 8802, a 1.x build): its lines carry '[RANK 0]' only. 'attention TP at least
+    1' and the note 'TP size at least 1' said nothing; the size is assumed, as in an untagged log."""
+    d = _audit(CORPUS / "trtllm_c022.log")
+    m = d["model"]
+    assert m["attention_tp_size"] == 1 and m["attention_tp_size_at_least"] is False
+    assert not any("at least 1" in n for n in d["notes"])
+    assert "attention TP 1 (assumed)" in cli("explain", CORPUS / "trtllm_c022.log").stdout
