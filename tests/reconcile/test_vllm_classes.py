@@ -371,3 +371,13 @@ def test_the_fraction_that_fits_what_was_free_is_rounded_down():
     assert f.fields["utilization_that_fits"] == 0.8483
     assert 0.8483 * 79.255 <= 67.235
     assert "at most gpu_memory_utilization 0.8483 fits" in f.message
+
+
+def test_a_max_seq_len_error_came_after_the_pool_was_counted():
+    """vllm_c055 (V0 0.7.x, vllm#13061): worker.py initialize_cache raises 'max seq len (131072) is larger than the
+    maximum number of tokens that can be stored in KV cache (81536)' with the block count already known (81,536 =
+    5,096 blocks x 16): the report must not say the startup failed before the KV pool was sized."""
+    a = run(ROOT / "fixtures" / "corpus" / "vllm_c055.log")
+    f = codes(a)["NOT_ENOUGH_MEMORY"]
+    assert f.fields["max_model_len_that_fits"] == 81536 and f.fields["pool_sized"]
+    assert "before the KV pool was sized" not in cli("explain", ROOT / "fixtures" / "corpus" / "vllm_c055.log").stdout

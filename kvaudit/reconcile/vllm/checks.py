@@ -253,7 +253,10 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
         clauses, fields = [], {}
         if have:
             clauses.append(f"--max-model-len {int(have):,} fits")
-            fields["max_model_len_that_fits"] = have
+            # worker.py initialize_cache -> raise_if_cache_size_invalid (V0, 0.7.3 read): raised once the block
+            # count is known (the count is the message's number), so the report must not say the formula was
+            # never reached
+            fields.update(max_model_len_that_fits=have, pool_sized=1.0)
         if m and have and cell and util is not None and T:
             extra = (m - have) * cell / GIB
             u = _at_least(util + extra / T)
