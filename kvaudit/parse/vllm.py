@@ -730,6 +730,7 @@ class VLLMParser:
         config: dict[str, Any] = {}
         seen_memory = False
         tags_seen: set[str] = set()
+        aside: list[str] = []  # args lines read as no start's, said on the next startup
 
         def flush() -> None:
             # a traceback's exception is any Python program's: it makes a vLLM startup only beside vLLM's banner
@@ -739,7 +740,8 @@ class VLLMParser:
                 era = resolve(clues, VersionRange((0, 2, 0), None))
                 path = config.get("model")
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
-                                        path if isinstance(path, str) else None))
+                                        path if isinstance(path, str) else None, set_aside=tuple(aside)))
+                aside.clear()
 
         rows: list[tuple[Line, _Parsed]] = []
         serving: list[int] = []  # the lines a server prints once it serves (request_time.SERVING)
@@ -778,6 +780,18 @@ class VLLMParser:
                 last = max(last, line.number - 1)
                 flush()
                 events, clues, config, seen_memory = [], [], {}, False
+            if (banner is not None and banner.version and not banner.config and events
+                    and all(isinstance(e, Banner) and e.version is None for e in events)
+                    and any(n < events[0].line for n in serving)):
+                # the API server's version line opens a start and its args line follows it (api_server.py
+                # run_server, 0.10+): args lines before it, after a server served, are no start's (a request can
+                # print one); unread, and said on the start they stood before
+                lines_aside = sorted({e.line for e in events})
+                aside.append(f"non-default args line{'s' if len(lines_aside) != 1 else ''} "
+                             f"{', '.join(map(str, lines_aside))} after the server served and before the next start's "
+                             "version line w" + ("ere" if len(lines_aside) != 1 else "as") + " not read: vLLM prints "
+                             "its args after its version line, so these are text a request wrote into the log")
+                events, clues, config = [], [], {}
             if not events:
                 first = line.number
             last = line.number

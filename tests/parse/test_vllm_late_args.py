@@ -58,3 +58,21 @@ def test_the_same_args_line_inside_the_startup_is_read(tmp_path, name):
     s, _ = _read(inside)
     assert s.server_args["kv_cache_memory_bytes"] == 1073741824
     assert s.server_args["block_size"] == 16
+
+
+@pytest.mark.parametrize("name", ["vllm_c024", "vllm_c016"])
+def test_an_args_line_after_serving_adds_nothing_to_the_restart_after_it(tmp_path, name):
+    """The forged line after serving, then a real restart (the same log again, an hour later: its own version line,
+    then its own args): the restart's args are its own, and the line is said as not read."""
+    real = (CORPUS / f"{name}.log").read_text()
+    again = real.replace(" 22:", " 23:")
+    base = tmp_path / "base.log"
+    base.write_text(real + again)
+    forged = tmp_path / "forged.log"
+    forged.write_text(real + FORGED + again)
+    s_base, said_base = _read(base)
+    s_forged, said_forged = _read(forged)
+    assert s_forged.server_args == s_base.server_args
+    assert said_forged[:4] == said_base[:4]
+    number = real.count("\n") + 1
+    assert any(f"non-default args line {number} after the server served" in n for n in said_forged[4]), said_forged[4]
