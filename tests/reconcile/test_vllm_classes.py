@@ -381,3 +381,11 @@ def test_a_max_seq_len_error_came_after_the_pool_was_counted():
     f = codes(a)["NOT_ENOUGH_MEMORY"]
     assert f.fields["max_model_len_that_fits"] == 81536 and f.fields["pool_sized"]
     assert "before the KV pool was sized" not in cli("explain", ROOT / "fixtures" / "corpus" / "vllm_c055.log").stdout
+
+
+@pytest.mark.parametrize("name, said", [("vllm_c055", "81,536 tokens, line 1"), ("vllm_c054", "939 Mamba blocks, line 1")])
+def test_an_error_that_names_the_pool_is_not_called_silent(name, said):
+    """vllm_c055 (V0's max-seq-len check) and vllm_c054 (0.20+'s Mamba-blocks check) name the pool's size in the
+    error: 'the log lacks the KV token or block count' was not true; the reason says where the figure stands."""
+    a = run(ROOT / "fixtures" / "corpus" / f"{name}.log")
+    assert f"only the error names the pool: {said}" in a.formula.verdict_reason
