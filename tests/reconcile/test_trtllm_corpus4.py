@@ -103,3 +103,15 @@ def test_a_lone_rank_0_tag_is_no_tp_size():
     assert m["attention_tp_size"] == 1 and m["attention_tp_size_at_least"] is False
     assert not any("at least 1" in n for n in d["notes"])
     assert "attention TP 1 (assumed)" in cli("explain", CORPUS / "trtllm_c022.log").stdout
+
+
+def test_the_default_fraction_is_noted_only_where_a_budget_used_it():
+    """trtllm_c019 (1.0rc, the executor's OOM table) and trtllm_c024 (Triton, a pool too small) print no free-memory
+    figure, so no fraction was applied: the note 'the default 0.9 is assumed' repeated the formula row's default and
+    claimed a use that did not happen. trtllm_c014 (17.83 GiB available x the default) keeps it."""
+    for name in ("trtllm_c019", "trtllm_c024"):
+        assert not any("default 0.9 is assumed" in n for n in _audit(CORPUS / f"{name}.log")["notes"]), name
+    cfg = ROOT / "fixtures" / "configs" / "llama31-8b.json"
+    d = cli("explain", CORPUS / "trtllm_c014.log", "--model-config", cfg, "-f", "json").json()
+    d = d["audits"][0] if "audits" in d else d
+    assert any("default 0.9 is assumed" in n for n in d["notes"])
