@@ -389,3 +389,14 @@ def test_an_error_that_names_the_pool_is_not_called_silent(name, said):
     error: 'the log lacks the KV token or block count' was not true; the reason says where the figure stands."""
     a = run(ROOT / "fixtures" / "corpus" / f"{name}.log")
     assert f"only the error names the pool: {said}" in a.formula.verdict_reason
+
+
+def test_the_default_block_size_is_noted_only_where_it_was_used():
+    """vllm_c043 (0.10.1, a -2.14 GiB budget) and vllm_c049 (a pinned 4.25 GiB, failed before a pool line) size no
+    pool: 'block size 16 is vLLM's CUDA default' claimed a use that did not happen. vllm_c042 (a budget and a
+    logged pool, checked to the token) keeps it."""
+    note = "block size 16 is vLLM's CUDA default"
+    for name in ("vllm_c043", "vllm_c049"):
+        assert not any(note in n for n in run(ROOT / "fixtures" / "corpus" / f"{name}.log").notes), name
+    a = run(ROOT / "fixtures" / "corpus" / "vllm_c042.log", load_config(CONFIGS / "gemma-4-26b-a4b-it.json"))
+    assert any(note in n for n in a.notes)

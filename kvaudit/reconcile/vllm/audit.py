@@ -418,7 +418,10 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             "tokens than its GiB suggest")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
-    if ctx.block_source.startswith("default") and (kv.K is not None or seen.logged is not None):
+    if ctx.block_source.startswith("default") and seen.logged is not None and (
+            kv.K is not None or ctx.startup.of(Blocks)):
+        # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
+        # failed or cut startup that logged neither sized nothing with it
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
 
 
