@@ -32,6 +32,7 @@ from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPrefix, Rank, RankEvent, Startup,
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
+from kvaudit.parse.request_time import SERVING, SERVING_WITHIN
 from kvaudit.versions import VersionRange, resolve
 from kvaudit.versions import clue as _clue
 
@@ -237,6 +238,8 @@ _PLAN_APPLIED = lazy(r"Applying persisted startup plan \(fingerprint (\w+)\): kv
                      + r" GiB\), recorded free-memory baseline " + NUM + r" GiB, current " + NUM + r" GiB")
 _PLAN_NOT_APPLIED = lazy(r"Startup plan not applied: current free memory \(" + NUM + r" GiB\) is below the recorded "
                          r"baseline \(" + NUM + r" GiB\)")
+#: what the server prints once it serves (kvaudit.parse.request_time.SERVING: uvicorn's lines, the periodic stats)
+_SERVING = SERVING[ENGINE]
 _PLAN_SAVED = lazy(r"Saved startup plan to (\S+)")
 _PLAN_UNREADABLE = lazy(r"Ignoring unreadable startup plan (\S+)")
 _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
@@ -727,6 +730,7 @@ class VLLMParser:
         config: dict[str, Any] = {}
         seen_memory = False
         tags_seen: set[str] = set()
+        aside: list[str] = []  # args lines read as no start's, said on the next startup
 
         def flush() -> None:
             # a traceback's exception is any Python program's: it makes a vLLM startup only beside vLLM's banner
@@ -736,13 +740,17 @@ class VLLMParser:
                 era = resolve(clues, VersionRange((0, 2, 0), None))
                 path = config.get("model")
                 startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
-                                        path if isinstance(path, str) else None))
+                                        path if isinstance(path, str) else None, set_aside=tuple(aside)))
+                aside.clear()
 
         rows: list[tuple[Line, _Parsed]] = []
+        serving: list[int] = []  # the lines a server prints once it serves (request_time.SERVING)
         end = 0  # the input's last line: a startup's window runs to the next one's start, the last to the end, so
         # a memory line after its last event (a sleep-mode line, a summary kvaudit does not read) is still listed
         for line in lines:
             end = line.number
+            if _SERVING.search(line.text, 0, SERVING_WITHIN) is not None:
+                serving.append(line.number)
             p = parse_line(line)
             p.events = unquoted(line, p.events, lambda masked: parse_line(masked).events)
             if p.events:  # else nothing, or engine-looking text only inside a quoted value (a prompt, a path)
@@ -772,6 +780,18 @@ class VLLMParser:
                 last = max(last, line.number - 1)
                 flush()
                 events, clues, config, seen_memory = [], [], {}, False
+            if (banner is not None and banner.version and not banner.config and events
+                    and all(isinstance(e, Banner) and e.version is None for e in events)
+                    and any(n < events[0].line for n in serving)):
+                # the API server's version line opens a start and its args line follows it (api_server.py
+                # run_server, 0.10+): args lines before it, after a server served, are no start's (a request can
+                # print one); unread, and said on the start they stood before
+                lines_aside = sorted({e.line for e in events})
+                aside.append(f"non-default args line{'s' if len(lines_aside) != 1 else ''} "
+                             f"{', '.join(map(str, lines_aside))} after the server served and before the next start's "
+                             "version line w" + ("ere" if len(lines_aside) != 1 else "as") + " not read: vLLM prints "
+                             "its args after its version line, so these are text a request wrote into the log")
+                events, clues, config = [], [], {}
             if not events:
                 first = line.number
             last = line.number
@@ -786,9 +806,17 @@ class VLLMParser:
         if events and startups and all(isinstance(e, Banner) for e in events) and not any(
                 "version" in (e.text or "") and isinstance(e, Banner) and e.version for e in events):
             # a pasted excerpt with the args line after the memory lines (no version banner): the args belong
-            # to the startup above; keys it already has stay as they are
+            # to the startup above; keys it already has stay as they are. Only an args line printed before that
+            # startup serves: vLLM logs its args once, before the engine starts (api_server.py run_server), so one
+            # after a serving line is the running server's output (text a request wrote), never its startup's
             prev = startups[-1]
-            merged = {**config, **(prev.server_args or {})}
-            path = merged.get("model")
-            startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
+            served = next((n for n in serving if n > prev.first_line), None)
+            late: dict[str, Any] = {}
+            for e in events:
+                if isinstance(e, Banner) and (served is None or e.line < served):
+                    late.update(e.config)
+            if late:
+                merged = {**late, **(prev.server_args or {})}
+                path = merged.get("model")
+                startups[-1] = replace(prev, server_args=merged, model_path=path if isinstance(path, str) else None)
         return with_unprefixed(startups, dropped)

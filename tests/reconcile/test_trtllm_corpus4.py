@@ -79,3 +79,39 @@ def test_the_renamed_2026_version_banner_is_read(tmp_path):
     d = cli("explain", log, "-f", "json").json()
     a = d["audits"][0] if "audits" in d else d
     assert a["engine_version"] == "1.3.0" and a["formula"]["logged_tokens"] == 6_931_712
+
+
+def test_tritons_second_report_of_the_same_error_is_quoted_once():
+    """trtllm_c024 (TensorRT-LLM ~0.5-0.6 under Triton, issue 494): backend_model.cc logs 'Failed to create
+    instance: ... maxTokensInPagedKvCache must be large enough ...' (line 2) and model_lifecycle.cc logs the same
+    check again as "failed to load 'tensorrt_llm' version 1: Internal: ..." (line 3): one error, quoted once, and
+    the headline quotes the check, not Triton's wrapper."""
+    d = _audit(CORPUS / "trtllm_c024.log")
+    f = {x["code"]: x for x in d["findings"]}
+    assert f["NOT_ENOUGH_MEMORY"]["message"].startswith("line 2: ERROR: Failed to create instance")
+    assert f["STARTUP_FAILED"]["message"].startswith("the server did not finish starting: the error quoted in "
+                                                     "NOT_ENOUGH_MEMORY")
+    assert sum(x["message"].count("maxTokensInPagedKvCache") for x in d["findings"]) == 1
+    assert "failed to load" not in d["headline"]
+
+
+def test_a_lone_rank_0_tag_is_no_tp_size():
+    """trtllm_c022 (TensorRT-LLM issue 8802, a 1.x build): its lines carry '[RANK 0]' only. 'attention TP at least
+    1' and the note 'TP size at least 1' said nothing; the size is assumed, as in an untagged log."""
+    d = _audit(CORPUS / "trtllm_c022.log")
+    m = d["model"]
+    assert m["attention_tp_size"] == 1 and m["attention_tp_size_at_least"] is False
+    assert not any("at least 1" in n for n in d["notes"])
+    assert "attention TP 1 (assumed)" in cli("explain", CORPUS / "trtllm_c022.log").stdout
+
+
+def test_the_default_fraction_is_noted_only_where_a_budget_used_it():
+    """trtllm_c019 (1.0rc, the executor's OOM table) and trtllm_c024 (Triton, a pool too small) print no free-memory
+    figure, so no fraction was applied: the note 'the default 0.9 is assumed' repeated the formula row's default and
+    claimed a use that did not happen. trtllm_c014 (17.83 GiB available x the default) keeps it."""
+    for name in ("trtllm_c019", "trtllm_c024"):
+        assert not any("default 0.9 is assumed" in n for n in _audit(CORPUS / f"{name}.log")["notes"]), name
+    cfg = ROOT / "fixtures" / "configs" / "llama31-8b.json"
+    d = cli("explain", CORPUS / "trtllm_c014.log", "--model-config", cfg, "-f", "json").json()
+    d = d["audits"][0] if "audits" in d else d
+    assert any("default 0.9 is assumed" in n for n in d["notes"])

@@ -194,7 +194,9 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
                      f"{cap / cap_fraction:.2f} GiB: what was free plus what torch held, less 32 MiB; "
                      "_adjust_torch_mem_fraction): near it torch releases its cached blocks, and an allocation past "
                      "it fails with OOM")
-    if ctx.fraction_assumed:
+    if ctx.fraction_assumed and b.smallest is not None:
+        # only where a budget was computed with it: a log with no free-memory figure (a failure, an excerpt) uses
+        # no fraction, and its formula row already says the default's value
         notes.append("free_gpu_memory_fraction is not in the log: the default 0.9 is assumed")
     if ctx.tp_at_least:
         notes.append(f"TP size at least {ctx.tp}: {ctx.tp_source}")

@@ -50,7 +50,9 @@ def rank_and_failure_findings(startup, ranks, frees, fraction, cell, logged, th,
                 clause += f", {extra:.2f} GiB more KV memory; or a maximum sequence length of at most {per_seq:,}"
                 fits["extra_gib"] = round(extra, 3)
         out.append(F.not_enough_memory(small.message + clause, small.line, {**n, **fits}))
-        quoted.add(small.line)
+        # Triton logs the same check twice (backend_model.cc 'Failed to create instance: ...', then
+        # model_lifecycle.cc "failed to load 'tensorrt_llm' version 1: Internal: ..."): one error, quoted once
+        quoted.update(f.line for f in failures if f.kind == "too_small")
     nofit = next((f for f in failures if f.kind == "no_fit"), None)
     if nofit is not None and small is None:
         out.append(F.not_enough_memory(nofit.message, nofit.line, {}))

@@ -74,6 +74,10 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     tagged = [r for r in {*facts, *startup.ranks()} if r.label]
     tp = opts.tp_size or (max(r.sort_key[1] for r in tagged) + 1 if tagged else 1)
     tp_source = "--tp-size" if opts.tp_size else ("rank tags (at least)" if tagged else "assumed (no rank tags)")
+    if tagged and tp == 1 and not opts.tp_size:
+        # '[RANK 0]' alone (a 1.x worker's tag, trtllm_c022) names no second rank: 'at least 1' says nothing, so
+        # the size is assumed as with no tag at all
+        tagged, tp_source = [], "assumed (only rank 0's lines are tagged)"
     # untagged C++ runtime lines that name a rank of a TP group ('TP group is intra-node for rank 1'): at least
     # that many ranks, as a rank tag says. 'MPI size: 4, rank: 3' is the world, TP x PP: a note, not the TP size
     seen = int(max((e.value + 1 for e in startup.of(Reading) if e.key == "rank_named"), default=0))

@@ -7,7 +7,7 @@ import math
 import dataclasses
 from dataclasses import dataclass
 
-from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, KVTokens, Setting
+from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, Failure, KVTokens, Setting
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -418,7 +418,10 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             "tokens than its GiB suggest")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
-    if ctx.block_source.startswith("default") and (kv.K is not None or seen.logged is not None):
+    if ctx.block_source.startswith("default") and seen.logged is not None and (
+            kv.K is not None or ctx.startup.of(Blocks)):
+        # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
+        # failed or cut startup that logged neither sized nothing with it
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
 
 
@@ -483,8 +486,16 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
         return Prediction(None, Verdict.UNKNOWN, f"the {logged_ev.device} + host count ({logged:,} tokens) includes "
                                                  "host-offloaded cache, which the GPU budget does not size")
     if K is None or logged is None:
+        count = "the KV token or block count"
+        # an error that names the pool's size (V0's max-seq-len check, 0.20+'s Mamba-blocks check) is no count
+        # line kvaudit checks, but the log is not silent on it: say where it stands
+        named = next(((f.line, f"{int(f.numbers['max_tokens']):,} tokens") if "max_tokens" in f.numbers else
+                      (f.line, f"{int(f.numbers['mamba_blocks']):,} Mamba blocks")
+                      for f in ctx.startup.of(Failure) if {"max_tokens", "mamba_blocks"} & set(f.numbers)), None)
+        if named is not None:
+            count += f" line (only the error names the pool: {named[1]}, line {named[0]})"
         return Prediction(None, Verdict.UNKNOWN, "cannot check: the log lacks " + " and ".join(
-            x for x, v in (("the available KV memory", K), ("the KV token or block count", logged)) if v is None))
+            x for x, v in (("the available KV memory", K), (count, logged)) if v is None))
     if cells.unmodelled:
         return Prediction(None, Verdict.UNKNOWN, f"the pool's layout is not modelled here: {cells.unmodelled}")
     if cells.tp_fit_note:

@@ -3,6 +3,7 @@ that cost KV memory, imbalance between workers, headroom. Codes and severities a
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from kvaudit.parse.vllm import Concurrency, Failure
@@ -217,6 +218,16 @@ UNIFIED_NO_RAISE = ("; not a higher gpu_memory_utilization: on unified memory th
                     "page cache before the start, or stop other programs, to raise what is free)")
 
 
+#: a settings fraction as advice: four decimals, rounded the safe way (vLLM compares the fraction itself, so a
+#: value rounded to the nearest can land on the wrong side of the bound it names)
+def _at_least(u: float) -> float:
+    return math.ceil(round(u * 1e4, 6)) / 1e4
+
+
+def _at_most(u: float) -> float:
+    return math.floor(round(u * 1e4, 6)) / 1e4
+
+
 def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float | None, K: float | None,
                cell: int | None, unified: bool = False) -> tuple[str, dict[str, float]]:
     """The setting that would have fit, as a clause for the message and as fields. On unified memory a larger
@@ -232,20 +243,25 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
             fields["max_model_len_that_fits"] = est
         short = nums.get("needed_gib", 0) - nums.get("available_gib", 0)
         if util is not None and T and short > 0:
-            u = util + short / T
+            # both figures are printed to 0.01 GiB (format_gib): the shortfall may be up to 0.01 GiB more
+            u = _at_least(util + (short + 2 * LOG_HALF_ULP) / T)
             clauses.append(f"or gpu_memory_utilization {u:.4f} (+{short:.2f} GiB)")
-            fields["utilization_that_fits"] = round(u, 4)
+            fields["utilization_that_fits"] = u
         return (" -> " + " ".join(clauses) if clauses else "", fields)
     if kind == "max_len":
         m, have = nums.get("max_model_len"), nums.get("max_tokens")
         clauses, fields = [], {}
         if have:
             clauses.append(f"--max-model-len {int(have):,} fits")
-            fields["max_model_len_that_fits"] = have
+            # worker.py initialize_cache -> raise_if_cache_size_invalid (V0, 0.7.3 read): raised once the block
+            # count is known (the count is the message's number), so the report must not say the formula was
+            # never reached
+            fields.update(max_model_len_that_fits=have, pool_sized=1.0)
         if m and have and cell and util is not None and T:
             extra = (m - have) * cell / GIB
-            clauses.append(f"or gpu_memory_utilization {util + extra / T:.4f} (+{extra:.2f} GiB)")
-            fields["utilization_that_fits"] = round(util + extra / T, 4)
+            u = _at_least(util + extra / T)
+            clauses.append(f"or gpu_memory_utilization {u:.4f} (+{extra:.2f} GiB)")
+            fields["utilization_that_fits"] = u
         return (" -> " + " ".join(clauses) if clauses else "", fields)
     if kind == "mamba_blocks":
         # the engine's own bound: one Mamba block per decode sequence. A larger fraction is the other way out, but
@@ -259,14 +275,17 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
     if kind == "free_memory":
         free, total = nums.get("free_gib"), nums.get("total_gib")
         if free is not None and total:
-            u = free / total
+            # gpu_worker.py init_device (0.9-0.10) / v1/worker/utils.py request_memory (0.11+): the start fails
+            # when free < total x util; both are printed to 0.01 GiB, so the fraction that surely fits is the
+            # smallest free over the largest total, rounded down (67.24/79.25 is 0.84845: 0.8485 may not fit)
+            u = _at_most((free - LOG_HALF_ULP) / (total + LOG_HALF_ULP))
             return (f" -> at most gpu_memory_utilization {u:.4f} fits what was free ({free:.2f} of {total:.2f} GiB; "
-                    "another process holds the rest)", {"utilization_that_fits": round(u, 4)})
+                    "another process holds the rest)", {"utilization_that_fits": u})
         return "", {}
     if K is not None and K <= 0 and util is not None and T:
-        u = util - K / T
+        u = _at_least(util + (LOG_HALF_ULP - K) / T)  # the budget is printed to 0.01 GiB: up to 0.005 more short
         return (f" -> gpu_memory_utilization above {u:.4f} (+{-K:.2f} GiB) leaves a positive budget",
-                {"minimum_utilization": round(u, 4)})
+                {"minimum_utilization": u})
     return "", {}
 
 
