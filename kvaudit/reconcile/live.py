@@ -107,8 +107,30 @@ def _roles(c: Collected, names: tuple[str, ...]) -> _Roles:
             root = parent
             seen.add(root)
         top = table[root].title
-        (others if launcher.search(top) and not worker.search(top) else orphans).add(pid)
+        if launcher.search(top) and not worker.search(top):
+            others.add(pid)  # another start of the engine, its launcher alive above its workers
+        elif _reparented(table[root].ppid, table):
+            orphans.add(pid)  # workers whose launcher died: the kernel gave them to init (or a subreaper)
+        else:
+            others.add(pid)  # workers under a live program that is no launcher of ours (serve.py, Ray): a server
     return _Roles(table, engine, frozenset(orphans), frozenset(others))
+
+
+#: programs that adopt the processes whose parent died (PID 1 in a container, a subreaper): workers under one of
+#: them have lost their launcher; workers under any other live program (a `python serve.py` using the engine's
+#: Python API, a Ray worker) are a live server of someone's, never to be killed on kvaudit's word
+SUBREAPERS = frozenset({"init", "systemd", "tini", "dumb-init", "docker-init", "s6-svscan", "runsvdir",
+                        "containerd-shim", "containerd-shim-runc-v2", "conmon", "catatonit", "supervisord"})
+
+
+def _reparented(ppid: int, table: dict[int, HostProcess]) -> bool:
+    if ppid <= 1:
+        return True
+    parent = table.get(ppid)
+    if parent is None or not parent.title:
+        return False
+    first = parent.title.split()[0].rsplit("/", 1)[-1]
+    return first in SUBREAPERS or ppid == 1
 
 
 def _agrees(smi_name: str, title: str) -> bool:

@@ -291,6 +291,28 @@ def test_a_swapped_out_tenant_and_a_sleeping_engine_on_the_engines_gpus():
     assert not [f for f in bare.findings if f.code == "IDLE_TENANT_MEMORY"]
 
 
+@pytest.mark.parametrize("parent, orphaned", [
+    (HostProcess(40, 1, "Sl", "python3 serve.py --port 9000"), False),  # the engine's Python API in a live program
+    (HostProcess(40, 1, "Ss", "/usr/bin/tini -- python3"), True),  # a container's subreaper (3 words, as ps gives)
+    (None, True),  # adopted by init: its launcher died
+])
+def test_workers_under_a_live_program_are_a_server_not_an_orphan(parent, orphaned):
+    """Workers titled as SGLang's without a launcher above them are an orphan only where their launcher died (init
+    or a subreaper adopted them); under a live `python3 serve.py` (sglang.Engine, vLLM's LLM, Ray) they are
+    someone's live server, and kvaudit never tells on-call to kill it."""
+    uuid = "GPU-3f9a1c2e-7d41-4c55-9e0b-5a1d7c00000"
+    apps = [ComputeApp(41, uuid + "3", "sglang::scheduler_TP0", 6144.0)]
+    procs = [HostProcess(48190, 1, "Sl", "python3 -m sglang.launch_server"),
+             *(HostProcess(48211 + i, 48190, "Sl", f"sglang::scheduler_TP{i}") for i in range(8)),
+             HostProcess(41, 40 if parent else 1, "Sl", "sglang::scheduler_TP0"), *([parent] if parent else [])]
+    h = _kimi_with(apps, procs, server_pids=(48190, *range(48211, 48219)))
+    found = [f for f in h.findings if f.code == "ORPHANED_ENGINE_PROCESS"]
+    assert bool(found) == orphaned, [f.message for f in h.findings]
+    if not orphaned:
+        shared = next(f for f in h.findings if f.code == "FOREIGN_PROCESS" and f.fields["gpu"] == 3)
+        assert "pid 41" in shared.message and "kill" not in shared.message
+
+
 def test_the_gate_takes_the_process_commands_as_built_and_nothing_else():
     from kvaudit.collect import commands as C
 
