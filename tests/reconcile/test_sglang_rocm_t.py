@@ -61,3 +61,14 @@ def test_server_args_own_rocm_warning_is_a_sign_of_rocm():
     # and a CUDA log says nothing of the kind
     cuda = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c048.log").read_bytes()))
     assert rocm_evidence(build_context(cuda.startups[-1], AuditOptions(source="llama"))) is None
+
+
+def test_a_start_that_died_is_not_told_its_memory_sat_idle():
+    """sglang_c057 died in its warm-up (the port still held by the previous run's server): STARTUP_FAILED. Its
+    scheduler summary's free memory was never idle on a running server, so no UNUSED_MEMORY and no advice to
+    raise the fraction beside the failure (the review found both, contradicting each other)."""
+    log = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c057.log").read_bytes()))
+    (a,) = audit(log, AuditOptions())
+    codes = {f.code for f in a.findings}
+    assert "STARTUP_FAILED" in codes and "UNUSED_MEMORY" not in codes
+    assert not any("--mem-fraction-static" in f.message for f in a.findings)

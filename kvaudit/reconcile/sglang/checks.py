@@ -76,7 +76,10 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
 
     # memory idle at the end of startup: only when the end reading is final (graphs and draft are in the
     # log); memory an excerpt stops before spending is not idle
-    for l in ledgers:
+    # nor after a fatal failure: a start that died never ran with that memory idle (its STARTUP_FAILED says what
+    # happened), and advice to raise the fraction would contradict it
+    failed = any(f.kind in FATAL for f in ctx.startup.of(Failure))
+    for l in ([] if failed else ledgers):
         t = l.pre_load_free_gib
         idle = l.free_at_end_gib if l.end_is_final else None
         if t and idle is not None and idle >= max(th.unused_min_gib, th.unused_fraction * t):
