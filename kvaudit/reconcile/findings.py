@@ -231,7 +231,12 @@ def unexplained(ledgers: list[RankLedger], covered: bool = False) -> Finding:
     """``covered``: an item the ledger could not size (listed) may account for it: info, naming the candidate;
     a warning only when nothing unmodelled could."""
     worst = max(ledgers, key=lambda l: abs(l.unexplained_gib or 0))
-    where = worst.label if len(ledgers) == 1 else f"{worst.label} (and {len(ledgers) - 1} more GPU(s))"
+    rest = [l.unexplained_gib or 0 for l in ledgers if l is not worst]
+    # the others' own range: "(and 7 more)" beside +8.57 GiB read as 8 x 8.57 where the seven held +0.31-0.32
+    where = worst.label
+    if rest:
+        span = f"{min(rest):+.2f}" if min(rest) == max(rest) else f"{min(rest):+.2f} to {max(rest):+.2f}"
+        where += f" (and {len(rest)} more GPU{'s' if len(rest) != 1 else ''}: {span} GiB)"
     missing = f"; not modelled: {', '.join(worst.unmodelled)}" if worst.unmodelled else ""
     if covered:
         missing = f"; probably {' or '.join(worst.unmodelled)}, which the log does not let kvaudit size"

@@ -72,3 +72,11 @@ def test_a_start_that_died_is_not_told_its_memory_sat_idle():
     codes = {f.code for f in a.findings}
     assert "STARTUP_FAILED" in codes and "UNUSED_MEMORY" not in codes
     assert not any("--mem-fraction-static" in f.message for f in a.findings)
+
+
+def test_unexplained_memory_on_several_gpus_gives_the_others_own_range():
+    """sglang_c053: +8.57 GiB on TP0 and +0.31-0.32 on the seven others; '(and 7 more GPU(s))' read as 8 x 8.57."""
+    log = read_log(io.BytesIO((FIXTURES / "corpus" / "sglang_c053.log").read_bytes()))
+    (a,) = audit(log, AuditOptions())
+    f = next(f for f in a.findings if f.code == "UNEXPLAINED_MEMORY")
+    assert "+8.57 GiB on TP0 (and 7 more GPUs: +0.31 to +0.32 GiB)" in f.message
