@@ -48,7 +48,7 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS
+            return parse_lines(bounded_lines(scan_fast(stream, engine.words.anchors + PLATFORM_ANCHORS
                                                        + SERVING_ANCHORS, stats), stats), stats)
         except NoStartupError:
             stream.seek(start)
@@ -64,7 +64,7 @@ def _read_pipe(fd: int) -> ParsedLog:
     head, at_end = read_pipe_head(fd)
     engine = _engine_of(head.decode("utf-8", "replace"))
     stats = ScanStats()
-    anchors = engine.parser.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
+    anchors = engine.words.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
     lines = bounded_lines(scan_pipe(fd, head, at_end, anchors, stats), stats)
     try:
         return parse_lines(lines, stats)
@@ -78,7 +78,7 @@ def _read_pipe(fd: int) -> ParsedLog:
 
 
 def _engine_of(head: str) -> Engine | None:
-    hits = [e for e in ENGINES if any(m in head for m in e.parser.markers)]
+    hits = [e for e in ENGINES if any(m in head for m in e.words.markers)]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -110,7 +110,7 @@ GENERIC_REQUEST_MARKERS = ("'messages':", '"messages":')
 
 
 def request_markers() -> tuple[str, ...]:
-    return GENERIC_REQUEST_MARKERS + tuple(m for e in ENGINES for m in e.parser.request_markers)
+    return GENERIC_REQUEST_MARKERS + tuple(m for e in ENGINES for m in e.words.request_markers)
 
 
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
