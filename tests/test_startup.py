@@ -61,6 +61,8 @@ def test_a_log_loads_only_its_own_engines_grammar(log, engine):
     assert grammars & mods == {f"kvaudit.parse.{engine}"}
     formulas = {m.split(".")[2] for m in mods if m.startswith("kvaudit.reconcile.") and m.count(".") >= 2}
     assert formulas & {"sglang", "vllm", "trtllm", "lmdeploy"} == {engine}
+    # a log's audit is judged without the host and fleet results, nor the collectors they hold
+    assert not {"kvaudit.results", "kvaudit.collect.interface", "kvaudit.reconcile.live"} & mods
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="without OpenSSH's client, paramiko reads ssh_config itself "
