@@ -90,7 +90,7 @@ def main() -> None:
 
     with big.open("rb") as fh:  # the anchors kvaudit itself scans this file with
         engine = _engine_from_head(fh)
-    used = engine.parser.anchors if engine else all_anchors()
+    used = engine.words.anchors if engine else all_anchors()
     pattern = "|".join(re.escape(a.decode()) for a in used)
     pattern_all = "|".join(re.escape(a.decode()) for a in all_anchors())
     cenv = dict(os.environ, LC_ALL="C")

@@ -1,23 +1,23 @@
-"""The registry of engines: each brings a parser (its log grammar) and a formula module.
+"""The registry of engines: each brings its words (what tells its log from the others'), a parser (its log
+grammar) and a formula module.
 
-Adding an engine means writing ``parse/<engine>.py`` and ``reconcile/<engine>.py`` (or a package) and adding
-one :class:`Engine` line here; nothing else in kvaudit changes.
+Adding an engine means writing ``parse/<engine>.py`` (its words in ``parse/vocabulary.py``) and
+``reconcile/<engine>.py`` (or a package) and adding one :class:`Engine` line here; nothing else in kvaudit changes.
+Telling which engine wrote a log needs only the words: a grammar is imported when its engine's lines are parsed,
+a formula when its engine's startup is audited (``explain`` of an SGLang log loads neither of the other three).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from kvaudit.parse.interface import EngineParser, Startup
-from kvaudit.parse.lmdeploy import LMDeployParser
-from kvaudit.parse.sglang import SGLangParser
-from kvaudit.parse.trtllm import TRTLLMParser
 from kvaudit.parse.memory_lines import ANCHORS as MEMORY_ANCHORS
 from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS
+from kvaudit.parse.vocabulary import LMDeployWords, SGLangWords, TRTLLMWords, VLLMWords
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
-from kvaudit.parse.vllm import VLLMParser
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import settle
 
@@ -25,15 +25,30 @@ if TYPE_CHECKING:  # the host commands load only for check (explain starts witho
     from kvaudit.collect.commands import StartupWindow
 
 
+class Words(Protocol):
+    """An engine's words (kvaudit.parse.vocabulary): what tells its log before its grammar is loaded."""
+
+    name: str
+    anchors: tuple[bytes, ...]
+    markers: tuple[str, ...]
+    request_markers: tuple[str, ...]
+
+
+#: each engine's parser, made the first time its lines are parsed (a parser holds no state between logs)
+_PARSERS: dict[str, EngineParser] = {}
+
+
 @dataclass(frozen=True)
 class Engine:
-    """An engine kvaudit audits: its grammar (every log is offered to every grammar, so parsers are loaded
-    eagerly) and its formula package, loaded only when a startup of this engine is audited (the CLI starts
-    without the other engines' formulas)."""
+    """An engine kvaudit audits: its words (to tell its log and select its lines), its grammar, loaded when its
+    lines are parsed, and its formula package, loaded only when a startup of this engine is audited (the CLI
+    starts without the other engines' grammars and formulas)."""
 
     name: str
     display: str
-    parser: EngineParser
+    words: type[Words]
+    #: ``module:class`` of its grammar's parser (a :class:`EngineParser` whose words are ``words``)
+    grammar: str
     #: the package with ``reconcile(startup, opts, startups_total)`` and ``whatif(startup, opts, audit, new)``
     formula: str
     process_names: tuple[str, ...] = ()  # what its systemd units and process titles contain (lower case)
@@ -44,6 +59,15 @@ class Engine:
     #: the lines the engine prints once its startup is over and it serves (each ends the line: a suffix match):
     #: a running server's journal is read up to this line (kvaudit.collect.commands.StartupWindow)
     ready: tuple[str, ...] = ()
+
+    @property
+    def parser(self) -> EngineParser:
+        """Its grammar's parser, the grammar imported on first use."""
+        p = _PARSERS.get(self.name)
+        if p is None:
+            module, cls = self.grammar.split(":")
+            p = _PARSERS[self.name] = getattr(import_module(module), cls)()
+        return p
 
     @property
     def reconcile(self) -> Callable[[Startup, AuditOptions, int], Audit]:
@@ -103,19 +127,19 @@ UVICORN_READY = "Application startup complete."
 ENGINES: tuple[Engine, ...] = (
     # sglang/srt/entrypoints/http_server.py::_wait_and_warmup (0.4+; srt/server.py before): after the warm-up
     # request, which uvicorn's own line precedes (a warm-up failure is logged after it)
-    Engine("sglang", "SGLang", SGLangParser(), "kvaudit.reconcile.sglang", ("sglang",),
-           "kvaudit.reconcile.sglang.endpoint", ready=("The server is fired up and ready to roll!",)),
+    Engine("sglang", "SGLang", SGLangWords, "kvaudit.parse.sglang:SGLangParser", "kvaudit.reconcile.sglang",
+           ("sglang",), "kvaudit.reconcile.sglang.endpoint", ready=("The server is fired up and ready to roll!",)),
     # vllm/entrypoints/launcher.py::serve_http (0.5.1+), after build_async_engine_client has sized the KV cache
-    Engine("vllm", "vLLM", VLLMParser(), "kvaudit.reconcile.vllm", ("vllm",), "kvaudit.reconcile.vllm.endpoint",
-           ready=("Available routes are:", UVICORN_READY)),
+    Engine("vllm", "vLLM", VLLMWords, "kvaudit.parse.vllm:VLLMParser", "kvaudit.reconcile.vllm", ("vllm",),
+           "kvaudit.reconcile.vllm.endpoint", ready=("Available routes are:", UVICORN_READY)),
     # tensorrt_llm/commands/serve.py: LLM(...) (the executor and its KV cache manager), then OpenAIServer under
     # uvicorn; Triton's "Started HTTPService at ADDRESS" ends in an address, no suffix: read to the end there
-    Engine("trtllm", "TensorRT-LLM", TRTLLMParser(), "kvaudit.reconcile.trtllm",
+    Engine("trtllm", "TensorRT-LLM", TRTLLMWords, "kvaudit.parse.trtllm:TRTLLMParser", "kvaudit.reconcile.trtllm",
            ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint",
            ready=(UVICORN_READY,)),
     # lmdeploy/serve/openai/api_server.py::serve: the pipeline's engine is built before uvicorn.run
-    Engine("lmdeploy", "LMDeploy", LMDeployParser(), "kvaudit.reconcile.lmdeploy", ("lmdeploy",),
-           "kvaudit.reconcile.lmdeploy.endpoint", ready=(UVICORN_READY,)),
+    Engine("lmdeploy", "LMDeploy", LMDeployWords, "kvaudit.parse.lmdeploy:LMDeployParser",
+           "kvaudit.reconcile.lmdeploy", ("lmdeploy",), "kvaudit.reconcile.lmdeploy.endpoint", ready=(UVICORN_READY,)),
 )
 
 #: words (lower case) that, in the last lines of a server's invocation, say more than serving: a crash, an OOM
@@ -132,7 +156,7 @@ def startup_window() -> StartupWindow:
     invocation, a wrapper restarting the engine: read it all)."""
     from kvaudit.collect.commands import StartupWindow
 
-    markers = tuple((i, m) for i, e in enumerate(ENGINES) for m in e.parser.markers)
+    markers = tuple((i, m) for i, e in enumerate(ENGINES) for m in e.words.markers)
     ready = tuple((i, r) for i, e in enumerate(ENGINES) for r in e.ready)
     # a marker shorter than 8 characters ("vLLM", "[TM][") is in the lines a server logs while it serves
     words = TAIL_WORDS + tuple(t.lower() for _, t in markers + ready if len(t) >= 8)
@@ -148,7 +172,7 @@ def all_anchors() -> tuple[bytes, ...]:
     """The union of the engines' anchors (recognised-only engines are told from the input's head instead)."""
     seen: dict[bytes, None] = {}
     for e in ENGINES:
-        for a in e.parser.anchors:
+        for a in e.words.anchors:
             seen[a] = None
     for a in PLATFORM_ANCHORS:  # the lines that name a unified-memory platform
         seen[a] = None

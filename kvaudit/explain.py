@@ -16,6 +16,9 @@ from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import unread
 
+#: the platform words as text (kvaudit.platforms): lines whose join holds none of them name no platform
+_PLATFORM_WORDS = tuple(a.decode() for a in PLATFORM_ANCHORS)
+
 
 class NoStartupError(InputError):
     """The input is text but holds no startup of any engine kvaudit can audit."""
@@ -28,8 +31,10 @@ class ParsedLog:
     stats: ScanStats
     #: a unified-memory platform the lines name (kvaudit.platforms), None when they name none
     platform: Platform | None = None
-    #: the selected lines that state an amount of memory (kvaudit.parse.memory_lines), read by a grammar or not
-    memory: tuple[Line, ...] = ()
+    #: the selected lines (after :func:`_sane`): those that state an amount of memory and that no grammar read are
+    #: listed with the audit (kvaudit.parse.memory_lines.uninterpreted; only the unread lines of the startup's span
+    #: are tested for memory words, a fleet's host at a time)
+    lines: tuple[Line, ...] = ()
 
 
 #: how much of a seekable input's head tells which engine wrote it
@@ -48,7 +53,7 @@ def read_log(stream: BinaryIO) -> ParsedLog:
         start = stream.tell()
         stats = ScanStats()
         try:
-            return parse_lines(bounded_lines(scan_fast(stream, engine.parser.anchors + PLATFORM_ANCHORS
+            return parse_lines(bounded_lines(scan_fast(stream, engine.words.anchors + PLATFORM_ANCHORS
                                                        + SERVING_ANCHORS, stats), stats), stats)
         except NoStartupError:
             stream.seek(start)
@@ -64,7 +69,7 @@ def _read_pipe(fd: int) -> ParsedLog:
     head, at_end = read_pipe_head(fd)
     engine = _engine_of(head.decode("utf-8", "replace"))
     stats = ScanStats()
-    anchors = engine.parser.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
+    anchors = engine.words.anchors + PLATFORM_ANCHORS + SERVING_ANCHORS if engine is not None else all_anchors()
     lines = bounded_lines(scan_pipe(fd, head, at_end, anchors, stats), stats)
     try:
         return parse_lines(lines, stats)
@@ -78,7 +83,7 @@ def _read_pipe(fd: int) -> ParsedLog:
 
 
 def _engine_of(head: str) -> Engine | None:
-    hits = [e for e in ENGINES if any(m in head for m in e.parser.markers)]
+    hits = [e for e in ENGINES if any(m in head for m in e.words.markers)]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -110,7 +115,7 @@ GENERIC_REQUEST_MARKERS = ("'messages':", '"messages":')
 
 
 def request_markers() -> tuple[str, ...]:
-    return GENERIC_REQUEST_MARKERS + tuple(m for e in ENGINES for m in e.parser.request_markers)
+    return GENERIC_REQUEST_MARKERS + tuple(m for e in ENGINES for m in e.words.request_markers)
 
 
 def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
@@ -170,8 +175,9 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
         raise NoStartupError(f"no {engine_names(' or ')} startup lines found ({what})")
     engine, startups = found[0]
     startups = set_aside(engine.name, startups, lines)  # what a request could have written (issue 39)
-    return ParsedLog(engine, tuple(startups), stats, detect(ln.text for ln in lines),
-                     tuple(ln for ln in lines if is_memory_line(ln.text)))
+    # no platform word spans a line's end: one search of the joined lines rules most hosts' lines out at once
+    platform = detect(ln.text for ln in lines) if any(w in text for w in _PLATFORM_WORDS) else None
+    return ParsedLog(engine, tuple(startups), stats, platform, tuple(lines))
 
 
 def _sane(lines: list[Line], stats: ScanStats) -> list[Line]:
@@ -219,15 +225,16 @@ def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
     the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
     aside = set(startup.aside_lines)  # named in the notes already (kvaudit.parse.request_time)
-    memory = [ln for ln in log.memory if ln.number not in aside]
+    # the startup's span only: uninterpreted() tests these (not its events' lines) for memory words
+    span = [ln for ln in log.lines
+            if startup.first_line <= ln.number <= startup.last_line and ln.number not in aside]
     serving = startup.serving_line
     # the startup's own memory lines are listed with it (rule 9); those a serving server printed later (a sleep,
     # a reload, or text a request wrote) are counted in a note, never taken for what its startup lacks
-    a = unread(a, *uninterpreted([ln for ln in memory if serving is None or ln.number <= serving], startup,
-                                 selected=True))
+    a = unread(a, *uninterpreted([ln for ln in span if serving is None or ln.number <= serving], startup))
     notes = list(startup.set_aside)
     if serving is not None:
-        later, n_later = uninterpreted([ln for ln in memory if ln.number > serving], startup, selected=True)
+        later, n_later = uninterpreted([ln for ln in span if ln.number > serving], startup)
         if n_later:
             shown = ", ".join(str(n) for n, _ in later[:5]) + (f" and {n_later - 5:,} more" if n_later > 5 else "")
             notes.append(f"{n_later:,} memory line{'s' if n_later != 1 else ''} after the server began serving "

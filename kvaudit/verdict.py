@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from kvaudit import support
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Audit, Finding, Formula, RankLedger, Severity, Verdict
-from kvaudit.results import HostAudit
 from kvaudit.status import ORDER, ExitStatus, Status, exit_status, FLEET_ORDER
+
+if TYPE_CHECKING:  # host and fleet results are judged only where they exist: explain starts without them
+    from kvaudit.results import HostAudit
 
 #: findings that say "the startup failed": their message carries the cause quoted from the log
 FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")

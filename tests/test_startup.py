@@ -52,6 +52,19 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
 
 
+@pytest.mark.parametrize("log, engine", [("sglang_029.log", "sglang"), ("vllm_001.log", "vllm")])
+def test_a_log_loads_only_its_own_engines_grammar(log, engine):
+    """The engine is told from the words (kvaudit.parse.vocabulary); only its grammar is imported (issue 40)."""
+    out, mods = _loaded("explain", str(SAMPLES / log), "--format", "json")
+    assert out.lstrip().startswith(("{", "[")), out
+    grammars = {"kvaudit.parse.sglang", "kvaudit.parse.vllm", "kvaudit.parse.trtllm", "kvaudit.parse.lmdeploy"}
+    assert grammars & mods == {f"kvaudit.parse.{engine}"}
+    formulas = {m.split(".")[2] for m in mods if m.startswith("kvaudit.reconcile.") and m.count(".") >= 2}
+    assert formulas & {"sglang", "vllm", "trtllm", "lmdeploy"} == {engine}
+    # a log's audit is judged without the host and fleet results, nor the collectors they hold
+    assert not {"kvaudit.results", "kvaudit.collect.interface", "kvaudit.reconcile.live"} & mods
+
+
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="without OpenSSH's client, paramiko reads ssh_config itself "
                     "and invoke is loaded for its Match exec, as before")
 def test_an_ssh_check_loads_paramiko_without_invoke(tmp_path):

@@ -42,43 +42,11 @@ from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank,
                                      oom_numbers, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
+from kvaudit.parse.vocabulary import LMDeployWords
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
 
-ENGINE = "lmdeploy"
-
-ANCHORS: tuple[bytes, ...] = (
-    b"block_size = ",
-    b"max_block_count = ",
-    b"Object cache budget",
-    b"[SeqMgr]",
-    b"session_len",
-    b"EngineConfig(",
-    b"CacheConfig(",
-    b"cache engine with",
-    b"free gpu memory",
-    b"max runtime memory",
-    b"max_prefill_token_num=",
-    b"No enough",
-    b"cache_block_seq_len",
-    b"cache_max_entry_count",
-    b"kv_head_num",
-    b"num_layer",
-    b"size_per_head",
-    b"tensor_para_size",
-    b"attn_tp_size",
-    b"quant_policy",
-    b"model_arch",
-    b"out of memory",
-    b"OutOfMemoryError",
-    b"LMDeploy: ",
-    b"lmdeploy serve",
-    b"Fallback to pytorch engine",
-    b"max cached tokens",
-)
-
-MARKERS: tuple[str, ...] = ("[BlockManager]", "BlockManager.cc:", "[TM][", "- lmdeploy -", "TurbomindEngineConfig(",
-                            "PytorchEngineConfig(", "Object cache budget", "Building CacheEngine")
+ENGINE = LMDeployWords.name
 
 NUM = r"(\d+(?:\.\d+)?)"
 
@@ -346,12 +314,7 @@ def _own(e: Event) -> bool:
     return False
 
 
-class LMDeployParser:
-    name = ENGINE
-    anchors = ANCHORS
-    markers = MARKERS
-    request_markers: tuple[str, ...] = ("prompt=", "prompt_token_ids=")
-
+class LMDeployParser(LMDeployWords):
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []
         events: list[Event] = []

@@ -27,46 +27,11 @@ from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (oom_numbers, SINGLE_RANK, literal, Event, OwnPrefix, Rank, RankEvent, Startup,
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
+from kvaudit.parse.vocabulary import SGLangWords
 from kvaudit.versions import VersionRange, narrow, parse_version, resolve
 from kvaudit.versions import clue as _clue
 
-ENGINE = "sglang"
-
-#: byte strings of which every line this grammar reads contains at least one (see parse.lines.scan)
-ANCHORS: tuple[bytes, ...] = (
-    # few, and chosen by measurement (bench/): grep's cost grows with the strings' number and how often their
-    # letters occur. "GB" catches nearly every memory line; the rest are lines that carry no "GB".
-    b"GB",
-    b"KV ",
-    b"Not enough",
-    b"unbalanced",
-    b"Loaded weights",
-    b"liding window",
-    b"server_args",
-    b"max_total_",
-    b"max_running_request",
-    b"Load weight",
-    b"Capture ",
-    b"Init ",
-    b"Traceback",
-    b"Error",
-    b"TokenToKVPool",
-    b"fraction-static",
-    b"HONOR_EXPLICIT",
-    # failures that carry none of the above: "Killed" (the kernel's OOM killer / the shell), "Initialization
-    # failed. warmup error", "Scheduler hit an exception"
-    b"Killed",
-    b"failed",
-    b"exception",
-    # a launcher's version banner (``SGLang Version 0.5.11+05fb6a52``)
-    b"SGLang Version",
-    b"SGLang version",
-)
-
-#: strings only SGLang's startup lines contain: the head of an input that has them (and no other engine's)
-#: is scanned with this grammar's anchors alone
-MARKERS: tuple[str, ...] = ("server_args=ServerArgs(", "server_args={", "Load weight begin", "Load weight end",
-                            "KV Cache is allocated", "Memory pool end", "Init torch distributed", "max_total_num_tokens=")
+ENGINE = SGLangWords.name
 
 OLDEST = (0, 1, 0)
 NEWEST_KNOWN = (0, 5, 23)
@@ -1184,12 +1149,7 @@ def _generic(ev: Event) -> bool:
     return isinstance(ev, Failure) and ev.kind in ("traceback", "exception", "oom", "warmup", "cuda_error", "killed")
 
 
-class SGLangParser:
-    name = ENGINE
-    anchors = ANCHORS
-    markers = MARKERS
-    request_markers: tuple[str, ...] = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=")
-
+class SGLangParser(SGLangWords):
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         rows: list[tuple[Line, _Parsed]] = []
         for line in lines:

@@ -51,76 +51,11 @@ from kvaudit.parse.patterns import lazy
 from kvaudit.parse.interface import (Event, Failure, OwnPrefix, Rank, RankEvent, Startup, anchored, numbered_rank, quote,
                                      unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
+from kvaudit.parse.vocabulary import TRTLLMWords
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
 
-ENGINE = "trtllm"
-
-ANCHORS: tuple[bytes, ...] = (
-    b"GiB",
-    b"GB for model weights",
-    b"paged KV cache",
-    b"paged kv cache",
-    b"KV cache",
-    b"kvCache",
-    b"k/v cache",
-    b"tokens per block",
-    b"TensorRT-LLM version",
-    b"TensorRT LLM version",  # the 2026 banner, after the rename ('[TensorRT-LLM] TensorRT LLM version: 1.3.0rc0')
-    b"Engine version",
-    b"Loaded engine size",
-    b"execution context memory",
-    b"GPU memory for",
-    b"max_tokens",
-    b"max_seq_len=",
-    b"freeGpuMemoryFraction",
-    b"freeMemFraction",
-    b"Executor creation failed",
-    b"must be large enough",  # 0.5-0.7's "maxTokensInPagedKvCache must be large enough ..." (no anchor above)
-    b"out of memory",
-    b"Failed to create instance",
-    b"No free blocks",
-    b"PyTorch backend",
-    b"could not be created",
-    b"(GiB): ",
-    b"/snapshots/",
-    b"maxTokens for windowSize",
-    b"has_speculative_draft_tokens",
-    b"allottedPrimaryMemBytes",
-    b"KV Memory Percentage",
-    b"free_gpu_mem",
-    # the window lines carry none of the words above (resource_manager.py, 1.0+: the attention window cut to what
-    # the pool holds, and the per-window pools of the Python VSWA sizing)
-    b"exceeds upper bound",
-    b"max_attention_window_vec",
-    b"in blocks_per_window",
-    b"Adjusted max_seq_len",
-    b"primary_blocks: ",
-    # the executor's OOM table rows (py_executor_creator.py _maybe_explain_if_oom): 'Model: 139.55 / 110.70'
-    b"Model: ",
-    b"Sampler: ",
-    b"Drafter: ",
-    b"executor resources",
-    # 1.2+ rows print ExecutorMemoryType values: 'model: 274.64 / 208.12' (mlcommons/inference#2501)
-    b"model: ",
-    b"model_weights: ",
-    b"sampler: ",
-    b"drafter: ",
-    b"guided_decoder: ",
-    b"spec_resource_manager: ",
-    b"_no_capture_",
-    b"model_extra: ",
-    b"executor_extra: ",
-    b"kv_cache: ",
-    b"PyTorch memory fraction",
-    # the C++ runtime names each rank in untagged lines (tensorrtllm_backend#577, #396)
-    b"TP group",
-    b"MPI size: ",
-)
-
-MARKERS: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
-                            "Memory usage when calculating max tokens in paged kv cache", "Loaded engine size",
-                            "in memory usage profiling", "Number of tokens per block", "for k/v cache")
+ENGINE = TRTLLMWords.name
 
 NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 
@@ -586,12 +521,7 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     return [], []
 
 
-class TRTLLMParser:
-    name = ENGINE
-    anchors = ANCHORS
-    markers = MARKERS
-    request_markers: tuple[str, ...] = ()
-
+class TRTLLMParser(TRTLLMWords):
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []
         events: list[Event] = []

@@ -33,45 +33,11 @@ from kvaudit.parse.interface import (SINGLE_RANK, literal, Event, Failure, OwnPr
                                      anchored, quote, unquoted, with_unprefixed)
 from kvaudit.parse.lines import Line
 from kvaudit.parse.request_time import SERVING, SERVING_WITHIN
+from kvaudit.parse.vocabulary import VLLMWords
 from kvaudit.versions import VersionRange, resolve
 from kvaudit.versions import clue as _clue
 
-ENGINE = "vllm"
-
-ANCHORS: tuple[bytes, ...] = (
-    # shared with SGLang's where they can be (GB, KV , Error); "GiB" catches nearly every memory line
-    b"GB",
-    b"GiB",
-    b"KV ",
-    b"Error",
-    b"ERROR",  # an engine core ERROR line, even one cut short before its message
-    b"profiling results",
-    b"memory_utilization",
-    b"memory-utilization",
-    b"No available",
-    b"blocks: ",
-    b"num_gpu_blocks",
-    b"concurrency",
-    b"LLM engine",
-    b"server version",
-    b"non-default args",
-    "\u2588  version".encode(),
-    b"max seq len",
-    b"failed to start",
-    b"mamba page",
-    b"startup plan",  # 'Saved startup plan to PATH' carries no other anchor (v1/worker/startup_plan.py)
-    b"Auto-fit",
-    b"weights took",  # also the MiB form, which carries no "GiB"
-    b"Mamba cache mode",
-    b"Mamba cache blocks",
-    b"data type to store kv cache",
-    b"Worker_",  # a worker's tag on any line (a compiler's, a progress bar's) names a rank: TP at least n + 1
-    b"max_num_batched_tokens",
-)
-
-MARKERS: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
-                            "GPU KV cache size", "Available KV cache memory", "# GPU blocks", "# CUDA blocks",
-                            "# cuda blocks", "vLLM instance can use", "VllmWorker", "exceeds available Mamba cache blocks")
+ENGINE = VLLMWords.name
 
 NUM = r"(-?\d+(?:\.\d+)?)"
 GI = r"\s?(?:GiB|GB|Gib)"
@@ -716,12 +682,7 @@ def _version_clue(ver: str) -> VersionRange:
     return VersionRange(v[:3], v[:3], (f"version banner v{ver}",))
 
 
-class VLLMParser:
-    name = ENGINE
-    anchors = ANCHORS
-    markers = MARKERS
-    request_markers: tuple[str, ...] = ("Received request", "Added request", "prompt_token_ids", "prompt: '", 'prompt: "')
-
+class VLLMParser(VLLMWords):
     def parse(self, lines: Iterable[Line]) -> list[Startup]:
         startups: list[Startup] = []
         events: list[Event] = []
