@@ -32,6 +32,8 @@ class Words(Protocol):
     anchors: tuple[bytes, ...]
     markers: tuple[str, ...]
     request_markers: tuple[str, ...]
+    ready: tuple[str, ...]
+    serving: str
 
 
 #: each engine's parser, made the first time its lines are parsed (a parser holds no state between logs)
@@ -56,9 +58,12 @@ class Engine:
     #: documents, None when they are not its own) and ``PATHS`` (each document as the paths it has been served
     #: at, newest first); None when the engine serves none kvaudit reads
     endpoint_module: str | None = None
-    #: the lines the engine prints once its startup is over and it serves (each ends the line: a suffix match):
-    #: a running server's journal is read up to this line (kvaudit.collect.commands.StartupWindow)
-    ready: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> tuple[str, ...]:
+        """The lines the engine prints once its startup is over and it serves (each ends the line: a suffix match):
+        a running server's journal is read up to this line (kvaudit.collect.commands.StartupWindow)."""
+        return self.words.ready
 
     @property
     def parser(self) -> EngineParser:
@@ -120,26 +125,16 @@ def on_platform(a: Audit, opts: AuditOptions) -> Audit:
     return replace(a, platform=p.name, notes=a.notes + (note,))
 
 
-#: uvicorn's line once the ASGI app has started (uvicorn/lifespan/on.py): vLLM, TensorRT-LLM's trtllm-serve and
-#: LMDeploy's api_server build their engine (weights, KV cache, graphs) before they hand the app to uvicorn
-UVICORN_READY = "Application startup complete."
 
 ENGINES: tuple[Engine, ...] = (
-    # sglang/srt/entrypoints/http_server.py::_wait_and_warmup (0.4+; srt/server.py before): after the warm-up
-    # request, which uvicorn's own line precedes (a warm-up failure is logged after it)
     Engine("sglang", "SGLang", SGLangWords, "kvaudit.parse.sglang:SGLangParser", "kvaudit.reconcile.sglang",
-           ("sglang",), "kvaudit.reconcile.sglang.endpoint", ready=("The server is fired up and ready to roll!",)),
-    # vllm/entrypoints/launcher.py::serve_http (0.5.1+), after build_async_engine_client has sized the KV cache
+           ("sglang",), "kvaudit.reconcile.sglang.endpoint"),
     Engine("vllm", "vLLM", VLLMWords, "kvaudit.parse.vllm:VLLMParser", "kvaudit.reconcile.vllm", ("vllm",),
-           "kvaudit.reconcile.vllm.endpoint", ready=("Available routes are:", UVICORN_READY)),
-    # tensorrt_llm/commands/serve.py: LLM(...) (the executor and its KV cache manager), then OpenAIServer under
-    # uvicorn; Triton's "Started HTTPService at ADDRESS" ends in an address, no suffix: read to the end there
+           "kvaudit.reconcile.vllm.endpoint"),
     Engine("trtllm", "TensorRT-LLM", TRTLLMWords, "kvaudit.parse.trtllm:TRTLLMParser", "kvaudit.reconcile.trtllm",
-           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint",
-           ready=(UVICORN_READY,)),
-    # lmdeploy/serve/openai/api_server.py::serve: the pipeline's engine is built before uvicorn.run
+           ("trtllm", "tensorrt_llm", "tensorrt-llm", "tritonserver", "dynamo"), "kvaudit.reconcile.trtllm.endpoint"),
     Engine("lmdeploy", "LMDeploy", LMDeployWords, "kvaudit.parse.lmdeploy:LMDeployParser",
-           "kvaudit.reconcile.lmdeploy", ("lmdeploy",), "kvaudit.reconcile.lmdeploy.endpoint", ready=(UVICORN_READY,)),
+           "kvaudit.reconcile.lmdeploy", ("lmdeploy",), "kvaudit.reconcile.lmdeploy.endpoint"),
 )
 
 #: words (lower case) that, in the last lines of a server's invocation, say more than serving: a crash, an OOM

@@ -38,6 +38,7 @@ from typing import Sequence
 
 from kvaudit.parse.interface import Event, Failure, RankEvent, Startup
 from kvaudit.parse.lines import Line
+from kvaudit.parse.vocabulary import ENGINE_WORDS
 
 #: how far a line may run behind an earlier one: the engine's processes (API server, schedulers, TP workers)
 #: write to one stream with their own buffers, and a pasted excerpt may put a section out of order. Measured on
@@ -52,20 +53,13 @@ JOURNAL_PID = re.compile(r"^\S+ \S+ [^\s\[\]]+\[(\d+)\]: ")
 #: the class names of their events, as each parser defines them
 OPENING = frozenset({"ServerArgs", "Banner", "ModelPath", "EngineConfig", "Release", "Setting"})
 
-#: lines a server prints once its startup is over and it serves: uvicorn's ``Application startup complete.`` and
-#: ``Uvicorn running on`` (vLLM, trtllm-serve and LMDeploy's api_server start it after the engine is up; SGLang
-#: starts it before its warmup, so for SGLang only its ``fired up and ready to roll``, after the warmup, counts),
-#: vLLM's periodic stats (selected already by their ``KV `` anchor). Not trtllm-bench's ``Request serving
-#: started``: its summary table, which the grammar reads, follows it. Lines printed per request or per batch
-#: (SGLang's batch lines, TurboMind's ``[ProcessInferRequests]``) are not selected for this: a long serving log
-#: would fill the scan's bound (kvaudit.parse.lines.FLOOD_KEEP) with them and push a restart's lines out
-SERVING = {
-    "sglang": re.compile(r"fired up and ready to roll"),
-    "vllm": re.compile(r"Avg prompt throughput: |GPU KV cache usage: \d|Application startup complete|"
-                       r"Uvicorn running on"),
-    "trtllm": re.compile(r"Application startup complete|Uvicorn running on"),
-    "lmdeploy": re.compile(r"Application startup complete|Uvicorn running on"),
-}
+#: lines a server prints once its startup is over and it serves, by engine: each engine's ``serving`` pattern
+#: (kvaudit.parse.vocabulary: uvicorn's lines where the engine is up before uvicorn starts; SGLang starts uvicorn
+#: before its warmup, so only its own ``fired up and ready to roll`` counts; vLLM's periodic stats). Lines printed
+#: per request or per batch (SGLang's batch lines, TurboMind's ``[ProcessInferRequests]``) are not selected for
+#: this: a long serving log would fill the scan's bound (kvaudit.parse.lines.FLOOD_KEEP) with them and push a
+#: restart's lines out
+SERVING = {w.name: re.compile(w.serving) for w in ENGINE_WORDS}
 #: the scan's anchors for those lines (kvaudit.engines.all_anchors, explain.read_log): each printed once per start
 ANCHORS: tuple[bytes, ...] = (b"fired up", b"startup complete", b"Uvicorn running")
 #: how far into a line a serving line's words may stand (after a journal's and the engine's prefixes)

@@ -10,6 +10,12 @@ source, no copy.
 
 from __future__ import annotations
 
+#: uvicorn's line once the ASGI app has started (uvicorn/lifespan/on.py): vLLM, TensorRT-LLM's trtllm-serve and
+#: LMDeploy's api_server build their engine (weights, KV cache, graphs) before they hand the app to uvicorn
+UVICORN_READY = "Application startup complete."
+#: uvicorn's lines once it serves, as a pattern (``Uvicorn running on`` follows the startup line)
+UVICORN_SERVING = r"Application startup complete|Uvicorn running on"
+
 
 class SGLangWords:
     """SGLang's words (its grammar: kvaudit.parse.sglang)."""
@@ -53,6 +59,13 @@ class SGLangWords:
     #: what its request log lines carry (``--log-requests``): a prompt may hold text that looks like a
     #: startup line, so a line with one of these is never read, by any grammar
     request_markers: tuple[str, ...] = ("GenerateReqInput(", "EmbeddingReqInput(", "Receive: obj=", "Finish: obj=")
+    #: the lines it prints once its startup is over and it serves. ``ready`` (each ends the line) is where a running
+    #: server's journal read stops (kvaudit.collect.commands.StartupWindow): http_server.py::_wait_and_warmup (0.4+;
+    #: srt/server.py before), after the warm-up request, which uvicorn's own line precedes (a warm-up failure is
+    #: logged after it). ``serving`` (a pattern) ends the startup for the forgery rules (kvaudit.parse.request_time):
+    #: the same line, uvicorn's not counting
+    ready: tuple[str, ...] = ("The server is fired up and ready to roll!",)
+    serving = r"fired up and ready to roll"
 
 
 class VLLMWords:
@@ -96,6 +109,10 @@ class VLLMWords:
     #: what its request log lines carry (``--log-requests``): a prompt may hold text that looks like a
     #: startup line, so a line with one of these is never read, by any grammar
     request_markers: tuple[str, ...] = ("Received request", "Added request", "prompt_token_ids", "prompt: '", 'prompt: "')
+    #: ready: entrypoints/launcher.py::serve_http (0.5.1+), after build_async_engine_client sized the KV cache;
+    #: serving: uvicorn's lines and the periodic stats (selected already by their ``KV `` anchor)
+    ready: tuple[str, ...] = ("Available routes are:", UVICORN_READY)
+    serving = r"Avg prompt throughput: |GPU KV cache usage: \d|" + UVICORN_SERVING
 
 
 class TRTLLMWords:
@@ -170,6 +187,11 @@ class TRTLLMWords:
     #: what its request log lines carry (``--log-requests``): a prompt may hold text that looks like a
     #: startup line, so a line with one of these is never read, by any grammar
     request_markers: tuple[str, ...] = ()
+    #: commands/serve.py: LLM(...) (the executor and its KV cache manager), then OpenAIServer under uvicorn;
+    #: Triton's "Started HTTPService at ADDRESS" ends in an address, no suffix: read to the end there. Not
+    #: trtllm-bench's "Request serving started": its summary table, which the grammar reads, follows it
+    ready: tuple[str, ...] = (UVICORN_READY,)
+    serving = UVICORN_SERVING
 
 
 class LMDeployWords:
@@ -211,3 +233,10 @@ class LMDeployWords:
     #: what its request log lines carry (``--log-requests``): a prompt may hold text that looks like a
     #: startup line, so a line with one of these is never read, by any grammar
     request_markers: tuple[str, ...] = ("prompt=", "prompt_token_ids=")
+    #: serve/openai/api_server.py::serve: the pipeline's engine is built before uvicorn.run
+    ready: tuple[str, ...] = (UVICORN_READY,)
+    serving = UVICORN_SERVING
+
+
+#: every engine's words, in the registry's order (kvaudit.engines.ENGINES names each)
+ENGINE_WORDS = (SGLangWords, VLLMWords, TRTLLMWords, LMDeployWords)
