@@ -67,6 +67,25 @@ def label_rank(label: str | None) -> int:
     return s.rank if s is not None else len(ORDER)
 
 
+#: the reason of a host a Ctrl-C left unfinished (kvaudit.fleet.runner): its status is ``failed:interrupted``
+#: (JSON, CSV, history, exit status), but it says nothing of the host, so a fleet's counts and tables give it
+#: apart and last, as ``interrupted``
+INTERRUPTED = "interrupted"
+
+
+def tally(label: str | None, reason: str | None = None) -> str:
+    """The word a host is counted under in a fleet's summary (``2 failed, 1 warning, 17 ok, 3 interrupted``):
+    its status (``failed:auth`` is ``failed``), or ``interrupted`` for a host a Ctrl-C left unfinished."""
+    if reason == INTERRUPTED or label == f"{Status.FAILED.value}:{INTERRUPTED}":
+        return INTERRUPTED
+    return str(label or "").split(":", 1)[0]
+
+
+def tally_rank(word: str) -> tuple[bool, int]:
+    """Where a tally word sorts: the statuses worst first, ``interrupted`` after all of them."""
+    return (word == INTERRUPTED, label_rank(word))
+
+
 #: a host that could not be audited: its CollectError reason -> the exit status
 _BY_REASON = {"unreachable": ExitStatus.UNREACHABLE, "timeout": ExitStatus.UNREACHABLE,
               "dropped": ExitStatus.UNREACHABLE, "auth": ExitStatus.AUTH_REFUSED,

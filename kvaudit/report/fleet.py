@@ -11,7 +11,7 @@ from kvaudit.results import Drift, FleetRun
 from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
-from kvaudit.status import label_rank
+from kvaudit.status import INTERRUPTED, label_rank, tally, tally_rank
 from kvaudit.report.text import colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
 
@@ -33,28 +33,21 @@ def _by_severity(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: label_rank(r["status"]))
 
 
-#: a host Ctrl-C stopped before it was reached or finished: not a failure of the host (kvaudit.fleet.runner)
-INTERRUPTED = "interrupted"
-
-
-def _kind(r: dict[str, Any]) -> str:
-    return INTERRUPTED if r.get("reason") == INTERRUPTED else r["status"].split(":")[0]
-
-
 def counts_text(rows: list[dict[str, Any]]) -> str:
     """``2 failed, 1 warning, 17 ok (3 ignored)``: the worst first; acknowledged findings counted, as
     pip-audit counts what it skipped; hosts a Ctrl-C left unfinished counted last, as ``interrupted``."""
     counts: dict[str, int] = {}
     for r in rows:
-        counts[_kind(r)] = counts.get(_kind(r), 0) + 1
+        word = tally(r["status"], r.get("reason"))
+        counts[word] = counts.get(word, 0) + 1
     ignored = sum(len(r.get("ignored") or ()) for r in rows)
-    order = sorted(counts, key=lambda k: (k == INTERRUPTED, label_rank(k)))
+    order = sorted(counts, key=tally_rank)
     return (", ".join(f"{counts[k]} {k}" for k in order) + (f" ({ignored} ignored)" if ignored else ""))
 
 
 def status_cell(r: dict[str, Any]) -> str:
     """A host's status as the tables show it: ``ok (1 ignored)`` when findings were acknowledged."""
-    if r.get("reason") == INTERRUPTED:
+    if tally(r["status"], r.get("reason")) == INTERRUPTED:
         return INTERRUPTED
     n = len(r.get("ignored") or ())
     return f"{r['status']} ({n} ignored)" if n else r["status"]
