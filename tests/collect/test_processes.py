@@ -71,6 +71,8 @@ def node(tmp_path_factory):
         schedulers = sorted(_children(engine.pid))
         procs += schedulers
         by_rank = {int(_argv0(p).rsplit(b"TP", 1)[1]): p for p in schedulers}
+        # stopped only once bash has exec'd it: a SIGSTOP before the exec leaves a stopped bash with another title
+        _wait(lambda: _argv0(tenant.pid) == b"python3 train.py", "the tenant's title")
         os.kill(tenant.pid, signal.SIGSTOP)
         _wait(lambda: Path(f"/proc/{tenant.pid}/stat").read_text().split(") ")[1][:1] == "T", "the stopped tenant")
         uuids = [line.split(", ")[1] for line in (CAPTURE / "nvidia-smi-gpus.csv").read_text().splitlines()]
@@ -230,6 +232,12 @@ def test_unified_page_cache_is_named_with_its_fix():
     f = next(f for f in findings if f.code == "UNIFIED_PAGE_CACHE")
     assert f.severity.value == "warning" and f.fields["page_cache_gib"] == 41.0
     assert "drop_caches" in f.message
+    # Cached holds shared memory (NCCL's /dev/shm) that drop_caches cannot free: left out where the host said it
+    shm = _collected([spark], [], [], meminfo=(("MemTotal", 124546.0), ("Cached", 40960.0), ("Buffers", 1024.0),
+                                              ("Shmem", 36864.0)))
+    f = next(f for f in reconcile_gpus(None, shm, 0, engine_names=process_names())[1] if f.code == "UNIFIED_PAGE_CACHE")
+    assert f.severity.value == "info" and f.fields["page_cache_gib"] == 5.0 and f.fields["shared_memory_gib"] == 36.0
+    assert "36.00 GiB of shared memory" in f.message
     h200 = _collected([GPU], [], [], meminfo=(("MemTotal", 124546.0), ("Cached", 40960.0)))
     assert not [f for f in reconcile_gpus(None, h200, 0, engine_names=process_names())[1]
                 if f.code == "UNIFIED_PAGE_CACHE"]  # a card of its own: the page cache is not its memory
