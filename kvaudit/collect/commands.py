@@ -194,7 +194,7 @@ PS_SCRIPT = (
 )
 #: /proc/meminfo's lines kvaudit reads (the page cache on a unified-memory host), and each GPU process's resident
 #: and swapped-out memory from /proc/PID/status
-MEMINFO_KEYS = ("MemTotal:", "MemAvailable:", "Buffers:", "Cached:", "SwapTotal:", "SwapFree:")
+MEMINFO_KEYS = ("MemTotal:", "MemAvailable:", "Buffers:", "Cached:", "Shmem:", "SwapTotal:", "SwapFree:")
 STATUS_KEYS = ("VmRSS:", "VmSwap:")
 #: the most GPU processes whose /proc/PID/status is read (nvidia-smi lists one per rank and tenant)
 MAX_STATUS_PIDS = 64

@@ -361,7 +361,10 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
             {k: v for k, v in r.items() if k != "how"}, (r["rank"],) if r["rank"] else ()))
     unified = (audit is not None and audit.platform is not None) or detect(g.name for g in c.gpus) is not None
     mem = dict(c.meminfo_mib)
-    cached = (mem.get("Cached", 0.0) + mem.get("Buffers", 0.0)) * MIB / GIB
+    # Cached counts shared memory too (tmpfs, /dev/shm: NCCL's and the engine's own buffers), which drop_caches
+    # cannot free: it is kept apart where the host said it (older captures hold no Shmem line)
+    shmem = min(mem.get("Shmem", 0.0), mem.get("Cached", 0.0)) * MIB / GIB
+    cached = (mem.get("Cached", 0.0) + mem.get("Buffers", 0.0)) * MIB / GIB - shmem
     if unified and cached >= PAGE_CACHE_MIN_GIB and mem.get("MemTotal"):
         host_gib = mem["MemTotal"] * MIB / GIB
         warn = cached >= PAGE_CACHE_WARN_FRACTION * host_gib
@@ -370,7 +373,9 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
             f"{cached:.2f} GiB of this unified-memory host's {host_gib:.2f} GiB is page cache now: CUDA counts it as "
             "used (cudaMemGetInfo's free memory leaves it out), so an engine starting now books it as memory taken "
             "before T (its non-torch memory) and sizes the KV pool that much smaller; drop it before a start with "
-            "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`",
+            "`sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`" + (
+                f" ({shmem:.2f} GiB of shared memory, which that cannot free, left out)" if shmem >= 0.01 else ""),
             {"page_cache_gib": round(cached, 3), "mem_total_gib": round(host_gib, 3),
+             "shared_memory_gib": round(shmem, 3) if "Shmem" in mem else None,
              "command": "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"}))
     return out
