@@ -344,8 +344,9 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
             if stopped or swapped or asleep:
                 how = ("stopped (state T: SIGSTOP, a debugger, a suspended job)" if stopped else
                        f"swapped out ({f.swap_gib:.2f} GiB of its host memory in swap)" if swapped else
-                       f"another engine start holding {f.rss_gib:.2f} GiB of host memory: an engine put to sleep "
-                       "(vLLM's sleep mode, SGLang's release_memory_occupation) takes its GPU memory back when woken")
+                       f"asleep (another engine's start, holding {f.rss_gib:.2f} GiB of host memory as an engine put "
+                       "to sleep by vLLM's sleep mode or SGLang's release_memory_occupation does; it takes its GPU "
+                       "memory back when woken)")
                 idle.append({"pid": f.pid, "title": f.name, "gpu": l.index, "rank": l.rank, "gib": f.gib,
                              "state": f.state, "swap_gib": f.swap_gib, "rss_gib": f.rss_gib,
                              "why": "stopped" if stopped else "swapped" if swapped else "asleep", "how": how})
