@@ -275,7 +275,8 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 OWN_PREFIX = OwnPrefix(
     cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, ComponentRow) or isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
-                                               or _PERCENTAGE.search(e.text) is not None),
+                                               or _PERCENTAGE.search(e.text) is not None
+                                               or e.key == "args_fraction"),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
 )
 
@@ -339,6 +340,11 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("fraction", str(float(m.group(1)) / 100))
         return ev, []
     m = _CONFIG_FRACTION.search(t) if "free_gpu_mem" in t else None
+    if m and t.startswith("model=") and "kv_cache_config=KvCacheConfig(" in t:
+        # the body of the LLM API's "[TRT-LLM] [I] LLM Args:" message (1.x trtllm-serve), printed bare on the line
+        # after its prefixed head: the configured fraction, weaker than the one the peak line states
+        read("args_fraction", m.group(1))
+        return ev, []
     if m and "Both" not in t:
         # the KvCacheConfig repr / Triton's parameter: free_gpu_memory_fraction=F, kv_cache_free_gpu_mem_fraction
         read("fraction", m.group(1))

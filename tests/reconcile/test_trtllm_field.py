@@ -96,3 +96,14 @@ def test_the_cell_and_budget_steps_return_their_findings():
     (a,) = audit(log, AuditOptions())
     assert [f.code for f in a.findings] == ["TOKENS_MATCH", "BUDGET_RECONCILES"]
     assert a.formula.logged_tokens == 1871136
+
+
+def test_the_llm_args_body_is_the_engines_own_line():
+    """trtllm-serve 1.x logs '[TRT-LLM] [I] LLM Args:' and prints the arguments' repr on the next line, bare
+    (trtllm_c027 line 148: 'model=... kv_cache_config=KvCacheConfig(... free_gpu_memory_fraction=0.9 ...)'). It was
+    set aside as 'another program's output or text echoed into the log'; it is the configured fraction, weaker
+    than the float32 the peak line states."""
+    a = _audit("trtllm_c027")
+    assert not any("without its log prefix" in n for n in a["notes"]), a["notes"]
+    assert a["formula"]["mem_fraction_static"] == 0.8999999761581421
+    assert a["formula"]["mem_fraction_static_source"] == "log"

@@ -84,6 +84,8 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     fraction, source = opts.mem_fraction_static, "cli" if opts.mem_fraction_static is not None else ""
     if fraction is None and first(facts, "fraction") is not None:
         fraction, source = first(facts, "fraction"), "log"
+    if fraction is None and first(facts, "args_fraction") is not None:
+        fraction, source = first(facts, "args_fraction"), "log (LLM Args)"
     if fraction is None:
         both = next((c.fraction for c in caps if c.kind == "both_set" and c.fraction is not None), None)
         if both is not None:
