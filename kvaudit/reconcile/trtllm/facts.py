@@ -9,6 +9,10 @@ from kvaudit.parse.trtllm import KVAllocation, Reading
 from kvaudit.units import GIB
 
 
+#: readings only the C++ runtime of a TensorRT engine prints (not the PyTorch backend, which profiles first)
+TRT_ENGINE_KEYS = ("engine_gib", "context_gib", "trt_managed_gib", "cpp_available_gib", "buffers_gib", "decoder_gib")
+
+
 @dataclass
 class RankFacts:
     rank: Rank
@@ -49,6 +53,8 @@ class RankFacts:
         the Python logger's INFO lines absent, the C++ runtime's present). None otherwise."""
         later = self.lines.get("blocks_per_sequence")
         if later is None or later <= a.line or "peak_gib" in self.r or self.encoder_decoder_pair() is not None:
+            return None
+        if any(k in self.r for k in TRT_ENGINE_KEYS):  # a TensorRT engine's runtime sizes one pool, no profiling
             return None
         return later
 
