@@ -190,6 +190,12 @@ _CPP_USAGE = lazy(r"Memory usage when calculating max tokens in paged kv cache: 
 _BLOCKS = lazy(r"Number of blocks in KV cache (primary|secondary) pool(?: for windowSize (\d+))?: (\d+)")
 _PAGES = lazy(r"Max KV cache (?:pages|blocks) per sequence: (\d+)(?: \[window size=(\d+)\])?")
 _ENGINE_SIZE = lazy(r"Loaded engine size: (\d+) MiB")
+# TensorRT's memory tracker (the C++ runtime's TllmRuntime, every TensorRT release since 8.x): "[MemUsageChange]
+# TensorRT-managed allocation in IExecutionContext creation: CPU +0, GPU +0, now: CPU 0, GPU 8163 (MiB)" (also "in
+# engine deserialization"): what TensorRT holds on the GPU then, the deserialized engine (the corpus logs that
+# print both: 869 MiB beside 'Loaded engine size: 875 MiB', trtllm_c017; 3405 beside 3404, trtllm_c015)
+_TRT_MANAGED = lazy(r"TensorRT-managed allocation in (?:IExecutionContext creation|engine deserialization): CPU "
+                    r"[+-]?\d+, GPU [+-]?\d+, now: CPU \d+, GPU (\d+) \(MiB\)")
 _CONTEXT = lazy(r"Allocated " + NUM + r" MiB for execution context memory")
 _BUFFERS = lazy(r"Allocated " + NUM + r" (B|KB|MB|GB) GPU memory for (runtime buffers|decoder)")
 _OLD_ALLOC = lazy(r"Allocate (\d+) bytes for k/v cache")
@@ -209,6 +215,11 @@ _CROSS_WINDOW = lazy(r"Adjusted attention window size to (\d+) in blocks_per_win
 # the Python VSWA sizing (resource_manager.py, later builds; no release pinned): one line per window
 _WINDOW_BLOCKS = lazy(r"Window size = (\d+), primary_blocks: (\d+), secondary_blocks: (\d+)")
 _BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT) backend")
+# resource_manager.py (2026 builds, NVIDIA/TensorRT-LLM#15182): "[kv cache manager] Primary/secondary blocks for
+# window sizes set to {262146: (8256, 0)} for estimation dry run": the blocks of the temporary cache KvCacheCreator
+# profiles with, per window; a pool of that many blocks is that cache, not the one the server runs with
+_DRY_RUN = lazy(r"Primary/secondary blocks for window sizes set to \{\s*(\d+): \((\d+), (\d+)\)\s*\} for estimation "
+                r"dry run")
 #: Failure kinds this grammar emits: executor_failed | oom | oom_component | too_small | no_fit | no_blocks | bad_fraction | instance_failed
 _FAILURES = (
     ("Executor creation failed", "executor_failed"),
@@ -264,7 +275,8 @@ _OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\
 OWN_PREFIX = OwnPrefix(
     cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, a Pattern in every use
     bare=lambda e: isinstance(e, ComponentRow) or isinstance(e, Reading) and (_OOM_TABLE.search(e.text) is not None
-                                               or _PERCENTAGE.search(e.text) is not None),
+                                               or _PERCENTAGE.search(e.text) is not None
+                                               or e.key == "args_fraction"),
     anywhere=lambda e: isinstance(e, (Failure, ModelPath)),
 )
 
@@ -328,6 +340,11 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         read("fraction", str(float(m.group(1)) / 100))
         return ev, []
     m = _CONFIG_FRACTION.search(t) if "free_gpu_mem" in t else None
+    if m and t.startswith("model=") and "kv_cache_config=KvCacheConfig(" in t:
+        # the body of the LLM API's "[TRT-LLM] [I] LLM Args:" message (1.x trtllm-serve), printed bare on the line
+        # after its prefixed head: the configured fraction, weaker than the one the peak line states
+        read("args_fraction", m.group(1))
+        return ev, []
     if m and "Both" not in t:
         # the KvCacheConfig repr / Triton's parameter: free_gpu_memory_fraction=F, kv_cache_free_gpu_mem_fraction
         read("fraction", m.group(1))
@@ -414,6 +431,10 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         read("quota_gib", m.group(1))
         return ev, [_clue((1, 2, 0), None, "KV cache manager v2 (2026)")]
+    m = _DRY_RUN.search(t) if "for estimation dry run" in t else None
+    if m:  # one window only: a VSWA dict (several windows) is not modelled
+        read("dry_run_blocks", m.group(2))
+        return ev, []
     m = _TOKENS_PER_BLOCK.search(t) if "tokens per block" in t else None
     if m:
         read("tokens_per_block", m.group(1))
@@ -459,6 +480,10 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _ENGINE_SIZE.search(t) if "Loaded engine size" in t else None
     if m:
         read("engine_gib", float(m.group(1)) / 1024)
+        return ev, []
+    m = _TRT_MANAGED.search(t) if "TensorRT-managed allocation" in t else None
+    if m:
+        read("trt_managed_gib", float(m.group(1)) / 1024)
         return ev, []
     m = _CONTEXT.search(t) if "execution context memory" in t else None
     if m:

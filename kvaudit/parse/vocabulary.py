@@ -179,6 +179,11 @@ class TRTLLMWords:
         # the C++ runtime names each rank in untagged lines (tensorrtllm_backend#577, #396)
         b"TP group",
         b"MPI size: ",
+        # TensorRT's memory tracker: '[MemUsageChange] TensorRT-managed allocation in IExecutionContext creation: CPU
+        # +0, GPU +0, now: CPU 0, GPU 8163 (MiB)' (tensorrtllm_backend#569): the engine TensorRT holds
+        b"TensorRT-managed allocation",
+        # the temporary cache's blocks ('... set to {262146: (8256, 0)} for estimation dry run', NVIDIA/TensorRT-LLM#15182)
+        b"for estimation dry run",
     )
 
     markers: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",

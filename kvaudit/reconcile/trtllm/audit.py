@@ -34,11 +34,13 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     ctx = build_context(startup, opts)
     findings: list[Finding] = []
     pool = logged_pool(ctx.facts)
-    cell = bytes_per_token(ctx, pool, findings)
+    cell = bytes_per_token(ctx, pool)
+    findings += cell.findings
     if cell.implied_elt is not None:
         ctx = dataclasses.replace(ctx, kv_dtype=f"{ELEMENT_NAMES[cell.implied_elt]} (from the pool line)",
                                   kv_elt=cell.implied_elt, kv_assumed=False)
-    budget = kv_budget(ctx, pool, findings)
+    budget = kv_budget(ctx, pool)
+    findings += budget.findings
     pred = predict(ctx, budget, cell, pool)
     findings += budget.capped
     if pool.self_pool is not None:

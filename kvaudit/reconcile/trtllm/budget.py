@@ -62,13 +62,17 @@ class Budget:
     rule: str | None
     available_logged: float | None
     capped: list[Finding] = field(default_factory=list)
+    #: what the budget check found (BUDGET_RECONCILES / BUDGET_MISMATCH), returned to the caller (issue 33)
+    findings: tuple[Finding, ...] = ()
 
     @property
     def mid(self) -> float | None:
         return None if self.lo is None or self.hi is None else (self.lo + self.hi) / 2
 
 
-def kv_budget(ctx: Context, pool: Pool, findings: list[Finding]) -> Budget:
+def kv_budget(ctx: Context, pool: Pool) -> Budget:
+    """The budget; its check's findings are in ``Budget.findings`` and the caps that bound it in ``Budget.capped``
+    (returned, not appended to a list the caller hands in: issue 33)."""
     frees = {rr.rank.display: f for rr in ctx.facts.values() if (f := free_after_profiling(rr.r)) is not None}
     smallest = min(frees.values(), key=lambda f: f.lo) if frees else None
     available = ctx.first("available_gib")
@@ -87,7 +91,7 @@ def kv_budget(ctx: Context, pool: Pool, findings: list[Finding]) -> Budget:
             else:
                 ctx.notes.append(f"the {mm:.2f} GiB multimodal encoder reservation came off the KV budget after "
                                  "the fraction")
-        findings.extend(_budget_check(ctx, b, pool))
+        b.findings = tuple(_budget_check(ctx, b, pool))
     elif available is not None:  # the peak line without the device total: its own rounding only
         b.lo, b.hi = available - LOG_HALF_ULP, available + LOG_HALF_ULP
         b.rule = "the logged available KV memory"

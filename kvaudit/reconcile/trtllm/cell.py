@@ -35,9 +35,12 @@ class Cell:
     description: str | None
     from_pool_line: float | None  # pool GiB / pool tokens, for reference
     implied_elt: float | None = None  # the KV element size the pool line implies, when the dtype was assumed
+    findings: tuple[Finding, ...] = ()  # what the step found (a config whose geometry the log's kv size refutes)
 
 
-def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
+def bytes_per_token(ctx: Context, pool: Pool) -> Cell:
+    """The cell and its findings (returned, not appended to a list the caller hands in: issue 33)."""
+    findings: list[Finding] = []
     cell = desc = source = None
     if ctx.geom is not None:
         cell, desc = cell_size(ctx.geom, ctx.tp, ctx.kv_elt)
@@ -75,4 +78,4 @@ def bytes_per_token(ctx: Context, pool: Pool, findings: list[Finding]) -> Cell:
                             f"tokens, {from_line:,.0f} B/token) implies {elt:g}-byte elements ({ELEMENT_NAMES[elt]} KV "
                             f"cache), not the model dtype's {ctx.kv_elt:g} B")
                         break
-    return Cell(cell, source, desc, from_line, implied)
+    return Cell(cell, source, desc, from_line, implied, tuple(findings))

@@ -9,11 +9,34 @@ from dataclasses import dataclass, field
 from kvaudit.model_config import ModelGeometry
 from kvaudit.model_config import element_bytes as model_element_bytes
 from kvaudit.parse.interface import Rank, Startup
-from kvaudit.parse.trtllm import Cap, Reading, WindowPool, WindowVector
+from kvaudit.parse.trtllm import Banner, Cap, Reading, WindowPool, WindowVector
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.trtllm.facts import RankFacts, first, gather_facts
 
-DEFAULT_FRACTION = 0.9  # KvCacheConfig / executor::KvCacheConfig default (kDefaultGpuMemFraction)
+DEFAULT_FRACTION = 0.9  # KvCacheConfig / executor::KvCacheConfig default (kDefaultGpuMemFraction), 0.8+
+#: the default before 0.8: batch_manager/kvCacheConfig.h kDefaultGpuMemFraction = 0.85f, which Triton's
+#: tensorrtllm_backend v0.5.0-v0.7.2 prints ("will use default value of 0.85"); v0.8.0 prints 0.9
+OLD_DEFAULT_FRACTION = 0.85
+OLD_DEFAULT_UNTIL = (0, 7, 99)
+
+
+#: readings only the PyTorch backend (0.17+) prints: a startup with one is 0.8 or later
+PYTORCH_KEYS = frozenset({"peak_gib", "weights_gib", "weights_in_torch_gib", "weights_outside_torch_gib",
+                          "activation_gib", "outside_torch_gib", "estimated_kv_gib", "estimated_tokens",
+                          "torch_cap_gib", "max_tokens_only", "oom_total_gib", "oom_free_gib", "dry_run_blocks"})
+
+
+def default_fraction(startup: Startup) -> tuple[float, str]:
+    """The fraction a release uses when none is set: 0.85 up to 0.7, 0.9 from 0.8 (and on the PyTorch backend,
+    which came later); where the log's lines do not tell the era apart, 0.9, said so."""
+    era = startup.era
+    pytorch = any(e.key in PYTORCH_KEYS for e in startup.of(Reading)) or any(
+        b.backend == "pytorch" for b in startup.of(Banner))
+    if not pytorch and era.hi is not None and era.hi <= OLD_DEFAULT_UNTIL:
+        return OLD_DEFAULT_FRACTION, "default 0.85 of releases before 0.8 (the log does not state it)"
+    if not pytorch and era.lo <= OLD_DEFAULT_UNTIL:
+        return DEFAULT_FRACTION, "default 0.9 (the log does not state it; 0.85 before 0.8)"
+    return DEFAULT_FRACTION, "default 0.9 (the log does not state it)"
 
 
 @dataclass
@@ -61,13 +84,15 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     fraction, source = opts.mem_fraction_static, "cli" if opts.mem_fraction_static is not None else ""
     if fraction is None and first(facts, "fraction") is not None:
         fraction, source = first(facts, "fraction"), "log"
+    if fraction is None and first(facts, "args_fraction") is not None:
+        fraction, source = first(facts, "args_fraction"), "log (LLM Args)"
     if fraction is None:
         both = next((c.fraction for c in caps if c.kind == "both_set" and c.fraction is not None), None)
         if both is not None:
             fraction, source = both, "log"
     assumed = fraction is None
     if fraction is None:
-        fraction, source = DEFAULT_FRACTION, "default 0.9 (the log does not state it)"
+        fraction, source = default_fraction(startup)
 
     # every rank a line names counts, a failing rank's error too ('[RANK 1] [E] Failed to initialize executor'),
     # not only the ranks that logged a reading

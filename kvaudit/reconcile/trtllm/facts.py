@@ -9,12 +9,18 @@ from kvaudit.parse.trtllm import KVAllocation, Reading
 from kvaudit.units import GIB
 
 
+#: readings only the C++ runtime of a TensorRT engine prints (not the PyTorch backend, which profiles first)
+TRT_ENGINE_KEYS = ("engine_gib", "context_gib", "trt_managed_gib", "cpp_available_gib", "buffers_gib", "decoder_gib")
+
+
 @dataclass
 class RankFacts:
     rank: Rank
     r: dict[str, float] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
     allocations: list[KVAllocation] = field(default_factory=list)
+    #: the estimation dry run's blocks, as any rank logged them (ranks size it alike), and that line
+    dry_run: tuple[int, int] | None = None
 
     def final_allocation(self) -> KVAllocation | None:
         """The pool the server runs with: on the PyTorch path the allocation after the peak line (the one
@@ -35,7 +41,22 @@ class RankFacts:
         if len(self.allocations) == 1 and (self.estimation_sized(self.allocations[0])
                                            or self.either_pass(self.allocations[0])):
             return None
+        if self.replaced(self.allocations[-1]) is not None:
+            return None
         return self.allocations[-1]
+
+    def replaced(self, a: KVAllocation) -> int | None:
+        """The line of a KV cache manager created after the pool line ``a`` ('Max KV cache pages|blocks per
+        sequence', which the C++ manager prints before it allocates), when no peak line places the pools: the
+        PyTorch backend builds its temporary profiling cache first and the pool it runs with after, so ``a`` is
+        not known to be the server's pool, and the later one's pool line is not in the log (ai-dynamo/dynamo#1299:
+        the Python logger's INFO lines absent, the C++ runtime's present). None otherwise."""
+        later = self.lines.get("blocks_per_sequence")
+        if later is None or later <= a.line or "peak_gib" in self.r or self.encoder_decoder_pair() is not None:
+            return None
+        if any(k in self.r for k in TRT_ENGINE_KEYS):  # a TensorRT engine's runtime sizes one pool, no profiling
+            return None
+        return later
 
     def either_pass(self, a: KVAllocation) -> bool:
         """A lone pool whose size was kv_cache_config.max_tokens with no fraction ('max_tokens is set by
@@ -70,7 +91,12 @@ class RankFacts:
         no peak line whose one pool is that size shows the temporary cache (NVIDIA/TensorRT-LLM#8961: 8,256 tokens
         for max_num_tokens 8,192 in blocks of 32), not the pool the server runs with."""
         n, block = self.r.get("max_num_tokens"), self.r.get("tokens_per_block")
-        if n is None or block is None or a.tokens is None:
+        if block is None or a.tokens is None:
+            return False
+        if self.dry_run is not None and a.tokens == self.dry_run[0] * block:
+            # the log names the dry run's block count ('... for estimation dry run', 2026 builds)
+            return True
+        if n is None:
             return False
         return n <= a.tokens <= n + 4 * block
 
@@ -84,6 +110,10 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
             rr.lines[e.key] = e.line
         elif isinstance(e, KVAllocation):
             out.setdefault(e.rank, RankFacts(e.rank)).allocations.append(e)
+    dry = next(((int(rr.r["dry_run_blocks"]), rr.lines["dry_run_blocks"]) for rr in out.values()
+                if "dry_run_blocks" in rr.r), None)
+    for rr in out.values():
+        rr.dry_run = dry
     return out
 
 
@@ -102,6 +132,8 @@ class Pool:
     temporary: KVAllocation | None = None  # the profiling pass's cache, when it is the only pool line
     self_pool: KVAllocation | None = None  # encoder-decoder: the self-attention cache (``smallest`` is the cross one)
     either: bool = False  # ``temporary`` may as well be the final pool (RankFacts.either_pass)
+    dry_run: tuple[int, int, int] | None = None  # the dry run's blocks, its line, tokens per block
+    replaced_by: int | None = None  # the line of a KV cache manager created after ``temporary`` (RankFacts.replaced)
 
     def missing(self) -> str:
         """Why there is no pool to check, in the log's own terms."""
@@ -111,6 +143,15 @@ class Pool:
                     "with no fraction, which the PyTorch backend sets both for its temporary profiling cache and for "
                     "the final pool; with no profiling peak line and no max_num_tokens the log does not say which "
                     "this is")
+        if t is not None and self.dry_run is not None and t.tokens == self.dry_run[0] * self.dry_run[2]:
+            return (f"the pool lines (line {t.line}, {t.tokens:,} tokens) are the PyTorch backend's temporary cache: "
+                    f"{self.dry_run[0]:,} blocks of {self.dry_run[2]}, which line {self.dry_run[1]} says were set for "
+                    "the estimation dry run; the pool the server runs with is not in the log")
+        if t is not None and self.replaced_by is not None:
+            return (f"the pool line (line {t.line}, {t.tokens:,} tokens) is followed by another KV cache manager's "
+                    f"creation (line {self.replaced_by}) whose pool line is not in the log: the PyTorch backend sizes "
+                    "a temporary cache to profile with, then the pool it runs with, and no profiling peak line says "
+                    "which this is")
         if t is not None:
             return (f"the only pool line (line {t.line}, {t.tokens:,} tokens) is the size of the PyTorch backend's "
                     "temporary profiling cache (max_num_tokens of dummy prompt plus generated tokens, in whole "
@@ -132,7 +173,7 @@ def logged_pool(facts: dict[Rank, RankFacts]) -> Pool:
     pair = next((p for rr in facts.values() if (p := rr.encoder_decoder_pair()) is not None), None)
     if pair is not None:
         return Pool(finals, pair[1], pair[1].gib or None, None, pair[0])
-    temporary, either = None, False
+    temporary, either, replaced_by = None, False, None
     if not finals:
         temporary = next((rr.allocations[0] for rr in facts.values()
                           if len(rr.allocations) == 1 and rr.estimation_sized(rr.allocations[0])), None)
@@ -140,4 +181,15 @@ def logged_pool(facts: dict[Rank, RankFacts]) -> Pool:
             temporary = next((rr.allocations[0] for rr in facts.values()
                               if len(rr.allocations) == 1 and rr.either_pass(rr.allocations[0])), None)
             either = temporary is not None
-    return Pool(finals, smallest, gib, temporary, either=either)
+        if temporary is None:
+            replaced = next(((rr.allocations[-1], line) for rr in facts.values() if rr.allocations
+                             and (line := rr.replaced(rr.allocations[-1])) is not None), None)
+            if replaced is not None:
+                temporary, replaced_by = replaced
+    dry = None
+    if temporary is not None:
+        rr0 = next(iter(facts.values()))
+        block = first(facts, "tokens_per_block")
+        if rr0.dry_run is not None and block:
+            dry = (rr0.dry_run[0], rr0.dry_run[1], int(block))
+    return Pool(finals, smallest, gib, temporary, either=either, dry_run=dry, replaced_by=replaced_by)

@@ -55,6 +55,9 @@ def rank_ledger(i: int, rr: RankFacts, fraction: float, final: KVAllocation | No
     else:  # C++ runtime
         if "engine_gib" in r:
             add("weights", "engine (weights)", r["engine_gib"], line_key="engine_gib")
+        elif "trt_managed_gib" in r:  # no engine-size line: TensorRT's tracker says what it holds (the engine)
+            add("weights", "engine (what TensorRT holds after the execution context: the deserialized engine)",
+                r["trt_managed_gib"], line_key="trt_managed_gib")
         else:
             add("weights", "weights", r.get("weights_gib"), line_key="weights_gib")
         add("activation_peak", "execution context (activations, fixed at build)", r.get("context_gib"),
