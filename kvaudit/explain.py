@@ -9,7 +9,7 @@ from typing import BinaryIO
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.memory_lines import is_memory_line, uninterpreted
-from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS, set_aside
+from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS, SERVING, set_aside
 from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
                                  read_pipe_head, scan_fast, scan_pipe)
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
@@ -180,6 +180,31 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     return ParsedLog(engine, tuple(startups), stats, platform, tuple(lines))
 
 
+#: what a server that failed after it began serving prints: an exception, an engine's error line, out of memory
+_SERVING_FAILURE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|\[E\]|\w(?:Error|Exception): |"
+                              r"out of memory|OutOfMemory|Segmentation fault|Fatal Python error|core dumped")
+
+
+def _failed_while_serving(log: ParsedLog, startup: Startup) -> str | None:
+    """A note where the server failed after it began serving (before the next startup, if any): its startup is
+    audited as it was, and the failure is not taken for the startup's (that would call a good start failed), but
+    it is said: an operator reading the audit of a dead server must not take it for a live one."""
+    end = min((s.first_line for s in log.startups if s.first_line > startup.last_line), default=None)
+    serving = SERVING.get(log.engine.name)
+    served = startup.serving_line
+    for ln in log.lines:
+        if ln.number <= (served or startup.last_line) or (end is not None and ln.number >= end):
+            continue
+        if served is None:
+            if serving is not None and serving.search(ln.text):
+                served = ln.number
+            continue
+        if _SERVING_FAILURE.search(ln.text):
+            return (f"line {ln.number}: the server failed after it began serving (line {served}): "
+                    f"{ln.text.strip()[:160].rstrip('.')}; not a failure of the startup audited here")
+    return None
+
+
 def _sane(lines: list[Line], stats: ScanStats) -> list[Line]:
     """The lines without an absurd number or a request's payload (counted in ``stats``). Both are looked for in
     the lines joined first (neither spans a line's end): most hosts' lines hold neither, and one search over
@@ -240,6 +265,8 @@ def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
             notes.append(f"{n_later:,} memory line{'s' if n_later != 1 else ''} after the server began serving "
                          f"(line {serving}) {'were' if n_later != 1 else 'was'} not read as its startup's (line"
                          f"{'s' if n_later != 1 else ''} {shown}): the running server's, or text a request wrote")
+    if (failed := _failed_while_serving(log, startup)) is not None:
+        notes.append(failed)
     if log.stats.absurd_lines:
         notes.append(f"{log.stats.absurd_lines} line(s) skipped: they hold a number no engine prints (25+ digits, or "
                      "a 3-digit exponent)")
