@@ -76,6 +76,18 @@ NON_TORCH_FUSED_GIB = (1.9, 2.4)
 GRAPH_ESTIMATE_GIB = (0.05, 2.0)
 #: what is in use before vLLM compares the free memory with total x util: the CUDA context and torch's own
 CONTEXT_GIB = (0.25, 0.6)
+#: V1 warms the sampler up AFTER the KV cache is allocated and after the CUDA graphs are captured
+#: (v1/worker/gpu_worker.py compile_or_warm_up_model, read in 0.8.5 and 0.19.0: "Warm up sampler and preallocate
+#: memory buffer for logits ... called after `capture_model` on purpose"): a dummy forward of
+#: min(max_num_seqs, max_num_batched_tokens) tokens, then gpu_model_runner._dummy_sampler_run over that many rows of
+#: logits (compute_logits, then the sampler with top-k/top-p: the same bytes a logit as the profile run's sampler).
+#: It is outside total x util. What is free then is (1 - util) x total - the CUDA context [- the graphs before 0.20]
+#: + the profile run's activation peak, freed; capture_model ends with torch.accelerator.empty_cache(), which gives
+#: back whole free segments only: a segment of the profile's peak that still holds one live tensor stays reserved,
+#: its free blocks usable only by allocations that fit in them (PyTorch's caching allocator does not split a request
+#: across segments). So the fragmentation margin is up to the whole activation peak: a warm-up that fits only by
+#: reusing the freed peak is `at risk`; one that does not fit even with all of it is `no`. 0.8.0-0.8.4 were not read.
+SAMPLER_WARMUP_SINCE = (0, 8, 5)
 #: what loads with the weights beyond the checkpoint's bytes per rank (vLLM): llm-d's 0.11.0 startups loaded
 #: 0.01-0.08 GiB more than the checkpoint per rank (Llama-3.1-8B 14.99 for 14.96, Qwen3-32B 61.03 for 61.02 at
 #: TP 1 and 30.59 for 30.51 at TP 2)
@@ -157,6 +169,31 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
             starts, why = "at risk", (f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context "
                                       f"({ctx_lo}-{ctx_hi} GiB) and the CUDA graphs ({g_lo}-{g_hi} GiB, assumed), "
                                       "which vLLM before 0.20 captures after the KV cache")
+    warm = sampler_warmup(inp, version, total.mid) if geom is not None else None
+    if warm is not None and starts != "no":
+        w_lo, w_hi, w_words = warm
+        act = activation(inp, version, total.mid)
+        a_hi = act[1] if act is not None else besides.hi
+        g_lo, g_hi = GRAPH_ESTIMATE_GIB if version < (0, 20, 0) else (0.0, 0.0)
+        graphs = f", the CUDA graphs ({g_lo}-{g_hi} GiB, assumed; captured after the KV cache before 0.20)" \
+            if version < (0, 20, 0) else ""
+        safe = headroom.lo - ctx_hi - g_hi  # without the freed profile peak
+        optimistic = headroom.hi - ctx_lo - g_lo + a_hi  # with all of it reused
+        out.append(Term("post_kv_gib", "after the KV cache, outside total x util: the sampler warm-up", w_lo, w_hi,
+                        "GiB", ASSUMED if inp.sampler is None else FORMULA,
+                        f"{w_words}; gpu_worker.compile_or_warm_up_model runs it after the KV cache and the graphs"))
+        if optimistic < w_lo:
+            starts, why = "no", (f"the sampler warm-up after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: {w_words}) does "
+                                 f"not fit in the {headroom.hi:.2f} GiB outside total x utilisation less the CUDA "
+                                 f"context{graphs}, even with the profile run's {a_hi:.2f} GiB peak freed: CUDA out of "
+                                 "memory warming up the sampler (lower --max-num-seqs or the utilisation)")
+        elif starts == "yes" and safe < w_hi:
+            starts, why = "at risk", (
+                f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context ({ctx_lo}-{ctx_hi} "
+                f"GiB){graphs} and the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: "
+                f"{w_words}): it fits only by reusing the profile run's freed activation blocks, which PyTorch's "
+                "caching allocator may keep in segments pinned by live tensors (fragmentation, up to the whole "
+                "peak); lower --max-num-seqs or the utilisation")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
@@ -311,6 +348,18 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     t_lo, t_hi, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
     elt = 2.0 if geom.dtype_bytes == 4 else geom.dtype_bytes  # float32 configs run in 16 bits
     per_token = FORWARD_WIDTHS * (width / inp.tp + sz.hidden_size) * elt
+    b_lo, b_hi, kind = sampler_bytes(inp, version)
+    fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
+    smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
+    lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
+    return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
+                    f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
+                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
+                    f"[{batch}]")
+
+
+def sampler_bytes(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float, str]:
+    """Bytes the release's sampler holds per logit (rows x vocabulary), low and high, and which sampler."""
     if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
         kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
         b_lo, b_hi = SAMPLER_BYTES[kind]
@@ -324,13 +373,22 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
         kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
     else:
         kind, b_lo, b_hi = "flashinfer or native: not known", SAMPLER_BYTES["flashinfer"][0], SAMPLER_BYTES["native"][1]
-    fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
-    smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
-    lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
-    return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
-                    f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
-                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
-                    f"[{batch}]")
+    return b_lo, b_hi, kind
+
+
+def sampler_warmup(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[float, float, str] | None:
+    """What V1's sampler warm-up takes after the KV cache is allocated (GiB, low and high): rows x vocabulary x the
+    sampler's bytes a logit (SAMPLER_WARMUP_SINCE). None before it, or without the vocabulary size."""
+    sz = inp.sizes
+    vocab = (sz.vocab_size if sz is not None else None) or inp.vocab_size
+    if version < SAMPLER_WARMUP_SINCE or not vocab:
+        return None
+    _, _, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
+    b_lo, b_hi, kind = sampler_bytes(inp, version)
+    lo, hi = r_lo * vocab * b_lo / GIB, r_hi * vocab * b_hi / GIB
+    rows = f"{r_lo:,}" if r_lo == r_hi else f"{r_lo:,}-{r_hi:,}"
+    return lo, hi, (f"sampler warm-up {lo:.2f}-{hi:.2f} GiB: min(max_num_seqs, max_num_batched_tokens) = {rows} rows "
+                    f"x vocab {vocab:,} x {b_lo:g}-{b_hi:g} B ({kind}) [{batch}]")
 
 
 def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
