@@ -170,6 +170,46 @@ def test_before_0_20_the_graphs_captured_after_the_kv_cache_need_room_outside_th
     assert fine["starts"] == "yes"
 
 
+GPT_OSS_20B = ("gpt-oss-20b.json", 13761264768)
+QWEN3_235B_FP8 = ("qwen3-235b-a22b-fp8.json", 236445455360)
+
+
+def test_the_sampler_warm_up_after_the_kv_cache_is_at_risk_when_it_needs_the_profiles_freed_blocks(tmp_path):
+    """llm-d-planner's vLLM 0.19.0 gpt-oss-20b on H100s at 0.95 (TP 1 and TP 2) ran out of memory in the sampler
+    warm-up that gpu_worker.compile_or_warm_up_model runs after the KV cache and the graphs (1,024 rows x 201,088
+    logits): the 3.96 GiB outside the budget holds it only by reusing the profile run's freed blocks, which
+    fragmentation may keep. At 0.90 (it started, TP 2) the room holds it without them."""
+    model = _model(tmp_path, *GPT_OSS_20B)
+    for tp in ("1", "2"):
+        r, p = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", tp, "--fraction", "0.95",
+                     "--context-length", "8192")
+        assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
+        assert "sampler warm-up" in p["starts_reason"] and "201,088" in p["starts_reason"]
+        assert "fragmentation" in p["starts_reason"]
+        warm = _term(p, "post_kv_gib")
+        assert 1.5 < warm["low"] < warm["high"] < 3.1  # 1,024 x 201,088 x 8-16 B (sampler not given)
+    _, ok = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", "2", "--fraction", "0.9",
+                  "--context-length", "8192")
+    assert ok["starts"] == "yes"
+
+
+def test_tensorrt_llms_estimate_undercounts_replicated_kv_heads_and_an_unset_fraction_does_not_cap_it(tmp_path):
+    """TensorRT-LLM #5872: Qwen3-235B-A22B-FP8 (4 KV heads) at TP 8 on H200s, kv_cache_config from extra options (no
+    free_gpu_memory_fraction): the estimate counts 128 x 4 // 8 = 64 a layer where the pool holds one head of 128,
+    so its max_tokens asks for twice the budget and the KV cache could not be created. At TP 4 it started; with the
+    fraction set the final pool is capped at fraction x free memory."""
+    model = _model(tmp_path, *QWEN3_235B_FP8)
+    r, p = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "8")
+    assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
+    assert "replicates" in p["starts_reason"] and "2.00 x the budget" in p["starts_reason"]
+    est = _term(p, "estimate_bytes_per_token")
+    assert est["low"] * 2 == _term(p, "bytes_per_token")["low"]
+    _, four = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "4")
+    assert four["starts"] == "yes" and not [t for t in four["terms"] if t["key"] == "estimate_bytes_per_token"]
+    _, capped = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "8", "--fraction", "0.9")
+    assert capped["starts"] == "yes" and any("caps the pool" in n for n in capped["notes"])
+
+
 def test_the_validation_sets_configuration_failures_are_refused_for_the_reason_the_engine_gives(tmp_path):
     """llm-d-planner's vLLM 0.19.0 sweep on H100s: phi-2 at max_model_len 8192 (its max_position_embeddings is
     2,048) and Qwen3-14B at TP 5 (40 heads divide, its 8 KV heads neither divide nor are divided by 5:
