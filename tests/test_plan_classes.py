@@ -174,23 +174,55 @@ GPT_OSS_20B = ("gpt-oss-20b.json", 13761264768)
 QWEN3_235B_FP8 = ("qwen3-235b-a22b-fp8.json", 236445455360)
 
 
-def test_the_sampler_warm_up_after_the_kv_cache_is_at_risk_when_it_needs_the_profiles_freed_blocks(tmp_path):
+def test_the_sampler_warm_up_after_the_kv_cache_is_sized_and_noted_where_only_fragmentation_could_fail_it(tmp_path):
     """llm-d-planner's vLLM 0.19.0 gpt-oss-20b on H100s at 0.95 (TP 1 and TP 2) ran out of memory in the sampler
     warm-up that gpu_worker.compile_or_warm_up_model runs after the KV cache and the graphs (1,024 rows x 201,088
-    logits): the 3.96 GiB outside the budget holds it only by reusing the profile run's freed blocks, which
-    fragmentation may keep. At 0.90 (it started, TP 2) the room holds it without them."""
+    logits). The profile run's freed peak holds the same sampler over the same rows, and the central estimate of the
+    memory PyTorch never reserved holds the warm-up's largest tensor, so the plan says yes with a note naming the
+    warm-up: in the same sweep Llama-4-Scout (same vocabulary, less room by its log) started, so calling these
+    `at risk` would call healthy startups too (bench/plan_validation.json: not_caught). 0.90 (it started): no note."""
     model = _model(tmp_path, *GPT_OSS_20B)
     for tp in ("1", "2"):
         r, p = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", tp, "--fraction", "0.95",
                      "--context-length", "8192")
-        assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
-        assert "sampler warm-up" in p["starts_reason"] and "201,088" in p["starts_reason"]
-        assert "fragmentation" in p["starts_reason"]
+        assert p["starts"] == "yes" and r.code == ExitStatus.OK
+        assert any("sampler warm-up" in n and "fragmentation" in n.lower() for n in p["notes"]), p["notes"]
         warm = _term(p, "post_kv_gib")
         assert 1.5 < warm["low"] < warm["high"] < 3.1  # 1,024 x 201,088 x 8-16 B (sampler not given)
+        fresh = _term(p, "post_kv_fresh_gib")
+        assert fresh["low"] < warm["high"] and "0.77 GiB" in fresh["basis"]  # 1,024 x 201,088 x 4 B
     _, ok = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", "2", "--fraction", "0.9",
                   "--context-length", "8192")
+    assert ok["starts"] == "yes" and not any("sampler warm-up" in n for n in ok["notes"])
+
+
+def test_the_sampler_warm_up_is_at_risk_when_the_central_room_cannot_take_its_largest_tensor(tmp_path):
+    """gpt-oss-20b under vLLM 0.20.0 (graphs inside the budget) at 0.99 on an H100: 0.79 GiB outside total x util less
+    the CUDA context (0.25-0.6) leaves 0.37 GiB at the centre, below the warm-up's 0.77 GiB float32 tensor
+    (1,024 x 201,088 x 4 B): at risk, the deciding term named; at 0.98 (1.16 GiB at the centre) it is yes."""
+    model = _model(tmp_path, *GPT_OSS_20B)
+    r, p = _plan(model, "--engine", "vllm==0.20.0", "--gpu", "h100", "--fraction", "0.99", "--context-length", "8192")
+    assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
+    assert "largest single tensor, 0.77 GiB" in p["starts_reason"] and "201,088" in p["starts_reason"]
+    _, ok = _plan(model, "--engine", "vllm==0.20.0", "--gpu", "h100", "--fraction", "0.98", "--context-length", "8192")
     assert ok["starts"] == "yes"
+
+
+QWEN25_7B = ("qwen2.5-7b-instruct.json", 15231233024)
+
+
+def test_a_healthy_deployment_is_yes_not_at_risk(tmp_path):
+    """llm-d-planner's vLLM 0.19.0 Qwen2.5-7B-Instruct on an H100 at 0.95 (58.53 GiB of KV logged, it started) and
+    the same at 0.9: yes, the budget holding the logged KV, the warm-up sized and not deciding."""
+    model = _model(tmp_path, *QWEN25_7B)
+    plans = {}
+    for frac in ("0.95", "0.9"):
+        r, p = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--fraction", frac, "--context-length", "2048")
+        assert p["starts"] == "yes" and r.code == ExitStatus.OK, p["starts_reason"]
+        assert _term(p, "post_kv_gib")["high"] < 2.4  # 1,024 x 152,064 x 8-16 B
+        plans[frac] = p
+    rest = _term(plans["0.95"], "rest_gib")
+    assert rest["low"] <= 58.53 <= rest["high"]
 
 
 def test_tensorrt_llms_estimate_undercounts_replicated_kv_heads_and_an_unset_fraction_does_not_cap_it(tmp_path):
@@ -355,11 +387,14 @@ def test_every_failed_startup_of_the_validation_set_is_planned_no_or_at_risk_and
     val = json.loads((BENCH / "plan_validation.json").read_text())
     missed = [c["id"] for c in val["cases"] if c.get("not_caught")]
     assert s["failed_from_memory"] >= 7 and s["started_planned_no"] == 0 and not s["refused"]
-    # every failure is called (issue 36: the sampler warm-up after vLLM's KV cache, TensorRT-LLM's estimate under
-    # replicated KV heads); a case the plan cannot call says why in `not_caught`, and none does today
+    # every failure is called but the two gpt-oss-20b sampler warm-ups at 0.95, which say why in `not_caught`
+    # (fragmentation the plan does not size: healthy startups of the same sweep had less room); and at most ~10 %
+    # of the startups that started are called at risk
     assert s["failed_planned_no_or_at_risk"] == s["failed"] - len(missed)
-    assert s["failed_from_memory_planned_no_or_at_risk"] == s["failed_from_memory"]
-    assert len(s["not_caught"]) == len(missed) == 0
+    assert s["failed_from_memory_planned_no_or_at_risk"] == s["failed_from_memory"] - len(missed)
+    assert len(s["not_caught"]) == len(missed) == 2 and all("gpt-oss-20b" in m for m in missed)
+    started = s["startups"] - s["failed"]
+    assert s["started_planned_at_risk"] <= 0.1 * started
 
 
 # issue 36 item 2: the run-to-run spread of one deployment, which a history of one startup cannot show

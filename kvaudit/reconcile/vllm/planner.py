@@ -80,14 +80,30 @@ CONTEXT_GIB = (0.25, 0.6)
 #: (v1/worker/gpu_worker.py compile_or_warm_up_model, read in 0.8.5 and 0.19.0: "Warm up sampler and preallocate
 #: memory buffer for logits ... called after `capture_model` on purpose"): a dummy forward of
 #: min(max_num_seqs, max_num_batched_tokens) tokens, then gpu_model_runner._dummy_sampler_run over that many rows of
-#: logits (compute_logits, then the sampler with top-k/top-p: the same bytes a logit as the profile run's sampler).
-#: It is outside total x util. What is free then is (1 - util) x total - the CUDA context [- the graphs before 0.20]
-#: + the profile run's activation peak, freed; capture_model ends with torch.accelerator.empty_cache(), which gives
-#: back whole free segments only: a segment of the profile's peak that still holds one live tensor stays reserved,
-#: its free blocks usable only by allocations that fit in them (PyTorch's caching allocator does not split a request
-#: across segments). So the fragmentation margin is up to the whole activation peak: a warm-up that fits only by
-#: reusing the freed peak is `at risk`; one that does not fit even with all of it is `no`. 0.8.0-0.8.4 were not read.
+#: logits. It is outside total x util. The profile run (profile_run) ran the SAME _dummy_sampler_run over the same
+#: rows before the KV cache was sized, so the freed profile peak, kept in PyTorch's cache, is as large as the warm-up;
+#: what the warm-up may need beyond it is one request the caching allocator cannot place in a free block of those
+#: segments (it does not split a request across segments), which then takes a new segment from memory PyTorch has
+#: never reserved: (1 - util) x total - the CUDA context [- the graphs before 0.20]. So:
+#:   no       the warm-up does not fit even with all of the freed peak reused (optimistic ends);
+#:   at risk  the central estimate of that never-reserved memory (each range's middle) is below the warm-up's
+#:            largest single tensor + ALLOCATOR_SLACK_GIB;
+#:   a note   only the pessimistic end (none of the freed peak reusable) does not hold the whole warm-up.
+#: 0.8.0-0.8.4 were not read. What decides between the last two is fragmentation the plan does not size: in
+#: llm-d-planner's 0.19.0 sweep on H100s at 0.95 (logs at d3121e05) gpt-oss-20b ran out of memory here at TP 1 and
+#: TP 2 with 1.62-1.78 GiB reserved but unallocated, while Llama-4-Scout at TP 4 (same vocabulary size, less room
+#: after the context and the graphs by the logs' own figures) and Kimi-VL-A3B at TP 2 started: no rule on these
+#: terms separates them (docs/plan.md).
 SAMPLER_WARMUP_SINCE = (0, 8, 5)
+#: bytes a logit of the warm-up's largest single tensor: the float32 logits (sampler.py logits.to(torch.float32)),
+#: the probabilities and random_sample's exponential draw (torch.empty_like(probs), the 786 MiB request that failed
+#: in the 0.19.0 gpt-oss-20b logs: 1,024 x 201,088 x 4 B) are 4 B; before 0.17 PyTorch's top-k/top-p sorts the
+#: logits (topk_topp_sampler.apply_top_k_top_p: logits.sort) and its int64 indices are 8 B
+LARGEST_LOGIT_BYTES = {"float32": 4, "sort": 8}
+#: what a new segment rounds a large request up to at most: PyTorch's caching allocator gives a request of 10 MiB or
+#: more a segment rounded up to 2 MiB, smaller ones a 20 MiB segment (c10/cuda/CUDACachingAllocator.cpp
+#: get_allocation_size: kRoundLarge, kLargeBuffer)
+ALLOCATOR_SLACK_GIB = 20 / 1024
 #: what loads with the weights beyond the checkpoint's bytes per rank (vLLM): llm-d's 0.11.0 startups loaded
 #: 0.01-0.08 GiB more than the checkpoint per rank (Llama-3.1-8B 14.99 for 14.96, Qwen3-32B 61.03 for 61.02 at
 #: TP 1 and 30.59 for 30.51 at TP 2)
@@ -171,29 +187,45 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                       "which vLLM before 0.20 captures after the KV cache")
     warm = sampler_warmup(inp, version, total.mid) if geom is not None else None
     if warm is not None and starts != "no":
-        w_lo, w_hi, w_words = warm
+        w_lo, w_hi, w_words, largest, l_words = warm
         act = activation(inp, version, total.mid)
         a_hi = act[1] if act is not None else besides.hi
         g_lo, g_hi = GRAPH_ESTIMATE_GIB if version < (0, 20, 0) else (0.0, 0.0)
         graphs = f", the CUDA graphs ({g_lo}-{g_hi} GiB, assumed; captured after the KV cache before 0.20)" \
             if version < (0, 20, 0) else ""
-        safe = headroom.lo - ctx_hi - g_hi  # without the freed profile peak
-        optimistic = headroom.hi - ctx_lo - g_lo + a_hi  # with all of it reused
+        # memory PyTorch has never reserved when the warm-up starts: outside total x util, less the context and
+        # (before 0.20) the graphs; low, central (each range's middle) and high
+        fresh = Interval(headroom.lo - ctx_hi - g_hi, headroom.hi - ctx_lo - g_lo)
+        central = headroom.mid - (ctx_lo + ctx_hi) / 2 - (g_lo + g_hi) / 2
         out.append(Term("post_kv_gib", "after the KV cache, outside total x util: the sampler warm-up", w_lo, w_hi,
                         "GiB", ASSUMED if inp.sampler is None else FORMULA,
                         f"{w_words}; gpu_worker.compile_or_warm_up_model runs it after the KV cache and the graphs"))
-        if optimistic < w_lo:
+        out.append(Term("post_kv_fresh_gib", "never reserved by PyTorch when the warm-up starts", fresh.lo, fresh.hi,
+                        "GiB", ASSUMED, f"(1 - util) x total less the CUDA context ({ctx_lo}-{ctx_hi} GiB){graphs}; "
+                        f"central {central:.2f} GiB (each range's middle); the warm-up's largest tensor {largest:.2f} "
+                        f"GiB ({l_words})"))
+        if fresh.hi + a_hi < w_lo:
             starts, why = "no", (f"the sampler warm-up after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: {w_words}) does "
                                  f"not fit in the {headroom.hi:.2f} GiB outside total x utilisation less the CUDA "
                                  f"context{graphs}, even with the profile run's {a_hi:.2f} GiB peak freed: CUDA out of "
                                  "memory warming up the sampler (lower --max-num-seqs or the utilisation)")
-        elif starts == "yes" and safe < w_hi:
+        elif starts == "yes" and central < largest + ALLOCATOR_SLACK_GIB:
             starts, why = "at risk", (
-                f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context ({ctx_lo}-{ctx_hi} "
-                f"GiB){graphs} and the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: "
-                f"{w_words}): it fits only by reusing the profile run's freed activation blocks, which PyTorch's "
-                "caching allocator may keep in segments pinned by live tensors (fragmentation, up to the whole "
-                "peak); lower --max-num-seqs or the utilisation")
+                f"the central estimate of the memory PyTorch has never reserved when vLLM warms the sampler up after "
+                f"the KV cache, {central:.2f} GiB ({headroom.mid:.2f} GiB outside total x utilisation less the CUDA "
+                f"context{graphs}, each range's middle), is below the warm-up's largest single tensor, {largest:.2f} "
+                f"GiB ({l_words}), plus the allocator's {ALLOCATOR_SLACK_GIB * 1024:.0f} MiB rounding: the profile "
+                "run's freed blocks can hold the rest of the warm-up (the same sampler over the same rows), but a "
+                "request the caching allocator cannot place in one free block needs a new segment "
+                f"({w_words}); lower --max-num-seqs or the utilisation")
+        elif fresh.lo < w_hi:
+            notes.append(f"the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB) fits in the "
+                         f"{fresh.lo:.2f} GiB PyTorch has never reserved at the pessimistic end only by reusing the "
+                         "profile run's freed blocks (the same sampler over the same rows); the central estimate "
+                         f"({central:.2f} GiB) holds its largest tensor ({largest:.2f} GiB). Fragmentation of those "
+                         "blocks is not sized by the plan (llm-d-planner's gpt-oss-20b at 0.95 under 0.19.0 ran out "
+                         "of memory here with 1.6-1.8 GiB reserved but unallocated); --max-num-seqs lower or the "
+                         "utilisation lower widens the room")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
@@ -376,9 +408,11 @@ def sampler_bytes(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, floa
     return b_lo, b_hi, kind
 
 
-def sampler_warmup(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tuple[float, float, str] | None:
+def sampler_warmup(inp: PlanInput, version: tuple[int, ...],
+                   total_gib: float) -> tuple[float, float, str, float, str] | None:
     """What V1's sampler warm-up takes after the KV cache is allocated (GiB, low and high): rows x vocabulary x the
-    sampler's bytes a logit (SAMPLER_WARMUP_SINCE). None before it, or without the vocabulary size."""
+    sampler's bytes a logit (SAMPLER_WARMUP_SINCE), and its largest single tensor (GiB, high; LARGEST_LOGIT_BYTES).
+    None before it, or without the vocabulary size."""
     sz = inp.sizes
     vocab = (sz.vocab_size if sz is not None else None) or inp.vocab_size
     if version < SAMPLER_WARMUP_SINCE or not vocab:
@@ -387,8 +421,13 @@ def sampler_warmup(inp: PlanInput, version: tuple[int, ...], total_gib: float) -
     b_lo, b_hi, kind = sampler_bytes(inp, version)
     lo, hi = r_lo * vocab * b_lo / GIB, r_hi * vocab * b_hi / GIB
     rows = f"{r_lo:,}" if r_lo == r_hi else f"{r_lo:,}-{r_hi:,}"
+    sort = version < TRITON_SAMPLER_SINCE and inp.sampler != "flashinfer"
+    elt = LARGEST_LOGIT_BYTES["sort"] if sort else LARGEST_LOGIT_BYTES["float32"]
+    largest = r_hi * vocab * elt / GIB
+    l_words = (f"{rows} x {vocab:,} x {elt} B: " + ("the top-k/top-p sort's int64 indices" if sort else
+                                                     "the float32 logits, probabilities or random_sample's draw"))
     return lo, hi, (f"sampler warm-up {lo:.2f}-{hi:.2f} GiB: min(max_num_seqs, max_num_batched_tokens) = {rows} rows "
-                    f"x vocab {vocab:,} x {b_lo:g}-{b_hi:g} B ({kind}) [{batch}]")
+                    f"x vocab {vocab:,} x {b_lo:g}-{b_hi:g} B ({kind}) [{batch}]"), largest, l_words
 
 
 def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
