@@ -79,7 +79,7 @@ def test_a_tied_lm_head_is_loaded_once(tmp_path):
 def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(tmp_path):
     """vLLM 0.17 masks top-k/top-p with a Triton kernel instead of a sort (topk_topp_triton.py, absent from 0.16.0):
     its profile run's sampler holds 10-16 B a logit, FlashInfer's 8-16 B, so the activation term narrows without
-    knowing which sampler runs. llm-d-planner's Qwen3-14B at 0.95 on an H100: 41.94 GiB of KV under 0.16.0, 45.34
+    knowing which sampler runs; 0.12-0.16 run PyTorch's sort unless FlashInfer's is opted in. llm-d-planner's Qwen3-14B at 0.95 on an H100: 41.94 GiB of KV under 0.16.0, 45.34
     under 0.17.0 (the validation set): each release's interval holds its own."""
     model = _model(tmp_path, "qwen3-14b.json", 29536614400)
     plans = {}
@@ -89,7 +89,10 @@ def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(t
         plans[version] = _term(p, "rest_gib")
     old, new = plans["0.16.0"], plans["0.17.0"]
     assert old["low"] <= 41.94 <= old["high"] and new["low"] <= 45.34 <= new["high"]
-    assert not new["low"] <= 41.94 and (new["high"] - new["low"]) < 0.5 * (old["high"] - old["low"])
+    # from 0.12 FlashInfer's sampler is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), so 0.16.0 unsaid runs PyTorch's sort
+    # (37-41 B a logit) and 0.17.0 the Triton kernel (10-16 B): both narrow, the sort's budget below the kernel's
+    assert not new["low"] <= 41.94 and old["high"] < new["low"]
+    assert old["high"] - old["low"] < 2.0 and new["high"] - new["low"] < 2.5
 
 
 def test_mxfp4_experts_are_padded_as_the_cards_kernel_backend_lays_them_out(tmp_path):
@@ -177,8 +180,8 @@ QWEN3_235B_FP8 = ("qwen3-235b-a22b-fp8.json", 236445455360)
 def test_the_sampler_warm_up_after_the_kv_cache_is_sized_and_noted_where_only_fragmentation_could_fail_it(tmp_path):
     """llm-d-planner's vLLM 0.19.0 gpt-oss-20b on H100s at 0.95 (TP 1 and TP 2) ran out of memory in the sampler
     warm-up that gpu_worker.compile_or_warm_up_model runs after the KV cache and the graphs (1,024 rows x 201,088
-    logits). The profile run's freed peak holds the same sampler over the same rows, and the central estimate of the
-    memory PyTorch never reserved holds the warm-up's largest tensor, so the plan says yes with a note naming the
+    logits). The profile run's freed peak held the same sampler over the same rows, and the central estimate of the
+    room outside the budget (the peak not counted) holds the warm-up's largest tensor, so the plan says yes with a note naming the
     warm-up: in the same sweep Llama-4-Scout (same vocabulary, less room by its log) started, so calling these
     `at risk` would call healthy startups too (bench/plan_validation.json: not_caught). 0.90 (it started): no note."""
     model = _model(tmp_path, *GPT_OSS_20B)

@@ -51,12 +51,18 @@ from kvaudit.versions import VersionRange
 #:     per-SM buffer): it holds the bf16 logits, their float32 copy (sampler.py: logits.to(torch.float32)), the
 #:     float32 probabilities and random_sample's float32 exponential draw: 10-16 B an element, read in the code;
 #:     FlashInfer's sampler became opt-in (VLLM_USE_FLASHINFER_SAMPLER=1) in the same releases. So from 0.17 both
-#:     paths hold 8-16 B and the sampler need not be known.
+#:     paths hold 8-16 B and the sampler need not be known. Which path runs unsaid: FLASHINFER_OPT_IN_SINCE.
 #: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
 FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
 TRITON_SAMPLER = "native, Triton top-k/top-p (0.17+)"
 SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0), TRITON_SAMPLER: (10.0, 16.0)}
 TRITON_SAMPLER_SINCE = (0, 17, 0)
+#: which sampler runs when --sampler is not given: 0.8-0.11 use FlashInfer's whenever the flashinfer package (0.2.3+) is
+#: installed (v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: VLLM_USE_FLASHINFER_SAMPLER None means on,
+#: read in 0.10.1.1 and 0.11.0), an installation fact; from 0.12.0 FlashInfer's is opt-in ("Users must opt in
+#: explicitly via VLLM_USE_FLASHINFER_SAMPLER=1", read in 0.12.0, 0.13.0, 0.14.0, 0.15.0, 0.16.0 and 0.19.0), so the
+#: native path runs: PyTorch's sort before 0.17, the Triton top-k/top-p from 0.17
+FLASHINFER_OPT_IN_SINCE = (0, 12, 0)
 #: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
 #: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
@@ -80,15 +86,18 @@ CONTEXT_GIB = (0.25, 0.6)
 #: (v1/worker/gpu_worker.py compile_or_warm_up_model, read in 0.8.5 and 0.19.0: "Warm up sampler and preallocate
 #: memory buffer for logits ... called after `capture_model` on purpose"): a dummy forward of
 #: min(max_num_seqs, max_num_batched_tokens) tokens, then gpu_model_runner._dummy_sampler_run over that many rows of
-#: logits. It is outside total x util. The profile run (profile_run) ran the SAME _dummy_sampler_run over the same
-#: rows before the KV cache was sized, so the freed profile peak, kept in PyTorch's cache, is as large as the warm-up;
-#: what the warm-up may need beyond it is one request the caching allocator cannot place in a free block of those
-#: segments (it does not split a request across segments), which then takes a new segment from memory PyTorch has
-#: never reserved: (1 - util) x total - the CUDA context [- the graphs before 0.20]. So:
-#:   no       the warm-up does not fit even with all of the freed peak reused (optimistic ends);
-#:   at risk  the central estimate of that never-reserved memory (each range's middle) is below the warm-up's
-#:            largest single tensor + ALLOCATOR_SLACK_GIB;
-#:   a note   only the pessimistic end (none of the freed peak reusable) does not hold the whole warm-up.
+#: logits (read in 0.19.0: no empty_cache between the two). It is outside total x util. The profile run ran the same
+#: _dummy_sampler_run over the same rows inside the budget, and memory_profiling (utils/mem_utils.py) empties the
+#: cache after it, so its peak is free device memory again once the KV cache is sized; capture_model ends with
+#: empty_cache too. The warm-up's eager forward leaves its freed blocks reserved in PyTorch's cache, and the caching
+#: allocator never splits a request across segments, so each vocabulary-sized float32 tensor of the sampler that no
+#: cached block holds takes a new segment. How much of the peak the forward's cached blocks take is not sized (the
+#: 0.19.0 gpt-oss-20b logs: 1.62-1.78 GiB reserved but unallocated when the sampler's 786 MiB draw failed). So:
+#:   no       the warm-up does not fit even in the whole freed peak plus the room outside (optimistic ends);
+#:   at risk  the central estimate of the room outside the budget, the peak not counted ((1 - util) x total - the
+#:            CUDA context [- the graphs before 0.20], each range's middle), is below the warm-up's largest single
+#:            tensor + ALLOCATOR_SLACK_GIB: a threshold stated, not a bound derived;
+#:   a note   only the pessimistic end of that room does not hold the whole warm-up.
 #: 0.8.0-0.8.4 were not read. What decides between the last two is fragmentation the plan does not size: in
 #: llm-d-planner's 0.19.0 sweep on H100s at 0.95 (logs at d3121e05) gpt-oss-20b ran out of memory here at TP 1 and
 #: TP 2 with 1.62-1.78 GiB reserved but unallocated, while Llama-4-Scout at TP 4 (same vocabulary size, less room
@@ -193,39 +202,41 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         g_lo, g_hi = GRAPH_ESTIMATE_GIB if version < (0, 20, 0) else (0.0, 0.0)
         graphs = f", the CUDA graphs ({g_lo}-{g_hi} GiB, assumed; captured after the KV cache before 0.20)" \
             if version < (0, 20, 0) else ""
-        # memory PyTorch has never reserved when the warm-up starts: outside total x util, less the context and
-        # (before 0.20) the graphs; low, central (each range's middle) and high
+        # the room outside total x util, less the context and (before 0.20) the graphs, the profile's freed peak
+        # not counted; low, central (each range's middle) and high
         fresh = Interval(headroom.lo - ctx_hi - g_hi, headroom.hi - ctx_lo - g_lo)
         central = headroom.mid - (ctx_lo + ctx_hi) / 2 - (g_lo + g_hi) / 2
         out.append(Term("post_kv_gib", "after the KV cache, outside total x util: the sampler warm-up", w_lo, w_hi,
                         "GiB", ASSUMED if inp.sampler is None else FORMULA,
                         f"{w_words}; gpu_worker.compile_or_warm_up_model runs it after the KV cache and the graphs"))
-        out.append(Term("post_kv_fresh_gib", "never reserved by PyTorch when the warm-up starts", fresh.lo, fresh.hi,
-                        "GiB", ASSUMED, f"(1 - util) x total less the CUDA context ({ctx_lo}-{ctx_hi} GiB){graphs}; "
-                        f"central {central:.2f} GiB (each range's middle); the warm-up's largest tensor {largest:.2f} "
-                        f"GiB ({l_words})"))
+        out.append(Term("post_kv_fresh_gib", "outside total x util when the warm-up starts, the freed peak not counted",
+                        fresh.lo, fresh.hi, "GiB", ASSUMED,
+                        f"(1 - util) x total less the CUDA context ({ctx_lo}-{ctx_hi} GiB){graphs}; central "
+                        f"{central:.2f} GiB (each range's middle); the warm-up's largest tensor {largest:.2f} GiB "
+                        f"({l_words})"))
         if fresh.hi + a_hi < w_lo:
             starts, why = "no", (f"the sampler warm-up after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: {w_words}) does "
                                  f"not fit in the {headroom.hi:.2f} GiB outside total x utilisation less the CUDA "
                                  f"context{graphs}, even with the profile run's {a_hi:.2f} GiB peak freed: CUDA out of "
                                  "memory warming up the sampler (lower --max-num-seqs or the utilisation)")
         elif starts == "yes" and central < largest + ALLOCATOR_SLACK_GIB:
+            slack = f"{ALLOCATOR_SLACK_GIB * 1024:.0f} MiB"
             starts, why = "at risk", (
-                f"the central estimate of the memory PyTorch has never reserved when vLLM warms the sampler up after "
-                f"the KV cache, {central:.2f} GiB ({headroom.mid:.2f} GiB outside total x utilisation less the CUDA "
-                f"context{graphs}, each range's middle), is below the warm-up's largest single tensor, {largest:.2f} "
-                f"GiB ({l_words}), plus the allocator's {ALLOCATOR_SLACK_GIB * 1024:.0f} MiB rounding: the profile "
-                "run's freed blocks can hold the rest of the warm-up (the same sampler over the same rows), but a "
-                "request the caching allocator cannot place in one free block needs a new segment "
-                f"({w_words}); lower --max-num-seqs or the utilisation")
+                f"the central estimate of the room outside the budget when vLLM warms the sampler up after the KV "
+                f"cache, {central:.2f} GiB ({headroom.mid:.2f} GiB outside total x utilisation less the CUDA "
+                f"context{graphs}, each range's middle; the profile's freed peak not counted), is below the "
+                f"warm-up's largest single tensor, {largest:.2f} GiB ({l_words}), plus the allocator's {slack} "
+                "rounding: the rest of the warm-up must come from the profile run's freed peak (the same sampler "
+                "over the same rows), which its eager forward's cached blocks share, and a request no free block "
+                f"holds needs a new segment ({w_words}); lower --max-num-seqs or the utilisation")
         elif fresh.lo < w_hi:
             notes.append(f"the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB) fits in the "
-                         f"{fresh.lo:.2f} GiB PyTorch has never reserved at the pessimistic end only by reusing the "
-                         "profile run's freed blocks (the same sampler over the same rows); the central estimate "
-                         f"({central:.2f} GiB) holds its largest tensor ({largest:.2f} GiB). Fragmentation of those "
-                         "blocks is not sized by the plan (llm-d-planner's gpt-oss-20b at 0.95 under 0.19.0 ran out "
-                         "of memory here with 1.6-1.8 GiB reserved but unallocated); --max-num-seqs lower or the "
-                         "utilisation lower widens the room")
+                         f"{fresh.lo:.2f} GiB outside the budget at the pessimistic end only with the profile run's "
+                         f"freed peak (the same sampler over the same rows); the central estimate ({central:.2f} GiB) "
+                         f"holds its largest tensor ({largest:.2f} GiB). What the warm-up's eager forward keeps cached "
+                         "there (fragmentation) is not sized by the plan (llm-d-planner's gpt-oss-20b at 0.95 under "
+                         "0.19.0 ran out of memory here with 1.6-1.8 GiB reserved but unallocated); a lower "
+                         "--max-num-seqs or utilisation widens the room")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
@@ -403,6 +414,8 @@ def sampler_bytes(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, floa
             kind, b_lo, b_hi = "native (Triton top-k/top-p) or flashinfer", SAMPLER_BYTES["flashinfer"][0], triton[1]
     elif inp.sampler:
         kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
+    elif version >= FLASHINFER_OPT_IN_SINCE:  # FlashInfer only with VLLM_USE_FLASHINFER_SAMPLER=1
+        kind, (b_lo, b_hi) = "native (FlashInfer's is opt-in from 0.12)", SAMPLER_BYTES["native"]
     else:
         kind, b_lo, b_hi = "flashinfer or native: not known", SAMPLER_BYTES["flashinfer"][0], SAMPLER_BYTES["native"][1]
     return b_lo, b_hi, kind
