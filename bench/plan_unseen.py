@@ -99,6 +99,7 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
                                                                                           "logged", "source")},
                                                    sort_keys=True) for c in data["cases"]}),
         "started_planned_no": sum(r.get("starts") == "no" for r in started),
+        "started_planned_at_risk": sum(r.get("starts") == "at risk" for r in started),
     }
     if errs:
         summary.update({"mean_abs_error": round(statistics.fmean(errs), 4),
@@ -125,7 +126,8 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
               f"{', '.join(summary['engines'])}")
         print(f"  failed: {len(failed)} ({len(memory)} from memory), planned no/at risk: "
               f"{summary['failed_planned_no_or_at_risk']} ({summary['failed_from_memory_planned_no_or_at_risk']} of "
-              f"those from memory); started but planned no: {summary['started_planned_no']}")
+              f"those from memory); started but planned no: {summary['started_planned_no']}, at risk: "
+              f"{summary['started_planned_at_risk']}")
         for line in summary["not_caught"]:
             print(f"  not caught: {line[:150]}")
     return summary

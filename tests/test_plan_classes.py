@@ -79,7 +79,7 @@ def test_a_tied_lm_head_is_loaded_once(tmp_path):
 def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(tmp_path):
     """vLLM 0.17 masks top-k/top-p with a Triton kernel instead of a sort (topk_topp_triton.py, absent from 0.16.0):
     its profile run's sampler holds 10-16 B a logit, FlashInfer's 8-16 B, so the activation term narrows without
-    knowing which sampler runs. llm-d-planner's Qwen3-14B at 0.95 on an H100: 41.94 GiB of KV under 0.16.0, 45.34
+    knowing which sampler runs; 0.12-0.16 run PyTorch's sort unless FlashInfer's is opted in. llm-d-planner's Qwen3-14B at 0.95 on an H100: 41.94 GiB of KV under 0.16.0, 45.34
     under 0.17.0 (the validation set): each release's interval holds its own."""
     model = _model(tmp_path, "qwen3-14b.json", 29536614400)
     plans = {}
@@ -89,7 +89,10 @@ def test_from_0_17_the_sampler_is_the_triton_top_k_top_p_and_need_not_be_known(t
         plans[version] = _term(p, "rest_gib")
     old, new = plans["0.16.0"], plans["0.17.0"]
     assert old["low"] <= 41.94 <= old["high"] and new["low"] <= 45.34 <= new["high"]
-    assert not new["low"] <= 41.94 and (new["high"] - new["low"]) < 0.5 * (old["high"] - old["low"])
+    # from 0.12 FlashInfer's sampler is opt-in (VLLM_USE_FLASHINFER_SAMPLER=1), so 0.16.0 unsaid runs PyTorch's sort
+    # (37-41 B a logit) and 0.17.0 the Triton kernel (10-16 B): both narrow, the sort's budget below the kernel's
+    assert not new["low"] <= 41.94 and old["high"] < new["low"]
+    assert old["high"] - old["low"] < 2.0 and new["high"] - new["low"] < 2.5
 
 
 def test_mxfp4_experts_are_padded_as_the_cards_kernel_backend_lays_them_out(tmp_path):
@@ -168,6 +171,78 @@ def test_before_0_20_the_graphs_captured_after_the_kv_cache_need_room_outside_th
     _, fine = _plan(model, "--engine", "vllm==0.11.0", "--gpu", "rtx-5090", "--fraction", "0.85", "--context-length",
                     "4096")
     assert fine["starts"] == "yes"
+
+
+GPT_OSS_20B = ("gpt-oss-20b.json", 13761264768)
+QWEN3_235B_FP8 = ("qwen3-235b-a22b-fp8.json", 236445455360)
+
+
+def test_the_sampler_warm_up_after_the_kv_cache_is_sized_and_noted_where_only_fragmentation_could_fail_it(tmp_path):
+    """llm-d-planner's vLLM 0.19.0 gpt-oss-20b on H100s at 0.95 (TP 1 and TP 2) ran out of memory in the sampler
+    warm-up that gpu_worker.compile_or_warm_up_model runs after the KV cache and the graphs (1,024 rows x 201,088
+    logits). The profile run's freed peak held the same sampler over the same rows, and the central estimate of the
+    room outside the budget (the peak not counted) holds the warm-up's largest tensor, so the plan says yes with a note naming the
+    warm-up: in the same sweep Llama-4-Scout (same vocabulary, less room by its log) started, so calling these
+    `at risk` would call healthy startups too (bench/plan_validation.json: not_caught). 0.90 (it started): no note."""
+    model = _model(tmp_path, *GPT_OSS_20B)
+    for tp in ("1", "2"):
+        r, p = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", tp, "--fraction", "0.95",
+                     "--context-length", "8192")
+        assert p["starts"] == "yes" and r.code == ExitStatus.OK
+        assert any("sampler warm-up" in n and "fragmentation" in n.lower() for n in p["notes"]), p["notes"]
+        warm = _term(p, "post_kv_gib")
+        assert 1.5 < warm["low"] < warm["high"] < 3.1  # 1,024 x 201,088 x 8-16 B (sampler not given)
+        fresh = _term(p, "post_kv_fresh_gib")
+        assert fresh["low"] < warm["high"] and "0.77 GiB" in fresh["basis"]  # 1,024 x 201,088 x 4 B
+    _, ok = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--tp", "2", "--fraction", "0.9",
+                  "--context-length", "8192")
+    assert ok["starts"] == "yes" and not any("sampler warm-up" in n for n in ok["notes"])
+
+
+def test_the_sampler_warm_up_is_at_risk_when_the_central_room_cannot_take_its_largest_tensor(tmp_path):
+    """gpt-oss-20b under vLLM 0.20.0 (graphs inside the budget) at 0.99 on an H100: 0.79 GiB outside total x util less
+    the CUDA context (0.25-0.6) leaves 0.37 GiB at the centre, below the warm-up's 0.77 GiB float32 tensor
+    (1,024 x 201,088 x 4 B): at risk, the deciding term named; at 0.98 (1.16 GiB at the centre) it is yes."""
+    model = _model(tmp_path, *GPT_OSS_20B)
+    r, p = _plan(model, "--engine", "vllm==0.20.0", "--gpu", "h100", "--fraction", "0.99", "--context-length", "8192")
+    assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
+    assert "largest single tensor, 0.77 GiB" in p["starts_reason"] and "201,088" in p["starts_reason"]
+    _, ok = _plan(model, "--engine", "vllm==0.20.0", "--gpu", "h100", "--fraction", "0.98", "--context-length", "8192")
+    assert ok["starts"] == "yes"
+
+
+QWEN25_7B = ("qwen2.5-7b-instruct.json", 15231233024)
+
+
+def test_a_healthy_deployment_is_yes_not_at_risk(tmp_path):
+    """llm-d-planner's vLLM 0.19.0 Qwen2.5-7B-Instruct on an H100 at 0.95 (58.53 GiB of KV logged, it started) and
+    the same at 0.9: yes, the budget holding the logged KV, the warm-up sized and not deciding."""
+    model = _model(tmp_path, *QWEN25_7B)
+    plans = {}
+    for frac in ("0.95", "0.9"):
+        r, p = _plan(model, "--engine", "vllm==0.19.0", "--gpu", "h100", "--fraction", frac, "--context-length", "2048")
+        assert p["starts"] == "yes" and r.code == ExitStatus.OK, p["starts_reason"]
+        assert _term(p, "post_kv_gib")["high"] < 2.4  # 1,024 x 152,064 x 8-16 B
+        plans[frac] = p
+    rest = _term(plans["0.95"], "rest_gib")
+    assert rest["low"] <= 58.53 <= rest["high"]
+
+
+def test_tensorrt_llms_estimate_undercounts_replicated_kv_heads_and_an_unset_fraction_does_not_cap_it(tmp_path):
+    """TensorRT-LLM #5872: Qwen3-235B-A22B-FP8 (4 KV heads) at TP 8 on H200s, kv_cache_config from extra options (no
+    free_gpu_memory_fraction): the estimate counts 128 x 4 // 8 = 64 a layer where the pool holds one head of 128,
+    so its max_tokens asks for twice the budget and the KV cache could not be created. At TP 4 it started; with the
+    fraction set the final pool is capped at fraction x free memory."""
+    model = _model(tmp_path, *QWEN3_235B_FP8)
+    r, p = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "8")
+    assert p["starts"] == "at risk" and r.code == ExitStatus.WARNINGS
+    assert "replicates" in p["starts_reason"] and "2.00 x the budget" in p["starts_reason"]
+    est = _term(p, "estimate_bytes_per_token")
+    assert est["low"] * 2 == _term(p, "bytes_per_token")["low"]
+    _, four = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "4")
+    assert four["starts"] == "yes" and not [t for t in four["terms"] if t["key"] == "estimate_bytes_per_token"]
+    _, capped = _plan(model, "--engine", "trtllm==1.0.0rc1", "--gpu", "h200", "--tp", "8", "--fraction", "0.9")
+    assert capped["starts"] == "yes" and any("caps the pool" in n for n in capped["notes"])
 
 
 def test_the_validation_sets_configuration_failures_are_refused_for_the_reason_the_engine_gives(tmp_path):
@@ -314,11 +389,15 @@ def test_every_failed_startup_of_the_validation_set_is_planned_no_or_at_risk_and
     s = plan_unseen.measure(BENCH / "plan_validation.json", show=False)
     val = json.loads((BENCH / "plan_validation.json").read_text())
     missed = [c["id"] for c in val["cases"] if c.get("not_caught")]
-    assert s["failed_from_memory"] >= 6 and s["started_planned_no"] == 0 and not s["refused"]
-    # every failure is called, but those the plan says it cannot call yet (each says why, in the case and the
-    # bench's report): the day one of them is called, this test asks for its note to go
+    assert s["failed_from_memory"] >= 7 and s["started_planned_no"] == 0 and not s["refused"]
+    # every failure is called but the two gpt-oss-20b sampler warm-ups at 0.95, which say why in `not_caught`
+    # (fragmentation the plan does not size: healthy startups of the same sweep had less room); and at most ~10 %
+    # of the startups that started are called at risk
     assert s["failed_planned_no_or_at_risk"] == s["failed"] - len(missed)
-    assert len(s["not_caught"]) == len(missed) == 3
+    assert s["failed_from_memory_planned_no_or_at_risk"] == s["failed_from_memory"] - len(missed)
+    assert len(s["not_caught"]) == len(missed) == 2 and all("gpt-oss-20b" in m for m in missed)
+    started = s["startups"] - s["failed"]
+    assert s["started_planned_at_risk"] <= 0.1 * started
 
 
 # issue 36 item 2: the run-to-run spread of one deployment, which a history of one startup cannot show

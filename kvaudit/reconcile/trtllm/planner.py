@@ -32,6 +32,24 @@ DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block
 PROFILING_REST_GIB = (0.8, 6.0)
 
 
+def estimate_undercount(inp: PlanInput, cell: float) -> tuple[int, float] | None:
+    """(the estimate's bytes per token, pool bytes / those) when the KV size estimate counts fewer bytes a token than
+    the pool holds, else None. The estimate (``_util.py KvCacheCreator._get_cache_size_per_token``, later
+    ``KVCacheManager.get_cache_size_per_token``) counts ``head_dim x num_key_value_heads // tp_size`` per layer; the
+    pool (``KVCacheManager.__init__``) holds ``ceil(num_kv_heads / tp_size)`` heads per rank: when TP exceeds the KV
+    heads they are replicated and the estimate is short by TP / KV heads. MLA and attention DP count no TP split."""
+    geom = inp.geometry
+    if geom is None or geom.is_mla or inp.dp_attention > 1 or not geom.num_kv_heads or not geom.head_dim:
+        return None
+    if inp.bytes_per_token is not None or inp.tp <= 1:
+        return None
+    elt = shared.kv_element(inp)
+    est = int(2 * geom.num_layers * (geom.head_dim * geom.num_kv_heads // inp.tp) * elt)
+    if est <= 0 or est >= cell:
+        return None
+    return est, cell / est
+
+
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     shared.release(inp, (0, 19, 0), "kvaudit plan sizes the PyTorch backend (0.19+); a TensorRT engine's activation "
                    "buffers are the built engine's own", caps=True)
@@ -79,6 +97,28 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     hi = math.ceil(math.floor(max(0.0, available.hi) * GIB / cell) / block) * block
     starts, why = shared.pool_starts(available, lo, hi, inp.context_length, "the KV cache manager gets no blocks",
                                      context_fatal=False)
+    under = estimate_undercount(inp, cell)
+    if under is not None and starts != "no":
+        est_cell, ratio = under
+        out.append(Term("estimate_bytes_per_token", "KV bytes per token the size estimate counts (per rank)", est_cell,
+                        est_cell, "B", FORMULA, f"head_dim x KV heads // TP: {ratio:.2f}x fewer than the pool holds"))
+        if inp.fraction is None:
+            need = Interval(available.lo * ratio, available.hi * ratio)
+            if need.hi > free.lo:
+                starts, why = "at risk", (
+                    f"TP {inp.tp} replicates the model's {geom.num_kv_heads if geom else '?'} KV heads, and the size "
+                    f"estimate counts head_dim x KV heads // TP ({est_cell:,} B a token, _util.py "
+                    f"_get_cache_size_per_token / KVCacheManager.get_cache_size_per_token) where the pool holds "
+                    f"ceil(KV heads / TP) heads ({cell:,} B): its max_tokens asks for {ratio:.2f} x the budget, "
+                    f"{need.lo:.1f}-{need.hi:.1f} GiB against {free.lo:.1f}-{free.hi:.1f} GiB free. Only a "
+                    "free_gpu_memory_fraction that is set caps the final pool at fraction x free memory "
+                    "(resource_manager.py calculate_max_num_blocks); unset (None: a kv_cache_config from "
+                    "--extra_llm_api_options without it, which replaces trtllm-serve's 0.9) the KV cache fails "
+                    "to be created (insufficient GPU memory); give --fraction (free_gpu_memory_fraction)")
+        else:
+            notes.append(f"TP {inp.tp} replicates the KV heads: the size estimate counts {est_cell:,} B a token "
+                         f"where the pool holds {cell:,} B, so its 'Estimated max tokens' is {ratio:.2f} x the pool; "
+                         "the free_gpu_memory_fraction that is set caps the pool (calculate_max_num_blocks)")
     smallest = None
     if inp.context_length and free.lo > 0:
         smallest = math.ceil(inp.context_length * cell / GIB / free.lo * 1000) / 1000

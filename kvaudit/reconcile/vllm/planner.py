@@ -51,12 +51,18 @@ from kvaudit.versions import VersionRange
 #:     per-SM buffer): it holds the bf16 logits, their float32 copy (sampler.py: logits.to(torch.float32)), the
 #:     float32 probabilities and random_sample's float32 exponential draw: 10-16 B an element, read in the code;
 #:     FlashInfer's sampler became opt-in (VLLM_USE_FLASHINFER_SAMPLER=1) in the same releases. So from 0.17 both
-#:     paths hold 8-16 B and the sampler need not be known.
+#:     paths hold 8-16 B and the sampler need not be known. Which path runs unsaid: FLASHINFER_OPT_IN_SINCE.
 #: These are the calibration set's (bench/plan_cases.json, the corpus); bench/plan_validation.json never set them.
 FORWARD_WIDTHS = 3  # x (MLP width per rank + hidden), per token
 TRITON_SAMPLER = "native, Triton top-k/top-p (0.17+)"
 SAMPLER_BYTES = {"v0": (39.0, 48.0), "native": (37.0, 41.0), "flashinfer": (8.0, 16.0), TRITON_SAMPLER: (10.0, 16.0)}
 TRITON_SAMPLER_SINCE = (0, 17, 0)
+#: which sampler runs when --sampler is not given: 0.8-0.11 use FlashInfer's whenever the flashinfer package (0.2.3+) is
+#: installed (v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: VLLM_USE_FLASHINFER_SAMPLER None means on,
+#: read in 0.10.1.1 and 0.11.0), an installation fact; from 0.12.0 FlashInfer's is opt-in ("Users must opt in
+#: explicitly via VLLM_USE_FLASHINFER_SAMPLER=1", read in 0.12.0, 0.13.0, 0.14.0, 0.15.0, 0.16.0 and 0.19.0), so the
+#: native path runs: PyTorch's sort before 0.17, the Triton top-k/top-p from 0.17
+FLASHINFER_OPT_IN_SINCE = (0, 12, 0)
 #: without the model's sizes (a config.json of the KV fields only): the ranges the corpus' startups span
 ACTIVATION_GIB = (0.2, 6.5)
 #: non-torch memory (NCCL and custom all-reduce buffers, cuBLAS workspaces) by release and ranks: 0.6.5 counted
@@ -76,6 +82,37 @@ NON_TORCH_FUSED_GIB = (1.9, 2.4)
 GRAPH_ESTIMATE_GIB = (0.05, 2.0)
 #: what is in use before vLLM compares the free memory with total x util: the CUDA context and torch's own
 CONTEXT_GIB = (0.25, 0.6)
+#: V1 warms the sampler up AFTER the KV cache is allocated and after the CUDA graphs are captured
+#: (v1/worker/gpu_worker.py compile_or_warm_up_model, read in 0.8.5 and 0.19.0: "Warm up sampler and preallocate
+#: memory buffer for logits ... called after `capture_model` on purpose"): a dummy forward of
+#: min(max_num_seqs, max_num_batched_tokens) tokens, then gpu_model_runner._dummy_sampler_run over that many rows of
+#: logits (read in 0.19.0: no empty_cache between the two). It is outside total x util. The profile run ran the same
+#: _dummy_sampler_run over the same rows inside the budget, and memory_profiling (utils/mem_utils.py) empties the
+#: cache after it, so its peak is free device memory again once the KV cache is sized; capture_model ends with
+#: empty_cache too. The warm-up's eager forward leaves its freed blocks reserved in PyTorch's cache, and the caching
+#: allocator never splits a request across segments, so each vocabulary-sized float32 tensor of the sampler that no
+#: cached block holds takes a new segment. How much of the peak the forward's cached blocks take is not sized (the
+#: 0.19.0 gpt-oss-20b logs: 1.62-1.78 GiB reserved but unallocated when the sampler's 786 MiB draw failed). So:
+#:   no       the warm-up does not fit even in the whole freed peak plus the room outside (optimistic ends);
+#:   at risk  the central estimate of the room outside the budget, the peak not counted ((1 - util) x total - the
+#:            CUDA context [- the graphs before 0.20], each range's middle), is below the warm-up's largest single
+#:            tensor + ALLOCATOR_SLACK_GIB: a threshold stated, not a bound derived;
+#:   a note   only the pessimistic end of that room does not hold the whole warm-up.
+#: 0.8.0-0.8.4 were not read. What decides between the last two is fragmentation the plan does not size: in
+#: llm-d-planner's 0.19.0 sweep on H100s at 0.95 (logs at d3121e05) gpt-oss-20b ran out of memory here at TP 1 and
+#: TP 2 with 1.62-1.78 GiB reserved but unallocated, while Llama-4-Scout at TP 4 (same vocabulary size, less room
+#: after the context and the graphs by the logs' own figures) and Kimi-VL-A3B at TP 2 started: no rule on these
+#: terms separates them (docs/plan.md).
+SAMPLER_WARMUP_SINCE = (0, 8, 5)
+#: bytes a logit of the warm-up's largest single tensor: the float32 logits (sampler.py logits.to(torch.float32)),
+#: the probabilities and random_sample's exponential draw (torch.empty_like(probs), the 786 MiB request that failed
+#: in the 0.19.0 gpt-oss-20b logs: 1,024 x 201,088 x 4 B) are 4 B; before 0.17 PyTorch's top-k/top-p sorts the
+#: logits (topk_topp_sampler.apply_top_k_top_p: logits.sort) and its int64 indices are 8 B
+LARGEST_LOGIT_BYTES = {"float32": 4, "sort": 8}
+#: what a new segment rounds a large request up to at most: PyTorch's caching allocator gives a request of 10 MiB or
+#: more a segment rounded up to 2 MiB, smaller ones a 20 MiB segment (c10/cuda/CUDACachingAllocator.cpp
+#: get_allocation_size: kRoundLarge, kLargeBuffer)
+ALLOCATOR_SLACK_GIB = 20 / 1024
 #: what loads with the weights beyond the checkpoint's bytes per rank (vLLM): llm-d's 0.11.0 startups loaded
 #: 0.01-0.08 GiB more than the checkpoint per rank (Llama-3.1-8B 14.99 for 14.96, Qwen3-32B 61.03 for 61.02 at
 #: TP 1 and 30.59 for 30.51 at TP 2)
@@ -157,6 +194,49 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
             starts, why = "at risk", (f"{headroom.lo:.2f} GiB outside total x utilisation must hold the CUDA context "
                                       f"({ctx_lo}-{ctx_hi} GiB) and the CUDA graphs ({g_lo}-{g_hi} GiB, assumed), "
                                       "which vLLM before 0.20 captures after the KV cache")
+    warm = sampler_warmup(inp, version, total.mid) if geom is not None else None
+    if warm is not None and starts != "no":
+        w_lo, w_hi, w_words, largest, l_words = warm
+        act = activation(inp, version, total.mid)
+        a_hi = act[1] if act is not None else besides.hi
+        g_lo, g_hi = GRAPH_ESTIMATE_GIB if version < (0, 20, 0) else (0.0, 0.0)
+        graphs = f", the CUDA graphs ({g_lo}-{g_hi} GiB, assumed; captured after the KV cache before 0.20)" \
+            if version < (0, 20, 0) else ""
+        # the room outside total x util, less the context and (before 0.20) the graphs, the profile's freed peak
+        # not counted; low, central (each range's middle) and high
+        fresh = Interval(headroom.lo - ctx_hi - g_hi, headroom.hi - ctx_lo - g_lo)
+        central = headroom.mid - (ctx_lo + ctx_hi) / 2 - (g_lo + g_hi) / 2
+        out.append(Term("post_kv_gib", "after the KV cache, outside total x util: the sampler warm-up", w_lo, w_hi,
+                        "GiB", ASSUMED if inp.sampler is None else FORMULA,
+                        f"{w_words}; gpu_worker.compile_or_warm_up_model runs it after the KV cache and the graphs"))
+        out.append(Term("post_kv_fresh_gib", "outside total x util when the warm-up starts, the freed peak not counted",
+                        fresh.lo, fresh.hi, "GiB", ASSUMED,
+                        f"(1 - util) x total less the CUDA context ({ctx_lo}-{ctx_hi} GiB){graphs}; central "
+                        f"{central:.2f} GiB (each range's middle); the warm-up's largest tensor {largest:.2f} GiB "
+                        f"({l_words})"))
+        if fresh.hi + a_hi < w_lo:
+            starts, why = "no", (f"the sampler warm-up after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB: {w_words}) does "
+                                 f"not fit in the {headroom.hi:.2f} GiB outside total x utilisation less the CUDA "
+                                 f"context{graphs}, even with the profile run's {a_hi:.2f} GiB peak freed: CUDA out of "
+                                 "memory warming up the sampler (lower --max-num-seqs or the utilisation)")
+        elif starts == "yes" and central < largest + ALLOCATOR_SLACK_GIB:
+            slack = f"{ALLOCATOR_SLACK_GIB * 1024:.0f} MiB"
+            starts, why = "at risk", (
+                f"the central estimate of the room outside the budget when vLLM warms the sampler up after the KV "
+                f"cache, {central:.2f} GiB ({headroom.mid:.2f} GiB outside total x utilisation less the CUDA "
+                f"context{graphs}, each range's middle; the profile's freed peak not counted), is below the "
+                f"warm-up's largest single tensor, {largest:.2f} GiB ({l_words}), plus the allocator's {slack} "
+                "rounding: the rest of the warm-up must come from the profile run's freed peak (the same sampler "
+                "over the same rows), which its eager forward's cached blocks share, and a request no free block "
+                f"holds needs a new segment ({w_words}); lower --max-num-seqs or the utilisation")
+        elif fresh.lo < w_hi:
+            notes.append(f"the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB) fits in the "
+                         f"{fresh.lo:.2f} GiB outside the budget at the pessimistic end only with the profile run's "
+                         f"freed peak (the same sampler over the same rows); the central estimate ({central:.2f} GiB) "
+                         f"holds its largest tensor ({largest:.2f} GiB). What the warm-up's eager forward keeps cached "
+                         "there (fragmentation) is not sized by the plan (llm-d-planner's gpt-oss-20b at 0.95 under "
+                         "0.19.0 ran out of memory here with 1.6-1.8 GiB reserved but unallocated); a lower "
+                         "--max-num-seqs or utilisation widens the room")
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
@@ -311,6 +391,18 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
     t_lo, t_hi, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
     elt = 2.0 if geom.dtype_bytes == 4 else geom.dtype_bytes  # float32 configs run in 16 bits
     per_token = FORWARD_WIDTHS * (width / inp.tp + sz.hidden_size) * elt
+    b_lo, b_hi, kind = sampler_bytes(inp, version)
+    fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
+    smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
+    lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
+    return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
+                    f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
+                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
+                    f"[{batch}]")
+
+
+def sampler_bytes(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float, str]:
+    """Bytes the release's sampler holds per logit (rows x vocabulary), low and high, and which sampler."""
     if version < (0, 8, 0):  # V0 uses FlashInfer's sampler only when VLLM_USE_FLASHINFER_SAMPLER=1
         kind = "flashinfer" if inp.sampler == "flashinfer" else "v0"
         b_lo, b_hi = SAMPLER_BYTES[kind]
@@ -322,15 +414,33 @@ def activation(inp: PlanInput, version: tuple[int, ...], total_gib: float) -> tu
             kind, b_lo, b_hi = "native (Triton top-k/top-p) or flashinfer", SAMPLER_BYTES["flashinfer"][0], triton[1]
     elif inp.sampler:
         kind, (b_lo, b_hi) = inp.sampler, SAMPLER_BYTES[inp.sampler]
+    elif version >= FLASHINFER_OPT_IN_SINCE:  # FlashInfer only with VLLM_USE_FLASHINFER_SAMPLER=1
+        kind, (b_lo, b_hi) = "native (FlashInfer's is opt-in from 0.12)", SAMPLER_BYTES["native"]
     else:
         kind, b_lo, b_hi = "flashinfer or native: not known", SAMPLER_BYTES["flashinfer"][0], SAMPLER_BYTES["native"][1]
-    fwd = (t_lo * per_token / GIB * 0.8, t_hi * per_token / GIB * 1.25)
-    smp = (r_lo * sz.vocab_size * b_lo / GIB, r_hi * sz.vocab_size * b_hi / GIB)
-    lo, hi = max(fwd[0], smp[0]), max(fwd[1], smp[1])
-    return lo, hi, (f"activation peak {lo:.2f}-{hi:.2f} GiB = max(forward {fwd[0]:.2f}-{fwd[1]:.2f}: tokens x "
-                    f"{FORWARD_WIDTHS} x (MLP {width:,}/{inp.tp} + hidden {sz.hidden_size:,}) x {elt:g} B, +-25 %; "
-                    f"sampler {smp[0]:.2f}-{smp[1]:.2f}: rows x vocab {sz.vocab_size:,} x {b_lo:g}-{b_hi:g} B, {kind}) "
-                    f"[{batch}]")
+    return b_lo, b_hi, kind
+
+
+def sampler_warmup(inp: PlanInput, version: tuple[int, ...],
+                   total_gib: float) -> tuple[float, float, str, float, str] | None:
+    """What V1's sampler warm-up takes after the KV cache is allocated (GiB, low and high): rows x vocabulary x the
+    sampler's bytes a logit (SAMPLER_WARMUP_SINCE), and its largest single tensor (GiB, high; LARGEST_LOGIT_BYTES).
+    None before it, or without the vocabulary size."""
+    sz = inp.sizes
+    vocab = (sz.vocab_size if sz is not None else None) or inp.vocab_size
+    if version < SAMPLER_WARMUP_SINCE or not vocab:
+        return None
+    _, _, r_lo, r_hi, batch = profile_batch(inp, version, total_gib)
+    b_lo, b_hi, kind = sampler_bytes(inp, version)
+    lo, hi = r_lo * vocab * b_lo / GIB, r_hi * vocab * b_hi / GIB
+    rows = f"{r_lo:,}" if r_lo == r_hi else f"{r_lo:,}-{r_hi:,}"
+    sort = version < TRITON_SAMPLER_SINCE and inp.sampler != "flashinfer"
+    elt = LARGEST_LOGIT_BYTES["sort"] if sort else LARGEST_LOGIT_BYTES["float32"]
+    largest = r_hi * vocab * elt / GIB
+    l_words = (f"{rows} x {vocab:,} x {elt} B: " + ("the top-k/top-p sort's int64 indices" if sort else
+                                                     "the float32 logits, probabilities or random_sample's draw"))
+    return lo, hi, (f"sampler warm-up {lo:.2f}-{hi:.2f} GiB: min(max_num_seqs, max_num_batched_tokens) = {rows} rows "
+                    f"x vocab {vocab:,} x {b_lo:g}-{b_hi:g} B ({kind}) [{batch}]"), largest, l_words
 
 
 def non_torch(inp: PlanInput, version: tuple[int, ...]) -> tuple[float, float]:
