@@ -332,7 +332,10 @@ def test_a_float32_config_is_served_in_16_bits_by_vllm(tmp_path):
 
 @pytest.mark.parametrize("name, mib", [("NVIDIA A10G", 23028), ("l4", 23034), ("NVIDIA A40", 46068),
                                        ("NVIDIA H100 NVL", 95330), ("NVIDIA GeForce RTX 5090", 32607),
-                                       ("AMD Instinct MI300X", 196592)])
+                                       ("AMD Instinct MI300X", 196592), ("NVIDIA H20", 97871),
+                                       ("NVIDIA H20-3e", 143771), ("NVIDIA RTX 6000 Ada Generation", 49140),
+                                       ("NVIDIA RTX A6000", 49140), ("rtx-a6000-ecc", 46068),
+                                       ("NVIDIA GeForce RTX 3090", 24576), ("NVIDIA A800-SXM4-80GB", 81920)])
 def test_cards_by_the_name_their_tool_prints(name, mib):
     from kvaudit.plan.cards import card
 

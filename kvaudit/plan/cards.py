@@ -40,6 +40,20 @@ CARDS = (
     Card("rtx-4090", "NVIDIA GeForce RTX 4090", 24564, "vllm-project/vllm#7768 (nvidia-smi: 24564MiB)"),
     Card("rtx-5090", "NVIDIA GeForce RTX 5090", 32607, "noonghunna/club-3090#1107 (nvidia-smi: 32607MiB)"),
     Card("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "kvaudit's fixtures (nvidia-smi)"),
+    Card("h20", "NVIDIA H20", 97871, "deepseek-ai/DeepGEMM#268 (nvidia-smi: 97871MiB)"),
+    Card("h20-3e", "NVIDIA H20-3e", 143771, "ModelCloud/GPTQModel#2220 (nvidia-smi: 143771MiB)"),
+    Card("h800", "NVIDIA H800", 81559, "NVIDIA/DCGM#183 (nvidia-smi: 81559MiB)"),
+    Card("a800-80g", "NVIDIA A800-SXM4-80GB", 81920, "dexmal/dexbotic#41 (nvidia-smi: 81920MiB)"),
+    Card("a800-pcie-80g", "NVIDIA A800 80GB PCIe", 81920, "vllm-project/vllm#41519 (nvidia-smi: 81920MiB)"),
+    # GDDR6 workstation cards give ECC its share of the memory: nvidia-smi's total differs by ECC state (its
+    # "Volatile Uncorr. ECC" column: "Off", or a count when on). The name finds the ECC-off figure; the -ecc key
+    # the other
+    Card("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", 49140, "NVIDIA/DCGM#283 (nvidia-smi: 49140MiB, ECC "
+                                                                  "off)"),
+    Card("rtx-a6000", "NVIDIA RTX A6000", 49140, "noonghunna/club-3090#1047 (49140 MiB, ECC off)"),
+    Card("rtx-a6000-ecc", "NVIDIA RTX A6000", 46068, "thamada/gls@ecc9fb5 gls/RTX_A6000_x9_smi.py (nvidia-smi: "
+                                                     "46068MiB, ECC Current: Enabled)"),
+    Card("rtx-3090", "NVIDIA GeForce RTX 3090", 24576, "noonghunna/club-3090#390 (nvidia-smi: 24576MiB)"),
     Card("mi300x", "AMD Instinct MI300X", 196592, "ROCm/legacy-rocm-build#4750 (rocm-smi: VRAM Total Memory (B) "
                                                   "206141652992)"),
 )
