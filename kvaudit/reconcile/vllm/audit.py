@@ -59,11 +59,10 @@ ENGINE = "vllm"
 def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
-    findings: list[Finding] = []
     applied = estimate_applied(ctx)
     pool_seen = logged_pool(ctx)
     kv = kv_budgets(ctx)
-    cells = bytes_per_token(ctx, kv, pool_seen, findings)
+    cells, geometry = bytes_per_token(ctx, kv, pool_seen)
     pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs)
     formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
     if pred.verdict == Verdict.MATCH:  # the worked formula; the verdict raises TOKENS_* (kvaudit.verdict, rule 6)
@@ -72,7 +71,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     peers = list(ctx.facts.values())
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
-    findings += checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)
+    findings = [*geometry, *checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)]
     closing_notes(ctx, kv, pool_seen)
     return Audit(
         lacks=None if pool_seen.stated else "KV cache size line (GPU KV cache size / # GPU blocks)",
@@ -233,9 +232,11 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range)
 
 
-def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: list[Finding]) -> Cells:
+def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> tuple[Cells, tuple[Finding, ...]]:
     """From config.json (a hybrid model's page layout, else one cell), checked against what the KV line implies;
-    a disagreement is first tried against a larger TP the log does not rule out, else it is a mismatch."""
+    a disagreement is first tried against a larger TP the log does not rule out, else it is a mismatch (the
+    findings returned beside the cells)."""
+    findings: list[Finding] = []
     geom, K, logged, logged_ev = ctx.geom, kv.K, seen.logged, seen.event
     pool: HybridPool | None = None
     cell = None
@@ -288,7 +289,7 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
             cell, source = int(line_cell.mid), "kv_line (config disagrees)"
     if cell is None and line_cell is not None:
         cell, source = int(round(line_cell.mid)), "kv_line"
-    return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled)
+    return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled), tuple(findings)
 
 
 #: speculative methods whose drafter has no attention layers of its own (``config/speculative.py``)

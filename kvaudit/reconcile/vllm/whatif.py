@@ -31,7 +31,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         ("the card's total memory (no line states it, and no CUDA-graph note gives it)", T_lo),
         ("the gpu_memory_utilization the startup used (--log-mem-fraction-static)", u0),
         ("the available KV cache memory ('Available KV cache memory' line)", K)) if v is None]
-    cells = bytes_per_token(ctx, kv, logged_pool(ctx), [])
+    cells, _ = bytes_per_token(ctx, kv, logged_pool(ctx))
     grouped = cells.pool is not None or cells.swa is not None
     if not f0.bytes_per_token and not grouped:
         missing.append("bytes per token: neither the model's config.json (--model-config) nor a KV size line "
