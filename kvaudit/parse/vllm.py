@@ -117,7 +117,8 @@ _ART_BANNER = lazy(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
 #: "pid" taken for a host name: ``(Worker_TP0 <HOST>d=111)``, noonghunna/club-3090#1339), and the tag still names
 #: the rank
 _PID_KEY = r"(?:pid|<[^<>()\s]+>d|p<[^<>()\s]+>)"
-_TAG = lazy(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)\)")
+#: Ray adds the node's address to a worker's tag on a multi-node cluster: ``(RayWorkerWrapper pid=N, ip=10.0.0.2)``
+_TAG = lazy(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)(?:,\s*ip=[^()\s]+)?\)")
 #: "Initializing an LLM engine (v0.4.0) with config: ..." (0.4+); before 0.4 the same line had no version
 #: ("Initializing an LLM engine with config: model=..., tensor_parallel_size=1, ...", engine/llm_engine.py 0.1-0.3)
 _BANNER = lazy(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
@@ -212,6 +213,12 @@ _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified 
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+#: 0.18's note while the estimate is opt-in (v1/worker/gpu_worker.py determine_available_memory, read in the 0.18.0
+#: wheel): "In v0.19, CUDA graph memory profiling will be enabled by default ... increase --gpu-memory-utilization
+#: from %.4f to %.4f ...", the second min(round(util + estimate / total, 4), 1.0); the estimate is not taken
+#: from the budget then
+_GRAPH_RAISE = lazy(r"increase --gpu-memory-utilization from " + NUM + r" to " + NUM + r" to maintain the same "
+                    r"effective KV cache size")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | mamba_blocks | engine_failed | oom
 #: | free_memory
@@ -230,11 +237,20 @@ _FAILURES = (
     (lazy(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)"), "mamba_blocks"),
     (lazy(r"EngineCore failed to start"), "engine_failed"),
     (lazy(r"CUDA out of memory"), "oom"),
+    # a V0 worker's step raised (worker/worker_base.py execute_method, 0.4-0.10: "Error executing method %s. This
+    # might cause deadlock in distributed execution." then ``raise``; 'X' quoted from 0.7; Ray and mp executors):
+    # during startup the step is init_device, load_model, determine_num_available_blocks or initialize_cache, and
+    # the engine stops; the exception follows in the traceback, often past an excerpt's end
+    (lazy(r"Error executing method '?\w+'?\. This might cause deadlock"), "engine_failed"),
+    # the same from a multiprocessing worker (executor/multiproc_worker_utils.py, 0.5-0.10: "Exception in worker
+    # %s while processing method %s.")
+    (lazy(r"Exception in worker \w+ while processing method \w+"), "engine_failed"),
 )
 
 
 _FAILURE_WORDS = ("No available memory", "max seq len", "Error in memory profiling", "KV cache is needed",
-                  "less than desired GPU memory", "Mamba cache blocks", "EngineCore failed", "out of memory")
+                  "less than desired GPU memory", "Mamba cache blocks", "EngineCore failed", "out of memory",
+                  "Error executing method", "while processing method")
 
 
 def _rank(text: str, upto: int) -> Rank:
@@ -377,6 +393,8 @@ def parse_line(line: Line) -> _Parsed:
             if kind in ("kv_needed", "no_kv_memory") and "also controls CPU memory" in t:
                 # v1/core/kv_cache_utils.py: the CPU-backend aside is in the 0.22.0 and 0.27.1 wheels, not 0.20.1's
                 clues.append(_clue((0, 20, 2), None, "'also controls CPU memory' in the KV memory error"))
+            if word in ("Error executing method", "while processing method"):
+                nums = {"generic": 1.0, "wrapper": 1.0}  # the cause is the exception its traceback ends with
             return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], clues)
     m = _WEIGHTS.search(t) if "took" in t else None
     if m:
@@ -543,6 +561,10 @@ def parse_line(line: Line) -> _Parsed:
     if "CUDA graph memory profiling is disabled" in t:  # 0.20+ WARNING: no estimate comes out of the budget
         return _Parsed([Reading(n, t, _rank(t, len(t)), "target", "graph_profiling_disabled", 1.0)],
                        [_clue((0, 20, 0), None, "'CUDA graph memory profiling is disabled' (0.20+)")])
+    m = _GRAPH_RAISE.search(t) if "In v0.19, CUDA graph memory profiling will be enabled" in t else None
+    if m:
+        read(m, (("util", 1), ("suggested_util", 2)))
+        return _Parsed(ev, [_clue((0, 18, 0), (0, 19, 99), "CUDA graph profiling 'In v0.19 ... will be enabled' note")])
     m = _GRAPH_UTIL.search(t) if "is equivalent to --gpu-memory-utilization" in t else None
     if m:
         read(m, (("util", 1), ("equiv_util", 2)))
@@ -608,7 +630,7 @@ def parse_line(line: Line) -> _Parsed:
 #: an ERROR line of the engine core's own handler (v1/engine/core.py run_engine_core, 0.8+)
 _CORE_ERROR = lazy(r"\(EngineCore[^()]*" + _PID_KEY + r"=\d+\)\s+ERROR\s+[\d-]+ [\d:.]+ \[core\.py:\d+\]")
 _EXCEPTION = lazy(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
-_LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
+_LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+(?:,\s*ip=[^()\s]+)?\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
 #: exceptions that only wrap the cause printed above them: the quote prefers the cause
 _WRAPPERS = ("See root cause above", "validation error for", "Error raised in subprocess", "non-zero exit status",

@@ -208,6 +208,11 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     T_range = None
     if T is None:
         est, u_note, equiv = first(facts, "graph_estimate_gib"), first(facts, "util"), first(facts, "equiv_util")
+        raised = first(facts, "suggested_util")
+        if equiv is None and None not in (u_note, raised) and u_note < raised < 1.0:  # type: ignore[operator]
+            # 0.18's opt-in note: suggested = round(util + estimate / total, 4), the mirror of the equivalence
+            # (util - suggested + util = util - estimate / total); 1.0 is a cap, not the sum
+            equiv = round(2 * u_note - raised, 6)  # type: ignore[operator]
         if None not in (est, u_note, equiv) and u_note > equiv and est > 0:  # type: ignore[operator]
             T_note = est / (u_note - equiv)  # type: ignore[operator]
             # gpu_worker.py: equiv = round(util - estimate / total, 4), the estimate printed to 0.01 GiB: both
@@ -218,8 +223,10 @@ def kv_budgets(ctx: Context) -> KVBudgets:
             T_range = (lo, hi)
             hi_text = f"{hi:.1f}" if hi != float("inf") else "unbounded"
             notes.append(f"total GPU memory {lo:.1f}..{hi_text} GiB (about {T_note:.1f}) recovered from the CUDA-graph "
-                         f"note: estimate {est} GiB = ({u_note} - {equiv}) x total, both rounded: every figure "
-                         "derived from it carries that interval")
+                         f"note: estimate {est} GiB = "
+                         + (f"({raised} - {u_note})" if raised is not None and first(facts, "equiv_util") is None
+                            else f"({u_note} - {equiv})")
+                         + " x total, both rounded: every figure derived from it carries that interval")
     peers = list(facts.values())
     budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
                                 if b is not None]
