@@ -89,7 +89,8 @@ class Setting(Event):
     prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
     padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
     ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X), ``sliding_as_full`` (the warning that every
-    sliding-window layer is sized as full attention)."""
+    sliding-window layer is sized as full attention), ``mamba_cache_blocks`` (the CUDA-graph sizes capped to a Mamba
+    hybrid's blocks, ``config/compilation.py``: the model is a Mamba hybrid)."""
 
     key: str = ""
     value: str = ""
@@ -219,6 +220,10 @@ _GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" Gi
 #: from the budget then
 _GRAPH_RAISE = lazy(r"increase --gpu-memory-utilization from " + NUM + r" to " + NUM + r" to maintain the same "
                     r"effective KV cache size")
+#: config/compilation.py adjust_cudagraph_sizes_for_mamba_cache (0.18.0 wheel; vllm#34094): "Capping cudagraph capture
+#: sizes from max %d to %d to fit Mamba cache blocks (%d blocks available)" is printed only for a hybrid
+#: Mamba/attention model, after its pool was sized (the blocks are KVCacheConfig.num_blocks)
+_MAMBA_CAP = lazy(r"to fit Mamba cache blocks \((\d+) blocks available\)")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | mamba_blocks | engine_failed | oom
 #: | free_memory
@@ -529,6 +534,9 @@ def parse_line(line: Line) -> _Parsed:
     m = _PADDING_LAYERS.search(t) if "padding layers" in t else None
     if m:
         return _Parsed([Setting(n, t, "padding_layers", m.group(1), float(m.group(2)))], [])
+    m = _MAMBA_CAP.search(t) if "to fit Mamba cache blocks" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "mamba_cache_blocks", m.group(1))], [])
     m = _PLAN_APPLIED.search(t) if "startup plan" in t else None
     if m:
         ev.append(Setting(n, t, "startup_plan", "applied", int(m.group(2)) / 2**30))

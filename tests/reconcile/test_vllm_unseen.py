@@ -81,3 +81,15 @@ def test_the_018_opt_in_graph_note_gives_the_utilisation_and_the_total():
     assert a.formula.mem_fraction_static == 0.7
     assert any("118.6..129.3 GiB" in n and "(0.7021 - 0.7) x total" in n for n in a.notes)
     assert judge(a).status == "unchecked"
+
+
+def test_a_mamba_hybrid_told_by_its_capping_warning_is_not_judged_per_token():
+    """The same log: config/compilation.py prints 'Capping cudagraph capture sizes ... to fit Mamba cache blocks
+    (361 blocks available)' only for a Mamba/attention hybrid. Its concurrency (5.23x) is the groups' per-request
+    need, not tokens / max_model_len (no CONCURRENCY_MISMATCH), its attention block is not the default 16 (no such
+    note), and without the config the pool is unchecked for that reason, not for bytes per token."""
+    a = run("vllm_c061")
+    assert "CONCURRENCY_MISMATCH" not in codes(a)
+    assert not any("block size 16" in n for n in a.notes)
+    assert any(n.startswith("a Mamba hybrid (line 6") for n in a.notes)
+    assert "hybrid (Mamba) pool" in a.formula.verdict_reason

@@ -399,7 +399,8 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
     out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
-    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None)
+    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None
+                                or _mamba_line(ctx) is not None)
     return out
 
 
@@ -426,11 +427,24 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             "tokens than its GiB suggest")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
-    if ctx.block_source.startswith("default") and seen.logged is not None and (
+    mamba_at = _mamba_line(ctx)
+    if ctx.block_source.startswith("default") and mamba_at is not None and ctx.hybrid is None:
+        # a Mamba hybrid's attention block is raised to hold a Mamba page (model_executor/models/config.py), and
+        # its 'Setting attention block size' line is not in the log: 16 would be a guess
+        notes.append(f"a Mamba hybrid (line {mamba_at}: CUDA-graph sizes capped to its Mamba cache blocks, "
+                     "config/compilation.py): its attention block size is set to fit a Mamba page, and the line "
+                     "that states it is not in the log")
+    elif ctx.block_source.startswith("default") and seen.logged is not None and (
             kv.K is not None or ctx.startup.of(Blocks)):
         # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
         # failed or cut startup that logged neither sized nothing with it
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
+
+
+def _mamba_line(ctx: Context) -> int | None:
+    """The line of config/compilation.py's 'Capping cudagraph capture sizes ... to fit Mamba cache blocks' warning
+    (0.18+, printed only for a hybrid Mamba/attention model), None when the log has none."""
+    return next((e.line for e in ctx.startup.of(Setting) if e.key == "mamba_cache_blocks"), None)
 
 
 def _model_summary(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool | None = None) -> ModelSummary:
@@ -509,7 +523,7 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     if cells.tp_fit_note:
         return Prediction(None, Verdict.UNKNOWN, cells.tp_fit_note)
     if bpt_source != "config":
-        if ctx.hybrid is not None:
+        if ctx.hybrid is not None or _mamba_line(ctx) is not None:
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")
