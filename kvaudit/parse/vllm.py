@@ -150,6 +150,13 @@ _TABLE_WORDS = lazy(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can 
 _PROFILE_TIME = lazy(r"Memory profiling takes " + NUM + r" seconds")
 _BLOCKS = lazy(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 _NUM_BLOCKS = lazy(r"num_gpu_blocks is: (\d+)")
+#: where engine/llm_engine.py logs its "# GPU blocks" line in each 0.2-0.3 release (the logger's ``file:line``,
+#: read in the wheels): the line number tells the release where the banner names none (0.2.6 and 0.2.7 print the
+#: same banner; only 0.2.7 raises when the pool is shorter than max_seq_len)
+_LLM_ENGINE_AT = lazy(r"\bllm_engine\.py:(\d+)\]")
+_LLM_ENGINE_BLOCK_LINE = {205: ((0, 2, 0), (0, 2, 0)), 207: ((0, 2, 1), (0, 2, 2)), 222: ((0, 2, 3), (0, 2, 5)),
+                          223: ((0, 2, 6), (0, 2, 6)), 275: ((0, 2, 7), (0, 2, 7)), 322: ((0, 3, 0), (0, 3, 0)),
+                          337: ((0, 3, 1), (0, 3, 2)), 357: ((0, 3, 3), (0, 3, 3))}
 _TOKENS = lazy(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = lazy(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
 _AVAILABLE = lazy(r"Available KV cache memory: " + NUM + r" GiB")
@@ -611,6 +618,10 @@ def parse_line(line: Line) -> _Parsed:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
         elif "# CUDA blocks" in t:
             clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
+        at = _LLM_ENGINE_AT.search(t, 0, m.start())
+        if at and int(at.group(1)) in _LLM_ENGINE_BLOCK_LINE:
+            lo, hi = _LLM_ENGINE_BLOCK_LINE[int(at.group(1))]
+            clues.append(_clue(lo, hi, f"'# GPU blocks' logged at llm_engine.py:{at.group(1)}"))
         return _Parsed(ev, clues)
     m = _EXCEPTION.match(_after_prefix(t)) if "Error" in t or "Exception" in t else None
     if m:

@@ -4,6 +4,8 @@ showed to what vLLM's code at that release does."""
 
 from __future__ import annotations
 
+import io
+
 from kvaudit.explain import audit, read_log
 from kvaudit.parse.vllm import has_process_tag, rank_of
 from kvaudit.reconcile.interface import AuditOptions
@@ -62,6 +64,9 @@ def test_a_v0_pool_below_the_model_length_is_a_failed_start_even_when_the_log_st
     """vllm#2418 (0.2.x): 229 blocks x 16 = 3,664 tokens < max_seq_len 4,096, and _init_cache raises ValueError
     there (0.4-0.10: worker.py raise_if_cache_size_invalid); the excerpt ends in the traceback before the error."""
     a = run("vllm_c064")
+    # the release is told by where llm_engine.py logged the block line (275: the 0.2.7 wheel; 0.2.6, whose banner is
+    # the same, logs it at 223 and has no such check)
+    assert a.engine_version == "0.2.7"
     mem = codes(a)["NOT_ENOUGH_MEMORY"]
     assert "3,664 tokens" in mem.message and "4,096" in mem.message and "--max-model-len 3,664 fits" in mem.message
     assert mem.fields["max_model_len_that_fits"] == 3664 and judge(a).status == "error"
@@ -93,3 +98,11 @@ def test_a_mamba_hybrid_told_by_its_capping_warning_is_not_judged_per_token():
     assert not any("block size 16" in n for n in a.notes)
     assert any(n.startswith("a Mamba hybrid (line 6") for n in a.notes)
     assert "hybrid (Mamba) pool" in a.formula.verdict_reason
+
+
+def test_a_pool_below_the_model_length_before_0_2_7_is_not_called_a_failed_start():
+    """The same lines as logged by 0.2.6 (llm_engine.py:223): that release has no max-seq-len check in
+    _init_cache (read in the 0.2.0-0.2.6 wheels), so nothing says the start failed."""
+    text = (CORPUS / "vllm_c064.log").read_text(encoding="utf-8").replace("llm_engine.py:275]", "llm_engine.py:223]")
+    a = audit(read_log(io.BytesIO(text.encode())), AuditOptions())[-1]
+    assert a.engine_version == "0.2.6" and "NOT_ENOUGH_MEMORY" not in codes(a)

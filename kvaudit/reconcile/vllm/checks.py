@@ -205,11 +205,12 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
 def _v0_pool_below_max_len(ctx: Context) -> tuple[str, int, dict[str, float]] | None:
     """V0 stops when the pool holds fewer tokens than max_model_len: ``max_seq_len = block_size * num_gpu_blocks``
     then ``raise ValueError("The model's max seq len (M) is larger than the maximum number of tokens that can be
-    stored in KV cache (N) ...")`` (engine/llm_engine.py _init_cache, 0.2-0.3; worker/worker.py
-    raise_if_cache_size_invalid, 0.4-0.10). A log cut before that error still shows a failed start. V0 is told by
+    stored in KV cache (N) ...")`` (engine/llm_engine.py _init_cache from 0.2.7, not in the 0.2.0-0.2.6 wheels;
+    worker/worker.py raise_if_cache_size_invalid, 0.4-0.10). A log cut before that error still shows a failed
+    start; an era that may be before 0.2.7 raises nothing here. V0 is told by
     its block line's CPU blocks (V1 prints tokens, or GPU blocks alone); the model length by the banner's
     ``max_seq_len=`` or the args' ``max_model_len``."""
-    if ctx.startup.of(KVTokens):
+    if ctx.startup.of(KVTokens) or ctx.era.lo < (0, 2, 7):  # 0.2.0-0.2.6 start and leave long prompts waiting
         return None
     blocks = [b for b in ctx.startup.of(Blocks) if b.cpu_blocks is not None]
     max_len = as_int(ctx.args.get("max_model_len")) or as_int(ctx.args.get("max_seq_len"))
