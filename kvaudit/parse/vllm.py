@@ -221,8 +221,8 @@ _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified 
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
-#: 0.18's note while the estimate is opt-in (v1/worker/gpu_worker.py determine_available_memory, read in the 0.18.0
-#: wheel): "In v0.19, CUDA graph memory profiling will be enabled by default ... increase --gpu-memory-utilization
+#: 0.18-0.19 note while the estimate is opt-in (v1/worker/gpu_worker.py determine_available_memory, read in the 0.18.0
+#: and 0.19.0 wheels): "In v0.19, CUDA graph memory profiling will be enabled by default ... increase --gpu-memory-utilization
 #: from %.4f to %.4f ...", the second min(round(util + estimate / total, 4), 1.0); the estimate is not taken
 #: from the budget then
 _GRAPH_RAISE = lazy(r"increase --gpu-memory-utilization from " + NUM + r" to " + NUM + r" to maintain the same "
