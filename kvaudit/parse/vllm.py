@@ -231,6 +231,10 @@ _GRAPH_RAISE = lazy(r"increase --gpu-memory-utilization from " + NUM + r" to " +
 #: sizes from max %d to %d to fit Mamba cache blocks (%d blocks available)" is printed only for a hybrid
 #: Mamba/attention model, after its pool was sized (the blocks are KVCacheConfig.num_blocks)
 _MAMBA_CAP = lazy(r"to fit Mamba cache blocks \((\d+) blocks available\)")
+#: sleep mode (worker/worker.py 0.7-0.10; v1/worker/gpu_worker.py sleep, read in the 0.18.0 wheel): "Sleep mode freed
+#: %s GiB memory, %s GiB memory is still in use." (freed: free after minus free before; in use: the device's total
+#: minus its free memory after, every process on it). Printed after the startup, when the engine is put to sleep
+_SLEEP = lazy(r"Sleep mode freed " + NUM + GI + r" memory, " + NUM + GI + r" memory is still in use")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | mamba_blocks | engine_failed | oom
 #: | free_memory
@@ -576,6 +580,10 @@ def parse_line(line: Line) -> _Parsed:
     if "CUDA graph memory profiling is disabled" in t:  # 0.20+ WARNING: no estimate comes out of the budget
         return _Parsed([Reading(n, t, _rank(t, len(t)), "target", "graph_profiling_disabled", 1.0)],
                        [_clue((0, 20, 0), None, "'CUDA graph memory profiling is disabled' (0.20+)")])
+    m = _SLEEP.search(t) if "Sleep mode freed" in t else None
+    if m:
+        read(m, (("sleep_freed_gib", 1), ("sleep_in_use_gib", 2)))
+        return _Parsed(ev, [_clue((0, 7, 0), None, "sleep mode")])
     m = _GRAPH_RAISE.search(t) if "In v0.19, CUDA graph memory profiling will be enabled" in t else None
     if m:
         read(m, (("util", 1), ("suggested_util", 2)))

@@ -106,3 +106,16 @@ def test_a_pool_below_the_model_length_before_0_2_7_is_not_called_a_failed_start
     text = (CORPUS / "vllm_c064.log").read_text(encoding="utf-8").replace("llm_engine.py:275]", "llm_engine.py:223]")
     a = audit(read_log(io.BytesIO(text.encode())), AuditOptions())[-1]
     assert a.engine_version == "0.2.6" and "NOT_ENOUGH_MEMORY" not in codes(a)
+
+
+def test_a_log_of_sleep_mode_lines_is_read_and_said_not_refused():
+    """vllm PR #11743 (a comment, 0.7.x): 'Sleep mode freed 0.00 GiB memory, 63.15 GiB memory is still in use.'
+    (worker.py sleep(): freed = free after - free before; in use = total - free after) is vLLM's memory line;
+    a log of these alone was refused ("no ... startup lines found"). vllm#17117: after a budget line, the same
+    line was listed as not interpreted; now both are read and said."""
+    a = run("vllm_c073")
+    assert judge(a).status == "unchecked"
+    assert any(n.startswith("sleep mode (line 2, TP0): 0.00 GiB freed, 63.15 GiB") for n in a.notes)
+    b = run("vllm_c074")
+    assert any("19.51 GiB freed, 26.31 GiB of the card still in use" in n for n in b.notes)
+    assert b.formula.mem_fraction_static == 0.25

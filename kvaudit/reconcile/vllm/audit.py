@@ -425,6 +425,14 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             f"{n} padding layers, up to {pct:.2f}% of the KV memory unused" for n, pct in pads) +
             ", its warning): a padded layer takes its share of every block, which is why the pool holds fewer "
             "tokens than its GiB suggest")
+    slept = [(rr.lines["sleep_freed_gib"], rr.rank.display, rr.r["sleep_freed_gib"], rr.r.get("sleep_in_use_gib"))
+             for rr in ctx.facts.values() if "sleep_freed_gib" in rr.r]
+    if slept:
+        at, who, freed, in_use = min(slept)
+        # worker.py / gpu_worker.py sleep(): freed = free after - free before; in use = total - free after
+        notes.append(f"sleep mode (line {at}, {who}{f' and {len(slept) - 1} more' if len(slept) > 1 else ''}): "
+                     f"{freed:.2f} GiB freed, {in_use:.2f} GiB of the card still in use after it (the device's total "
+                     "minus its free memory: every process on it); printed after the startup, not part of its budget")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
     mamba_at = _mamba_line(ctx)
