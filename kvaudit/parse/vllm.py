@@ -89,7 +89,8 @@ class Setting(Event):
     prefill is enabled with max_num_batched_tokens=N.", ``config/scheduler.py``), ``padding_layers`` ("Add N
     padding layers, may waste at most X% KV cache memory", ``v1/core/kv_cache_utils.py``
     ``_get_kv_cache_groups_uniform_page_size``, 0.10+; ``extra`` is X), ``sliding_as_full`` (the warning that every
-    sliding-window layer is sized as full attention)."""
+    sliding-window layer is sized as full attention), ``mamba_cache_blocks`` (the CUDA-graph sizes capped to a Mamba
+    hybrid's blocks, ``config/compilation.py``: the model is a Mamba hybrid)."""
 
     key: str = ""
     value: str = ""
@@ -117,7 +118,8 @@ _ART_BANNER = lazy(r"\u2588\s+version (\d+\.\d+\.\d+[\w.+-]*)")
 #: "pid" taken for a host name: ``(Worker_TP0 <HOST>d=111)``, noonghunna/club-3090#1339), and the tag still names
 #: the rank
 _PID_KEY = r"(?:pid|<[^<>()\s]+>d|p<[^<>()\s]+>)"
-_TAG = lazy(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)\)")
+#: Ray adds the node's address to a worker's tag on a multi-node cluster: ``(RayWorkerWrapper pid=N, ip=10.0.0.2)``
+_TAG = lazy(r"\((?P<proc>[^()]*?)\s+" + _PID_KEY + r"=(?P<pid>\d+)(?:,\s*ip=[^()\s]+)?\)")
 #: "Initializing an LLM engine (v0.4.0) with config: ..." (0.4+); before 0.4 the same line had no version
 #: ("Initializing an LLM engine with config: model=..., tensor_parallel_size=1, ...", engine/llm_engine.py 0.1-0.3)
 _BANNER = lazy(r"Initializing an? (?:(?P<kind>V[01]) )?LLM engine (?:\(v(?P<ver>[\w.+-]+)\) )?with config: "
@@ -148,6 +150,13 @@ _TABLE_WORDS = lazy(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can 
 _PROFILE_TIME = lazy(r"Memory profiling takes " + NUM + r" seconds")
 _BLOCKS = lazy(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 _NUM_BLOCKS = lazy(r"num_gpu_blocks is: (\d+)")
+#: where engine/llm_engine.py logs its "# GPU blocks" line in each 0.2-0.3 release (the logger's ``file:line``,
+#: read in the wheels): the line number tells the release where the banner names none (0.2.6 and 0.2.7 print the
+#: same banner; only 0.2.7 raises when the pool is shorter than max_seq_len)
+_LLM_ENGINE_AT = lazy(r"\bllm_engine\.py:(\d+)\]")
+_LLM_ENGINE_BLOCK_LINE = {205: ((0, 2, 0), (0, 2, 0)), 207: ((0, 2, 1), (0, 2, 2)), 222: ((0, 2, 3), (0, 2, 5)),
+                          223: ((0, 2, 6), (0, 2, 6)), 275: ((0, 2, 7), (0, 2, 7)), 322: ((0, 3, 0), (0, 3, 0)),
+                          337: ((0, 3, 1), (0, 3, 2)), 357: ((0, 3, 3), (0, 3, 3))}
 _TOKENS = lazy(r"(?:GPU|[A-Z]+(?: \+ host)?) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = lazy(r"Maximum concurrency for ([\d,]+) tokens per request: " + NUM + r"x")
 _AVAILABLE = lazy(r"Available KV cache memory: " + NUM + r" GiB")
@@ -212,6 +221,20 @@ _KV_BYTES = lazy(r"reserved " + NUM + r"\s?GiB memory for KV Cache as specified 
 _GRAPH = lazy(r"Graph capturing finished in " + NUM + r" secs(?:, took " + NUM + r" GiB)?")
 _GRAPH_EST = lazy(r"Estimated CUDA graph memory: " + NUM + r" GiB total")
 _GRAPH_POOL = lazy(r"(?:CUDA|ACL|NPU|XPU|HPU) graph pool memory: " + NUM + r" GiB \(actual\), " + NUM + r" GiB \(estimated\)")
+#: 0.18-0.19 note while the estimate is opt-in (v1/worker/gpu_worker.py determine_available_memory, read in the 0.18.0
+#: and 0.19.0 wheels): "In v0.19, CUDA graph memory profiling will be enabled by default ... increase --gpu-memory-utilization
+#: from %.4f to %.4f ...", the second min(round(util + estimate / total, 4), 1.0); the estimate is not taken
+#: from the budget then
+_GRAPH_RAISE = lazy(r"increase --gpu-memory-utilization from " + NUM + r" to " + NUM + r" to maintain the same "
+                    r"effective KV cache size")
+#: config/compilation.py adjust_cudagraph_sizes_for_mamba_cache (0.18.0 wheel; vllm#34094): "Capping cudagraph capture
+#: sizes from max %d to %d to fit Mamba cache blocks (%d blocks available)" is printed only for a hybrid
+#: Mamba/attention model, after its pool was sized (the blocks are KVCacheConfig.num_blocks)
+_MAMBA_CAP = lazy(r"to fit Mamba cache blocks \((\d+) blocks available\)")
+#: sleep mode (worker/worker.py 0.7-0.10; v1/worker/gpu_worker.py sleep, read in the 0.18.0 wheel): "Sleep mode freed
+#: %s GiB memory, %s GiB memory is still in use." (freed: free after minus free before; in use: the device's total
+#: minus its free memory after, every process on it). Printed after the startup, when the engine is put to sleep
+_SLEEP = lazy(r"Sleep mode freed " + NUM + GI + r" memory, " + NUM + GI + r" memory is still in use")
 _GRAPH_UTIL = lazy(r"--gpu-memory-utilization=" + NUM + r" is equivalent to --gpu-memory-utilization=" + NUM)
 #: Failure kinds this grammar emits: no_kv_memory | max_len | profiling | kv_needed | mamba_blocks | engine_failed | oom
 #: | free_memory
@@ -230,11 +253,20 @@ _FAILURES = (
     (lazy(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)"), "mamba_blocks"),
     (lazy(r"EngineCore failed to start"), "engine_failed"),
     (lazy(r"CUDA out of memory"), "oom"),
+    # a V0 worker's step raised (worker/worker_base.py execute_method, 0.4-0.10: "Error executing method %s. This
+    # might cause deadlock in distributed execution." then ``raise``; 'X' quoted from 0.7; Ray and mp executors):
+    # during startup the step is init_device, load_model, determine_num_available_blocks or initialize_cache, and
+    # the engine stops; the exception follows in the traceback, often past an excerpt's end
+    (lazy(r"Error executing method '?\w+'?\. This might cause deadlock"), "engine_failed"),
+    # the same from a multiprocessing worker (executor/multiproc_worker_utils.py, 0.5-0.10: "Exception in worker
+    # %s while processing method %s.")
+    (lazy(r"Exception in worker \w+ while processing method \w+"), "engine_failed"),
 )
 
 
 _FAILURE_WORDS = ("No available memory", "max seq len", "Error in memory profiling", "KV cache is needed",
-                  "less than desired GPU memory", "Mamba cache blocks", "EngineCore failed", "out of memory")
+                  "less than desired GPU memory", "Mamba cache blocks", "EngineCore failed", "out of memory",
+                  "Error executing method", "while processing method")
 
 
 def _rank(text: str, upto: int) -> Rank:
@@ -377,6 +409,8 @@ def parse_line(line: Line) -> _Parsed:
             if kind in ("kv_needed", "no_kv_memory") and "also controls CPU memory" in t:
                 # v1/core/kv_cache_utils.py: the CPU-backend aside is in the 0.22.0 and 0.27.1 wheels, not 0.20.1's
                 clues.append(_clue((0, 20, 2), None, "'also controls CPU memory' in the KV memory error"))
+            if word in ("Error executing method", "while processing method"):
+                nums = {"generic": 1.0, "wrapper": 1.0}  # the cause is the exception its traceback ends with
             return _Parsed([Failure(n, t, rank_at(m), "target", kind, _message(t, m.start()), nums)], clues)
     m = _WEIGHTS.search(t) if "took" in t else None
     if m:
@@ -511,6 +545,9 @@ def parse_line(line: Line) -> _Parsed:
     m = _PADDING_LAYERS.search(t) if "padding layers" in t else None
     if m:
         return _Parsed([Setting(n, t, "padding_layers", m.group(1), float(m.group(2)))], [])
+    m = _MAMBA_CAP.search(t) if "to fit Mamba cache blocks" in t else None
+    if m:
+        return _Parsed([Setting(n, t, "mamba_cache_blocks", m.group(1))], [])
     m = _PLAN_APPLIED.search(t) if "startup plan" in t else None
     if m:
         ev.append(Setting(n, t, "startup_plan", "applied", int(m.group(2)) / 2**30))
@@ -543,6 +580,14 @@ def parse_line(line: Line) -> _Parsed:
     if "CUDA graph memory profiling is disabled" in t:  # 0.20+ WARNING: no estimate comes out of the budget
         return _Parsed([Reading(n, t, _rank(t, len(t)), "target", "graph_profiling_disabled", 1.0)],
                        [_clue((0, 20, 0), None, "'CUDA graph memory profiling is disabled' (0.20+)")])
+    m = _SLEEP.search(t) if "Sleep mode freed" in t else None
+    if m:
+        read(m, (("sleep_freed_gib", 1), ("sleep_in_use_gib", 2)))
+        return _Parsed(ev, [_clue((0, 7, 0), None, "sleep mode")])
+    m = _GRAPH_RAISE.search(t) if "In v0.19, CUDA graph memory profiling will be enabled" in t else None
+    if m:
+        read(m, (("util", 1), ("suggested_util", 2)))
+        return _Parsed(ev, [_clue((0, 18, 0), (0, 19, 99), "CUDA graph profiling 'In v0.19 ... will be enabled' note")])
     m = _GRAPH_UTIL.search(t) if "is equivalent to --gpu-memory-utilization" in t else None
     if m:
         read(m, (("util", 1), ("equiv_util", 2)))
@@ -581,6 +626,10 @@ def parse_line(line: Line) -> _Parsed:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
         elif "# CUDA blocks" in t:
             clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
+        at = _LLM_ENGINE_AT.search(t, 0, m.start())
+        if at and int(at.group(1)) in _LLM_ENGINE_BLOCK_LINE:
+            lo, hi = _LLM_ENGINE_BLOCK_LINE[int(at.group(1))]
+            clues.append(_clue(lo, hi, f"'# GPU blocks' logged at llm_engine.py:{at.group(1)}"))
         return _Parsed(ev, clues)
     m = _EXCEPTION.match(_after_prefix(t)) if "Error" in t or "Exception" in t else None
     if m:
@@ -608,7 +657,7 @@ def parse_line(line: Line) -> _Parsed:
 #: an ERROR line of the engine core's own handler (v1/engine/core.py run_engine_core, 0.8+)
 _CORE_ERROR = lazy(r"\(EngineCore[^()]*" + _PID_KEY + r"=\d+\)\s+ERROR\s+[\d-]+ [\d:.]+ \[core\.py:\d+\]")
 _EXCEPTION = lazy(r"(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception)): (?P<msg>.+)")
-_LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
+_LINE_PREFIX = lazy(r"^(?:\([^()]*?" + _PID_KEY + r"=\d+(?:,\s*ip=[^()\s]+)?\)\s*)?(?:(?:INFO|WARNING|ERROR|CRITICAL|DEBUG)\s+[\d-]+ [\d:.]+ "
                           r"\[[^\]]*\]\s?)?")
 #: exceptions that only wrap the cause printed above them: the quote prefers the cause
 _WRAPPERS = ("See root cause above", "validation error for", "Error raised in subprocess", "non-zero exit status",

@@ -59,11 +59,10 @@ ENGINE = "vllm"
 def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
     ctx = build_context(startup, opts)
-    findings: list[Finding] = []
     applied = estimate_applied(ctx)
     pool_seen = logged_pool(ctx)
     kv = kv_budgets(ctx)
-    cells = bytes_per_token(ctx, kv, pool_seen, findings)
+    cells, geometry = bytes_per_token(ctx, kv, pool_seen)
     pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs)
     formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
     if pred.verdict == Verdict.MATCH:  # the worked formula; the verdict raises TOKENS_* (kvaudit.verdict, rule 6)
@@ -72,7 +71,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     peers = list(ctx.facts.values())
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
-    findings += checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)
+    findings = [*geometry, *checked_findings(ctx, opts, kv, pool_seen, cells, ledgers, applied)]
     closing_notes(ctx, kv, pool_seen)
     return Audit(
         lacks=None if pool_seen.stated else "KV cache size line (GPU KV cache size / # GPU blocks)",
@@ -209,6 +208,11 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     T_range = None
     if T is None:
         est, u_note, equiv = first(facts, "graph_estimate_gib"), first(facts, "util"), first(facts, "equiv_util")
+        raised = first(facts, "suggested_util")
+        if equiv is None and None not in (u_note, raised) and u_note < raised < 1.0:  # type: ignore[operator]
+            # 0.18's opt-in note: suggested = round(util + estimate / total, 4), the mirror of the equivalence
+            # (util - suggested + util = util - estimate / total); 1.0 is a cap, not the sum
+            equiv = round(2 * u_note - raised, 6)  # type: ignore[operator]
         if None not in (est, u_note, equiv) and u_note > equiv and est > 0:  # type: ignore[operator]
             T_note = est / (u_note - equiv)  # type: ignore[operator]
             # gpu_worker.py: equiv = round(util - estimate / total, 4), the estimate printed to 0.01 GiB: both
@@ -219,8 +223,10 @@ def kv_budgets(ctx: Context) -> KVBudgets:
             T_range = (lo, hi)
             hi_text = f"{hi:.1f}" if hi != float("inf") else "unbounded"
             notes.append(f"total GPU memory {lo:.1f}..{hi_text} GiB (about {T_note:.1f}) recovered from the CUDA-graph "
-                         f"note: estimate {est} GiB = ({u_note} - {equiv}) x total, both rounded: every figure "
-                         "derived from it carries that interval")
+                         f"note: estimate {est} GiB = "
+                         + (f"({raised} - {u_note})" if raised is not None and first(facts, "equiv_util") is None
+                            else f"({u_note} - {equiv})")
+                         + " x total, both rounded: every figure derived from it carries that interval")
     peers = list(facts.values())
     budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
                                 if b is not None]
@@ -233,9 +239,11 @@ def kv_budgets(ctx: Context) -> KVBudgets:
     return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range)
 
 
-def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: list[Finding]) -> Cells:
+def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> tuple[Cells, tuple[Finding, ...]]:
     """From config.json (a hybrid model's page layout, else one cell), checked against what the KV line implies;
-    a disagreement is first tried against a larger TP the log does not rule out, else it is a mismatch."""
+    a disagreement is first tried against a larger TP the log does not rule out, else it is a mismatch (the
+    findings returned beside the cells)."""
+    findings: list[Finding] = []
     geom, K, logged, logged_ev = ctx.geom, kv.K, seen.logged, seen.event
     pool: HybridPool | None = None
     cell = None
@@ -288,7 +296,7 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool, findings: lis
             cell, source = int(line_cell.mid), "kv_line (config disagrees)"
     if cell is None and line_cell is not None:
         cell, source = int(round(line_cell.mid)), "kv_line"
-    return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled)
+    return Cells(pool, cell, description, source, line_cell, tp_fit_note, swa, unmodelled), tuple(findings)
 
 
 #: speculative methods whose drafter has no attention layers of its own (``config/speculative.py``)
@@ -391,7 +399,8 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += graph_findings(ctx, applied, T_any, cell, th.low_headroom_gib, kv.T_note_range if kv.T is None else None)
     out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
-    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None)
+    out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None
+                                or _mamba_line(ctx) is not None)
     return out
 
 
@@ -416,13 +425,34 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             f"{n} padding layers, up to {pct:.2f}% of the KV memory unused" for n, pct in pads) +
             ", its warning): a padded layer takes its share of every block, which is why the pool holds fewer "
             "tokens than its GiB suggest")
+    slept = [(rr.lines["sleep_freed_gib"], rr.rank.display, rr.r["sleep_freed_gib"], rr.r.get("sleep_in_use_gib"))
+             for rr in ctx.facts.values() if "sleep_freed_gib" in rr.r]
+    if slept:
+        at, who, freed, in_use = min(slept)
+        # worker.py / gpu_worker.py sleep(): freed = free after - free before; in use = total - free after
+        notes.append(f"sleep mode (line {at}, {who}{f' and {len(slept) - 1} more' if len(slept) > 1 else ''}): "
+                     f"{freed:.2f} GiB freed, {in_use:.2f} GiB of the card still in use after it (the device's total "
+                     "minus its free memory: every process on it); printed after the startup, not part of its budget")
     if ctx.tp_at_least or ctx.tp_assumed:
         notes.append(f"TP size {'at least ' if ctx.tp_at_least else ''}{ctx.tp}: {ctx.tp_source}")
-    if ctx.block_source.startswith("default") and seen.logged is not None and (
+    mamba_at = _mamba_line(ctx)
+    if ctx.block_source.startswith("default") and mamba_at is not None and ctx.hybrid is None:
+        # a Mamba hybrid's attention block is raised to hold a Mamba page (model_executor/models/config.py), and
+        # its 'Setting attention block size' line is not in the log: 16 would be a guess
+        notes.append(f"a Mamba hybrid (line {mamba_at}: CUDA-graph sizes capped to its Mamba cache blocks, "
+                     "config/compilation.py): its attention block size is set to fit a Mamba page, and the line "
+                     "that states it is not in the log")
+    elif ctx.block_source.startswith("default") and seen.logged is not None and (
             kv.K is not None or ctx.startup.of(Blocks)):
         # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
         # failed or cut startup that logged neither sized nothing with it
         notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
+
+
+def _mamba_line(ctx: Context) -> int | None:
+    """The line of config/compilation.py's 'Capping cudagraph capture sizes ... to fit Mamba cache blocks' warning
+    (0.18+, printed only for a hybrid Mamba/attention model), None when the log has none."""
+    return next((e.line for e in ctx.startup.of(Setting) if e.key == "mamba_cache_blocks"), None)
 
 
 def _model_summary(ctx: Context, pool: HybridPool | None, swa: SlidingWindowPool | None = None) -> ModelSummary:
@@ -501,7 +531,7 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     if cells.tp_fit_note:
         return Prediction(None, Verdict.UNKNOWN, cells.tp_fit_note)
     if bpt_source != "config":
-        if ctx.hybrid is not None:
+        if ctx.hybrid is not None or _mamba_line(ctx) is not None:
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")

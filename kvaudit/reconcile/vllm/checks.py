@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from kvaudit.parse.vllm import Concurrency, Failure
+from kvaudit.parse.vllm import Blocks, Concurrency, Failure, KVTokens
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, RankLedger, Severity, Thresholds
+from kvaudit.reconcile.values import as_int
 from kvaudit.reconcile.vllm.context import Context
 from kvaudit.reconcile.vllm.facts import graph_estimate
 from kvaudit.reconcile.vllm.formula import BUDGET_TOLERANCE_GIB, Budget
@@ -164,6 +165,8 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
             f"gpu_memory_utilization{fit[0]}", at, {"kv_gib": K, **fit[1]}))
         negative_at = at
+    elif (short := _v0_pool_below_max_len(ctx)) is not None:
+        out.append(F.not_enough_memory(*short))
     fatal = [f for f in failures if f.kind in FATAL]
     if logged is None:
         # before the pool was sized an exception ends the startup; after it, an exception is a request's, unless
@@ -174,6 +177,13 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
             fatal = [causes[-1]]
         elif causes and fatal and fatal[-1].kind == "engine_failed":
             fatal = fatal[:-1] + [causes[-1]] if causes[-1].line < fatal[-1].line else fatal
+    if fatal and fatal[-1].numbers.get("wrapper"):
+        # a V0 worker's "Error executing method X" / "Exception in worker ... while processing method X" only
+        # announces the traceback that follows it: its cause is that traceback's exception, or a fatal line
+        # another worker printed before it
+        causes = [f for f in failures if (f.kind in FATAL or f.kind == "exception") and not f.numbers.get("generic")]
+        if causes:
+            fatal = fatal[:-1] + [causes[-1]]
     if fatal:
         last = fatal[-1]
         if last.line in quoted:
@@ -190,6 +200,33 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
             detail += " (after the KV pool was sized)"
         out.append(F.startup_failed(last.line, detail, after))
     return out
+
+
+def _v0_pool_below_max_len(ctx: Context) -> tuple[str, int, dict[str, float]] | None:
+    """V0 stops when the pool holds fewer tokens than max_model_len: ``max_seq_len = block_size * num_gpu_blocks``
+    then ``raise ValueError("The model's max seq len (M) is larger than the maximum number of tokens that can be
+    stored in KV cache (N) ...")`` (engine/llm_engine.py _init_cache from 0.2.7, not in the 0.2.0-0.2.6 wheels;
+    worker/worker.py raise_if_cache_size_invalid, 0.4-0.10). A log cut before that error still shows a failed
+    start; an era that may be before 0.2.7 raises nothing here. V0 is told by
+    its block line's CPU blocks (V1 prints tokens, or GPU blocks alone); the model length by the banner's
+    ``max_seq_len=`` or the args' ``max_model_len``."""
+    if ctx.startup.of(KVTokens) or ctx.era.lo < (0, 2, 7):  # 0.2.0-0.2.6 start and leave long prompts waiting
+        return None
+    blocks = [b for b in ctx.startup.of(Blocks) if b.cpu_blocks is not None]
+    max_len = as_int(ctx.args.get("max_model_len")) or as_int(ctx.args.get("max_seq_len"))
+    if not blocks or not max_len:
+        return None
+    b = min(blocks, key=lambda e: e.gpu_blocks)
+    pool = b.gpu_blocks * ctx.block_size
+    if pool >= max_len:
+        return None
+    block = (f"{ctx.block_size}, the default block size (the log does not state it)"
+             if ctx.block_source.startswith("default") else str(ctx.block_size))
+    return (f"the pool holds {pool:,} tokens ({b.gpu_blocks:,} GPU blocks x {block}), fewer than the model's max seq "
+            f"len {max_len:,}: this release raises ValueError here (the max seq len is larger than the maximum "
+            "number of tokens that can be stored in KV cache), so the startup failed, whether or not the log shows "
+            f"the error -> --max-model-len {pool:,} fits this pool", b.line,
+            {"max_model_len": float(max_len), "max_tokens": float(pool), "max_model_len_that_fits": float(pool)})
 
 
 def _graph_estimate_cause(ctx: Context, kind: str, K: float | None) -> tuple[str, dict[str, float]]:

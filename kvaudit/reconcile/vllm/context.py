@@ -136,7 +136,7 @@ def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions)
         driver = any(not has_process_tag(e.text) for e in startup.events if isinstance(e, RankEvent))
         n = len(pids) + (1 if driver else 0)
         return n, True, False, (f"{len(pids)} worker process(es)" + (" + the driver" if driver else "")
-                                + " seen; their pids do not name ranks")
+                                + " seen; their pids do not name ranks" + _ray_repeats(startup))
     tagged_events = [e for e in startup.events if has_process_tag(e.text)]
     if tagged_events and all(_ENGINE_CORE_FILE.search(e.text) for e in tagged_events):
         # the engine core prints the pool's size and concurrency (v1/core/kv_cache_utils.py) and its own failure
@@ -145,6 +145,20 @@ def _tensor_parallel(startup: Startup, args: dict[str, Any], opts: AuditOptions)
     if tagged_events:
         return 1, False, False, "one process (no worker tags)"
     return 1, False, True, "assumed (the log names no TP size and carries no process tags)"
+
+
+_RAY_REPEATED = re.compile(r"\[repeated (\d+)x across cluster\]")
+
+
+def _ray_repeats(startup: Startup) -> str:
+    """Ray folds the lines other workers print alike into one with "[repeated Nx across cluster]" (its log
+    deduplication): N more processes printed that line, a lower bound on the workers (TP x PP), not the TP size."""
+    best = max(((int(m.group(1)), -e.line) for e in startup.events
+                if (m := _RAY_REPEATED.search(e.text)) is not None), default=None)
+    if best is None:
+        return ""
+    return (f"; Ray's '[repeated {best[0]}x across cluster]' (line {-best[1]}): {best[0]} more worker processes "
+            f"printed that line, so TP x PP is at least {best[0] + 1}")
 
 
 def _kv_dtype(args: dict[str, Any], opts: AuditOptions, args_seen: bool,

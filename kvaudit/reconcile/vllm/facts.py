@@ -5,7 +5,8 @@ Reading keys (``kvaudit/parse/vllm.py``): ``total_gib``, ``util``, ``requested_g
 ``activation_printed_gib`` (the "Actual usage is ..." suggestion line: the peak *as printed*, which holds the
 CUDA-graph estimate when one was applied), ``consumed_gib`` (0.29+: weights + non-torch), ``peak_torch_gib``
 (0.6.4), ``kv_gib``, ``graph_gib`` (captured), ``graph_estimate_gib``, ``equiv_util``, ``budget_gib`` /
-``external_weights_gib`` / ``engine_budget_gib`` (0.32+ externally held weights), ``kv_bytes_config_gib``.
+``external_weights_gib`` / ``engine_budget_gib`` (0.32+ externally held weights), ``kv_bytes_config_gib``,
+``suggested_util`` (0.18-0.19's opt-in graph note), ``sleep_freed_gib`` / ``sleep_in_use_gib`` (sleep mode).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         ("the card's total memory (no line states it, and no CUDA-graph note gives it)", T_lo),
         ("the gpu_memory_utilization the startup used (--log-mem-fraction-static)", u0),
         ("the available KV cache memory ('Available KV cache memory' line)", K)) if v is None]
-    cells = bytes_per_token(ctx, kv, logged_pool(ctx), [])
+    cells, _ = bytes_per_token(ctx, kv, logged_pool(ctx))
     grouped = cells.pool is not None or cells.swa is not None
     if not f0.bytes_per_token and not grouped:
         missing.append("bytes per token: neither the model's config.json (--model-config) nor a KV size line "
@@ -55,8 +55,8 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     if T_lo != T_hi:
         explanation.append(f"the card's total is known only as {T_lo:.1f}..{T_hi:.1f} GiB (the CUDA-graph note's "
                            "rounding): every figure below carries that interval")
-    tokens = _tokens(base, cells, ctx, (kv_lo - LOG_HALF_ULP) * scale, (kv_hi + LOG_HALF_ULP) * scale, cell,
-                     explanation)
+    tokens, why_not = _tokens(base, cells, ctx, (kv_lo - LOG_HALF_ULP) * scale, (kv_hi + LOG_HALF_ULP) * scale, cell)
+    explanation.extend(why_not)
     graphs = max((l.item("graphs_target_decode").gib or 0 for l in base.ranks  # type: ignore[union-attr]
                   if l.item("graphs_target_decode")), default=0.0)
     r0, r1 = T_lo * (1 - u0), T_lo * (1 - u1)
@@ -73,21 +73,26 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
                   tuple(explanation), pin, reserve_label=RESERVE_LABEL)
 
 
-def _tokens(base: Audit, cells, ctx, kv_lo: float, kv_hi: float, cell: int, explanation: list[str]
-            ) -> TokenInterval | None:
+def _tokens(base: Audit, cells, ctx, kv_lo: float, kv_hi: float, cell: int
+            ) -> tuple[TokenInterval | None, tuple[str, ...]]:
     """The token count at KV kv_lo..kv_hi GiB, by the rule that reproduced this startup's count: uniform
-    ``floor(KV / (cell x block)) x block``; a grouped pool its blocks by the era's count (``cell.py``)."""
+    ``floor(KV / (cell x block)) x block``; a grouped pool its blocks by the era's count (``cell.py``). Beside it,
+    why no count was given, when that needs saying."""
     f0 = base.formula
     if kv_hi <= 0:
-        return TokenInterval(0, 0)
+        return TokenInterval(0, 0), ()
     if cells.pool is None and cells.swa is None:
         bs = f0.page_size or 16
         lo, hi = (math.floor(max(0.0, k) * GIB / (cell * bs)) * bs for k in (kv_lo, kv_hi))
-        return TokenInterval(lo, hi)
-    reason = f0.verdict_reason or ""
+        return TokenInterval(lo, hi), ()
     if f0.verdict.value != "match":
-        explanation.append("the grouped pool's count was not reproduced on this startup, so it is not rerun")
-        return None
+        return None, ("the grouped pool's count was not reproduced on this startup, so it is not rerun",)
+    return _grouped_tokens(base, cells, ctx, kv_lo, kv_hi), ()
+
+
+def _grouped_tokens(base: Audit, cells, ctx, kv_lo: float, kv_hi: float) -> TokenInterval | None:
+    """A grouped pool's count at kv_lo..kv_hi GiB, by the era's rule that reproduced this startup."""
+    reason = base.formula.verdict_reason or ""
     from kvaudit.reconcile.vllm.formula import batched_tokens, mamba_state_pages
     from kvaudit.reconcile.vllm.audit import _speculative_tokens
 
