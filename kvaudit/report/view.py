@@ -118,7 +118,10 @@ def fold_labels(labels: tuple[str, ...]) -> str:
             if n is not None:
                 start = prev = n
         return "TP" + ",".join(parts)
-    return ",".join(labels)
+    joined = ",".join(labels)
+    # ranks named by their pids (a V0 driver and its workers) do not fold into a range: a long row of them
+    # would push the table's columns off the page; the JSON keeps every rank
+    return joined if len(joined) <= 24 else f"{labels[0]} +{len(labels) - 1} more"
 
 
 def rows(audit: Audit) -> list[Row]:

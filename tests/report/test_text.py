@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, SAMPLES, cli
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, SAMPLES, cli
 
 
 @pytest.fixture
@@ -82,3 +82,16 @@ def _audits(r):
         return []
     doc = r.json()
     return doc if isinstance(doc, list) else doc.get("audits", [doc])
+
+
+def test_ranks_named_by_pid_fold_into_one_short_row_label():
+    """vllm_c063 (a V0 driver and six workers whose pids name no rank): one row for the seven equal ranks,
+    labelled short enough that the table keeps its columns on an 80-column page."""
+    from kvaudit.report.view import fold_labels
+
+    assert fold_labels(("TP0", "TP1", "TP2", "TP4")) == "TP0-2,4"
+    pids = ("TP0", *(f"pid {p}" for p in (13105, 13106, 13108, 13109, 13110, 13111)))
+    assert fold_labels(pids) == "TP0 +6 more"
+    r = cli("explain", FIXTURES / "corpus" / "vllm_c063.log", "--color", "never")
+    table = r.stdout.split("Per GPU (GiB)\n", 1)[1].splitlines()
+    assert table[0].split()[:3] == ["GPU", "weights", "KV"] and table[1].startswith("  TP0 +6 more ")
