@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from kvaudit.planning import calibrate
 from kvaudit.planning import terms as shared
-from kvaudit.planning.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
 from kvaudit.planning.terms import PlanError, weakest
 from kvaudit.reconcile.interface import Thresholds
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
@@ -74,6 +74,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
 
     post_obs = calibrate.post_load_free(history, inp)
     W = shared.weights(inp, history)
+    if W.kind == ASSUMED:
+        W = _own_dtype_weights(inp, W)
     terms.append(W)
     draft = inp.draft
     spec_rule = rules_for(era, True)[0] if draft else None
@@ -197,6 +199,49 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         why += "; the weights leave no room for the pool at any fraction"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+#: the checkpoint dtypes SGLang serves as they are with ``--dtype auto`` (a float32 config is served in 16 bits)
+_OWN_DTYPES = ("bfloat16", "float16")
+
+
+def _own_dtype_weights(inp: PlanInput, assumed: Term) -> Term:
+    """The weights per rank of an unquantized 16-bit checkpoint served in its own dtype, from SGLang's loader rather
+    than the engines' shared assumption (checkpoint + up to 0.5 GiB + 2 %).
+
+    ``DefaultModelLoader.load_model`` (model_loader/loader.py, 0.4.x-0.5.x) builds the model under
+    ``set_default_torch_dtype(model_config.dtype)`` on the GPU, so every parameter is allocated at the checkpoint's
+    own shape and dtype (the merged qkv and gate_up parameters are the sum of their parts) and the weights are
+    copied into it; ``process_weights_after_loading`` re-lays out only quantized parameters. So nothing loaded with
+    them grows with the weights; what does load is buffers: the largest is ``RotaryEmbedding``'s ``cos_sin_cache``,
+    kept in FP32 on CUDA ("cache needs to be in FP32", layers/rotary_embedding.py, read in the 0.4.6 and 0.5.9
+    wheels): max_position_embeddings (x the rope factor for the scaled variants) x rotary_dim x 4 B, at most
+    head_dim (the rope head for MLA) for rotary_dim, twice for the sliding-window hybrids' local and global ropes.
+    The rest (vocabulary padding to 64 rows, norms, allocator rounding, the CUDA context's growth) keeps the shared
+    flat residue (``WEIGHT_OVERHEAD_GIB``, assumed). Calibration (the corpus, SGLang's "Load weight end ... mem
+    usage" less the checkpoint's bytes and the rotary cache): Llama-3.1-8B 0.00 GiB (sglang_c048), Qwen2.5-0.5B
+    0.06 (c049), Llama-2-7B 0.11 (c051). Not taken here, and left to the shared term: quantized checkpoints (their
+    kernels re-lay out and pad), PP (the embedding and lm_head sit on the end stages), TP past the KV heads (their
+    projections are replicated), a draft."""
+    g, sizes = inp.geometry, inp.sizes
+    if (g is None or sizes is None or sizes.quant_method is not None or not inp.weight_bytes or inp.pp > 1
+            or (g.torch_dtype or "").replace("torch.", "") not in _OWN_DTYPES or inp.draft is not None
+            or (g.num_kv_heads and inp.tp > g.num_kv_heads) or not g.max_position_embeddings):
+        return assumed
+    rope_dim = g.qk_rope_head_dim if g.is_mla else g.head_dim
+    if not rope_dim:
+        return assumed
+    positions = g.max_position_embeddings * (sizes.rope_factor or 1.0)
+    ropes = 2 if g.is_hybrid_swa else 1
+    rotary = ropes * positions * rope_dim * 4 / GIB
+    even = inp.weight_bytes / (inp.tp * inp.pp) / GIB
+    residue = shared.WEIGHT_OVERHEAD_GIB
+    return Term(assumed.key, assumed.label, even, even + rotary + residue, "GiB", ASSUMED,
+                f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {inp.tp * inp.pp} ranks = {even:.2f} GiB "
+                f"(formula: an unquantized {g.torch_dtype} checkpoint is allocated at its own shapes, SGLang "
+                f"model_loader/loader.py), plus up to {rotary:.3f} GiB of FP32 rotary cache ({ropes} x "
+                f"{positions:,.0f} positions x {rope_dim} x 4 B, layers/rotary_embedding.py) and {residue} GiB "
+                "(assumed: vocabulary padding, norms, allocator rounding)")
 
 
 def _draft_weights(inp: PlanInput) -> Term:
