@@ -46,9 +46,28 @@ from kvaudit.versions import VersionRange
 #: (``parallel_state.py``, that release only): 1.77-2.01 GiB at TP 8 on H200s (sglang PR #11716, T 137.29 of 140.40)
 T_OFFSET_GIB = {1: (0.75, 1.35), 2: (0.75, 1.75)}
 
+#: the same offset on an AMD Instinct card (ROCm) with more than one rank (GiB). ``initialize_model_parallel`` is the
+#: same code (0.5.6.post2: PyNcclCommunicator over RCCL, the custom all-reduce's 16 MiB buffers, QuickAllReduce
+#: only with ROCM_QUICK_REDUCE_QUANTIZATION set, parallel_state.py / quick_all_reduce.py), but what RCCL and the HIP
+#: runtime take for it is not in SGLang's code: AMD's logs print "Init torch distributed ends. mem usage=2.95-3.37 GB"
+#: at TP 8 where CUDA's print 0.00-0.30. The range is read off the one CALIBRATION startup that shows the whole
+#: offset on a card kvaudit knows (fixtures/corpus sglang_c055: 8x MI300X, 0.5.6.post2 image, the group's least
+#: reading 188.10 of the card's 191.98 GiB: 3.88, or 3.38 with ROCm's T up to 0.5 GiB above the printed line,
+#: docs/how-it-works.md) with about 0.2 GiB either side. Read after the MI300X validation startups pointed at it
+#: (docs/plan.md); TP 2-4 and one rank on ROCm are not seen and keep the CUDA range with a note.
+T_OFFSET_ROCM_GIB = (3.2, 4.1)
 
-def t_offset(ranks: int) -> tuple[float, float]:
-    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``)."""
+
+def rocm(inp: PlanInput) -> bool:
+    """An AMD Instinct card by its rocm-smi name (kvaudit/plan/cards.py)."""
+    return (inp.card or "").lower().startswith("amd ")
+
+
+def t_offset(ranks: int, on_rocm: bool = False) -> tuple[float, float]:
+    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``; ``T_OFFSET_ROCM_GIB`` on an
+    AMD card at TP 8)."""
+    if on_rocm and ranks >= 8:
+        return T_OFFSET_ROCM_GIB
     return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[2]
 
 
@@ -67,8 +86,13 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     notes: list[str] = []
     terms: list[Term] = []
 
-    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp),
-                           "gone before SGLang measures (driver reserve, CUDA context, NCCL)")
+    on_rocm = rocm(inp)
+    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp, on_rocm),
+                           "gone before SGLang measures (driver reserve, " + ("HIP context, RCCL)" if on_rocm else
+                                                                             "CUDA context, NCCL)"))
+    if on_rocm and T.kind == ASSUMED and inp.tp * inp.pp < 8:
+        notes.append("an AMD card at fewer than 8 ranks: what RCCL and the HIP runtime take before SGLang measures T "
+                     "is seen only at TP 8 (3.2-4.1 GiB); the CUDA range assumed here may be GiB too small")
     obs = calibrate.pre_load_free(history, inp) if T.kind == CALIBRATED else None
     terms.append(T)
 
