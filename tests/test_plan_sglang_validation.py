@@ -96,3 +96,21 @@ def test_an_nvidia_card_keeps_the_cuda_offset(tmp_path):
     model = _model(tmp_path, BENCH / "plan_configs" / ckpt["config"], ckpt["bytes"])
     T = _terms(model, "--engine", "sglang==0.5.6.post2", "--gpu", "h200", "--tp", "8", "--fraction", "0.8")["t_gib"]
     assert round(143771 / 1024 - T["high"], 2) == 0.75 and round(143771 / 1024 - T["low"], 2) == 1.75
+
+
+def test_the_rocm_offset_holds_its_calibration_startup():
+    """T_OFFSET_ROCM_GIB is set on the corpus' sglang_c055 (Llama-4-Maverick, 8x MI300X, v0.5.6.post2 image; not a
+    validation case): the group's least 'Load weight begin. avail mem=' is 188.10 GB of the card's 196,592 MiB, and
+    SGLang's T is that or up to 0.5 GiB above it on ROCm (docs/how-it-works.md): the whole offset is in the range."""
+    import re
+
+    from kvaudit.plan.cards import card
+    from kvaudit.reconcile.sglang.planner import T_OFFSET_ROCM_GIB, t_offset
+
+    text = (FIXTURES / "corpus" / "sglang_c055.log").read_text()
+    least = min(float(v) for v in re.findall(r"Load weight begin\. avail mem=([0-9.]+) GB", text))
+    total = card("mi300x").total_mib / 1024
+    assert least == 188.10 and card("mi300x").name == "AMD Instinct MI300X"
+    lo, hi = t_offset(8, on_rocm=True)
+    assert (lo, hi) == T_OFFSET_ROCM_GIB and lo <= total - least - 0.5 and total - least <= hi
+    assert t_offset(4, on_rocm=True) == t_offset(4)  # fewer ranks on ROCm: not seen, the CUDA range and a note
