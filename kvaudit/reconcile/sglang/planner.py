@@ -90,6 +90,11 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp, on_rocm),
                            "gone before SGLang measures (driver reserve, " + ("HIP context, RCCL)" if on_rocm else
                                                                              "CUDA context, NCCL)"))
+    if on_rocm and version >= (0, 5, 5):
+        notes.append("on ROCm with --attention-backend aiter and a context past 8,192 tokens SGLang multiplies "
+                     "mem_fraction_static by 0.85 once it is set (server_args.py, read in the 0.5.5, 0.5.6.post2 "
+                     "and 0.5.9 wheels; not in 0.5.3-0.5.4): the fraction here is the one SGLang uses, so give 0.85 "
+                     "x yours for that backend (its server_args line prints the product)")
     if on_rocm and T.kind == ASSUMED and inp.tp * inp.pp < 8:
         notes.append("an AMD card at fewer than 8 ranks: what RCCL and the HIP runtime take before SGLang measures T "
                      "is seen only at TP 8 (3.2-4.1 GiB); the CUDA range assumed here may be GiB too small")
