@@ -114,3 +114,20 @@ def test_the_rocm_offset_holds_its_calibration_startup():
     lo, hi = t_offset(8, on_rocm=True)
     assert (lo, hi) == T_OFFSET_ROCM_GIB and lo <= total - least - 0.5 and total - least <= hi
     assert t_offset(4, on_rocm=True) == t_offset(4)  # fewer ranks on ROCm: not seen, the CUDA range and a note
+
+
+def test_deepseeks_mtp_layer_is_not_counted_without_a_draft(tmp_path):
+    """DeepSeek-V3-0324 at TP 4 on MI300X (the PD prefill server, michael-amd/sglang-ci @41b7feb, a validation case):
+    SGLang's load_weights skips model.layers.61 (the MTP layer) without a draft, so the log loaded 158.02 GB of a
+    checkpoint whose bytes / 4 are 160.32 GiB. With the layer counted the plan's budget (3.26-8.08 GiB) missed the
+    logged 9.36; without it the weights hold the logged load and the budget holds the pool."""
+    case, ckpt = _case("amd-sglang-deepseek-v3-0324-pd-prefill-mi300x-tp4")
+    model = _model(tmp_path, BENCH / "plan_configs" / ckpt["config"], ckpt["bytes"])
+    t = _terms(model, "--engine", case["engine"], "--gpu", "mi300x", "--tp", "4", "--fraction", "0.88",
+               "--page-size", "1")
+    w, rest = t["weights_gib"], t["rest_gib"]
+    assert w["low"] <= 158.02 <= w["high"] and w["low"] < ckpt["bytes"] / 4 / GIB - 3.4 and "MTP" in w["basis"]
+    mtp = ckpt["bytes"] / 4 / GIB * 1.02 + 0.5 - w["high"]  # what the shared term's top lost
+    assert 3.4 < mtp < 3.7
+    assert rest["low"] <= case["logged_kv_gib"] <= rest["high"]
+    assert abs((rest["low"] + rest["high"]) / 2 - case["logged_kv_gib"]) / case["logged_kv_gib"] < 0.02

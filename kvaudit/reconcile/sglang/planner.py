@@ -105,6 +105,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     W = shared.weights(inp, history)
     if W.kind == ASSUMED:
         W = _own_dtype_weights(inp, W)
+        W = _without_mtp_layer(inp, W, notes)
     terms.append(W)
     draft = inp.draft
     spec_rule = rules_for(era, True)[0] if draft else None
@@ -228,6 +229,51 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         why += "; the weights leave no room for the pool at any fraction"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+def _fp8_block(rows: int, cols: int) -> int:
+    """One linear weight in DeepSeek's FP8 layout: e4m3 values plus an FP32 scale per 128 x 128 block."""
+    return rows * cols + 4 * math.ceil(rows / 128) * math.ceil(cols / 128)
+
+
+def _without_mtp_layer(inp: PlanInput, W: Term, notes: list[str]) -> Term:
+    """The checkpoint's bytes less its multi-token-prediction layer, which SGLang does not load without a draft.
+
+    ``DeepseekV2ForCausalLM.load_weights`` (models/deepseek_v2.py in the 0.4.6.post5 and 0.5.6.post2 wheels,
+    models/deepseek_common/deepseek_weight_loader.py in 0.5.9; the releases between not read): unless it is the
+    nextn (draft) model, a checkpoint tensor named ``model.layers.N`` with N >= num_hidden_layers is skipped when
+    ``num_nextn_predict_layers`` > 0, and the model has no parameter for it. DeepSeek-V3's checkpoints (V3, R1,
+    V3-0324, V3.1) store that layer whole: one MoE decoder layer, its own embed_tokens and shared_head.head, eh_proj
+    and norms. Counted from config.json in DeepSeek's layout (the routed experts in FP8 blocks of 128 with FP32
+    scales, the embedding, head and eh_proj in BF16): the experts, embedding, head and eh_proj exactly; the MLA
+    projections and one shared expert as an upper bound (q_lora_rank and n_shared_experts are not read: the query
+    projection is counted without its low rank). Only an FP8 or unquantized checkpoint of a DeepSeek-V3 MLA model
+    at PP 1 with no draft; the layer is split over the ranks like the rest (the experts by TP, the vocabulary rows)."""
+    g, sizes = inp.geometry, inp.sizes
+    if (g is None or sizes is None or not g.num_nextn_predict_layers or not g.kv_lora_rank or inp.draft is not None
+            or inp.pp > 1 or g.architecture != "DeepseekV3ForCausalLM" or sizes.quant_method not in (None, "fp8")
+            or not (sizes.hidden_size and sizes.moe_intermediate_size and sizes.num_experts and sizes.vocab_size
+                    and g.num_attention_heads and g.v_head_dim and g.qk_rope_head_dim)):
+        return W
+    h, mi, e, v = sizes.hidden_size, sizes.moe_intermediate_size, sizes.num_experts, sizes.vocab_size
+    heads, vd, rope, kvl = g.num_attention_heads, g.v_head_dim, g.qk_rope_head_dim, g.kv_lora_rank
+    fp8 = sizes.quant_method == "fp8"
+
+    def mat(rows: int, cols: int) -> int:
+        return _fp8_block(rows, cols) if fp8 else 2 * rows * cols
+
+    experts = e * (2 * mat(mi, h) + mat(h, mi))
+    exact = experts + 2 * v * h * 2 + 2 * h * h * 2 + 4 * h * 2  # + embed, head, eh_proj (BF16), enorm/hnorm/norms
+    bound = (mat(heads * (vd + rope), h) + mat(kvl + rope, h) + mat(heads * 2 * vd, kvl) + mat(h, heads * vd)
+             + 2 * mat(mi, h) + mat(h, mi) + e * h * 2 + e * 4)  # MLA projections, one shared expert, the router
+    layers = g.num_nextn_predict_layers
+    ranks = inp.tp * inp.pp
+    lo, hi = layers * exact / ranks / GIB, layers * (exact + bound) / ranks / GIB
+    notes.append(f"SGLang loads no multi-token-prediction layer without a draft (deepseek_v2.py load_weights): "
+                 f"{lo:.2f}-{hi:.2f} GiB a rank of the checkpoint are not loaded")
+    return Term(W.key, W.label, max(0.0, W.lo - hi), max(0.0, W.hi - lo), W.unit, W.kind,
+                f"{W.basis}; less the {layers} MTP layer(s) SGLang skips without a draft (models/deepseek_v2.py "
+                f"load_weights): {lo:.2f}-{hi:.2f} GiB a rank, counted from config.json in DeepSeek's FP8 layout")
 
 
 #: the checkpoint dtypes SGLang serves as they are with ``--dtype auto`` (a float32 config is served in 16 bits)
