@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from kvaudit.planning import calibrate
 from kvaudit.planning import terms as shared
-from kvaudit.planning.model import CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
+from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
 from kvaudit.planning.terms import PlanError, weakest
 from kvaudit.reconcile.interface import Thresholds
 from kvaudit.reconcile.sglang.cell import CellSize, cell_size
@@ -46,9 +46,28 @@ from kvaudit.versions import VersionRange
 #: (``parallel_state.py``, that release only): 1.77-2.01 GiB at TP 8 on H200s (sglang PR #11716, T 137.29 of 140.40)
 T_OFFSET_GIB = {1: (0.75, 1.35), 2: (0.75, 1.75)}
 
+#: the same offset on an AMD Instinct card (ROCm) with more than one rank (GiB). ``initialize_model_parallel`` is the
+#: same code (0.5.6.post2: PyNcclCommunicator over RCCL, the custom all-reduce's 16 MiB buffers, QuickAllReduce
+#: only with ROCM_QUICK_REDUCE_QUANTIZATION set, parallel_state.py / quick_all_reduce.py), but what RCCL and the HIP
+#: runtime take for it is not in SGLang's code: AMD's logs print "Init torch distributed ends. mem usage=2.95-3.37 GB"
+#: at TP 8 where CUDA's print 0.00-0.30. The range is read off the one CALIBRATION startup that shows the whole
+#: offset on a card kvaudit knows (fixtures/corpus sglang_c055: 8x MI300X, 0.5.6.post2 image, the group's least
+#: reading 188.10 of the card's 191.98 GiB: 3.88, or 3.38 with ROCm's T up to 0.5 GiB above the printed line,
+#: docs/how-it-works.md) with about 0.2 GiB either side. Read after the MI300X validation startups pointed at it
+#: (docs/plan.md); TP 2-4 and one rank on ROCm are not seen and keep the CUDA range with a note.
+T_OFFSET_ROCM_GIB = (3.2, 4.1)
 
-def t_offset(ranks: int) -> tuple[float, float]:
-    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``)."""
+
+def rocm(inp: PlanInput) -> bool:
+    """An AMD Instinct card by its rocm-smi name (kvaudit/plan/cards.py)."""
+    return (inp.card or "").lower().startswith("amd ")
+
+
+def t_offset(ranks: int, on_rocm: bool = False) -> tuple[float, float]:
+    """The assumed offset for ``ranks`` = TP x PP: one rank, or more (``T_OFFSET_GIB``; ``T_OFFSET_ROCM_GIB`` on an
+    AMD card at TP 8)."""
+    if on_rocm and ranks >= 8:
+        return T_OFFSET_ROCM_GIB
     return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[2]
 
 
@@ -67,13 +86,26 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     notes: list[str] = []
     terms: list[Term] = []
 
-    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp),
-                           "gone before SGLang measures (driver reserve, CUDA context, NCCL)")
+    on_rocm = rocm(inp)
+    T = shared.card_memory(inp, history, "free before the weights load (T)", t_offset(inp.tp * inp.pp, on_rocm),
+                           "gone before SGLang measures (driver reserve, " + ("HIP context, RCCL)" if on_rocm else
+                                                                             "CUDA context, NCCL)"))
+    if on_rocm and version >= (0, 5, 5):
+        notes.append("on ROCm with --attention-backend aiter and a context past 8,192 tokens SGLang multiplies "
+                     "mem_fraction_static by 0.85 once it is set (server_args.py, read in the 0.5.5, 0.5.6.post2 "
+                     "and 0.5.9 wheels; not in 0.5.3-0.5.4): the fraction here is the one SGLang uses, so give 0.85 "
+                     "x yours for that backend (its server_args line prints the product)")
+    if on_rocm and T.kind == ASSUMED and inp.tp * inp.pp < 8:
+        notes.append("an AMD card at fewer than 8 ranks: what RCCL and the HIP runtime take before SGLang measures T "
+                     "is seen only at TP 8 (3.2-4.1 GiB); the CUDA range assumed here may be GiB too small")
     obs = calibrate.pre_load_free(history, inp) if T.kind == CALIBRATED else None
     terms.append(T)
 
     post_obs = calibrate.post_load_free(history, inp)
     W = shared.weights(inp, history)
+    if W.kind == ASSUMED:
+        W = _own_dtype_weights(inp, W)
+        W = _without_mtp_layer(inp, W, notes)
     terms.append(W)
     draft = inp.draft
     spec_rule = rules_for(era, True)[0] if draft else None
@@ -197,6 +229,94 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         why += "; the weights leave no room for the pool at any fraction"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+def _fp8_block(rows: int, cols: int) -> int:
+    """One linear weight in DeepSeek's FP8 layout: e4m3 values plus an FP32 scale per 128 x 128 block."""
+    return rows * cols + 4 * math.ceil(rows / 128) * math.ceil(cols / 128)
+
+
+def _without_mtp_layer(inp: PlanInput, W: Term, notes: list[str]) -> Term:
+    """The checkpoint's bytes less its multi-token-prediction layer, which SGLang does not load without a draft.
+
+    ``DeepseekV2ForCausalLM.load_weights`` (models/deepseek_v2.py in the 0.4.6.post5 and 0.5.6.post2 wheels,
+    models/deepseek_common/deepseek_weight_loader.py in 0.5.9; the releases between not read): unless it is the
+    nextn (draft) model, a checkpoint tensor named ``model.layers.N`` with N >= num_hidden_layers is skipped when
+    ``num_nextn_predict_layers`` > 0, and the model has no parameter for it. DeepSeek-V3's checkpoints (V3, R1,
+    V3-0324, V3.1) store that layer whole: one MoE decoder layer, its own embed_tokens and shared_head.head, eh_proj
+    and norms. Counted from config.json in DeepSeek's layout (the routed experts in FP8 blocks of 128 with FP32
+    scales, the embedding, head and eh_proj in BF16): the experts, embedding, head and eh_proj exactly; the MLA
+    projections and one shared expert as an upper bound (q_lora_rank and n_shared_experts are not read: the query
+    projection is counted without its low rank). Only an FP8 or unquantized checkpoint of a DeepSeek-V3 MLA model
+    at PP 1 with no draft; the layer is split over the ranks like the rest (the experts by TP, the vocabulary rows)."""
+    g, sizes = inp.geometry, inp.sizes
+    if (g is None or sizes is None or not g.num_nextn_predict_layers or not g.kv_lora_rank or inp.draft is not None
+            or inp.pp > 1 or g.architecture != "DeepseekV3ForCausalLM" or sizes.quant_method not in (None, "fp8")
+            or not (sizes.hidden_size and sizes.moe_intermediate_size and sizes.num_experts and sizes.vocab_size
+                    and g.num_attention_heads and g.v_head_dim and g.qk_rope_head_dim)):
+        return W
+    h, mi, e, v = sizes.hidden_size, sizes.moe_intermediate_size, sizes.num_experts, sizes.vocab_size
+    heads, vd, rope, kvl = g.num_attention_heads, g.v_head_dim, g.qk_rope_head_dim, g.kv_lora_rank
+    fp8 = sizes.quant_method == "fp8"
+
+    def mat(rows: int, cols: int) -> int:
+        return _fp8_block(rows, cols) if fp8 else 2 * rows * cols
+
+    experts = e * (2 * mat(mi, h) + mat(h, mi))
+    exact = experts + 2 * v * h * 2 + 2 * h * h * 2 + 4 * h * 2  # + embed, head, eh_proj (BF16), enorm/hnorm/norms
+    bound = (mat(heads * (vd + rope), h) + mat(kvl + rope, h) + mat(heads * 2 * vd, kvl) + mat(h, heads * vd)
+             + 2 * mat(mi, h) + mat(h, mi) + e * h * 2 + e * 4)  # MLA projections, one shared expert, the router
+    layers = g.num_nextn_predict_layers
+    ranks = inp.tp * inp.pp
+    lo, hi = layers * exact / ranks / GIB, layers * (exact + bound) / ranks / GIB
+    notes.append(f"SGLang loads no multi-token-prediction layer without a draft (deepseek_v2.py load_weights): "
+                 f"{lo:.2f}-{hi:.2f} GiB a rank of the checkpoint are not loaded")
+    return Term(W.key, W.label, max(0.0, W.lo - hi), max(0.0, W.hi - lo), W.unit, W.kind,
+                f"{W.basis}; less the {layers} MTP layer(s) SGLang skips without a draft (models/deepseek_v2.py "
+                f"load_weights): {lo:.2f}-{hi:.2f} GiB a rank, counted from config.json in DeepSeek's FP8 layout")
+
+
+#: the checkpoint dtypes SGLang serves as they are with ``--dtype auto`` (a float32 config is served in 16 bits)
+_OWN_DTYPES = ("bfloat16", "float16")
+
+
+def _own_dtype_weights(inp: PlanInput, assumed: Term) -> Term:
+    """The weights per rank of an unquantized 16-bit checkpoint served in its own dtype, from SGLang's loader rather
+    than the engines' shared assumption (checkpoint + up to 0.5 GiB + 2 %).
+
+    ``DefaultModelLoader.load_model`` (model_loader/loader.py, 0.4.x-0.5.x) builds the model under
+    ``set_default_torch_dtype(model_config.dtype)`` on the GPU, so every parameter is allocated at the checkpoint's
+    own shape and dtype (the merged qkv and gate_up parameters are the sum of their parts) and the weights are
+    copied into it; ``process_weights_after_loading`` re-lays out only quantized parameters. So nothing loaded with
+    them grows with the weights; what does load is buffers: the largest is ``RotaryEmbedding``'s ``cos_sin_cache``,
+    kept in FP32 on CUDA ("cache needs to be in FP32", layers/rotary_embedding.py, read in the 0.4.6 and 0.5.9
+    wheels): max_position_embeddings (x the rope factor for the scaled variants) x rotary_dim x 4 B, at most
+    head_dim (the rope head for MLA) for rotary_dim, twice for the sliding-window hybrids' local and global ropes.
+    The rest (vocabulary padding to 64 rows, norms, allocator rounding, the CUDA context's growth) keeps the shared
+    flat residue (``WEIGHT_OVERHEAD_GIB``, assumed). Calibration (the corpus, SGLang's "Load weight end ... mem
+    usage" less the checkpoint's bytes and the rotary cache): Llama-3.1-8B 0.00 GiB (sglang_c048), Qwen2.5-0.5B
+    0.06 (c049), Llama-2-7B 0.11 (c051). Not taken here, and left to the shared term: quantized checkpoints (their
+    kernels re-lay out and pad), PP (the embedding and lm_head sit on the end stages), TP past the KV heads (their
+    projections are replicated), a draft."""
+    g, sizes = inp.geometry, inp.sizes
+    if (g is None or sizes is None or sizes.quant_method is not None or not inp.weight_bytes or inp.pp > 1
+            or (g.torch_dtype or "").replace("torch.", "") not in _OWN_DTYPES or inp.draft is not None
+            or (g.num_kv_heads and inp.tp > g.num_kv_heads) or not g.max_position_embeddings):
+        return assumed
+    rope_dim = g.qk_rope_head_dim if g.is_mla else g.head_dim
+    if not rope_dim:
+        return assumed
+    positions = g.max_position_embeddings * (sizes.rope_factor or 1.0)
+    ropes = 2 if g.is_hybrid_swa else 1
+    rotary = ropes * positions * rope_dim * 4 / GIB
+    even = inp.weight_bytes / (inp.tp * inp.pp) / GIB
+    residue = shared.WEIGHT_OVERHEAD_GIB
+    return Term(assumed.key, assumed.label, even, even + rotary + residue, "GiB", ASSUMED,
+                f"{inp.weight_bytes:,} bytes ({inp.weight_source}) / {inp.tp * inp.pp} ranks = {even:.2f} GiB "
+                f"(formula: an unquantized {g.torch_dtype} checkpoint is allocated at its own shapes, SGLang "
+                f"model_loader/loader.py), plus up to {rotary:.3f} GiB of FP32 rotary cache ({ropes} x "
+                f"{positions:,.0f} positions x {rope_dim} x 4 B, layers/rotary_embedding.py) and {residue} GiB "
+                "(assumed: vocabulary padding, norms, allocator rounding)")
 
 
 def _draft_weights(inp: PlanInput) -> Term:
