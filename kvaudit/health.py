@@ -50,9 +50,14 @@ NO_GPU_READINGS = "GPU_READINGS_MISSING"
 #: what the collector says when a host's GPUs could not be read
 UNREADABLE = (SMI_MISSING, SMI_FAILED)
 
-#: what to do, per finding, in one sentence (the finding's own message says what was seen)
+#: what to do, per finding, in one sentence (the finding's own message says what was seen). Only where one
+#: direction is right whatever the finding's cause: a failed start, idle memory or a pool off its formula have
+#: causes that call for opposite changes (SGLang's "Not enough memory" needs a larger fraction, weights that do
+#: not fit need more GPUs, a pool capped by --max-total-tokens needs the cap raised, unified memory no larger
+#: fraction), so their line points at the finding, which names the change for its cause
 ACTIONS = {
-    "FOREIGN_PROCESS": "stop or move the other process on the GPU (nvidia-smi lists it), then restart the engine",
+    "FOREIGN_PROCESS": "stop or move the other process on the GPU (nvidia-smi lists it); a running engine keeps "
+                       "its pool, so restart it only if it started while that process held the memory",
     "OCCUPIED_AT_STARTUP": "free the GPU memory that was held before the engine started (a stale process, "
                            "another tenant), then restart the engine",
     "GPU_COUNT_MISMATCH": "check that every GPU is visible and healthy (nvidia-smi -L, CUDA_VISIBLE_DEVICES, "
@@ -63,9 +68,10 @@ ACTIONS = {
     "UNIFIED_PAGE_CACHE": "drop the page cache before the next start: sync; echo 3 | sudo tee /proc/sys/vm/drop_caches",
     NO_GPU_READINGS: "check the NVIDIA driver and nvidia-smi on the node",
     "STARTUP_FAILED": "read the quoted error (kvaudit check shows its line) and restart after fixing its cause",
-    "NOT_ENOUGH_MEMORY": "lower the engine's memory fraction or context length, or free GPU memory, and restart",
+    "NOT_ENOUGH_MEMORY": "make the change the finding names for its cause (kvaudit check TARGET shows it in full: "
+                         "a fraction, the context length, more GPUs), then restart",
     "TOKENS_MISMATCH": "compare the engine's settings with the log's (kvaudit check shows the formula)",
-    "UNUSED_MEMORY": "raise the engine's memory fraction to use the idle memory (kvaudit whatif sizes it)",
+    "UNUSED_MEMORY": "use the idle memory as the finding says (kvaudit whatif sizes a change before a restart)",
     "LOW_HEADROOM": "lower the engine's memory fraction: little is left for activations",
 }
 CONFIG_ACTION = "review the engine's settings (kvaudit check TARGET shows the finding in full)"
