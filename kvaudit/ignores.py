@@ -49,6 +49,7 @@ class IgnoreRule:
 
 def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ...]:
     from kvaudit.reconcile.findings import CODES
+    from kvaudit.reconcile.interface import Severity
 
     from kvaudit.safefile import read_regular
 
@@ -70,6 +71,10 @@ def parse(rules: list[str], baseline: str | None = None) -> tuple[IgnoreRule, ..
             said = f"{text!r}: no finding has code {code!r}" if echo else "not CODE or CODE@HOST with a code kvaudit "\
                 "emits, so not a baseline"
             raise IgnoreError(f"{where}: {said} (codes: docs/findings.md; states: {', '.join(STATES)})")
+        if code in CODES and CODES[code] is Severity.ERROR:
+            # a failed start is never acknowledged: the one thing a health check and a fleet must always say
+            raise IgnoreError(f"{where}: {code} is an error (the startup failed or ran out of memory) and cannot be "
+                              "acknowledged: fix the start, or leave the host out of the run (fleet --limit)")
         out.append(IgnoreRule(code, host.strip() or None))
     return tuple(out)
 

@@ -155,9 +155,10 @@ def _acknowledged(p: Path, values: dict[str, Any], trusted: bool) -> tuple[str, 
     for i, text in enumerate(entries, 1):
         try:
             ignores.parse([text])
-        except ignores.IgnoreError:
-            raise SettingsError(f"{p}: ignore entry {i} is not CODE or CODE@HOST with a code kvaudit emits "
-                                "(codes: docs/findings.md)") from None
+        except ignores.IgnoreError as exc:
+            why = str(exc).split(": ", 1)[1] if " cannot be acknowledged" in str(exc) else (
+                "not CODE or CODE@HOST with a code kvaudit emits (codes: docs/findings.md)")
+            raise SettingsError(f"{p}: ignore entry {i}: {why}") from None
     try:
         rules = ignores.parse(list(entries), values.get("baseline"))
     except ignores.IgnoreError as exc:
