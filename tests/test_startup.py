@@ -98,3 +98,23 @@ def test_help_loads_neither_markdown_nor_pygments():
     assert "Usage" in out and "typer.rich_utils" in mods
     assert not {m for m in mods if m.split(".")[0] in ("markdown_it", "pygments")}
     assert not {"rich.markdown", "rich.traceback"} & mods
+
+
+def test_a_command_is_built_alone_with_the_same_parameters():
+    """typer builds only the invoked command's click parameters (issue 40): the same parameters, defaults and help
+    as in the whole group; no command word (or an unknown one) builds them all, for the root's help and errors."""
+    import typer
+
+    from kvaudit.cli import _invoked, app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, full in group.commands.items():
+        alone = typer.main.get_command(_invoked([name, "x", "--format", "json"]))
+        assert isinstance(alone, typer.core.TyperGroup) and list(alone.commands) == [name]
+        one = alone.commands[name]
+        assert [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in one.params] == \
+            [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in full.params]
+        assert one.help == full.help
+    for argv in ([], ["--help"], ["nosuch"], ["--version"]):
+        assert _invoked(argv) is app
