@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
+from kvaudit.record import Record
 from kvaudit.versions import VersionRange
 
 
@@ -49,21 +50,21 @@ def numbered_rank(match: "re.Match[str] | None") -> Rank:
     return Rank((0, n, 0), f"rank {n}")
 
 
-@dataclass(frozen=True)
-class Event:
+@dataclass(frozen=True, eq=False, repr=False)
+class Event(Record):
     """A parsed log line. ``line`` is its 1-based number in the input, ``text`` the cleaned line."""
 
     line: int
     text: str = field(repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RankEvent(Event):
     rank: Rank = SINGLE_RANK
     role: str = "target"  # "target" or "draft" (speculative-decoding draft worker)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Failure(RankEvent):
     """A line that says the startup failed or ran out of memory. ``kind`` is the engine's own vocabulary (its
     parser documents it); ``message`` the error as quoted (:func:`quote`); ``numbers`` what the line states."""
@@ -180,8 +181,8 @@ def quote(message: str) -> str:
 E = TypeVar("E", bound=Event)
 
 
-@dataclass(frozen=True)
-class OwnPrefix:
+@dataclass(frozen=True, eq=False, repr=False)
+class OwnPrefix(Record):
     """What an engine's logger writes before every message (a time and rank tag, a level and ``file.py:N``), and
     which of its lines it prints without one, so that those are read in a prefixed log all the same: ``bare``
     the lines close to one of its prefixed lines (a dump's continuation lines, a benchmark's table, a
@@ -242,8 +243,8 @@ def with_unprefixed(startups: list[Startup], dropped: Sequence[int]) -> list[Sta
     return out
 
 
-@dataclass(frozen=True)
-class Startup:
+@dataclass(frozen=True, eq=False, repr=False)
+class Startup(Record):
     """One start of the server, from its first line to the next start (or the end of input)."""
 
     engine: str

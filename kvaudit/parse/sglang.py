@@ -40,13 +40,13 @@ NEWEST_KNOWN = (0, 5, 23)
 # events
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ServerArgs(Event):
     args: dict[str, Any] = field(default_factory=dict)
     form: str = "repr"  # "repr" (ServerArgs(...), <=0.5.18) or "dict" (0.5.19+)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DistInit(RankEvent):
     """``Init torch distributed ends. [elapsed=.. s, ]mem usage=X GB`` (0.4.4-0.5.20) or
     ``Memory baseline taken. mem usage=X GB`` (0.5.21+): NCCL/custom all-reduce buffers."""
@@ -55,12 +55,12 @@ class DistInit(RankEvent):
     begin_avail_gib: float | None = None  # 0.1.x "Init torch begin. Avail mem=X GB"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class WeightBegin(RankEvent):
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class WeightEnd(RankEvent):
     model_type: str | None = None
     dtype: str | None = None
@@ -70,7 +70,7 @@ class WeightEnd(RankEvent):
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVAlloc(RankEvent):
     """``KV Cache is allocated. [dtype: D, ][#tokens: N, ](K size: X GB, V size: Y GB|KV size: X GB)``."""
 
@@ -92,7 +92,7 @@ class KVAlloc(RankEvent):
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class OtherPool(RankEvent):
     """Pools beside the main KV cache: Mamba state, the SWA pool summary, DeepSeek-V4 pools."""
 
@@ -102,7 +102,7 @@ class OtherPool(RankEvent):
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class MemoryProfile(RankEvent):
     """``Memory profiling: available_gpu_memory=X GB, total_gpu_memory=T GB, mem_fraction_static=F,
     rest_memory=R GB`` (DeepSeek-V4 launch builds, 2026-04..05, ``profile_available_bytes`` beside
@@ -115,7 +115,7 @@ class MemoryProfile(RankEvent):
     rest_gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DSv4Calc(RankEvent):
     """``DSv4 memory calculation: bytes_per_full_token=B, available_bytes=A GB, full_token=N`` (launch builds,
     ``DSv4MemoryCalculator.calculate_pool_sizes``), ``DSV4 memory calculation: ...`` in the same shape (0.5.12..0.5.19,
@@ -130,18 +130,18 @@ class DSv4Calc(RankEvent):
     effective_gib: float | None = None  # "effective_available_bytes=" (HiSparse builds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PoolEnd(RankEvent):
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class GraphBegin(RankEvent):
     name: str = "target decode"
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class GraphEnd(RankEvent):
     name: str = "target decode"
     usage_gib: float | None = None
@@ -149,14 +149,14 @@ class GraphEnd(RankEvent):
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVBudget(RankEvent):
     """``The available memory for KV cache is X GB`` (some 0.5.x releases): the engine's own ``rest``, GiB."""
 
     gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SchedulerSummary(Event):
     max_total_num_tokens: int = 0
     chunked_prefill_size: int | None = None
@@ -169,7 +169,7 @@ class SchedulerSummary(Event):
     tagged_rank: Rank | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class HiCacheHost(RankEvent):
     """A HiCache host pool: host RAM (pinned), never GPU memory. ``Allocating X GB host memory for hierarchical KV
     cache`` (0.4.2-0.5.16, ``memory_pool_host.py``); 0.5.17+ ``pool_host/base.py``: ``Allocating <label>
@@ -182,7 +182,7 @@ class HiCacheHost(RankEvent):
     what: str = "hierarchical KV cache"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PostCaptureKV(RankEvent):
     """Post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, 0.5.16+;
     ``model_runner_components/kv_pool_runtime.py`` ``compute_post_capture_kv_resize``): the pool re-sized after
@@ -197,7 +197,7 @@ class PostCaptureKV(RankEvent):
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class HiCacheAutoSize(RankEvent):
     """``HiCache auto-sizing: ratio R0 -> R1; X GiB host memory per rank (fraction F, N ranks on this host), host
     pools Y GiB.`` (0.5.22+, ``mem_cache/hicache_auto_size.py``, PR 40135): the default --hicache-ratio lowered
@@ -209,23 +209,23 @@ class HiCacheAutoSize(RankEvent):
     host_pools_gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVDtype(RankEvent):
     dtype: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class CapWarning(RankEvent):
     requested: int = 0
     profiled: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SpecReset(Event):
     max_running_requests: int = 48
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RequestsReduced(Event):
     """``max_running_requests was reduced from the requested R to A (per dp worker) due to the available KV cache
     capacity.`` (srt/mem_cache/kv_cache_configurator.py ``resolve_max_num_reqs``, 0.5.2x): the concurrency the
@@ -235,7 +235,7 @@ class RequestsReduced(Event):
     applied: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class NsaModel(Event):
     """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
     ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
@@ -245,13 +245,13 @@ class NsaModel(Event):
     kv_cache_dtype: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RocmSign(Event):
     """server_args.py's own words that it runs on ROCm, printed only under ``is_hip()`` (0.5.9):
     ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class AiterFractionKept(RankEvent):
     """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
     normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
@@ -260,20 +260,20 @@ class AiterFractionKept(RankEvent):
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class MfsAdjust(RankEvent):
     """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
 
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SlidingWindowSplit(RankEvent):
     full_tokens: int | None = None
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 
