@@ -52,6 +52,13 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
 
 
+def test_an_ascii_text_report_loads_no_rich():
+    """report.text measures printable ASCII itself; rich.cells only for other characters (the same widths)."""
+    out, mods = _loaded("explain", str(SAMPLES / "sglang_029.log"))
+    assert "Formula" in out or "MATCH" in out or out.startswith("OK"), out
+    assert not {m for m in mods if m.split(".")[0] == "rich"}
+
+
 @pytest.mark.parametrize("log, engine", [("sglang_029.log", "sglang"), ("vllm_001.log", "vllm")])
 def test_a_log_loads_only_its_own_engines_grammar(log, engine):
     """The engine is told from the words (kvaudit.parse.vocabulary); only its grammar is imported (issue 40)."""
