@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
@@ -29,6 +30,7 @@ class Rank:
         return self.label or "TP0"
 
     @staticmethod
+    @lru_cache(maxsize=4096)  # a host's lines repeat a few tags (TP0..TP7) on every line: parse each once
     def from_tags(tags: str) -> "Rank":
         tags = " ".join(tags.split())
         found: dict[str, int] = {k: int(v) for k, v in re.findall(r"([A-Za-z_]+)=?(\d+)", tags)}
@@ -97,9 +99,24 @@ def oom_numbers(text: str) -> dict[str, float]:
 _LITERAL_LOCK = threading.Lock()
 
 
+#: the literals most printed values are (a number, a plain quoted string, None/True/False): read without the
+#: compiler, to the same value (a ServerArgs line holds ~200; compiling each was a tenth of a host's parse)
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+(?:[eE][-+]?[0-9]+)?)?")
+_CONSTANTS = {"None": None, "True": True, "False": False}
+
+
 def literal(text: str) -> Any:
     """``ast.literal_eval`` of a value a log printed, with the compiler's warnings silenced (a hostile or cut
     log holds ``'\\R'``-style escapes: Python 3.12 would print a SyntaxWarning on kvaudit's stderr)."""
+    if text in _CONSTANTS:
+        return _CONSTANTS[text]
+    number = _NUMBER.fullmatch(text)
+    if number is not None:
+        return float(text) if number.group(1) else int(text)
+    q = text[:1]
+    if (q in ("'", '"') and len(text) >= 2 and text[-1] == q and q not in text[1:-1] and "\\" not in text
+            and text[1:-1].isprintable()):
+        return text[1:-1]
     import ast
     import warnings
 
@@ -118,6 +135,8 @@ def mask_quoted(text: str) -> str:
     speaking: a grammar that still matches the masked line matched the engine's own words. A literal closes at
     its quote followed by a delimiter or the end (``it's`` inside a prompt does not close it); one cut short by
     the end of the line runs to the end."""
+    if "'" not in text and '"' not in text:
+        return text  # nothing quoted (most lines): no search for an opener
     out: list[str] = []
     at = 0
     while True:
@@ -267,7 +286,15 @@ class Startup(Record):
     serving_line: int | None = None
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
-        return tuple(e for e in self.events if isinstance(e, kind))
+        """The events of ``kind`` (and its subclasses), in order; each kind's scan kept (an audit asks ~60 times)."""
+        found = self._of.get(kind)
+        if found is None:
+            found = self._of[kind] = tuple(e for e in self.events if isinstance(e, kind))
+        return found  # type: ignore[return-value]
+
+    @cached_property
+    def _of(self) -> dict[type, tuple[Event, ...]]:
+        return {}
 
     def ranks(self) -> list[Rank]:
         return sorted({e.rank for e in self.events if isinstance(e, RankEvent)})

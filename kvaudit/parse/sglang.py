@@ -532,7 +532,7 @@ def parse_line(line: Line) -> _Parsed:
     text = line.text
     n = line.number
 
-    m = _SERVER_ARGS.search(text)
+    m = _SERVER_ARGS.search(text) if "server_args=" in text else None
     # the engine prints its arguments through its logger, with its own "[time TPn]" prefix right before them: a
     # line that carries the words without it (an echo of a request, another program's output) does not open a
     # startup, and cannot name the model whose config.json kvaudit reads on the host
