@@ -1117,11 +1117,33 @@ def _invoked(argv: list[str]) -> typer.Typer:
     option is the command. Anything else (no command, an unknown one, the root's --help, completion) gets them all."""
     word = next((a for a in argv if not a.startswith("-")), None)
     for info in app.registered_commands:
-        if word == (info.name or typer.main.get_command_name(getattr(info.callback, "__name__", ""))):
+        if word == _name(info):
             narrowed = copy(app)
             narrowed.registered_commands = [info]
             return narrowed
+    if word is None and not any(k.endswith("_COMPLETE") or k.startswith("_TYPER_") for k in os.environ):
+        # the root's --help (or a root option): the commands are listed, never run, so each is built from its name
+        # and help alone, not its parameters; shell completion reads the parameters: it gets them all
+        listed = copy(app)
+        listed.registered_commands = [_listed(info) for info in app.registered_commands]
+        return listed
     return app
+
+
+def _name(info: Any) -> str:
+    return info.name or typer.main.get_command_name(getattr(info.callback, "__name__", ""))
+
+
+def _listed(info: Any) -> Any:
+    """``info`` with a callback that takes no parameters and carries the command's docstring (typer's help for the
+    command, as before): what the root's --help shows of a command, built without its ~15 options."""
+    def listed_only() -> None:
+        raise Fail(f"{info.name}: listed in --help only")  # never runs: a command word builds the real command
+
+    listed_only.__doc__ = info.callback.__doc__
+    stand_in = copy(info)
+    stand_in.name, stand_in.callback = _name(info), listed_only
+    return stand_in
 
 
 def run(argv: list[str], env: Environment | None = None) -> int:

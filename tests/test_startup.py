@@ -109,7 +109,8 @@ def test_help_loads_neither_markdown_nor_pygments():
 
 def test_a_command_is_built_alone_with_the_same_parameters():
     """typer builds only the invoked command's click parameters (issue 40): the same parameters, defaults and help
-    as in the whole group; no command word (or an unknown one) builds them all, for the root's help and errors."""
+    as in the whole group; the root's --help builds each command without its parameters, an unknown command word
+    builds them all (for click's error)."""
     import typer
 
     from kvaudit.cli import _invoked, app
@@ -123,5 +124,11 @@ def test_a_command_is_built_alone_with_the_same_parameters():
         assert [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in one.params] == \
             [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in full.params]
         assert one.help == full.help
-    for argv in ([], ["--help"], ["nosuch"], ["--version"]):
-        assert _invoked(argv) is app
+    assert _invoked(["nosuch"]) is app  # an unknown command: click's error names the commands there are
+    for argv in ([], ["--help"], ["--version"]):  # the root's help lists each command by its name and help
+        listed = typer.main.get_command(_invoked(argv))
+        assert isinstance(listed, typer.core.TyperGroup) and list(listed.commands) == list(group.commands)
+        for name, full in group.commands.items():
+            shown = listed.commands[name]
+            assert (shown.help, shown.short_help, shown.hidden, shown.rich_help_panel) == \
+                (full.help, full.short_help, full.hidden, full.rich_help_panel)
