@@ -765,7 +765,9 @@ def parse_line(line: Line) -> _Parsed:
 
 
 def _other_lines(line: Line) -> _Parsed:
-    """The rarer pools, HiCache, dtype, caps, and generic failures."""
+    """The rarer pools, HiCache, dtype, caps, and generic failures. Each pattern is tried only on a line holding
+    a literal that every match of it holds: most lines reach here and match none (issue 40: no search, and a
+    pattern no line needs is never compiled)."""
     text = line.text
     n = line.number
 
@@ -793,7 +795,7 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         v = parse_version(m.group("v"))
         return _Parsed(None, [VersionRange(v, v, (f"version banner: {text.strip()[:80]}",))])
-    m = _SWA_SUMMARY.search(text)
+    m = _SWA_SUMMARY.search(text) if "SWAKVPool mem usage: " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 4, 9), None, "SWAKVPool summary"))
@@ -802,12 +804,12 @@ def _other_lines(line: Line) -> _Parsed:
                       {"swa_size": int(m.group(2)), "full_size": int(m.group(3))}),
             clues,
         )
-    m = _BUDGET_RESERVE.search(text)
+    m = _BUDGET_RESERVE.search(text) if "of the KV budget for " in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(OtherPool(n, text, rank, "target", "budget_reserve", float(m.group(1)), True,
                                  {"for": m.group(2).strip().rstrip(".")}), clues)
-    m = _MAMBA.search(text)
+    m = _MAMBA.search(text) if "Mamba Cache is allocated." in text else None
     if m:
         rank, clues = at(m)
         rest = m.group("rest")
@@ -825,7 +827,7 @@ def _other_lines(line: Line) -> _Parsed:
             OtherPool(n, text, rank, "target", "mamba", sum(parts.values()) if parts else None, True, detail),
             clues,
         )
-    m = _SWA_SPLIT.search(text)
+    m = _SWA_SPLIT.search(text) if "liding window memory pool" in text else None
     if m:
         rank, clues = at(m)
         clues.append(
@@ -834,7 +836,7 @@ def _other_lines(line: Line) -> _Parsed:
             else _clue((0, 4, 9), (0, 5, 6), "'Use Sliding window memory pool'")
         )
         return _Parsed(SlidingWindowSplit(n, text, rank, "target", _int(m.group(1)), _int(m.group(2))), clues)
-    m = _INIT_POOL.search(text)
+    m = _INIT_POOL.search(text) if "TokenToKVPool with " in text else None
     if m:
         rank, clues = at(m)
         detail = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group("rest"))}
@@ -865,7 +867,7 @@ def _other_lines(line: Line) -> _Parsed:
         rank, clues = at(m)
         clues.append(_clue((0, 5, 19), None, "SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION warning (0.5.19+)"))
         return _Parsed(AiterFractionKept(n, text, rank, "target", float(m.group(1))), clues)
-    m = _MFS_ADJUST.search(text)
+    m = _MFS_ADJUST.search(text) if "reduce --mem-fraction-static to " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 4, 2), (0, 4, 8), "multimodal mem-fraction reduction line"))
@@ -874,30 +876,32 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(KVBudget(n, text, rank, "target", float(m.group(1))), clues)
-    m = _KV_DTYPE.search(text)
+    m = _KV_DTYPE.search(text) if "Using KV cache dtype: " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 5, 3), (0, 5, 12), "'Using KV cache dtype'"))
         return _Parsed(KVDtype(n, text, rank, "target", m.group(1)), clues)
-    m = _CAP.search(text)
+    m = _CAP.search(text) if " is larger than the profiled value " in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(CapWarning(n, text, rank, "target", int(m.group(1)), int(m.group(2))), clues)
-    m = _REQS_REDUCED.search(text)
+    m = _REQS_REDUCED.search(text) if "max_running_requests was reduced" in text else None
     if m:
         # the release that added the warning is not pinned down: it narrows no version
         return _Parsed(RequestsReduced(n, text, int(m.group(1)), int(m.group(2))), [])
-    m = _SPEC_RESET.search(text)
+    m = _SPEC_RESET.search(text) if "Max running requests is reset to " in text else None
     if m:
         return _Parsed(SpecReset(n, text, int(m.group(1))), [_clue((0, 5, 4), None, "spec max-requests reset")])
 
-    m = _POOL_SMALL.search(text)
+    m = _POOL_SMALL.search(text) if ("Memory pool size is too small" in text
+                                      or "max_running_request is zero" in text) else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "pool_too_small", m.group(0)), clues)
-    for rx, kind in ((_WARMUP, "warmup"), (_HIT_EXCEPTION, "exception"), (_CUDA_ERROR, "cuda_error"),
-                     (_KILLED, "killed")):
-        m = rx.search(text)
+    for rx, kind, words in ((_WARMUP, "warmup", ("Initialization failed.",)),
+                            (_HIT_EXCEPTION, "exception", (" hit an exception",)),
+                            (_CUDA_ERROR, "cuda_error", ("CUDA Error: ", "CUDA error: ")), (_KILLED, "killed", ("Killed",))):
+        m = rx.search(text) if any(w in text for w in words) else None
         if m:
             rank, clues = at(m)
             msg = (m.groupdict().get("msg") or "").strip()
@@ -905,21 +909,21 @@ def _other_lines(line: Line) -> _Parsed:
                      "cuda_error": "CUDA error", "killed": "Killed"}[kind]
             return _Parsed(Failure(n, text, rank, "target", kind, quote(f"{label}: {msg}" if msg else label)),
                            clues)
-    m = _OOM.search(text)
+    m = _OOM.search(text) if ("CUDA out of memory" in text or "OutOfMemoryError" in text) else None
     if m and "Not enough" not in text:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "oom", quote(_after_prefix(text).strip()),
                                oom_numbers(text)), clues)
-    m = _TRACEBACK.search(text)
+    m = _TRACEBACK.search(text) if "Traceback (most recent call last)" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "traceback", m.group(0)), clues)
-    m = _CHILD_FAILED.search(text)
+    m = _CHILD_FAILED.search(text) if "Received sigquit from a child process" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",
                                "a child process failed (SGLang received SIGQUIT from it)"), clues)
-    m = _EXCEPTION.search(_after_prefix(text))
+    m = _EXCEPTION.search(_after_prefix(text)) if ("Error" in text or "Exception" in text) else None
     if m:
         if m.group("bare") is not None:
             # ``AssertionError`` alone: the exception, without a message (its statement is on the line above)
