@@ -62,6 +62,8 @@ class Event(Record):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class RankEvent(Event):
+    """An event one process printed: ``rank`` from its log prefix, ``role`` the target or a draft worker."""
+
     rank: Rank = SINGLE_RANK
     role: str = "target"  # "target" or "draft" (speculative-decoding draft worker)
 

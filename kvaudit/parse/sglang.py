@@ -42,6 +42,8 @@ NEWEST_KNOWN = (0, 5, 23)
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ServerArgs(Event):
+    """``server_args=ServerArgs(...)`` (through 0.5.18) or ``server_args={...}`` (0.5.19+): the launch arguments."""
+
     args: dict[str, Any] = field(default_factory=dict)
     form: str = "repr"  # "repr" (ServerArgs(...), <=0.5.18) or "dict" (0.5.19+)
 
@@ -57,11 +59,15 @@ class DistInit(RankEvent):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class WeightBegin(RankEvent):
+    """``Load weight begin. avail mem=X GB``."""
+
     avail_gib: float | None = None
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class WeightEnd(RankEvent):
+    """``Load weight end. ...``: the model's type, dtype and quantisation, free memory and the weights' size."""
+
     model_type: str | None = None
     dtype: str | None = None
     quant: str | None = None
@@ -132,17 +138,23 @@ class DSv4Calc(RankEvent):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PoolEnd(RankEvent):
+    """``Memory pool end. avail mem=X GB``."""
+
     avail_gib: float | None = None
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class GraphBegin(RankEvent):
+    """``Capture [NAME] cuda graph begin. ...``, with the free memory where the line states it."""
+
     name: str = "target decode"
     avail_gib: float | None = None
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class GraphEnd(RankEvent):
+    """``Capture [NAME] cuda graph end. ...``: the time, the graphs' memory and the free memory it states."""
+
     name: str = "target decode"
     usage_gib: float | None = None
     avail_gib: float | None = None
@@ -158,6 +170,8 @@ class KVBudget(RankEvent):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class SchedulerSummary(Event):
+    """The scheduler's summary: ``max_total_num_tokens=N, chunked_prefill_size=..., ...``."""
+
     max_total_num_tokens: int = 0
     chunked_prefill_size: int | None = None
     max_prefill_tokens: int | None = None
@@ -211,17 +225,23 @@ class HiCacheAutoSize(RankEvent):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class KVDtype(RankEvent):
+    """``Using KV cache dtype: D``."""
+
     dtype: str = ""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class CapWarning(RankEvent):
+    """``max_total_tokens=N is larger than the profiled value P``."""
+
     requested: int = 0
     profiled: int = 0
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class SpecReset(Event):
+    """``Max running requests is reset to N for speculative decoding``."""
+
     max_running_requests: int = 48
 
 
@@ -269,6 +289,8 @@ class MfsAdjust(RankEvent):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class SlidingWindowSplit(RankEvent):
+    """``Use Sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S``."""
+
     full_tokens: int | None = None
     swa_tokens: int | None = None
 
