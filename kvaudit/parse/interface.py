@@ -9,6 +9,7 @@ from functools import cached_property, lru_cache
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
+from kvaudit.parse.patterns import lazy
 from kvaudit.record import Record
 from kvaudit.versions import VersionRange
 
@@ -78,9 +79,9 @@ class Failure(RankEvent):
     numbers: dict[str, float] = field(default_factory=dict)
 
 
-_OOM_TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) (GiB|MiB|KiB)")
-_OOM_FREE = re.compile(r"of which (\d+(?:\.\d+)?) (GiB|MiB|KiB) (?:is )?free")
-_OOM_TOTAL = re.compile(r"total capacity of (\d+(?:\.\d+)?) (GiB|MiB)")
+_OOM_TRIED = lazy(r"Tried to allocate (\d+(?:\.\d+)?) (GiB|MiB|KiB)")
+_OOM_FREE = lazy(r"of which (\d+(?:\.\d+)?) (GiB|MiB|KiB) (?:is )?free")
+_OOM_TOTAL = lazy(r"total capacity of (\d+(?:\.\d+)?) (GiB|MiB)")
 _UNIT_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}
 
 
