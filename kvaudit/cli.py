@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from copy import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Optional
@@ -1109,6 +1110,42 @@ def _help_renderer() -> None:
                 del sys.modules[module]  # a later import of it loads the real module
 
 
+def _invoked(argv: list[str]) -> typer.Typer:
+    """The app with only the command ``argv`` names, when it names one: typer turns every command's signature into
+    click parameters when it builds the group (a sixth of what ``explain`` of a small log executed, issue 40), and
+    one command's run needs only its own. The root takes no option with a value, so the first word that is not an
+    option is the command. Anything else (no command, an unknown one, the root's --help, completion) gets them all."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    for info in app.registered_commands:
+        if word == _name(info):
+            narrowed = copy(app)
+            narrowed.registered_commands = [info]
+            return narrowed
+    if word is None and not any(k.endswith("_COMPLETE") or k.startswith("_TYPER_") for k in os.environ):
+        # the root's --help (or a root option): the commands are listed, never run, so each is built from its name
+        # and help alone, not its parameters; shell completion reads the parameters: it gets them all
+        listed = copy(app)
+        listed.registered_commands = [_listed(info) for info in app.registered_commands]
+        return listed
+    return app
+
+
+def _name(info: Any) -> str:
+    return info.name or typer.main.get_command_name(getattr(info.callback, "__name__", ""))
+
+
+def _listed(info: Any) -> Any:
+    """``info`` with a callback that takes no parameters and carries the command's docstring (typer's help for the
+    command, as before): what the root's --help shows of a command, built without its ~15 options."""
+    def listed_only() -> None:
+        raise Fail(f"{info.name}: listed in --help only")  # never runs: a command word builds the real command
+
+    listed_only.__doc__ = info.callback.__doc__
+    stand_in = copy(info)
+    stand_in.name, stand_in.callback = _name(info), listed_only
+    return stand_in
+
+
 def run(argv: list[str], env: Environment | None = None) -> int:
     """Run the CLI in-process and return its exit status; never raises, never prints a traceback
     (set KVAUDIT_DEBUG=1 to see one)."""
@@ -1116,7 +1153,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
     _env = env or Environment()
     if not argv or "--help" in argv:
         _help_renderer()
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(_invoked(argv))
     try:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
     except KvauditError as exc:  # every module's explained failure, with the exit status it means

@@ -9,9 +9,10 @@ the host itself.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable
+
+from kvaudit.parse.patterns import LazyPattern, lazy
 
 
 @dataclass(frozen=True)
@@ -23,22 +24,22 @@ class Platform:
 #: SGLang's own line when nvidia-smi cannot give the card's memory (0.5.x ``get_device_memory_capacity`` in
 #: srt/utils: ``nvidia-smi --query-gpu=memory.total`` answers "[N/A]" on unified-memory devices, whose memory is
 #: the host's), then the capacity torch reports instead, in MiB
-FALLBACK = re.compile(r"Failed to get GPU memory capacity from nvidia-smi\. "
+FALLBACK = lazy(r"Failed to get GPU memory capacity from nvidia-smi\. "
                       r"Falling back to torch\.cuda\.mem_get_info\(\)(?:.*?\(MiB\): \[(?P<mib>[\d, ]+)\])?")
 
 #: what names the platform in a log line or a GPU reading, and the platform it names. Each is a sign the engines
 #: themselves print; GH200/GB200 are not here: their GPU has HBM of its own, which is what cudaMemGetInfo reports
 #: and what a larger fraction would take (the CPU's memory is reached only through explicit oversubscription)
-_MARKERS: tuple[tuple[re.Pattern[str], Platform], ...] = (
+_MARKERS: tuple[tuple[LazyPattern, Platform], ...] = (
     # nvidia-smi's and torch's device name, fused-MoE config file names (device_name=NVIDIA_GB10), the sm_121 arch
     # in FlashInfer/Triton cache paths
-    (re.compile(r"\bNVIDIA[ _]GB10\b|\bGB10\b|[/_\b]sm_?121\b"), Platform("DGX Spark (NVIDIA GB10)", True)),
-    (re.compile(r"\bJetson\b|\bNVIDIA[ _](?:Jetson[ _])?(?:AGX[ _])?(?:Orin|Thor)\b"),
+    (lazy(r"\bNVIDIA[ _]GB10\b|\bGB10\b|[/_\b]sm_?121\b"), Platform("DGX Spark (NVIDIA GB10)", True)),
+    (lazy(r"\bJetson\b|\bNVIDIA[ _](?:Jetson[ _])?(?:AGX[ _])?(?:Orin|Thor)\b"),
      Platform("NVIDIA Jetson", True)),
     # AMD's APU: CPU and GPU share one HBM pool (rocm-smi and torch name it "AMD Instinct MI300A")
-    (re.compile(r"\bMI300A\b"), Platform("AMD Instinct MI300A (APU)", True)),
+    (lazy(r"\bMI300A\b"), Platform("AMD Instinct MI300A (APU)", True)),
     # torch's device property, as engines and their debug lines print it
-    (re.compile(r"\bis_integrated\W{1,3}(?:True|1)\b|\bcudaDevAttrIntegrated\W{1,3}1\b"),
+    (lazy(r"\bis_integrated\W{1,3}(?:True|1)\b|\bcudaDevAttrIntegrated\W{1,3}1\b"),
      Platform("an integrated GPU (unified memory)", True)),
     (FALLBACK, Platform("a device whose memory nvidia-smi cannot report (the engine fell back to torch's reading)",
                         True)),

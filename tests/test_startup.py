@@ -52,6 +52,13 @@ def test_a_log_loads_only_its_own_engines_formula():
     assert "kvaudit.ignores" not in mods  # nothing acknowledged: no rules to read
 
 
+def test_an_ascii_text_report_loads_no_rich():
+    """report.text measures printable ASCII itself; rich.cells only for other characters (the same widths)."""
+    out, mods = _loaded("explain", str(SAMPLES / "sglang_029.log"))
+    assert "Formula" in out or "MATCH" in out or out.startswith("OK"), out
+    assert not {m for m in mods if m.split(".")[0] == "rich"}
+
+
 @pytest.mark.parametrize("log, engine", [("sglang_029.log", "sglang"), ("vllm_001.log", "vllm")])
 def test_a_log_loads_only_its_own_engines_grammar(log, engine):
     """The engine is told from the words (kvaudit.parse.vocabulary); only its grammar is imported (issue 40)."""
@@ -98,3 +105,30 @@ def test_help_loads_neither_markdown_nor_pygments():
     assert "Usage" in out and "typer.rich_utils" in mods
     assert not {m for m in mods if m.split(".")[0] in ("markdown_it", "pygments")}
     assert not {"rich.markdown", "rich.traceback"} & mods
+
+
+def test_a_command_is_built_alone_with_the_same_parameters():
+    """typer builds only the invoked command's click parameters (issue 40): the same parameters, defaults and help
+    as in the whole group; the root's --help builds each command without its parameters, an unknown command word
+    builds them all (for click's error)."""
+    import typer
+
+    from kvaudit.cli import _invoked, app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, full in group.commands.items():
+        alone = typer.main.get_command(_invoked([name, "x", "--format", "json"]))
+        assert isinstance(alone, typer.core.TyperGroup) and list(alone.commands) == [name]
+        one = alone.commands[name]
+        assert [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in one.params] == \
+            [(p.name, p.opts, p.default, getattr(p, "help", None)) for p in full.params]
+        assert one.help == full.help
+    assert _invoked(["nosuch"]) is app  # an unknown command: click's error names the commands there are
+    for argv in ([], ["--help"], ["--version"]):  # the root's help lists each command by its name and help
+        listed = typer.main.get_command(_invoked(argv))
+        assert isinstance(listed, typer.core.TyperGroup) and list(listed.commands) == list(group.commands)
+        for name, full in group.commands.items():
+            shown = listed.commands[name]
+            assert (shown.help, shown.short_help, shown.hidden, shown.rich_help_panel) == \
+                (full.help, full.short_help, full.hidden, full.rich_help_panel)

@@ -103,6 +103,7 @@ JOURNAL_WINDOW_SCRIPT = (JOURNAL_WINDOW_SCRIPT.replace("@TAIL@", TAIL_AWK).repla
                          .replace("@MAX_LINE@", str(MAX_LINE)))
 
 
+@functools.lru_cache(maxsize=64)  # ~110 anchors quoted once per process, not once per host (issue 40)
 def _grep_filter(anchors: tuple[bytes, ...]) -> str:
     argv = ["grep", "-a", "-n", "-F"]
     for a in anchors:

@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from kvaudit.collect.interface import (
@@ -276,6 +277,7 @@ def _host_matches(patterns: str, name: str) -> bool:
     return hit
 
 
+@lru_cache(maxsize=1024)  # each known_hosts line's patterns, once per process rather than once per host
 def _pattern(pat: str) -> "re.Pattern[str]":
     """OpenSSH patterns know only ``*`` and ``?``; ``[host]:port`` brackets are literal (not fnmatch classes)."""
     return re.compile("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pat))

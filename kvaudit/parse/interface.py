@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
+from kvaudit.parse.patterns import lazy
+from kvaudit.record import Record
 from kvaudit.versions import VersionRange
 
 
@@ -28,6 +31,7 @@ class Rank:
         return self.label or "TP0"
 
     @staticmethod
+    @lru_cache(maxsize=4096)  # a host's lines repeat a few tags (TP0..TP7) on every line: parse each once
     def from_tags(tags: str) -> "Rank":
         tags = " ".join(tags.split())
         found: dict[str, int] = {k: int(v) for k, v in re.findall(r"([A-Za-z_]+)=?(\d+)", tags)}
@@ -49,21 +53,23 @@ def numbered_rank(match: "re.Match[str] | None") -> Rank:
     return Rank((0, n, 0), f"rank {n}")
 
 
-@dataclass(frozen=True)
-class Event:
+@dataclass(frozen=True, eq=False, repr=False)
+class Event(Record):
     """A parsed log line. ``line`` is its 1-based number in the input, ``text`` the cleaned line."""
 
     line: int
     text: str = field(repr=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RankEvent(Event):
+    """An event one process printed: ``rank`` from its log prefix, ``role`` the target or a draft worker."""
+
     rank: Rank = SINGLE_RANK
     role: str = "target"  # "target" or "draft" (speculative-decoding draft worker)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Failure(RankEvent):
     """A line that says the startup failed or ran out of memory. ``kind`` is the engine's own vocabulary (its
     parser documents it); ``message`` the error as quoted (:func:`quote`); ``numbers`` what the line states."""
@@ -73,9 +79,9 @@ class Failure(RankEvent):
     numbers: dict[str, float] = field(default_factory=dict)
 
 
-_OOM_TRIED = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) (GiB|MiB|KiB)")
-_OOM_FREE = re.compile(r"of which (\d+(?:\.\d+)?) (GiB|MiB|KiB) (?:is )?free")
-_OOM_TOTAL = re.compile(r"total capacity of (\d+(?:\.\d+)?) (GiB|MiB)")
+_OOM_TRIED = lazy(r"Tried to allocate (\d+(?:\.\d+)?) (GiB|MiB|KiB)")
+_OOM_FREE = lazy(r"of which (\d+(?:\.\d+)?) (GiB|MiB|KiB) (?:is )?free")
+_OOM_TOTAL = lazy(r"total capacity of (\d+(?:\.\d+)?) (GiB|MiB)")
 _UNIT_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}
 
 
@@ -96,9 +102,24 @@ def oom_numbers(text: str) -> dict[str, float]:
 _LITERAL_LOCK = threading.Lock()
 
 
+#: the literals most printed values are (a number, a plain quoted string, None/True/False): read without the
+#: compiler, to the same value (a ServerArgs line holds ~200; compiling each was a tenth of a host's parse)
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+(?:[eE][-+]?[0-9]+)?)?")
+_CONSTANTS = {"None": None, "True": True, "False": False}
+
+
 def literal(text: str) -> Any:
     """``ast.literal_eval`` of a value a log printed, with the compiler's warnings silenced (a hostile or cut
     log holds ``'\\R'``-style escapes: Python 3.12 would print a SyntaxWarning on kvaudit's stderr)."""
+    if text in _CONSTANTS:
+        return _CONSTANTS[text]
+    number = _NUMBER.fullmatch(text)
+    if number is not None:
+        return float(text) if number.group(1) else int(text)
+    q = text[:1]
+    if (q in ("'", '"') and len(text) >= 2 and text[-1] == q and q not in text[1:-1] and "\\" not in text
+            and text[1:-1].isprintable()):
+        return text[1:-1]
     import ast
     import warnings
 
@@ -117,6 +138,8 @@ def mask_quoted(text: str) -> str:
     speaking: a grammar that still matches the masked line matched the engine's own words. A literal closes at
     its quote followed by a delimiter or the end (``it's`` inside a prompt does not close it); one cut short by
     the end of the line runs to the end."""
+    if "'" not in text and '"' not in text:
+        return text  # nothing quoted (most lines): no search for an opener
     out: list[str] = []
     at = 0
     while True:
@@ -180,8 +203,8 @@ def quote(message: str) -> str:
 E = TypeVar("E", bound=Event)
 
 
-@dataclass(frozen=True)
-class OwnPrefix:
+@dataclass(frozen=True, eq=False, repr=False)
+class OwnPrefix(Record):
     """What an engine's logger writes before every message (a time and rank tag, a level and ``file.py:N``), and
     which of its lines it prints without one, so that those are read in a prefixed log all the same: ``bare``
     the lines close to one of its prefixed lines (a dump's continuation lines, a benchmark's table, a
@@ -242,8 +265,8 @@ def with_unprefixed(startups: list[Startup], dropped: Sequence[int]) -> list[Sta
     return out
 
 
-@dataclass(frozen=True)
-class Startup:
+@dataclass(frozen=True, eq=False, repr=False)
+class Startup(Record):
     """One start of the server, from its first line to the next start (or the end of input)."""
 
     engine: str
@@ -266,7 +289,15 @@ class Startup:
     serving_line: int | None = None
 
     def of(self, kind: type[E]) -> tuple[E, ...]:
-        return tuple(e for e in self.events if isinstance(e, kind))
+        """The events of ``kind`` (and its subclasses), in order; each kind's scan kept (an audit asks ~60 times)."""
+        found = self._of.get(kind)
+        if found is None:
+            found = self._of[kind] = tuple(e for e in self.events if isinstance(e, kind))
+        return found  # type: ignore[return-value]
+
+    @cached_property
+    def _of(self) -> dict[type, tuple[Event, ...]]:
+        return {}
 
     def ranks(self) -> list[Rank]:
         return sorted({e.rank for e in self.events if isinstance(e, RankEvent)})

@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from datetime import datetime
+from functools import lru_cache
 from typing import Sequence
 
 from kvaudit.parse.interface import Event, Failure, RankEvent, Startup
@@ -78,21 +79,27 @@ def _stamp(text: str) -> tuple[str, float] | None:
     head = text[:_STAMP_WITHIN]
     best: tuple[int, str, float] | None = None
     for name, rx in (("iso", _ISO), ("vllm", _VLLM), ("slashed", _SLASHED)):
-        m = rx.search(head)
+        m = rx.search(head) if name != "slashed" or "/" in head else None
         if m is None or (best is not None and m.start() >= best[0]):
             continue
-        g = [int(x) for x in m.groups()]
-        try:
-            if name == "iso":
-                when = datetime(g[0], g[1], g[2], g[3], g[4], g[5]).timestamp()
-            elif name == "vllm":
-                when = datetime(2000, g[0], g[1], g[2], g[3], g[4]).timestamp()
-            else:
-                when = datetime(g[2], g[0], g[1], g[3], g[4], g[5]).timestamp()
-        except (ValueError, OverflowError, OSError):
+        when = _seconds(name, m.groups())
+        if when is None:
             continue
         best = (m.start(), name, when)
     return (best[1], best[2]) if best else None
+
+
+@lru_cache(maxsize=4096)  # a startup's lines share their seconds: each (local) time converted once
+def _seconds(name: str, groups: tuple[str, ...]) -> float | None:
+    g = [int(x) for x in groups]
+    try:
+        if name == "iso":
+            return datetime(g[0], g[1], g[2], g[3], g[4], g[5]).timestamp()
+        if name == "vllm":
+            return datetime(2000, g[0], g[1], g[2], g[3], g[4]).timestamp()
+        return datetime(g[2], g[0], g[1], g[3], g[4], g[5]).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def _behind(latest: dict[str, float], stamp: tuple[str, float] | None) -> float:

@@ -40,13 +40,15 @@ NEWEST_KNOWN = (0, 5, 23)
 # events
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class ServerArgs(Event):
+    """``server_args=ServerArgs(...)`` (through 0.5.18) or ``server_args={...}`` (0.5.19+): the launch arguments."""
+
     args: dict[str, Any] = field(default_factory=dict)
     form: str = "repr"  # "repr" (ServerArgs(...), <=0.5.18) or "dict" (0.5.19+)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DistInit(RankEvent):
     """``Init torch distributed ends. [elapsed=.. s, ]mem usage=X GB`` (0.4.4-0.5.20) or
     ``Memory baseline taken. mem usage=X GB`` (0.5.21+): NCCL/custom all-reduce buffers."""
@@ -55,13 +57,17 @@ class DistInit(RankEvent):
     begin_avail_gib: float | None = None  # 0.1.x "Init torch begin. Avail mem=X GB"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class WeightBegin(RankEvent):
+    """``Load weight begin. avail mem=X GB``."""
+
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class WeightEnd(RankEvent):
+    """``Load weight end. ...``: the model's type, dtype and quantisation, free memory and the weights' size."""
+
     model_type: str | None = None
     dtype: str | None = None
     quant: str | None = None
@@ -70,7 +76,7 @@ class WeightEnd(RankEvent):
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVAlloc(RankEvent):
     """``KV Cache is allocated. [dtype: D, ][#tokens: N, ](K size: X GB, V size: Y GB|KV size: X GB)``."""
 
@@ -92,7 +98,7 @@ class KVAlloc(RankEvent):
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class OtherPool(RankEvent):
     """Pools beside the main KV cache: Mamba state, the SWA pool summary, DeepSeek-V4 pools."""
 
@@ -102,7 +108,7 @@ class OtherPool(RankEvent):
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class MemoryProfile(RankEvent):
     """``Memory profiling: available_gpu_memory=X GB, total_gpu_memory=T GB, mem_fraction_static=F,
     rest_memory=R GB`` (DeepSeek-V4 launch builds, 2026-04..05, ``profile_available_bytes`` beside
@@ -115,7 +121,7 @@ class MemoryProfile(RankEvent):
     rest_gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class DSv4Calc(RankEvent):
     """``DSv4 memory calculation: bytes_per_full_token=B, available_bytes=A GB, full_token=N`` (launch builds,
     ``DSv4MemoryCalculator.calculate_pool_sizes``), ``DSV4 memory calculation: ...`` in the same shape (0.5.12..0.5.19,
@@ -130,34 +136,42 @@ class DSv4Calc(RankEvent):
     effective_gib: float | None = None  # "effective_available_bytes=" (HiSparse builds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PoolEnd(RankEvent):
+    """``Memory pool end. avail mem=X GB``."""
+
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class GraphBegin(RankEvent):
+    """``Capture [NAME] cuda graph begin. ...``, with the free memory where the line states it."""
+
     name: str = "target decode"
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class GraphEnd(RankEvent):
+    """``Capture [NAME] cuda graph end. ...``: the time, the graphs' memory and the free memory it states."""
+
     name: str = "target decode"
     usage_gib: float | None = None
     avail_gib: float | None = None
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVBudget(RankEvent):
     """``The available memory for KV cache is X GB`` (some 0.5.x releases): the engine's own ``rest``, GiB."""
 
     gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SchedulerSummary(Event):
+    """The scheduler's summary: ``max_total_num_tokens=N, chunked_prefill_size=..., ...``."""
+
     max_total_num_tokens: int = 0
     chunked_prefill_size: int | None = None
     max_prefill_tokens: int | None = None
@@ -169,7 +183,7 @@ class SchedulerSummary(Event):
     tagged_rank: Rank | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class HiCacheHost(RankEvent):
     """A HiCache host pool: host RAM (pinned), never GPU memory. ``Allocating X GB host memory for hierarchical KV
     cache`` (0.4.2-0.5.16, ``memory_pool_host.py``); 0.5.17+ ``pool_host/base.py``: ``Allocating <label>
@@ -182,7 +196,7 @@ class HiCacheHost(RankEvent):
     what: str = "hierarchical KV cache"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class PostCaptureKV(RankEvent):
     """Post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, 0.5.16+;
     ``model_runner_components/kv_pool_runtime.py`` ``compute_post_capture_kv_resize``): the pool re-sized after
@@ -197,7 +211,7 @@ class PostCaptureKV(RankEvent):
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class HiCacheAutoSize(RankEvent):
     """``HiCache auto-sizing: ratio R0 -> R1; X GiB host memory per rank (fraction F, N ranks on this host), host
     pools Y GiB.`` (0.5.22+, ``mem_cache/hicache_auto_size.py``, PR 40135): the default --hicache-ratio lowered
@@ -209,23 +223,29 @@ class HiCacheAutoSize(RankEvent):
     host_pools_gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class KVDtype(RankEvent):
+    """``Using KV cache dtype: D``."""
+
     dtype: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class CapWarning(RankEvent):
+    """``max_total_tokens=N is larger than the profiled value P``."""
+
     requested: int = 0
     profiled: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SpecReset(Event):
+    """``Max running requests is reset to N for speculative decoding``."""
+
     max_running_requests: int = 48
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RequestsReduced(Event):
     """``max_running_requests was reduced from the requested R to A (per dp worker) due to the available KV cache
     capacity.`` (srt/mem_cache/kv_cache_configurator.py ``resolve_max_num_reqs``, 0.5.2x): the concurrency the
@@ -235,7 +255,7 @@ class RequestsReduced(Event):
     applied: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class NsaModel(Event):
     """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
     ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
@@ -245,13 +265,13 @@ class NsaModel(Event):
     kv_cache_dtype: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class RocmSign(Event):
     """server_args.py's own words that it runs on ROCm, printed only under ``is_hip()`` (0.5.9):
     ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class AiterFractionKept(RankEvent):
     """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
     normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
@@ -260,20 +280,22 @@ class AiterFractionKept(RankEvent):
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class MfsAdjust(RankEvent):
     """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
 
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class SlidingWindowSplit(RankEvent):
+    """``Use Sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S``."""
+
     full_tokens: int | None = None
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)
 class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 
@@ -532,7 +554,7 @@ def parse_line(line: Line) -> _Parsed:
     text = line.text
     n = line.number
 
-    m = _SERVER_ARGS.search(text)
+    m = _SERVER_ARGS.search(text) if "server_args=" in text else None
     # the engine prints its arguments through its logger, with its own "[time TPn]" prefix right before them: a
     # line that carries the words without it (an echo of a request, another program's output) does not open a
     # startup, and cannot name the model whose config.json kvaudit reads on the host
@@ -765,7 +787,9 @@ def parse_line(line: Line) -> _Parsed:
 
 
 def _other_lines(line: Line) -> _Parsed:
-    """The rarer pools, HiCache, dtype, caps, and generic failures."""
+    """The rarer pools, HiCache, dtype, caps, and generic failures. Each pattern is tried only on a line holding
+    a literal that every match of it holds: most lines reach here and match none (issue 40: no search, and a
+    pattern no line needs is never compiled)."""
     text = line.text
     n = line.number
 
@@ -793,7 +817,7 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         v = parse_version(m.group("v"))
         return _Parsed(None, [VersionRange(v, v, (f"version banner: {text.strip()[:80]}",))])
-    m = _SWA_SUMMARY.search(text)
+    m = _SWA_SUMMARY.search(text) if "SWAKVPool mem usage: " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 4, 9), None, "SWAKVPool summary"))
@@ -802,12 +826,12 @@ def _other_lines(line: Line) -> _Parsed:
                       {"swa_size": int(m.group(2)), "full_size": int(m.group(3))}),
             clues,
         )
-    m = _BUDGET_RESERVE.search(text)
+    m = _BUDGET_RESERVE.search(text) if "of the KV budget for " in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(OtherPool(n, text, rank, "target", "budget_reserve", float(m.group(1)), True,
                                  {"for": m.group(2).strip().rstrip(".")}), clues)
-    m = _MAMBA.search(text)
+    m = _MAMBA.search(text) if "Mamba Cache is allocated." in text else None
     if m:
         rank, clues = at(m)
         rest = m.group("rest")
@@ -825,7 +849,7 @@ def _other_lines(line: Line) -> _Parsed:
             OtherPool(n, text, rank, "target", "mamba", sum(parts.values()) if parts else None, True, detail),
             clues,
         )
-    m = _SWA_SPLIT.search(text)
+    m = _SWA_SPLIT.search(text) if "liding window memory pool" in text else None
     if m:
         rank, clues = at(m)
         clues.append(
@@ -834,7 +858,7 @@ def _other_lines(line: Line) -> _Parsed:
             else _clue((0, 4, 9), (0, 5, 6), "'Use Sliding window memory pool'")
         )
         return _Parsed(SlidingWindowSplit(n, text, rank, "target", _int(m.group(1)), _int(m.group(2))), clues)
-    m = _INIT_POOL.search(text)
+    m = _INIT_POOL.search(text) if "TokenToKVPool with " in text else None
     if m:
         rank, clues = at(m)
         detail = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group("rest"))}
@@ -865,7 +889,7 @@ def _other_lines(line: Line) -> _Parsed:
         rank, clues = at(m)
         clues.append(_clue((0, 5, 19), None, "SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION warning (0.5.19+)"))
         return _Parsed(AiterFractionKept(n, text, rank, "target", float(m.group(1))), clues)
-    m = _MFS_ADJUST.search(text)
+    m = _MFS_ADJUST.search(text) if "reduce --mem-fraction-static to " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 4, 2), (0, 4, 8), "multimodal mem-fraction reduction line"))
@@ -874,30 +898,32 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(KVBudget(n, text, rank, "target", float(m.group(1))), clues)
-    m = _KV_DTYPE.search(text)
+    m = _KV_DTYPE.search(text) if "Using KV cache dtype: " in text else None
     if m:
         rank, clues = at(m)
         clues.append(_clue((0, 5, 3), (0, 5, 12), "'Using KV cache dtype'"))
         return _Parsed(KVDtype(n, text, rank, "target", m.group(1)), clues)
-    m = _CAP.search(text)
+    m = _CAP.search(text) if " is larger than the profiled value " in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(CapWarning(n, text, rank, "target", int(m.group(1)), int(m.group(2))), clues)
-    m = _REQS_REDUCED.search(text)
+    m = _REQS_REDUCED.search(text) if "max_running_requests was reduced" in text else None
     if m:
         # the release that added the warning is not pinned down: it narrows no version
         return _Parsed(RequestsReduced(n, text, int(m.group(1)), int(m.group(2))), [])
-    m = _SPEC_RESET.search(text)
+    m = _SPEC_RESET.search(text) if "Max running requests is reset to " in text else None
     if m:
         return _Parsed(SpecReset(n, text, int(m.group(1))), [_clue((0, 5, 4), None, "spec max-requests reset")])
 
-    m = _POOL_SMALL.search(text)
+    m = _POOL_SMALL.search(text) if ("Memory pool size is too small" in text
+                                      or "max_running_request is zero" in text) else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "pool_too_small", m.group(0)), clues)
-    for rx, kind in ((_WARMUP, "warmup"), (_HIT_EXCEPTION, "exception"), (_CUDA_ERROR, "cuda_error"),
-                     (_KILLED, "killed")):
-        m = rx.search(text)
+    for rx, kind, words in ((_WARMUP, "warmup", ("Initialization failed.",)),
+                            (_HIT_EXCEPTION, "exception", (" hit an exception",)),
+                            (_CUDA_ERROR, "cuda_error", ("CUDA Error: ", "CUDA error: ")), (_KILLED, "killed", ("Killed",))):
+        m = rx.search(text) if any(w in text for w in words) else None
         if m:
             rank, clues = at(m)
             msg = (m.groupdict().get("msg") or "").strip()
@@ -905,21 +931,21 @@ def _other_lines(line: Line) -> _Parsed:
                      "cuda_error": "CUDA error", "killed": "Killed"}[kind]
             return _Parsed(Failure(n, text, rank, "target", kind, quote(f"{label}: {msg}" if msg else label)),
                            clues)
-    m = _OOM.search(text)
+    m = _OOM.search(text) if ("CUDA out of memory" in text or "OutOfMemoryError" in text) else None
     if m and "Not enough" not in text:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "oom", quote(_after_prefix(text).strip()),
                                oom_numbers(text)), clues)
-    m = _TRACEBACK.search(text)
+    m = _TRACEBACK.search(text) if "Traceback (most recent call last)" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "traceback", m.group(0)), clues)
-    m = _CHILD_FAILED.search(text)
+    m = _CHILD_FAILED.search(text) if "Received sigquit from a child process" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",
                                "a child process failed (SGLang received SIGQUIT from it)"), clues)
-    m = _EXCEPTION.search(_after_prefix(text))
+    m = _EXCEPTION.search(_after_prefix(text)) if ("Error" in text or "Exception" in text) else None
     if m:
         if m.group("bare") is not None:
             # ``AssertionError`` alone: the exception, without a message (its statement is on the line above)

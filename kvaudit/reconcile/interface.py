@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
+from kvaudit.record import Record
+
 
 class Severity(str, Enum):
     INFO = "info"
@@ -27,8 +29,8 @@ class Verdict(str, Enum):
     UNKNOWN = "unknown"  # the log lacks what the check needs
 
 
-@dataclass(frozen=True)
-class Thresholds:
+@dataclass(frozen=True, eq=False, repr=False)
+class Thresholds(Record):
     """When a number becomes a finding. All GiB unless named otherwise; see docs/findings.md."""
 
     rank_imbalance_gib: float = 0.5  # spread of pre-load free memory across ranks
@@ -54,8 +56,8 @@ class Thresholds:
         return replace(self, **pairs)
 
 
-@dataclass(frozen=True)
-class Finding:
+@dataclass(frozen=True, eq=False, repr=False)
+class Finding(Record):
     code: str
     severity: Severity
     message: str
@@ -69,8 +71,8 @@ def active(findings) -> list["Finding"]:
     return [f for f in findings if not f.ignored]
 
 
-@dataclass(frozen=True)
-class TokenInterval:
+@dataclass(frozen=True, eq=False, repr=False)
+class TokenInterval(Record):
     low: int
     high: int
 
@@ -78,8 +80,8 @@ class TokenInterval:
         return self.low <= n <= self.high
 
 
-@dataclass(frozen=True)
-class Formula:
+@dataclass(frozen=True, eq=False, repr=False)
+class Formula(Record):
     """The engine's KV sizing formula, rerun on this startup's numbers."""
 
     mem_fraction_static: float | None
@@ -117,8 +119,8 @@ class Formula:
     page_size_source: str | None = None
 
 
-@dataclass(frozen=True)
-class FormulaRow:
+@dataclass(frozen=True, eq=False, repr=False)
+class FormulaRow(Record):
     """One line of an engine's formula as the human reports show it; the reports do the formatting."""
 
     quantity: str
@@ -127,8 +129,8 @@ class FormulaRow:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class LedgerItem:
+@dataclass(frozen=True, eq=False, repr=False)
+class LedgerItem(Record):
     key: str  # stable identifier: weights, kv_cache, request_table, ...
     label: str
     gib: float | None
@@ -137,8 +139,8 @@ class LedgerItem:
     line: int | None = None  # the log line it comes from (or, for modelled items, the line they belong to)
 
 
-@dataclass(frozen=True)
-class RankLedger:
+@dataclass(frozen=True, eq=False, repr=False)
+class RankLedger(Record):
     """One GPU: where the memory free before the weights (T on this rank) went, item by item."""
 
     rank: int
@@ -167,8 +169,8 @@ class RankLedger:
         return None
 
 
-@dataclass(frozen=True)
-class ModelSummary:
+@dataclass(frozen=True, eq=False, repr=False)
+class ModelSummary(Record):
     architecture: str | None
     attention: str  # mha | mla | unknown
     layers: int | None
@@ -183,8 +185,8 @@ class ModelSummary:
     attention_tp_size_source: str | None = None
 
 
-@dataclass(frozen=True)
-class Audit:
+@dataclass(frozen=True, eq=False, repr=False)
+class Audit(Record):
     """The whole answer for one startup."""
 
     engine: str
@@ -233,8 +235,8 @@ class Audit:
         return max((f.severity for f in counted), key=lambda s: s.rank)
 
 
-@dataclass(frozen=True)
-class AuditOptions:
+@dataclass(frozen=True, eq=False, repr=False)
+class AuditOptions(Record):
     """What the user (or a live reading) adds to the log. Every field is optional."""
 
     source: str = "-"
@@ -250,8 +252,8 @@ class AuditOptions:
     platform: Any = None  # kvaudit.platforms.Platform: a unified-memory device, from the log's lines or a reading
 
 
-@dataclass(frozen=True)
-class WhatIf:
+@dataclass(frozen=True, eq=False, repr=False)
+class WhatIf(Record):
     """The same formula rerun with changed inputs, and what it would do to the reserve."""
 
     changes: dict[str, Any]

@@ -35,13 +35,22 @@ def format_value(row: FormulaRow, dash: str = "-") -> str:
     return f"{row.value:.2f} GiB" if row.unit == "GiB" else f"{row.value:g}"
 
 
+def cell_len(text: str) -> int:
+    """Terminal cells ``text`` takes: one per character of printable ASCII, else as rich measures them
+    (``rich.cells``: a CJK or emoji character is two, a control character none). Importing rich.cells is a third
+    of a bare Python start (issue 40), and most reports are ASCII."""
+    if text.isascii() and text.isprintable():
+        return len(text)
+    from rich.cells import cell_len as cells
+
+    return cells(text)
+
+
 def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
     """Plain-text table: the first ``left`` columns left-aligned (names), the rest right-aligned (numbers).
     Widths are terminal cells as rich measures them (``rich.cells``: a CJK or emoji character is two cells), so a
     host named in another script keeps the columns straight. Not ``rich.table``: importing it costs ~86 ms of
     every start (issue 23), and these tables need no borders."""
-    from rich.cells import cell_len
-
     widths = [max(cell_len(h), *(cell_len(r[i]) for r in body)) if body else cell_len(h)
               for i, h in enumerate(header)]
 
@@ -60,8 +69,6 @@ def fit_columns(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width:
     """:func:`table` within ``width`` cells, and the columns it kept: columns with no value in any row go first,
     then those named in ``drop``, in that order (the least telling first), until a row fits; the first column is
     never dropped."""
-    from rich.cells import cell_len
-
     cols = list(range(len(header)))
 
     def lines() -> list[str]:
@@ -79,8 +86,6 @@ def fit_columns(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width:
 def headline(text: str, width: int = WIDTH) -> list[str]:
     """The headline on one line of at most ``width`` cells; what does not fit goes under it, indented. The cut is
     at the last clause that fits ('; ', ': '), else at a word."""
-    from rich.cells import cell_len
-
     if cell_len(text) <= width:
         return [text]
     room = text[:width]

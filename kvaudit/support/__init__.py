@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvaudit.record import Record
 from kvaudit.versions import Version, VersionRange, parse_version
 
 if sys.version_info >= (3, 11):
@@ -46,8 +47,8 @@ KIND_WORDS = {
 LEVELS = ("modelled", "partly", "not")
 
 
-@dataclass(frozen=True)
-class Row:
+@dataclass(frozen=True, eq=False, repr=False)
+class Row(Record):
     engine: str
     dimension: str
     kind: str
@@ -57,8 +58,8 @@ class Row:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class Subject:
+@dataclass(frozen=True, eq=False, repr=False)
+class Subject(Record):
     """What an audit is, for the table: its engine and release range, and one kind per dimension (pool kinds:
     every kind it holds)."""
 
@@ -69,8 +70,8 @@ class Subject:
     platform: str
 
 
-@dataclass(frozen=True)
-class Coverage:
+@dataclass(frozen=True, eq=False, repr=False)
+class Coverage(Record):
     """How much of a subject kvaudit models: the worst level over its kinds, and the rows that decided it."""
 
     level: str  # modelled | partly | not

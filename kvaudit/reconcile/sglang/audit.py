@@ -37,6 +37,7 @@ from kvaudit.reconcile.sglang.formula import (Prediction, Rule, explain_mismatch
                                           rules_for)
 from kvaudit.reconcile.sglang.pool import components, state_gib
 from kvaudit.reconcile.sglang.ledger import rank_ledger, request_table
+from kvaudit.record import Record
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 ENGINE = "sglang"
@@ -134,8 +135,8 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 # the steps
 
 
-@dataclass(frozen=True)
-class FreeMemory:
+@dataclass(frozen=True, eq=False, repr=False)
+class FreeMemory(Record):
     """T (free before the weights) and post (free after them), each the minimum over ranks."""
 
     T: Interval | None
@@ -147,14 +148,14 @@ class FreeMemory:
         return self.T.scale(1 - mfs) if (self.T is not None and mfs is not None) else None
 
 
-@dataclass(frozen=True)
-class Fraction:
+@dataclass(frozen=True, eq=False, repr=False)
+class Fraction(Record):
     value: float | None
     source: str | None
 
 
-@dataclass(frozen=True)
-class Cells:
+@dataclass(frozen=True, eq=False, repr=False)
+class Cells(Record):
     """Bytes per token and where they come from; the token count the log states."""
 
     cell: Any  # cell.Cell from config.json, or None
@@ -165,8 +166,8 @@ class Cells:
     approx: bool
 
 
-@dataclass(frozen=True)
-class PoolBudget:
+@dataclass(frozen=True, eq=False, repr=False)
+class PoolBudget(Record):
     """What a pool of N tokens (and the state pool) takes out of the budget."""
 
     cell_iv: Interval | None
@@ -177,16 +178,16 @@ class PoolBudget:
         return tokens * self.cell_iv.mid / GIB + (self.state.mid if self.state is not None else 0.0)
 
 
-@dataclass(frozen=True)
-class Cap:
+@dataclass(frozen=True, eq=False, repr=False)
+class Cap(Record):
     cap: int | None  # --max-total-tokens
     probable: str | None  # why the pool looks capped although no cap is stated
     capped: bool
     engine_rest: float | None  # the KV budget the engine logged
 
 
-@dataclass(frozen=True)
-class Outcome:
+@dataclass(frozen=True, eq=False, repr=False)
+class Outcome(Record):
     prediction: Prediction | None
     verdict: Verdict
     reason: str

@@ -13,6 +13,7 @@ from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding
 from kvaudit.reconcile.sglang.pool import components, kv_gib, kv_parts
+from kvaudit.record import Record
 from kvaudit.units import GIB, LOG_HALF_ULP, MIB, Interval
 from kvaudit.versions import VersionRange
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 # (c10/cuda/CUDACachingAllocator.cpp, kLargeBuffer / kRoundLarge); SGLang's pools are one tensor per layer.
 ALLOC_ROUND = 2 * MIB
 
-@dataclass(frozen=True)
-class CellSize:
+@dataclass(frozen=True, eq=False, repr=False)
+class CellSize(Record):
     profile: int  # what profile_max_num_token divides by (before any draft inflation)
     pool: int  # bytes per token the pool tensors really hold
     buffers: tuple[int, ...]  # per-layer tensor bytes per token (for allocator rounding)

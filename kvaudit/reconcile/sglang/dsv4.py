@@ -35,6 +35,7 @@ from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import DSv4Calc, MemoryProfile, OtherPool, SchedulerSummary
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.values import as_float, as_int
+from kvaudit.record import Record
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 #: the line's two-decimal print of bytes per full token (``{:.2f}``)
@@ -48,8 +49,8 @@ RULE = ("DeepSeek-V4: full_token = int(available_bytes / bytes_per_full_token) /
         "(DSv4MemoryCalculator / DSV4PoolConfigurator.calculate_pool_sizes)")
 
 
-@dataclass(frozen=True)
-class DSv4Check:
+@dataclass(frozen=True, eq=False, repr=False)
+class DSv4Check(Record):
     calc: DSv4Calc
     cell: Interval  # bytes per full token, as printed
     budget: Interval  # available_bytes less the fixed pools (GiB)

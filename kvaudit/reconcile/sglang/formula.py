@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.sglang.context import Context
 from kvaudit.reconcile.values import as_int
+from kvaudit.record import Record
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import Version, VersionRange
 
@@ -27,8 +28,8 @@ def min_interval(values: list[Interval]) -> Interval | None:
     return Interval(min(v.lo for v in values), min(v.hi for v in values))
 
 
-@dataclass(frozen=True)
-class Rule:
+@dataclass(frozen=True, eq=False, repr=False)
+class Rule(Record):
     name: str
     lo: Version
     hi: Version | None
@@ -58,8 +59,8 @@ def rules_for(era: VersionRange, spec: bool) -> list[Rule]:
 
 
 
-@dataclass(frozen=True)
-class Prediction:
+@dataclass(frozen=True, eq=False, repr=False)
+class Prediction(Record):
     tokens: TokenInterval
     rule: Rule
     headroom: int | None

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 from kvaudit.parse.sglang import KVAlloc
 from kvaudit.reconcile.sglang.facts import RankFacts
+from kvaudit.record import Record
 
 #: ledger keys of the components that hold KV tensors (the rest are state and other pools)
 KV_KEYS = ("kv_cache", "kv_cache_swa")
 
 
-@dataclass(frozen=True)
-class PoolComponent:
+@dataclass(frozen=True, eq=False, repr=False)
+class PoolComponent(Record):
     key: str  # ledger item key
     label: str
     gib: float  # as logged (GiB)
