@@ -956,7 +956,17 @@ def _other_lines(line: Line) -> _Parsed:
     return _Parsed(None, [])
 
 
+#: a syslog-style prefix a journal or rsyslog puts before the engine's line (``journalctl -o short-iso``:
+#: ``2026-02-25T10:12:01+0000 gpu-node-07 python3[48190]: ``): not the engine's words, so never quoted
+_SYSLOG_PREFIX = lazy(r"^(?:\S+ ){2,4}[^\s\[\]]{1,64}\[[1-9][0-9]{0,9}\]: ")
+
+
 def _after_prefix(text: str) -> str:
+    """The engine's message: the line without a syslog prefix and SGLang's ``[time TPn]`` prefix."""
+    if "]: " in text:
+        m = _SYSLOG_PREFIX.match(text)
+        if m:
+            text = text[m.end():]
     close = text.find("] ")
     if text.startswith("[") and close > 0:
         return text[close + 2 :]
