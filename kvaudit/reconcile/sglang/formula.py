@@ -207,13 +207,14 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     # reserve; more tokens need more free memory or a smaller reserve
     # a gap that repeats across startups of one model family is a rule kvaudit does not model, not a one-off
     # (ux audit item 23): said first, before memory that moved between the two readings
-    unmodelled = "a rule of this release or model family that kvaudit does not model (if the gap repeats "
+    unmodelled = "a {} reserve than the version rules assume: a rule of this release or model family that kvaudit " \
+        "does not model (the likelier cause when the gap repeats across startups)"
     if logged < lo:
-        causes.append(unmodelled + "across startups, this is the likelier cause); memory taken by another process "
-                      "between the two measurements")
+        unmodelled = unmodelled.format("larger")
+        causes.append(unmodelled + "; or memory taken by another process between the two measurements")
     elif logged > hi:
-        causes.append(unmodelled + "across startups, this is the likelier cause); memory freed between the two "
-                      "measurements")
+        unmodelled = unmodelled.format("smaller")
+        causes.append(unmodelled + "; or memory freed between the two measurements")
     if causes and not causes[-1].startswith(unmodelled):
         return Verdict.EXPLAINED, msg + "; fits: " + "; ".join(causes), eff_r
     return Verdict.MISMATCH, msg + ("; possible: " + "; ".join(causes) if causes else ""), eff_r

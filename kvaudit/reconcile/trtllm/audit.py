@@ -192,7 +192,7 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
     cap, cap_fraction = ctx.first("torch_cap_gib"), ctx.first("torch_cap_fraction")
     if cap is not None and cap_fraction:
         # _adjust_torch_mem_fraction: cap = free + torch-reserved - 32 MiB after the pool, as a fraction of the total
-        notes.append(f"after the pool PyTorch's allocator was capped at {cap:.2f} GiB ({cap_fraction:.3f} of "
+        notes.append(f"after the pool PyTorch's allocator was capped at {cap:.2f} GiB ({cap_fraction:.4f} of "
                      f"{cap / cap_fraction:.2f} GiB: what was free plus what torch held, less 32 MiB; "
                      "_adjust_torch_mem_fraction): near it torch releases its cached blocks, and an allocation past "
                      "it fails with OOM")

@@ -524,6 +524,14 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
                       for f in ctx.startup.of(Failure) if {"max_tokens", "mamba_blocks"} & set(f.numbers)), None)
         if named is not None:
             count += f" line (only the error names the pool: {named[1]}, line {named[0]})"
+        died = next((f for f in ctx.startup.of(Failure) if f.kind in ("no_kv_memory", "kv_needed", "free_memory")),
+                    None)
+        if logged is None and named is None and (died is not None or (K is not None and K <= 0)):
+            # the engine stopped before it made a pool: nothing is missing from the log (ux audit item 36)
+            why = (f"the KV budget was {K} GiB" if K is not None and K <= 0 else
+                   f"line {died.line}" if died is not None else "")
+            return Prediction(None, Verdict.UNKNOWN,
+                              f"no pool to check: the startup failed before the KV pool was allocated ({why})")
         return Prediction(None, Verdict.UNKNOWN, "cannot check: the log lacks " + " and ".join(
             x for x, v in (("the available KV memory", K), (count, logged)) if v is None))
     if cells.unmodelled:
