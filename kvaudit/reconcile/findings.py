@@ -83,10 +83,15 @@ def _f(code: str, message: str, fields: dict[str, Any], ranks: tuple[str, ...] =
 def tokens_match(f: Formula, formula_text: str | None = None) -> Finding:
     assert f.predicted_tokens is not None and f.logged_tokens is not None
     p = f.predicted_tokens
-    formula_text = formula_text or (
-        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}"
-        + (f" - state pool {f.state_pool_gib:.2f}" if f.state_pool_gib else "") + ") GiB / "
-        f"{f.bytes_per_token:,} B per token")
+    if formula_text is None:
+        # every step the prediction took is printed, so the equation redone by hand lands in the interval (ux audit
+        # item 8): the speculative headroom and the page rounding come after the division
+        formula_text = (
+            f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}"
+            + (f" - state pool {f.state_pool_gib:.2f}" if f.state_pool_gib else "") + ") GiB / "
+            f"{f.bytes_per_token:,} B per token"
+            + (f" + {f.speculative_headroom_tokens:,} speculative headroom" if f.speculative_headroom_tokens else "")
+            + (f", rounded down to pages of {f.page_size}" if f.page_size and f.page_size > 1 else ""))
     return _f(
         "TOKENS_MATCH",
         f"KV pool of {f.logged_tokens:,} tokens is what the engine's formula gives: {formula_text} -> "

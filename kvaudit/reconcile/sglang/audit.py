@@ -338,8 +338,7 @@ def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Ce
         if 0 < inferred < 1:
             # T and post are printed to 0.01 GiB: a 4th decimal would be noise (ux audit item 20)
             fraction = Fraction(round(inferred, 3), "inferred")
-            allocated = [g for g, _ in (state_gib(components(rf)) for rf in ctx.facts.values()
-                                        if state_gib(components(rf)) is not None)]
+            allocated = [st[0] for st in (state_gib(components(rf)) for rf in ctx.facts.values()) if st is not None]
             findings.append(F.mfs_inferred(round(inferred, 3),
                                            budget.state.mid if budget.state is not None else None,
                                            max(allocated) if allocated else None))
@@ -608,6 +607,14 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         u = prediction.uncapped
         check_text = (f"min(--max-total-tokens {cap.cap:,}, ({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / "
                       f"{round(prediction.cell.mid):,} B per token = {u.low:,}..{u.high:,}): the cap bound")
+    elif (outcome.verdict == Verdict.MATCH and prediction is not None and prediction.rule.name == DSV4.RULE
+            and T is not None and post is not None and mfs is not None):
+        # DeepSeek-V4 rounds the division down to whole pages: the printed equation says so (ux audit item 8)
+        page = as_int(ctx.args.get("page_size"))
+        pages = (f"pages of {page}" if page else
+                 f"pages of {min(DSV4.DEFAULT_PAGES)} (or {max(DSV4.DEFAULT_PAGES)}: the log does not say)")
+        check_text = (f"({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / {round(prediction.cell.mid):,} B per "
+                      f"full token, rounded down to {pages}")
     elif (outcome.verdict == Verdict.MATCH and prediction is not None and FP4_SCALED in prediction.rule.name
             and T is not None and post is not None and mfs is not None and cells.line_mid):
         # the prediction divided by values + scales: the printed equation says so, or it does not reproduce
