@@ -154,9 +154,14 @@ def _failed_before_pool(a: Audit) -> Finding | None:
         return None
     failed = [fi for fi in a.findings if fi.code in ("NOT_ENOUGH_MEMORY", "STARTUP_FAILED")]
     if not failed or any(fi.fields.get("pool_sized") for fi in failed) or any(
-            "after the KV pool was sized" in fi.message for fi in failed):
+            "after the KV pool" in fi.message for fi in failed):
         return None
-    return next((fi for fi in failed if fi.code == "NOT_ENOUGH_MEMORY"), failed[0])
+    memory = next((fi for fi in failed if fi.code == "NOT_ENOUGH_MEMORY"), None)
+    # a failure of another kind may come after a pool an excerpt does not show: only the engine's own word
+    # (the audit's "no pool to check") or a memory failure, which stops the sizing, says no pool existed
+    if memory is None and not (a.formula.verdict_reason or "").startswith("no pool to check"):
+        return None
+    return memory or failed[0]
 
 
 _ENGINE_ADVICE = re.compile(r"((?:Please )?[Tt]ry (?:increasing|decreasing|to increase|to decrease|lowering|reducing)"
@@ -170,6 +175,9 @@ def _next_step(fi: Finding) -> str | None:
     if " -> " in msg:
         return msg.split(" -> ", 1)[1].rstrip(". ")
     m = re.search(r"(?:the formula needs|SGLang suggests) (--mem-fraction-static above [0-9.]+)", msg)
+    if m:
+        return m.group(1)
+    m = re.search(r"a lower --mem-fraction-static does not help here: ([^;]*)", msg)
     if m:
         return m.group(1)
     m = _ENGINE_ADVICE.search(msg)
@@ -232,8 +240,8 @@ def summary_sentences(a: Audit) -> list[str]:
     elif (died := _failed_before_pool(a)) is not None:
         # no pool existed: "not checked: the log lacks the count" would blame the log (ux audit item 36)
         step = _next_step(died)
-        out.append("No KV pool was made: the startup failed before the pool was sized, so there is no pool size to "
-                   "check" + (f". Next step: {step}" if step else " (the failure is under Needs attention)") + ".")
+        out.append("No KV pool was in place: the startup failed before it, so there is no pool size to check"
+                   + (f". Next step: {step}" if step else " (the failure is under Needs attention)") + ".")
     else:
         out.append(f"The pool size was not checked: {f.verdict_reason}.")
     for fi in a.findings:
