@@ -16,6 +16,9 @@ LOGS = json.loads((CORPUS / "corpus.json").read_text())["logs"]
 
 #: TensorRT-LLM's MATCH line: "N tokens = ceil(floor(X GiB / C B) / K) x K"
 TRT = re.compile(r"([\d,]+) tokens = ceil\(floor\(([\d.]+) GiB / ([\d,]+) B\) / (\d+)\) x (\d+)")
+#: TensorRT-LLM's TOKENS_MATCH: "(T - P [+ tmp] | A available) x f -> floor(/ C B) rounded up to blocks of K -> lo..hi"
+TRT_RANGE = re.compile(r"\((?:([\d.]+) - ([\d.]+)(?: \+ ([\d.]+))?|([\d.]+) available)\) x ([\d.]+) -> floor\(/ ([\d,]+) B\) "
+                       r"rounded up to blocks of (\d+) -> ([\d,]+)\.\.([\d,]+)")
 #: vLLM's MATCH line: "N tokens = floor(X GiB / (C B x K)) blocks x K"; its TOKENS_MATCH: "floor(available KV X GiB /
 #: (C B x block K)) x K -> lo..hi"
 VLLM = re.compile(r"([\d,]+) tokens = floor\(([\d.]+) GiB / \(([\d,]+) B x (\d+)\)\) blocks x (\d+)")
@@ -47,6 +50,11 @@ def _redo(text: str) -> list[tuple[str, int, int, int]]:
     for m in TRT.finditer(text):
         got = math.ceil(math.floor(float(m[2]) * GIB / _int(m[3])) / int(m[4])) * int(m[4])
         out.append(("trtllm", got, _int(m[1]), _int(m[1])))
+    for m in TRT_RANGE.finditer(text):
+        free = float(m[4]) if m[4] else float(m[1]) - float(m[2]) + (float(m[3]) if m[3] else 0.0)
+        block = int(m[7])
+        got = math.ceil(math.floor(free * float(m[5]) * GIB / _int(m[6])) / block) * block
+        out.append(("trtllm", got, _int(m[8]), _int(m[9])))
     for m in VLLM.finditer(text):
         got = math.floor(float(m[2]) * GIB / (_int(m[3]) * int(m[4]))) * int(m[4])
         out.append(("vllm", got, _int(m[1]), _int(m[1])))
