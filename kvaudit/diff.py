@@ -74,6 +74,8 @@ class Share:
     tokens: int
     says: str
     cause: str = ""
+    #: a difference inside the two readings' own rounding (ux audit item 12): shown, never named as a cause
+    within_rounding: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,37 @@ def _cell_cause(a: Audit, b: Audit, bpt_a: float, bpt_b: float) -> str:
     return f"{', '.join(moved)} ({cells})" if moved else cells
 
 
+def _cell_range(a: Audit) -> tuple[float, float] | None:
+    """The bytes per token the audit's reading allows: the KV line's interval, or the config's exact figure."""
+    f = a.formula
+    if f.bytes_per_token_range is not None:
+        return f.bytes_per_token_range
+    return (float(f.bytes_per_token), float(f.bytes_per_token)) if f.bytes_per_token else None
+
+
+def cells_agree(a: Audit, b: Audit) -> bool:
+    """Do the two readings of the bytes per token overlap (the same cell read two ways, e.g. config.json's 70,272
+    and the KV line's 70,244 +-34)? Then their difference is rounding, not a change of setting."""
+    ra, rb = _cell_range(a), _cell_range(b)
+    if ra is None or rb is None or cell_settings(a, b):
+        return False
+    return ra[0] - 0.5 <= rb[1] and rb[0] - 0.5 <= ra[1]
+
+
+def _cell_share(a: Audit, b: Audit, tokens: int, bpt_a: float, bpt_b: float) -> Share:
+    if cells_agree(a, b):
+        ra, rb = _cell_range(a), _cell_range(b)
+        assert ra is not None and rb is not None
+
+        def span(r: tuple[float, float]) -> str:
+            return f"{r[0]:,.0f}" if round(r[0]) == round(r[1]) else f"{r[0]:,.0f}..{r[1]:,.0f}"
+
+        return Share("bytes_per_token", tokens, f"bytes per token {bpt_a:,} -> {bpt_b:,}: the same cell read two "
+                     f"ways (A {span(ra)}, B {span(rb)}), inside the readings' rounding: not a change", "",
+                     within_rounding=True)
+    return Share("bytes_per_token", tokens, f"bytes per token {bpt_a:,} -> {bpt_b:,}", _cell_cause(a, b, bpt_a, bpt_b))
+
+
 def _fraction_cause(engine: str, f_a: float, f_b: float) -> str:
     return f"{FRACTION_NAME.get(engine, 'the memory fraction')} {f_a:g} -> {f_b:g}"
 
@@ -234,7 +267,8 @@ def _shares_fraction_shape(a: Audit, b: Audit, ledger: tuple[Term, ...], rank: s
     for key, args, delta, say, cause in steps:
         now = tok(*args)
         if abs(delta) > 1e-9:
-            out.append(Share(key, round(now - prev), say(delta), cause(delta)))
+            out.append(_cell_share(a, b, round(now - prev), bpt_a, bpt_b) if key == "bytes_per_token"
+                       else Share(key, round(now - prev), say(delta), cause(delta)))
         prev = now
     return out
 
@@ -251,8 +285,7 @@ def _shares_budget(a: Audit, b: Audit) -> list[Share] | None:
         out.append(Share("rest_gib", round(step - base), f"the KV budget {r_b - r_a:+.2f} GiB",
                          f"the KV budget {r_a:.2f} -> {r_b:.2f} GiB"))
     if bpt_b != bpt_a:
-        out.append(Share("bytes_per_token", round(_tokens(r_b, bpt_b) - step),
-                         f"bytes per token {bpt_a:,} -> {bpt_b:,}", _cell_cause(a, b, bpt_a, bpt_b)))
+        out.append(_cell_share(a, b, round(_tokens(r_b, bpt_b) - step), bpt_a, bpt_b))
     return out
 
 
@@ -286,8 +319,14 @@ def _after_budget(a: Audit, side: str) -> list[str]:
 def diff(a: Audit, b: Audit, a_label: str, b_label: str) -> Diff:
     notes: list[str] = []
     if a.engine != b.engine:
-        notes.append(f"{a.engine_display} against {b.engine_display}: their formulas differ; only the terms they "
-                     "share are compared")
+        # ux audit item 13: SGLang's mem_fraction_static is of the free memory before the weights, vLLM's
+        # gpu_memory_utilization of the card's total, TensorRT-LLM's free_gpu_memory_fraction of what is free after
+        # profiling, LMDeploy's cache_max_entry_count of what is free after the weights; "reserve" and "headroom"
+        # differ as much. Side by side the rows would read as changes of one quantity: refused, with the reason
+        raise DiffError(
+            f"A is {a.engine_display or a.engine} and B is {b.engine_display or b.engine}: their fractions, reserves "
+            "and budgets are different quantities (docs/diff.md, 'Two engines'), so a diff would compare numbers "
+            "that do not mean the same thing; run kvaudit explain on each instead")
     if a.model.architecture != b.model.architecture:
         notes.append(f"different models ({a.model.architecture} / {b.model.architecture})")
     ledger = _ledger_terms(a, b)
@@ -348,7 +387,7 @@ def headline(d: Diff, width: int = 80) -> str:
     what = f"KV tokens {ta:,} -> {tb:,} ({chg:+,}{pct})" if chg else f"KV tokens unchanged: {ta:,}"
     # the causes, largest first: each share, and the remainder when it is more than rounding
     causes: list[tuple[int, str, str]] = [(s.tokens, s.cause or s.says, s.says) for s in d.shares
-                                          if s.tokens and (d.rounding_tokens is None
+                                          if s.tokens and not s.within_rounding and (d.rounding_tokens is None
                                                            or abs(s.tokens) > d.rounding_tokens
                                                            or len(d.shares) == 1)]
     if d.remainder and d.remainder_kind in ("after_budget", "off_formula"):

@@ -291,3 +291,43 @@ def test_diff_fits_the_terminal_it_runs_on_and_80_columns_piped():
     piped = cli("diff", *pair)
     assert max(len(x) for x in piped.stdout.splitlines()) <= 80
     assert "  request table  " in piped.stdout  # its formula dropped to fit
+
+
+def test_a_bytes_per_token_difference_inside_the_readings_rounding_is_not_a_cause():
+    """ux-audit item 12: the Kimi capture (config.json: 70,272 B) and its own journal log (the KV line: 70,244
+    +-34 B) are one startup read two ways: line 1 says the tokens did not change and names no cause; the step is
+    shown as rounding. c016 -> c017 (two KV-line readings, 40,911 and 40,922) names only the fraction."""
+    from tests.conftest import FIXTURES
+
+    code, out, err = _diff_at(120, FIXTURES / "hosts" / "kimi-k25-tp8", KIMI_LOG)
+    assert code == 0, err
+    assert out.splitlines()[0] == "KV tokens unchanged: 159,277"
+    assert "the same cell read two ways" in out and "not a change" in out
+    corpus = FIXTURES / "corpus"
+    code, out, err = _diff_at(200, corpus / "sglang_c016.log", corpus / "sglang_c017.log")
+    assert code == 0, err
+    line1 = out.splitlines()[0]
+    assert "mem_fraction_static 0.9 -> 0.92" in line1 and "bytes per token" not in line1
+    # a real change of the cell stays a cause (c004 -> c012: fp8_e5m2 -> bf16, the readings far apart)
+    a = _audit_corpus("sglang_c004", "gemma-4-31b-it.json")
+    b = _audit_corpus("sglang_c012", "gemma-4-31b-it.json")
+    share = next(s for s in diff(a, b, "A", "B").shares if s.key == "bytes_per_token")
+    assert not share.within_rounding and "kv_cache_dtype" in share.cause
+
+
+def _audit_corpus(name: str, config: str):
+    from tests.conftest import FIXTURES
+
+    with open(FIXTURES / "corpus" / f"{name}.log", "rb") as fh:
+        return audit(read_log(fh), AuditOptions(model_geometry=load_config(FIXTURES / "configs" / config)))[-1]
+
+
+def test_two_engines_are_refused_with_the_reason():
+    """ux-audit item 13: SGLang's mem_fraction_static (of the free memory before the weights) is not vLLM's
+    gpu_memory_utilization (of the total): diff refuses the pair with exit 2 and says why (docs/diff.md)."""
+    from tests.conftest import FIXTURES
+
+    corpus = FIXTURES / "corpus"
+    code, out, err = _diff_at(80, corpus / "sglang_c002.log", corpus / "vllm_c014.log")
+    assert code == 2 and out == ""
+    assert "A is SGLang and B is vLLM" in err and "different quantities" in err

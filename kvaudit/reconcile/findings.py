@@ -4,6 +4,8 @@ numbers again as fields. The list of codes is documented in docs/findings.md (a 
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Severity, TokenInterval, Verdict
@@ -60,6 +62,19 @@ CODES: dict[str, Severity] = {
 }
 
 
+def about(n: int) -> str:
+    """An estimate to 3 significant figures (ux audit item 20: the inputs are printed to 0.01 GiB, so the last
+    digits of a token estimate are noise)."""
+    digits = max(0, len(str(abs(n))) - 3)
+    return f"{round(n, -digits):,}"
+
+
+def fraction_up(m: float) -> str:
+    """A fraction someone must exceed, to 3 decimals, rounded up so the advice still holds (T and post are printed
+    to 0.01 GiB: a 4th decimal is noise)."""
+    return f"{math.ceil(round(m, 6) * 1000) / 1000:.3f}"
+
+
 def _f(code: str, message: str, fields: dict[str, Any], ranks: tuple[str, ...] = (),
        severity: Severity | None = None) -> Finding:
     return Finding(code, severity or CODES[code], message, fields, ranks)
@@ -68,10 +83,15 @@ def _f(code: str, message: str, fields: dict[str, Any], ranks: tuple[str, ...] =
 def tokens_match(f: Formula, formula_text: str | None = None) -> Finding:
     assert f.predicted_tokens is not None and f.logged_tokens is not None
     p = f.predicted_tokens
-    formula_text = formula_text or (
-        f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}"
-        + (f" - state pool {f.state_pool_gib:.2f}" if f.state_pool_gib else "") + ") GiB / "
-        f"{f.bytes_per_token:,} B per token")
+    if formula_text is None:
+        # every step the prediction took is printed, so the equation redone by hand lands in the interval (ux audit
+        # item 8): the speculative headroom and the page rounding come after the division
+        formula_text = (
+            f"({f.post_load_free_gib:.2f} - (1 - {f.mem_fraction_static:g}) x {f.pre_load_free_gib:.2f}"
+            + (f" - state pool {f.state_pool_gib:.2f}" if f.state_pool_gib else "") + ") GiB / "
+            f"{f.bytes_per_token:,} B per token"
+            + (f" + {f.speculative_headroom_tokens:,} speculative headroom" if f.speculative_headroom_tokens else "")
+            + (f", rounded down to pages of {f.page_size}" if f.page_size and f.page_size > 1 else ""))
     return _f(
         "TOKENS_MATCH",
         f"KV pool of {f.logged_tokens:,} tokens is what the engine's formula gives: {formula_text} -> "
@@ -95,7 +115,7 @@ def tokens_mismatch(f: Formula, verdict: Verdict) -> Finding:
 def tokens_capped(cap: int, predicted: TokenInterval | None) -> Finding:
     extra = ""
     if predicted is not None and predicted.high > cap:
-        extra = f"; the formula alone would allow up to {predicted.high:,}"
+        extra = f"; the fraction's budget alone would allow a pool of up to {predicted.high:,} tokens in all"
     return _f("TOKENS_CAPPED", f"KV pool capped at {cap:,} tokens by --max-total-tokens{extra}",
               {"max_total_tokens": cap, "predicted_high": predicted.high if predicted else None})
 
@@ -152,7 +172,8 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
     only after the pool was sized (loader buffers collected during CUDA-graph capture); a larger fraction cannot
     reach it, so the advice and ``extra_tokens`` count only the rest."""
     reachable = max(0.0, idle - max(0.0, freed_late))
-    more = f" (room for about {extra_tokens:,} more tokens)" if extra_tokens else ""
+    more = (f" (room for about {about(extra_tokens)} more tokens beyond the pool's, were all of it given to the KV "
+            "cache)" if extra_tokens else "")
     pool = f"a pool of {f.logged_tokens:,} tokens" if f.logged_tokens else "the KV pool"
     when = "at the end of startup" if final else "after the KV pool was allocated"
     late = ""
@@ -162,7 +183,7 @@ def unused_memory(l: RankLedger, idle: float, t: float, f: Formula, extra_tokens
                 "weight loader's buffers, still referenced when the pool was sized, collected later): no fraction "
                 "reaches that part, freeing it before the KV budget is measured does (gc before sizing, "
                 "sgl-project/sglang#36583)")
-        late = (f"; a larger fraction can reach the other {reachable:.2f} GiB (about {extra_tokens:,} more tokens)"
+        late = (f"; a larger fraction can reach the other {reachable:.2f} GiB (about {about(extra_tokens)} more tokens)"
                 if extra_tokens else "")
     suggest = ""
     keep = 2.0  # GiB left for activation peaks after raising the fraction
@@ -262,10 +283,16 @@ def geometry_mismatch(config_cell: int, implied: float, source: str) -> Finding:
               {"config_bytes_per_token": config_cell, "kv_line_bytes_per_token": round(implied, 1)})
 
 
-def mfs_inferred(mfs: float, state_gib: float | None = None) -> Finding:
-    what = "weights + KV" + (f" + state pool {state_gib:.2f} GiB" if state_gib else "")
+def mfs_inferred(mfs: float, state_gib: float | None = None, state_logged_gib: float | None = None) -> Finding:
+    """``state_gib``: the state pool's share of the budget; ``state_logged_gib``: what its line says was allocated,
+    the figure the per-GPU table shows. They differ by the padding slot the reserve pays for, and the message says
+    which is which (ux audit item 22)."""
+    what = "weights + KV" + (f" + state pool {state_gib:.2f} GiB" if state_gib else "") + " = mfs x T"
+    if state_gib and state_logged_gib is not None and f"{state_logged_gib:.2f}" != f"{state_gib:.2f}":
+        what += (f"; {state_gib:.2f} is the budget's share of the logged {state_logged_gib:.2f} GiB state pool: its "
+                 "padding slot comes out of the reserve")
     return _f("MFS_INFERRED",
-              f"mem_fraction_static is not in the log; the numbers imply {mfs:.4f} ({what} = mfs x T); "
+              f"mem_fraction_static is not in the log; the numbers imply {mfs:.3f} ({what}); "
               "pass --mem-fraction-static to check the pool size against it",
               {"mem_fraction_static": mfs, "state_pool_gib": state_gib})
 
@@ -306,11 +333,11 @@ def not_enough_memory(message: str, line: int, numbers: dict[str, Any],
     sf = {k: v for k, v in (shortfall or {}).items() if k != "line"}
     if sf.get("minimum_mem_fraction_static") is not None:
         m = sf["minimum_mem_fraction_static"]
-        hint += (f"; the formula needs --mem-fraction-static above {m:.4f} (1 - free after weights / T) "
+        hint += (f"; the formula needs --mem-fraction-static above {fraction_up(m)} (1 - free after weights / T) "
                  "for any KV budget at all")
     if sf.get("effective_mem_fraction_static") is not None:
         hint += (f"; the engine's own count {int(sf['profiled']):,} implies a fraction of "
-                 f"{sf['effective_mem_fraction_static']:.4f}")
+                 f"{sf['effective_mem_fraction_static']:.3f}")
         if sf.get("formula_tokens") is not None:
             gap = int(sf["profiled"]) - int(sf["formula_tokens"])
             hint += f", {gap:+,} tokens from the formula's {int(sf['formula_tokens']):,}"
@@ -484,7 +511,7 @@ def small_kv_budget(rank: str, available: float, total: float | None, tokens: in
 
 
 def session_exceeds_pool(asked: int | None, holds: int, blocks: int | None, block: int, line: int | None,
-                         stated: bool) -> Finding:
+                         stated: bool, quant_policy: int | None = None) -> Finding:
     """LMDeploy: the session length is more than the KV pool holds, so one request cannot reach its context
     (TurboMind cuts ``session_len`` to the pool: ``LlamaBatch`` "No enough blocks for `session_len`")."""
     pool = f"{blocks:,} blocks x {block} tokens = {blocks * block:,} tokens" if blocks else f"{holds:,} tokens"
@@ -495,10 +522,19 @@ def session_exceeds_pool(asked: int | None, holds: int, blocks: int | None, bloc
     else:
         what, where = f"session_len {asked:,} is more than the KV pool holds ({pool})", ""
     return _f("SESSION_EXCEEDS_POOL",
-              f"{what}{where}; a single request cannot reach its context. Raise cache_max_entry_count, use a "
-              "quantised KV cache (--quant-policy 8 or 4), or ask for a shorter --session-len",
+              f"{what}{where}; a single request cannot reach its context. {_session_advice(quant_policy)}",
               {"session_len": asked, "pool_tokens": holds if stated else (blocks * block if blocks else holds),
                "truncated_to": holds if stated else None, "line": line})
+
+
+def _session_advice(quant_policy: int | None) -> str:
+    """Only a quant_policy that shrinks the KV bytes of the one the startup used (ux audit item 7: never advise
+    int8 to a cache that is already int4). TurboMind: 0 = 16-bit, 8 = int8 (1 B), 4 = int4 (0.5 B)."""
+    if quant_policy == 4:  # already the smallest KV TurboMind offers
+        return "Raise cache_max_entry_count or ask for a shorter --session-len"
+    smaller = ("an int4 KV cache (--quant-policy 4; this one is int8)" if quant_policy == 8
+               else "a quantised KV cache (--quant-policy 8 or 4)")
+    return f"Raise cache_max_entry_count, use {smaller}, or ask for a shorter --session-len"
 
 
 def trtllm_low_headroom(head: float, fraction: float, free: float, threshold: float) -> Finding:

@@ -3,9 +3,10 @@ plain-language summary. Only arranges numbers the reconciler produced."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
+from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Verdict
 from kvaudit.verdict import brief, checked
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
@@ -146,6 +147,43 @@ def not_reached(a: Audit) -> bool:
     return failed and empty and not sized and not any(r.value is not None for r in a.formula_rows if r.unit == "GiB")
 
 
+def _failed_before_pool(a: Audit) -> Finding | None:
+    """The failure that ended a startup before any KV pool existed (NOT_ENOUGH_MEMORY first, else
+    STARTUP_FAILED), or None: a count was logged, the pool was sized (``pool_sized``), or nothing failed."""
+    if a.formula.logged_tokens is not None or a.formula.verdict != Verdict.UNKNOWN:
+        return None
+    failed = [fi for fi in a.findings if fi.code in ("NOT_ENOUGH_MEMORY", "STARTUP_FAILED")]
+    if not failed or any(fi.fields.get("pool_sized") for fi in failed) or any(
+            "after the KV pool" in fi.message for fi in failed):
+        return None
+    memory = next((fi for fi in failed if fi.code == "NOT_ENOUGH_MEMORY"), None)
+    # a failure of another kind may come after a pool an excerpt does not show: only the engine's own word
+    # (the audit's "no pool to check") or a memory failure, which stops the sizing, says no pool existed
+    if memory is None and not (a.formula.verdict_reason or "").startswith("no pool to check"):
+        return None
+    return memory or failed[0]
+
+
+_ENGINE_ADVICE = re.compile(r"((?:Please )?[Tt]ry (?:increasing|decreasing|to increase|to decrease|lowering|reducing)"
+                            r"[^.;]*)")
+
+
+def _next_step(fi: Finding) -> str | None:
+    """What to do next, as the failure's own message gives it: kvaudit's clause after ' -> ' (the setting that
+    would have fit), the fraction SGLang's formula needs, else the engine's own 'Try increasing ...'."""
+    msg = fi.message
+    if " -> " in msg:
+        return msg.split(" -> ", 1)[1].rstrip(". ")
+    m = re.search(r"(?:the formula needs|SGLang suggests) (--mem-fraction-static above [0-9.]+)", msg)
+    if m:
+        return m.group(1)
+    m = re.search(r"a lower --mem-fraction-static does not help here: ([^;]*)", msg)
+    if m:
+        return m.group(1)
+    m = _ENGINE_ADVICE.search(msg)
+    return m.group(1).rstrip(". ") + " (the engine's own advice)" if m else None
+
+
 def summary_sentences(a: Audit) -> list[str]:
     """A few plain sentences: where the memory went, whether the pool size is right, what is wrong."""
     out: list[str] = []
@@ -199,6 +237,11 @@ def summary_sentences(a: Audit) -> list[str]:
         out.append(f"The KV pool size differs from the plain formula, for a known reason: {f.verdict_reason}.")
     elif f.verdict == Verdict.MISMATCH:
         out.append(f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
+    elif (died := _failed_before_pool(a)) is not None:
+        # no pool existed: "not checked: the log lacks the count" would blame the log (ux audit item 36)
+        step = _next_step(died)
+        out.append("No KV pool was in place: the startup failed before it, so there is no pool size to check"
+                   + (f". Next step: {step}" if step else " (the failure is under Needs attention)") + ".")
     else:
         out.append(f"The pool size was not checked: {f.verdict_reason}.")
     for fi in a.findings:

@@ -37,7 +37,7 @@ def test_a_pool_the_cap_sized_is_not_told_to_raise_the_fraction(name):
     assert a.formula.verdict.value == "match" and "cap" in a.formula.verdict_reason
     assert "the cap bound" in codes["TOKENS_MATCH"].message
     # the fraction's own budget, before the cap, is said: far above 20,480
-    assert "the formula alone would allow up to" in codes["TOKENS_CAPPED"].message
+    assert "budget alone would allow a pool of up to" in codes["TOKENS_CAPPED"].message
     assert a.formula.predicted_tokens.low == a.formula.predicted_tokens.high == 20480
 
 

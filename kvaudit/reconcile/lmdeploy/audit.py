@@ -168,7 +168,7 @@ def _cell(s: Settings) -> tuple[Cell, Settings, tuple[Finding, ...]]:
                 for qp in (8, 4):
                     other = _block(s, qp)
                     if other is not None and other.bytes is not None and _fits(other.bytes, mib, lo, hi, truncated):
-                        said = replace(s, quant_policy=qp, quant_source="log (implied by the block size)", notes=[
+                        said = replace(s, quant_policy=qp, quant_source="inferred from the block size", notes=[
                             *s.notes, f"the block line's {mib:g} MB is quant_policy {qp} for this model (the log "
                                       "does not state the policy)"])
                         return Cell(other.bytes, lo, hi, _source(said), other.description
@@ -349,9 +349,11 @@ def _session_findings(s: Settings, tokens: int | None, blocks: int | None) -> li
     cut, asked = s.get("session_len_cut"), s.get("session_len_asked") or s.session_len
     if cut is not None:
         line = s.lines.get("session_len_cut")
-        return [F.session_exceeds_pool(int(asked) if asked else None, int(cut), blocks, s.block, line, stated=True)]
+        return [F.session_exceeds_pool(int(asked) if asked else None, int(cut), blocks, s.block, line, stated=True,
+                                     quant_policy=s.quant_policy)]
     if tokens is not None and s.session_len and s.session_len > tokens:
-        return [F.session_exceeds_pool(s.session_len, tokens, blocks, s.block, None, stated=False)]
+        return [F.session_exceeds_pool(s.session_len, tokens, blocks, s.block, None, stated=False,
+                                     quant_policy=s.quant_policy)]
     return []
 
 
@@ -421,7 +423,8 @@ def _host_blocks(cpu: int, cell: Cell) -> str:
 
 def _kv_dtype(s: Settings) -> str | None:
     name = {0: "16-bit", 4: "int4", 8: "int8"}.get(s.quant_policy)
-    said = "assumed" if s.quant_source.startswith("default") else s.quant_source.split(" (")[0]
+    said = ("assumed" if s.quant_source.startswith("default") else "inferred" if s.quant_source.startswith("inferred")
+            else s.quant_source.split(" (")[0])
     return f"{name} (quant_policy {s.quant_policy}, {said})" if name else None
 
 

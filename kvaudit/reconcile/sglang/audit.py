@@ -109,7 +109,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     shortfall, eff_mfs = shortfall_of(ctx, free, budget, outcome)
     formula = formula_of(ctx, free, fraction, cells, state, cap, replace(outcome, eff_mfs=eff_mfs))
     # the formula's verdict stands in the formula: kvaudit.verdict raises TOKENS_* from it (rule 6)
-    ledgers = ledgers_of(ctx, cells)
+    ledgers = ledgers_of(ctx, cells, fp4_line_without_scales(cells, outcome))
     findings.extend(ledger_and_failure_findings(ctx, opts, ledgers, formula, free, shortfall, cells, outcome))
     host = host_pools(ctx)
     return Audit(
@@ -337,9 +337,12 @@ def solve_unknowns(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Ce
             and cells.iv is not None:
         inferred = 1 - (post.mid - budget.gib(logged)) / T.mid
         if 0 < inferred < 1:
-            fraction = Fraction(round(inferred, 4), "inferred")
-            findings.append(F.mfs_inferred(round(inferred, 4),
-                                           budget.state.mid if budget.state is not None else None))
+            # T and post are printed to 0.01 GiB: a 4th decimal would be noise (ux audit item 20)
+            fraction = Fraction(round(inferred, 3), "inferred")
+            allocated = [st[0] for st in (state_gib(components(rf)) for rf in ctx.facts.values()) if st is not None]
+            findings.append(F.mfs_inferred(round(inferred, 3),
+                                           budget.state.mid if budget.state is not None else None,
+                                           max(allocated) if allocated else None))
     mfs = fraction.value
     if T is None and mfs is not None and mfs < 1 and post is not None and logged and cells.iv is not None \
             and not cells.approx:
@@ -371,8 +374,7 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
             # _compute_cell_size: 1 scale byte per 16 half-byte values, 9/8 of the values), and the KV line counts
             # the values alone up to 0.5.14 (get_kv_size_bytes) and both from 0.5.16: each reading is checked
             scaled = [(p, Interval(c.lo * 9 / 8, c.hi * 9 / 8)) for p, c in stages]
-            preds += [predict_stages(ctx, replace(r, name=r.name + "; FP4 cell = the KV line's values x 9/8 "
-                                                  "(scales the line does not count)"),
+            preds += [predict_stages(ctx, replace(r, name=r.name + "; " + FP4_SCALED),
                                      t_pred, scaled, mfs, state, draft_layers, geom.num_layers if geom else None)
                       for r in _spec_rules(ctx)]
     first = preds[0] if preds else None
@@ -589,6 +591,10 @@ def _cap_bound(pred: Prediction, cap: int | None, logged: int | None) -> bool:
             and pred.uncapped.low >= logged)
 
 
+#: the rule name of the FP4 prediction that divides by values + scales (pool_configurator.py _compute_cell_size)
+FP4_SCALED = "FP4 cell = the KV line's values x 9/8 (scales the line does not count)"
+
+
 def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells, state: Interval | None, cap: Cap,
                outcome: Outcome) -> Formula:
     T, post, mfs = free.T, free.post, fraction.value
@@ -602,6 +608,19 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         u = prediction.uncapped
         check_text = (f"min(--max-total-tokens {cap.cap:,}, ({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / "
                       f"{round(prediction.cell.mid):,} B per token = {u.low:,}..{u.high:,}): the cap bound")
+    elif (outcome.verdict == Verdict.MATCH and prediction is not None and prediction.rule.name == DSV4.RULE
+            and T is not None and post is not None and mfs is not None):
+        # DeepSeek-V4 rounds the division down to whole pages: the printed equation says so (ux audit item 8)
+        page = as_int(ctx.args.get("page_size"))
+        pages = (f"pages of {page}" if page else
+                 f"pages of {min(DSV4.DEFAULT_PAGES)} (or {max(DSV4.DEFAULT_PAGES)}: the log does not say)")
+        check_text = (f"({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / {round(prediction.cell.mid):,} B per "
+                      f"full token, rounded down to {pages}")
+    elif (outcome.verdict == Verdict.MATCH and prediction is not None and FP4_SCALED in prediction.rule.name
+            and T is not None and post is not None and mfs is not None and cells.line_mid):
+        # the prediction divided by values + scales: the printed equation says so, or it does not reproduce
+        check_text = (f"({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / ({round(cells.line_mid):,} x 9/8 "
+                      f"= {prediction.cell.mid:,.0f} B per token, FP4 values + scales)")
     return Formula(
         mem_fraction_static=mfs,
         mem_fraction_static_source=fraction.source,
@@ -637,10 +656,22 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
     )
 
 
-def ledgers_of(ctx: Context, cells: Cells) -> tuple:
+def fp4_line_without_scales(cells: Cells, outcome: Outcome) -> bool:
+    """Does this FP4 pool's KV line count the packed values alone, so the scales the budget paid for (9/8 of the
+    values) are not in it? Known when the config's cell says so (bytes_per_token) or the prediction that matched
+    divided by the values x 9/8 (ux audit item 9: the ledger books them, not 'unexplained')."""
+    if cells.cell is not None and cells.cell.pool_without_scales is not None \
+            and cells.cell.pool == cells.cell.pool_without_scales:
+        return True
+    pred = outcome.prediction
+    return outcome.verdict == Verdict.MATCH and pred is not None and FP4_SCALED in pred.rule.name
+
+
+def ledgers_of(ctx: Context, cells: Cells, fp4_scales: bool = False) -> tuple:
     """Every GiB per rank: weights, the pool, graphs, what stayed free (ledger.rank_ledger)."""
     req_bytes, req_how = request_table(ctx, cells.logged, context_length_of(ctx))
-    return tuple(rank_ledger(i, ctx.facts[r], ctx, cells.cell, cells.logged, req_bytes, req_how, rank0=(i == 0))
+    return tuple(rank_ledger(i, ctx.facts[r], ctx, cells.cell, cells.logged, req_bytes, req_how, rank0=(i == 0),
+                             fp4_scales=fp4_scales)
                  for i, r in enumerate(sorted(ctx.facts)))
 
 

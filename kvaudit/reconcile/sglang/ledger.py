@@ -87,7 +87,7 @@ def request_table(ctx: Context, tokens: int | None, context_len: int | None) -> 
 
 
 def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, tokens: int | None,
-            req_bytes: int | None, req_how: str, rank0: bool) -> RankLedger:
+            req_bytes: int | None, req_how: str, rank0: bool, fp4_scales: bool = False) -> RankLedger:
     """Items in the order they took memory. Logged sizes where the log has them, modelled ones (request
     table, allocator rounding) from the formula, differences between two readings where nothing is printed
     (attention-backend buffers). ``unexplained`` = T on this rank - every item - free at the end."""
@@ -120,6 +120,12 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         else:
             items.append(LedgerItem(c.key, c.label, c.gib, "log", line=c.line))
     kv_line = next((c.line for c in comps if c.key in KV_KEYS), None)
+    kv_values = kv_exact if kv_exact is not None else kv_logged
+    if fp4_scales and kv_values is not None:
+        # FP4: the KV line counts the packed values only, while the pool also holds one scale byte per 16 values
+        # (k/v_scale_buffer; pool_configurator.py _compute_cell_size: 9/8 of the values), paid from the same budget
+        items.append(LedgerItem("pool_fp4_scales", "FP4 KV scales (1 B per 16 values, values / 8; the KV line "
+                                "counts the values only)", rounded(kv_values / 8, 3), "model", line=kv_line))
     if kv_line is None and rf.post_capture_kv is not None:
         # 0.5.16's post-capture line gives the pool's tokens and the free memory, not its size
         unmodelled.append("KV cache sized after capture (0.5.16 prints its tokens, not its size)")

@@ -157,8 +157,7 @@ def predict(ctx: Context, b: Budget, cell: Cell, pool: Pool) -> Prediction:
     interval = TokenInterval(round_up(math.floor(max(0.0, b.lo) * GIB / c), block),
                              round_up(math.floor(b.hi * GIB / c), block))
     if interval.low <= logged <= interval.high:
-        return Prediction(interval, Verdict.MATCH,
-                          f"{logged:,} tokens = ceil(floor({b.mid:.3f} GiB / {c:,} B) / {block}) x {block}")
+        return Prediction(interval, Verdict.MATCH, match_text(logged, max(0.0, b.lo), b.hi, c, block))
     if b.capped and logged < interval.low:
         return Prediction(interval, Verdict.EXPLAINED,
                           f"{logged:,} tokens: the configured cap, not the fraction, sized the pool")
@@ -167,6 +166,33 @@ def predict(ctx: Context, b: Budget, cell: Cell, pool: Pool) -> Prediction:
     return Prediction(interval, Verdict.MISMATCH,
                       f"{logged:,} tokens is not what {b.lo:.2f}..{b.hi:.2f} GiB holds at {c:,} B/token "
                       f"({interval.low:,}..{interval.high:,}); the count implies {implied:.2f} GiB", eff)
+
+
+def reproducing_gib(logged: int, lo: float, hi: float, cell: int, block: int) -> str | None:
+    """The shortest decimal budget (GiB) within lo..hi for which ceil(floor(budget / cell) / block) x block is the
+    logged count, as printed: an operator who redoes the printed equation by hand gets the logged figure (ux
+    audit item 8: the interval's middle can give another count)."""
+    for places in range(2, 10):
+        step = 10 ** -places
+        x = math.ceil(lo / step) * step
+        while x <= hi + 1e-12:
+            text = f"{x:.{places}f}"
+            if round_up(math.floor(float(text) * GIB / cell), block) == logged:
+                return text
+            if round_up(math.floor(x * GIB / cell), block) > logged:
+                break
+            x += step
+    return None
+
+
+def match_text(logged: int, lo: float, hi: float, cell: int, block: int) -> str:
+    """The MATCH line: the equation with a budget that gives the logged count, and the logged rounding's span."""
+    x = reproducing_gib(logged, lo, hi, cell, block)
+    span = f"{lo:.4f}..{hi:.4f} GiB"
+    if x is None:
+        return f"{logged:,} tokens = ceil(floor(budget / {cell:,} B) / {block}) x {block} for a budget in {span}"
+    return (f"{logged:,} tokens = ceil(floor({x} GiB / {cell:,} B) / {block}) x {block}; the logged rounding puts "
+            f"the budget in {span}")
 
 
 def _why_not(ctx: Context, b: Budget, cell: Cell, logged: int | None, pool: Pool) -> str:

@@ -510,6 +510,26 @@ def _match_text(K, cell, block, pool: HybridPool | None, swa: SlidingWindowPool 
     return f"floor(available KV {K} GiB / ({cell:,} B x block {block})) x {block}"
 
 
+def _match_equation(logged: int, K: float, cell: int, block: int, rule: str) -> str:
+    """The MATCH line with a budget inside the logged figure's rounding (+-0.005 GiB) that gives the logged count
+    exactly, the fewest decimals first: the logged 3.81 GiB itself gives 31,200 where vllm_c014 has 31,232 (ux
+    audit item 8: an equation redone by hand must give the number it claims). Without one (0.21+'s count is
+    int(concurrency x max_model_len), within a block), the rule and the rounding's span."""
+    for places in range(2, 6):
+        step = 10 ** -places
+        x = math.ceil((K - LOG_HALF_ULP) / step) * step
+        while x <= K + LOG_HALF_ULP + 1e-12:
+            text = f"{x:.{places}f}"
+            if math.floor(float(text) * GIB / (cell * block)) * block == logged:
+                if float(text) == K:
+                    return f"{logged:,} tokens = {rule}"
+                return (f"{logged:,} tokens = floor({text} GiB / ({cell:,} B x {block})) blocks x {block}; the "
+                        f"logged {K} GiB is rounded to 0.01 ({K - LOG_HALF_ULP:.3f}..{K + LOG_HALF_ULP:.3f})")
+            x += step
+    return (f"{logged:,} tokens is within a block of {rule}, for a budget in the logged {K} GiB's rounding "
+            f"({K - LOG_HALF_ULP:.3f}..{K + LOG_HALF_ULP:.3f})")
+
+
 def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str, float]) -> Prediction:
     cell, bpt_source, pool, swa = cells.cell, cells.source, cells.pool, cells.swa
     if logged_ev is not None and logged_ev.with_host:
@@ -524,6 +544,14 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
                       for f in ctx.startup.of(Failure) if {"max_tokens", "mamba_blocks"} & set(f.numbers)), None)
         if named is not None:
             count += f" line (only the error names the pool: {named[1]}, line {named[0]})"
+        died = next((f for f in ctx.startup.of(Failure) if f.kind in ("no_kv_memory", "kv_needed", "free_memory")),
+                    None)
+        if logged is None and named is None and (died is not None or (K is not None and K <= 0)):
+            # the engine stopped before it made a pool: nothing is missing from the log (ux audit item 36)
+            why = (f"the KV budget was {K} GiB" if K is not None and K <= 0 else
+                   f"line {died.line}" if died is not None else "")
+            return Prediction(None, Verdict.UNKNOWN,
+                              f"no pool to check: the startup failed before the KV pool was allocated ({why})")
         return Prediction(None, Verdict.UNKNOWN, "cannot check: the log lacks " + " and ".join(
             x for x, v in (("the available KV memory", K), (count, logged)) if v is None))
     if cells.unmodelled:
@@ -551,7 +579,7 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     seen = sorted(kvs)
     complete = "all" in kvs or (not ctx.tp_at_least and len(seen) >= ctx.workers)
     if interval.low - slack <= logged <= interval.high + slack:
-        return Prediction(interval, Verdict.MATCH, f"{logged:,} tokens = {rule}")
+        return Prediction(interval, Verdict.MATCH, _match_equation(logged, K, cell, block, rule))
     implied = logged * cell / GIB
     if logged < interval.low and not complete:
         missing = (f"the log shows {len(seen)} of {'at least ' if ctx.tp_at_least else ''}{ctx.workers} workers' "

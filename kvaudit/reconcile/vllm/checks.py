@@ -323,6 +323,13 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
         u = _at_least(util + (LOG_HALF_ULP - K) / T)  # the budget is printed to 0.01 GiB: up to 0.005 more short
         return (f" -> gpu_memory_utilization above {u:.4f} (+{-K:.2f} GiB) leaves a positive budget",
                 {"minimum_utilization": u})
+    if K is not None and K <= 0:
+        # the log lacks the total or the fraction, so by how much is unknown; the direction is the engine's own
+        # ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", v1/core/
+        # kv_cache_utils.py check_enough_kv_cache_memory, 0.9+) or fewer weights per GPU
+        return (f" -> the budget is {-K:.2f} GiB short of zero: raise gpu_memory_utilization (the engine's own "
+                "advice; the log lacks the total to say by how much) or spread the weights over more GPUs "
+                "(--tensor-parallel-size)", {})
     return "", {}
 
 
