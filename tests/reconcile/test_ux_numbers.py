@@ -186,3 +186,25 @@ def test_a_startup_that_died_before_its_pool_names_the_failure_and_the_next_step
     assert _audit("vllm_c043").formula.verdict_reason.startswith("no pool to check")
     # sglang_c013's out-of-memory came after its pool was allocated: not said to have had none
     assert not any(s.startswith("No KV pool") for s in summary_sentences(_audit("sglang_c013")))
+
+
+def test_deepseek_v4s_match_line_gives_ends_an_operator_can_redo():
+    """sglang_c028: the DSv4 division printed at the budget's rounded middle gave another count than the logged
+    one; the line now gives the budget's printed rounding and the token range those ends give, which holds it."""
+    import re
+
+    from tests.conftest import FIXTURES, cli
+
+    a = cli("explain", FIXTURES / "corpus" / "sglang_c028.log", "-f", "json").json()
+    a = a["audits"][-1] if "audits" in a else a
+    reason = a["formula"]["verdict_reason"]
+    m = re.search(r"int\(budget x 2\^30 / ([\d.]+) B\).*?pages of ([\d/]+).*?([\d.]+)\.\.([\d.]+) GiB: ([\d,]+)\.\.([\d,]+)",
+                  reason)
+    assert m, reason
+    cell, pages = float(m.group(1)), [int(p) for p in m.group(2).split("/")]
+    lo_gib, hi_gib = float(m.group(3)), float(m.group(4))
+    lo, hi = (int(m.group(i).replace(",", "")) for i in (5, 6))
+    # the ends printed to 3 decimals: redone, they give the printed range within one page
+    assert abs(int(lo_gib * 2**30 / cell) // max(pages) * max(pages) - lo) <= max(pages)
+    assert abs(int(hi_gib * 2**30 / cell) // min(pages) * min(pages) - hi) <= max(pages)
+    assert lo <= 186_368 <= hi

@@ -101,9 +101,11 @@ def check(startup: Startup, args: dict, T: Interval | None, post: Interval | Non
     padding = "unified=" in calc.text or n_fixed > 0  # 0.5.20+: reserved-page loop after the division
     if tokens.contains(logged) and logged % min(pages) == 0:
         verdict = Verdict.MATCH
-        reason = (f"{logged:,} full tokens = int({base - fixed:.2f} GiB x 2^30 / {calc.bytes_per_full_token:.2f} B) "
-                  f"rounded down to the page: the division allows {tokens.low:,}..{tokens.high:,} "
-                  f"(line {calc.line})")
+        # the printed budget is rounded: its end points, not its middle, are what an operator can redo
+        reason = (f"{logged:,} full tokens is within the engine's division int(budget x 2^30 / "
+                  f"{calc.bytes_per_full_token:.2f} B) rounded down to whole pages of "
+                  f"{'/'.join(str(p) for p in pages)}, over the printed budget's rounding "
+                  f"{budget.lo:.3f}..{budget.hi:.3f} GiB: {tokens.low:,}..{tokens.high:,} (line {calc.line})")
     elif padding and logged < tokens.low and logged % min(pages) == 0:
         verdict = Verdict.UNKNOWN
         reason = (f"{logged:,} full tokens is below the division's {tokens.low:,}..{tokens.high:,}; from 0.5.20 "
