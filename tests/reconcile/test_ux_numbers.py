@@ -208,3 +208,14 @@ def test_deepseek_v4s_match_line_gives_ends_an_operator_can_redo():
     assert abs(int(lo_gib * 2**30 / cell) // max(pages) * max(pages) - lo) <= max(pages)
     assert abs(int(hi_gib * 2**30 / cell) // min(pages) * min(pages) - hi) <= max(pages)
     assert lo <= 186_368 <= hi
+
+
+def test_vllms_own_rounded_product_is_said_as_its_own():
+    """vllm_c058: vLLM prints 'total_gpu_memory (79.22GiB) x gpu_memory_utilization (0.90) = 71.29GiB' from its
+    unrounded total; redone from the printed figures it is 71.30, so the quote says whose figures they are."""
+    from tests.conftest import FIXTURES, cli
+
+    head = cli("explain", FIXTURES / "corpus" / "vllm_c058.log", "-f", "json").json()["headline"]
+    assert "79.22 x 0.9 = 71.29 GiB (vLLM's own figures, from its unrounded total)" in head
+    head = cli("explain", FIXTURES / "corpus" / "vllm_c014.log", "-f", "json").json()["headline"]
+    assert "own figures" not in head  # 23.58 x 0.9 = 21.22: redone, the same

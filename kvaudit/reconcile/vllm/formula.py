@@ -58,7 +58,9 @@ class Budget:
 
     def sentence(self) -> str:
         terms = " + ".join(f"{name} {v:.2f}" for name, v in self.terms)
-        return f"{self.requested_text} GiB - ({terms}) = {self.kv:.2f} GiB available for the KV cache"
+        said, _, aside = self.requested_text.partition(" (")  # an aside on the figures goes after the unit
+        return (f"{said} GiB{' (' + aside if aside else ''} - ({terms}) = {self.kv:.2f} GiB available for the "
+                "KV cache")
 
 
 def requested(rr: RankFacts, util: float | None) -> tuple[float, str] | None:
@@ -68,7 +70,12 @@ def requested(rr: RankFacts, util: float | None) -> tuple[float, str] | None:
                                         f"{r.get('external_weights_gib', 0):.2f} = {r['engine_budget_gib']:.2f}")
     if "requested_gib" in r:
         if "total_gib" in r and "util" in r:
-            return r["requested_gib"], f"total {r['total_gib']:.2f} x {r['util']:g} = {r['requested_gib']:.2f}"
+            # vLLM multiplies the unrounded total and prints both rounded: redone from the printed total, the
+            # product can differ in the last digit (79.22 x 0.9 = 71.30, printed 71.29); said, so no one is misled
+            said = f"total {r['total_gib']:.2f} x {r['util']:g} = {r['requested_gib']:.2f}"
+            if abs(round(r["total_gib"] * r["util"], 2) - round(r["requested_gib"], 2)) >= 0.005:
+                said += " (vLLM's own figures, from its unrounded total)"
+            return r["requested_gib"], said
         return r["requested_gib"], f"{r['requested_gib']:.2f}"
     if "total_gib" in r and util is not None:
         req = r["total_gib"] * util
