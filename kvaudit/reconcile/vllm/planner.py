@@ -132,9 +132,14 @@ CARD_CAPABILITY = {"a100": 8.0, "a10": 8.6, "a10g": 8.6, "a40": 8.6, "l4": 8.9, 
                    "rtx 5090": 12.0, "rtx-pro-6000": 12.0, "rtx pro 6000": 12.0}
 
 
+#: the newest vLLM release kvaudit models (its minor series): parse/vllm.py reads log shapes up to 0.33's "Auto-fit
+#: ... available KV cache memory"; a later release is refused by name rather than planned by 0.33's rules
+NEWEST_MODELLED = (0, 33)
+
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     version = shared.release(inp, (0, 6, 5), "kvaudit plan sizes vLLM 0.6.5+ (0.6.4 and earlier budget the torch "
-                             "peak and count other processes)")
+                             "peak and count other processes)", newest=NEWEST_MODELLED,
+                             newest_basis="the newest whose log lines it reads: 0.33's 'Auto-fit' line")
     era = VersionRange(version, version)
     geom = inp.geometry
     given_cell = shared.replayed_or_config(inp)
