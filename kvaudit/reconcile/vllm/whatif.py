@@ -72,7 +72,10 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     failed = [f for f in active(base.findings) if f.severity is Severity.ERROR]
     # the utilization at which the budget turns positive: K + (u - u0) x total > 0
     need = u0 - K / T_hi if T_hi else None
-    mml = _mml(ctx) if cells.pool is None and cells.swa is None else None
+    # the max seq len check: V0 from 0.2.7 (0.2.0-0.2.6 start and leave long prompts waiting), every V1; skipped
+    # only for a log certainly older
+    old = ctx.era.hi is not None and ctx.era.hi < (0, 2, 7)
+    mml = _mml(ctx) if cells.pool is None and cells.swa is None and not old else None
     if kv_lo <= 0:
         reason = (f"the KV budget would be {kv_lo:.2f}" + (f"..{kv_hi:.2f}" if kv_hi != kv_lo else "") + " GiB: vLLM "
                   + ("will" if kv_hi <= 0 else "may") + " not start (\"No available memory for the cache blocks\")"
