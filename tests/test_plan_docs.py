@@ -31,6 +31,14 @@ def test_weights_past_the_card_say_only_that_no_fraction_helps():
     assert "increase the fraction" not in said
 
 
+def test_vllm_weights_past_the_card_offer_no_fraction():
+    """item 14's class on vLLM: no utilisation up to 1.0 gives a budget, so no 'largest fraction' beside 'no'."""
+    r = cli("plan", Q32, "--engine", "vllm==0.11.0", "--gpu", "rtx-4090")
+    said = _flat(r.stdout)
+    assert r.code == ExitStatus.LOG_ERRORS and "no gpu_memory_utilization gives a KV budget" in said
+    assert "No available memory for the cache blocks" in said and "largest fraction" not in said
+
+
 def test_a_tp_the_heads_cannot_split_sizes_nothing():
     """item 15: --tp 3 on 64 heads printed a cell of '8 KV heads / 3', 805,220 tokens and a smallest fraction."""
     r = cli("plan", Q32, "--engine", "sglang==0.5.9", "--gpu", "h100", "--tp", "3", "--fraction", "0.9")

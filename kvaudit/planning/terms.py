@@ -178,12 +178,13 @@ def kv_element(inp: PlanInput, geometry: ModelGeometry | None = None) -> float:
 
 
 def pool_starts(budget: Interval, lo: int, hi: int, context: int | None, engine_error: str,
-                context_fatal: bool) -> tuple[str, str]:
+                context_fatal: bool, empty_error: str | None = None) -> tuple[str, str]:
     """Whether a pool sized by a budget starts: ``engine_error`` is what the engine raises when the pool is empty
     (or, ``context_fatal``, cannot hold one request of the context length: vLLM checks max_model_len against its
-    pool; the others shorten the session or queue the request)."""
+    pool; the others shorten the session or queue the request); ``empty_error``, when the engine words an empty
+    budget otherwise."""
     if budget.hi <= 0 or hi <= 0:
-        return "no", f"the KV budget is not positive ({engine_error})"
+        return "no", f"the KV budget is not positive ({empty_error or engine_error})"
     if context and hi < context:
         if context_fatal:
             return "no", f"the pool holds fewer tokens than one {context:,}-token request ({engine_error})"
