@@ -56,7 +56,9 @@ def plan_case(c: dict, d: Path) -> dict[str, Any]:
         p = run(req)
     except KvauditError as exc:
         return {"id": c["id"], "refused": str(exc)}
-    rest = next(t for t in p.terms if t.key == "rest_gib")
+    rest = next((t for t in p.terms if t.key == "rest_gib"), None)
+    if rest is None:  # a layout the engine refuses (a TP the heads cannot split): no budget is sized
+        return {"id": c["id"], "starts": p.starts, "why": p.starts_reason}
     return {"id": c["id"], "lo": rest.lo, "hi": rest.hi, "starts": p.starts, "why": p.starts_reason}
 
 
@@ -117,7 +119,8 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
             err = f"{r['error']:+.1%}" if "error" in r else "-"
             held = ("yes" if r["held"] else "no") if "held" in r else "-"
             tag = " (failed)" if r["failed"] else ""
-            print(f"  {r['id']:<34} {logged:>7} {r['lo']:>7.2f}-{r['hi']:<7.2f} {err:>7} {held:>4}  {r['starts']}{tag}")
+            budget = f"{r['lo']:>7.2f}-{r['hi']:<7.2f}" if "lo" in r else f"{'not sized':>15}"
+            print(f"  {r['id']:<34} {logged:>7} {budget} {err:>7} {held:>4}  {r['starts']}{tag}")
         if errs:
             print(f"  {len(sized)} budgets: KV GiB mean abs error {summary['mean_abs_error']:.1%}, median "
                   f"{summary['median_abs_error']:.1%}, p95 {summary['p95_abs_error']:.1%}; interval held "

@@ -255,6 +255,24 @@ def explain(
     return int(judge_audits(audits))
 
 
+def _fraction(hi: float):
+    """A what-if fraction's check, 0.01..hi, said in the help rather than as a range column (the flags then print
+    whole at 80 columns)."""
+
+    def check(value: Optional[float]) -> Optional[float]:
+        if value is not None and not 0.01 <= value <= hi:
+            raise typer.BadParameter(f"{value:g} is not in 0.01..{hi:g}")
+        return value
+    return check
+
+
+def _positive(value: Optional[int]) -> Optional[int]:
+    """A what-if count's check (>= 1), said without a range column."""
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} is not a positive count")
+    return value
+
+
 #: each engine's fraction, as its own CLI spells it (what-if speaks the engine's words)
 FRACTION_FLAG = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization",
                  "trtllm": "--free-gpu-memory-fraction", "lmdeploy": "--cache-max-entry-count"}
@@ -263,25 +281,34 @@ FRACTION_FLAG = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utiliz
 @app.command()
 def whatif(
     file: str = typer.Argument(..., help="The server's log file, or - to read standard input."),
-    mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", min=0.01, max=1.0,
-            help="SGLang: the fraction to try."),
-    gpu_memory_utilization: Optional[float] = _opt(ASSUME, None, "--gpu-memory-utilization", min=0.01, max=1.0,
-            help="vLLM: the utilization to try."),
-    free_gpu_memory_fraction: Optional[float] = _opt(ASSUME, None, "--free-gpu-memory-fraction", min=0.01, max=0.99,
-            help="TensorRT-LLM: the kv_cache_config fraction to try."),
-    cache_max_entry_count: Optional[float] = _opt(ASSUME, None, "--cache-max-entry-count", min=0.01, max=0.99,
-            help="LMDeploy: the cache_max_entry_count (a fraction of the free memory) to try."),
-    quant_policy: Optional[int] = _opt(ASSUME, None, "--quant-policy", help="LMDeploy: 0, 8 (int8 KV) or 4 (int4 KV)."),
-    session_len: Optional[int] = _opt(ASSUME, None, "--session-len", min=1, help="LMDeploy: the session length."),
+    # the flags print whole at 80 columns: a short metavar, the range said in the help (_fraction checks it)
+    mem_fraction_static: Optional[float] = _opt(ASSUME, None, "--mem-fraction-static", metavar="F",
+            callback=_fraction(1.0), help="SGLang: the fraction to try (0.01-1)."),
+    gpu_memory_utilization: Optional[float] = _opt(ASSUME, None, "--gpu-memory-utilization", metavar="F",
+            callback=_fraction(1.0), help="vLLM: the utilization to try (0.01-1)."),
+    free_gpu_memory_fraction: Optional[float] = _opt(ASSUME, None, "--free-gpu-memory-fraction", metavar="F",
+            callback=_fraction(0.99), help="TensorRT-LLM: the kv_cache_config fraction to try (0.01-0.99)."),
+    cache_max_entry_count: Optional[float] = _opt(ASSUME, None, "--cache-max-entry-count", metavar="F",
+            callback=_fraction(0.99),
+            help="LMDeploy: the cache_max_entry_count (a fraction of the free memory) to try (0.01-0.99)."),
+    quant_policy: Optional[int] = _opt(ASSUME, None, "--quant-policy", metavar="N",
+            help="LMDeploy: 0, 8 (int8 KV) or 4 (int4 KV)."),
+    session_len: Optional[int] = _opt(ASSUME, None, "--session-len", metavar="N", callback=_positive,
+            help="LMDeploy: the session length."),
     kv_cache_dtype: Optional[str] = _opt(ASSUME, None, "--kv-cache-dtype", help="e.g. fp8_e4m3, bf16, fp4_e2m1."),
-    tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", min=1, help="A different TP size (approximate)."),
-    context_length: Optional[int] = _opt(ASSUME, None, "--context-length", min=1, help="A different context length."),
-    max_tokens: Optional[int] = _opt(ASSUME, None, "--max-tokens", min=1,
-            help="TensorRT-LLM: a kv_cache_config.max_tokens cap on the pool."),
+    tp_size: Optional[int] = _opt(ASSUME, None, "--tp-size", metavar="N", callback=_positive,
+            help="A different TP size (approximate)."),
+    context_length: Optional[int] = _opt(ASSUME, None, "--context-length", metavar="N", callback=_positive,
+            help="A different context length (TensorRT-LLM: max_seq_len)."),
+    max_tokens: Optional[int] = _opt(ASSUME, None, "--max-tokens", metavar="N", callback=_positive,
+            help="TensorRT-LLM: a max_tokens cap on the pool (kv_cache_config)."),
     model_config: Optional[Path] = _opt(ASSUME, None, "--model-config", "-m", help="The model's config.json."),
-    log_mem_fraction_static: Optional[float] = typer.Option(
-        None, "--log-mem-fraction-static", min=0.01, max=1.0,
-        help="The fraction the logged startup used, when the log has no server_args."),
+    log_fraction: Optional[float] = _opt(ASSUME, None, "--log-fraction", metavar="F", callback=_fraction(1.0),
+            help="The fraction the logged startup ran with (the engine's own setting), when the log does not "
+                 "say."),
+    # the old SGLang-named spelling, kept working for scripts; --help shows the engine-neutral one
+    log_mem_fraction_static: Optional[float] = typer.Option(None, "--log-mem-fraction-static", min=0.01, max=1.0,
+                                                            hidden=True, help="The old name of --log-fraction."),
     fmt: str = _opt(OUT, "text", "--format", "-f", metavar="[text|json]", help="text or json."),
     startup: Optional[int] = STARTUP,
     threshold: list[str] = THRESHOLD,
@@ -298,6 +325,9 @@ def whatif(
     from kvaudit.report.formats import choose
 
     chosen = choose(fmt, "whatif")
+    if log_fraction is not None and log_mem_fraction_static is not None and log_fraction != log_mem_fraction_static:
+        raise Fail("--log-fraction and --log-mem-fraction-static are one option: give it once")
+    log_mem_fraction_static = log_fraction if log_fraction is not None else log_mem_fraction_static
     fractions = {flag: v for flag, v in (("--mem-fraction-static", mem_fraction_static),
                                          ("--gpu-memory-utilization", gpu_memory_utilization),
                                          ("--free-gpu-memory-fraction", free_gpu_memory_fraction),
@@ -343,7 +373,8 @@ def whatif(
     _write(chosen.whatif(audit, w, color=_color(color) and output is None, width=_width(output)), output)
     if not w.computed:  # no answer at all: not "the change leaves the headroom" (docs/exit-codes.md)
         return int(ExitStatus.WARNINGS)
-    return int({"oom": ExitStatus.WARNINGS, "low": ExitStatus.WARNINGS}.get(w.risk, ExitStatus.OK))
+    # only "ok" is ok: a risk, an OOM, a change that would not start, or an answer kvaudit cannot give is 1
+    return int(ExitStatus.OK if w.risk == "ok" else ExitStatus.WARNINGS)
 
 
 def _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,

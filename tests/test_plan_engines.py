@@ -81,7 +81,7 @@ def test_sglangs_default_fraction_is_the_releases_own_rule(tmp_path, version, gp
     p = _plan(_model(tmp_path, config, 60 * GIB), "--engine", f"sglang=={version}", "--gpu", gpu, "--tp", str(tp))
     term = next(t for t in p["terms"] if t["key"] == "mem_fraction_static")
     # 0.4.6 and 0.4.7 do not round their quotient (the reference's table shows it to three places)
-    assert round(term["low"], 3) == expected and term["low"] == term["high"] and term["kind"] == "formula", term
+    assert round(term["low"], 3) == expected and term["low"] == term["high"] and term["kind"] == "default", term
     assert "default" in term["basis"] and round(p["formula"]["mem_fraction_static"], 3) == expected
 
 
@@ -215,7 +215,7 @@ def test_vllm_refuses_a_pool_below_one_max_model_len_request_and_a_budget_above_
     assert p["starts"] == "no" and "Free memory on device" in p["starts_reason"]
     default = _plan(model, "--engine", "vllm==0.22.0", "--gpu", "h100")
     term = next(t for t in default["terms"] if t["key"] == "mem_fraction_static")
-    assert term["low"] == 0.92 and term["kind"] == "formula"  # 0.21+'s default
+    assert term["low"] == 0.92 and term["kind"] == "default"  # 0.21+'s default
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_a_trtllm_startup_calibrates_the_plan_to_its_pool(tmp_path):
     assert low <= a.formula.logged_tokens <= high
     assert high - low < 0.02 * a.formula.logged_tokens  # calibrated: within the widening for another release
     kinds = {t["key"]: t["kind"] for t in p["terms"]}
-    assert kinds["profiling_used_gib"] == "calibrated" and kinds["mem_fraction_static"] == "formula"
+    assert kinds["profiling_used_gib"] == "calibrated" and kinds["mem_fraction_static"] == "default"
 
 
 def test_a_trtllm_plan_without_the_weights_says_so(tmp_path):
@@ -250,7 +250,7 @@ def test_lmdeploy_plans_turbomind_and_the_pytorch_engine_by_their_own_rules(tmp_
     assert tm["formula"]["page_size"] == pt["formula"]["page_size"] == 64
     assert tm["formula"]["predicted_tokens"]["low"] % 64 == 0
     ratio = next(t for t in tm["terms"] if t["key"] == "mem_fraction_static")
-    assert ratio["low"] == 0.8 and ratio["kind"] == "formula"
+    assert ratio["low"] == 0.8 and ratio["kind"] == "default"
     runtime = next(t for t in pt["terms"] if t["key"] == "runtime_gib")
     # (max_prefill_token_num + 2 x max_batches) x vocab x 2 B, at the corpus' defaults
     assert runtime["low"] == pytest.approx((4096 + 256) * 128256 * 2 / GIB, abs=1e-4)  # JSON: 4 places

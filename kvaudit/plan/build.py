@@ -234,12 +234,15 @@ def structural(p: Plan) -> Plan:
 
     inp, geom = p.input, p.input.geometry
     why = None
+    layout = False  # a TP the heads cannot split: the layout does not exist, and nothing of it is sized
     if geom is not None and geom.num_attention_heads and geom.num_attention_heads % inp.tp:
+        layout = True
         why = (f"--tp {inp.tp} does not divide the model's {geom.num_attention_heads} attention heads: the engine "
                "refuses to start (vLLM ModelConfig.verify_with_parallel_config: 'Total number of attention heads ... "
                "must be divisible by tensor parallel size'; SGLang and TensorRT-LLM split heads the same way)")
     elif (geom is not None and geom.num_kv_heads and not geom.is_mla
           and geom.num_kv_heads % inp.tp and inp.tp % geom.num_kv_heads):
+        layout = True
         why = (f"--tp {inp.tp} neither divides the model's {geom.num_kv_heads} KV heads nor is a multiple of them: "
                "they can be neither split nor replicated evenly, and the engine refuses to start")
     elif geom is not None and inp.context_length and geom.max_position_embeddings:
@@ -255,6 +258,14 @@ def structural(p: Plan) -> Plan:
                 return dataclasses.replace(p, starts="at risk", starts_reason=f"{words}; {p.starts_reason}")
     if why is None:
         return p
+    if layout:
+        # the engine stops at the split, before it measures any memory: per-rank weights, a cell of "8 KV heads / 3",
+        # tokens and fractions would size a deployment that cannot exist. Only the card's own terms stay.
+        card_terms = tuple(t for t in p.terms if t.key in ("t_gib", "mem_fraction_static"))
+        return dataclasses.replace(p, terms=card_terms, tokens_low=0, tokens_high=0, kv_gib_low=0.0, kv_gib_high=0.0,
+                                   concurrency=None, left_after_graphs=None, smallest_fraction=None,
+                                   largest_fraction=None, starts="no", starts_reason=why,
+                                   rule="not sized: the engine refuses this TP before it sizes any memory")
     return dataclasses.replace(p, starts="no", starts_reason=why + (f"; and {p.starts_reason}" if p.starts == "no"
                                                                     else ""))
 

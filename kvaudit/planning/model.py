@@ -2,7 +2,8 @@
 
 Every number a plan prints is a :class:`Term` with its kind: **calibrated** (observed in the fleet's own startups:
 which, how many, their spread), **formula** (the engine's own arithmetic on given inputs), **assumed** (a default,
-with the range it may take), or **given** (the command line). An interval is the range the inputs allow: narrow
+with the range it may take), **default** (the release's own value of a setting not given, e.g. the fraction), or
+**given** (the command line). An interval is the range the inputs allow: narrow
 when they were observed, wide when they are assumed.
 """
 
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from kvaudit.model_config import ModelGeometry
 
 CALIBRATED, FORMULA, ASSUMED, GIVEN = "calibrated", "formula", "assumed", "given"
+#: the release's own value of a setting the command line did not give (the fraction): exact, as a formula's term
+#: is, but not the user's, so it is not labelled "formula" (nothing was computed) nor "given"
+DEFAULT = "default"
 
 
 def model_key(geom: ModelGeometry) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from kvaudit.errors import KvauditError
 from kvaudit.model_config import ModelGeometry
 from kvaudit.planning import calibrate
-from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, PlanInput, Term
+from kvaudit.planning.model import ASSUMED, CALIBRATED, DEFAULT, FORMULA, GIVEN, PlanInput, Term
 from kvaudit.units import GIB, Interval
 
 #: what loading the weights takes beyond the checkpoint's bytes per rank, when no startup of the model says:
@@ -29,11 +29,14 @@ class PlanError(KvauditError):
 
 
 def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = False, drafts: bool = False,
-            dp_attention: bool = False) -> tuple[int, ...]:
+            dp_attention: bool = False, newest: tuple[int, ...] | None = None, newest_basis: str = ""
+            ) -> tuple[int, ...]:
     """The planned release as a version tuple; ``refusal`` says why releases before ``since`` are not planned.
-    Settings this engine's plan does not have are refused rather than silently ignored: ``caps`` (a token cap),
-    ``drafts`` (a speculative draft), ``dp_attention``."""
-    from kvaudit.versions import parse_version
+    A release past ``newest`` (the newest kvaudit models, compared at its own precision: (0, 33) admits 0.33.2,
+    (0, 5, 23) admits no 0.5.24) is refused as not modelled, never planned by the newest rules under its name: a
+    future release, or a typo such as 9.9.9. Settings this engine's plan does not have are refused rather than
+    silently ignored: ``caps`` (a token cap), ``drafts`` (a speculative draft), ``dp_attention``."""
+    from kvaudit.versions import format_version, parse_version
 
     try:
         version = parse_version(inp.version)
@@ -41,6 +44,10 @@ def release(inp: PlanInput, since: tuple[int, ...], refusal: str, caps: bool = F
         raise PlanError(f"--engine {inp.engine}=={inp.version}: not a release number") from None
     if version < since:
         raise PlanError(f"{inp.engine} {inp.version}: {refusal}")
+    if newest is not None and version[:len(newest)] > newest:
+        raise PlanError(f"--engine {inp.engine}=={inp.version}: not modelled here: the newest {inp.engine} release "
+                        f"kvaudit models is {format_version(newest)}" + (f" ({newest_basis})" if newest_basis else "")
+                        + "; a later release may size its pool differently (or is this a typo?)")
     if inp.draft is not None and not drafts:
         raise PlanError(f"--draft: a speculative draft is planned for SGLang only; {inp.engine}'s draft layers and "
                         "their pool are not modelled by plan")
@@ -62,7 +69,8 @@ def replayed_or_config(inp: PlanInput) -> int | None:
 def weakest(*kinds: str) -> str:
     """The least established of the kinds a derived term rests on."""
     order = (ASSUMED, CALIBRATED, FORMULA, GIVEN)
-    return min(kinds, key=order.index)
+    # a release default is as exact as a formula's term: what rests on it is the formula's
+    return min((FORMULA if k == DEFAULT else k for k in kinds), key=order.index)
 
 
 def cuda_total(inp: PlanInput, history: Any, engine_words: str) -> Term:
@@ -117,7 +125,7 @@ def fraction(inp: PlanInput, name: str, default: tuple[float, str] | None) -> Te
     if default is None:
         raise PlanError(f"give --fraction ({name}): this release's default is not known to kvaudit")
     value, source = default
-    return Term("mem_fraction_static", name, value, value, "", FORMULA, source)
+    return Term("mem_fraction_static", name, value, value, "", DEFAULT, source)
 
 
 def sum_terms(key: str, label: str, parts: list[Term], basis: str) -> Term:
@@ -170,12 +178,13 @@ def kv_element(inp: PlanInput, geometry: ModelGeometry | None = None) -> float:
 
 
 def pool_starts(budget: Interval, lo: int, hi: int, context: int | None, engine_error: str,
-                context_fatal: bool) -> tuple[str, str]:
+                context_fatal: bool, empty_error: str | None = None) -> tuple[str, str]:
     """Whether a pool sized by a budget starts: ``engine_error`` is what the engine raises when the pool is empty
     (or, ``context_fatal``, cannot hold one request of the context length: vLLM checks max_model_len against its
-    pool; the others shorten the session or queue the request)."""
+    pool; the others shorten the session or queue the request); ``empty_error``, when the engine words an empty
+    budget otherwise."""
     if budget.hi <= 0 or hi <= 0:
-        return "no", f"the KV budget is not positive ({engine_error})"
+        return "no", f"the KV budget is not positive ({empty_error or engine_error})"
     if context and hi < context:
         if context_fatal:
             return "no", f"the pool holds fewer tokens than one {context:,}-token request ({engine_error})"

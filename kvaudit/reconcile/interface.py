@@ -274,6 +274,9 @@ class WhatIf(Record):
     pin: str | None = None
     #: what the engine keeps out of the KV cache, in its terms (the whatif table's row for it)
     reserve_label: str = "static reserve"
+    #: the one reason that decides ``risk`` when it is not the reserve (a KV budget <= 0, a pool smaller than one
+    #: request, a startup that never finished): the engine's own words; also the first line of ``explanation``
+    reason: str | None = None
 
     @property
     def computed(self) -> bool:

@@ -225,7 +225,8 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) 
         for e in w.explanation:
             L.extend(wrap("- " + e, "  ", width))
         return "\n".join(L) + "\n"
-    after = f"{w.tokens_after.low:,}..{w.tokens_after.high:,}" if w.tokens_after else "-"
+    after = ("-" if not w.tokens_after else f"{w.tokens_after.low:,}" if w.tokens_after.low == w.tokens_after.high
+             else f"{w.tokens_after.low:,}..{w.tokens_after.high:,}")
     rows_ = [
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
         ("KV cache per GPU (GiB)", g(w.kv_gib_before), g(w.kv_gib_after)),
@@ -237,18 +238,28 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) 
     risk = {"ok": ("ok", "32"), "low": ("LOW HEADROOM", "33"), "oom": ("OUT OF MEMORY", "31"),
             "unknown": ("unknown", "2")}[w.risk]
     after_txt = g(w.headroom_gib_after)
+    h0, h1 = w.headroom_gib_before, w.headroom_gib_after
+    # the wording follows the direction: a headroom that grows is never "would fall"
+    if h0 is not None and h1 is not None and h1 >= h0:
+        low = (f"activation headroom would rise from {g(h0)} to {after_txt} GiB, but stay low: long prefills may "
+               "run out of memory at runtime.")
+    else:
+        low = (f"activation headroom would fall from {g(h0)} to {after_txt} GiB: long prefills may run out of "
+               "memory at runtime.")
     verdicts = {
         "ok": f"the reserve still covers what this startup's graphs and draft took, leaving {after_txt} GiB "
               "for activations.",
-        "low": f"activation headroom would fall from {g(w.headroom_gib_before)} to {after_txt} GiB: long prefills "
-               "may run out of memory at runtime.",
+        "low": low,
         "oom": "the reserve would not even cover what this startup's graphs and draft took: expect an OOM at "
                "startup or under load.",
         "unknown": "the log lacks the readings needed to judge the reserve.",
     }
-    L.extend(wrap(colour(risk[0], risk[1], color) + ": " + verdicts[w.risk], "  ", width))
+    # a reason that is not the reserve (a KV budget <= 0, a pool below one request, a startup that never
+    # finished) is the verdict itself, said once
+    L.extend(wrap(colour(risk[0], risk[1], color) + ": " + (w.reason or verdicts[w.risk]), "  ", width))
     for e in w.explanation:
-        L.extend(wrap("- " + e, "  ", width))
+        if e != w.reason:
+            L.extend(wrap("- " + e, "  ", width))
     if w.pin:
         L.extend(wrap(f"To pin this answer whatever the free memory is next time: {w.pin}.", "  ", width))
     return "\n".join(L) + "\n"

@@ -34,9 +34,14 @@ PREFILL_TOKENS = (4096, 8192)
 MAX_BATCHES = (128, 256)
 
 
+#: the newest LMDeploy release kvaudit models (its minor series): parse/lmdeploy.py's newest log shape is 0.15's
+#: object-cache line; a later release is refused by name rather than planned by 0.15's rules
+NEWEST_MODELLED = (0, 15)
+
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     version = shared.release(inp, (0, 2, 2), "kvaudit plan sizes LMDeploy 0.2.2+ (the ratio took the total memory "
-                             "before)")
+                             "before)", newest=NEWEST_MODELLED,
+                             newest_basis="the newest whose log lines it reads: 0.15's object-cache line")
     backend = (inp.backend or "turbomind").lower()
     if backend not in ("turbomind", "pytorch"):
         raise PlanError(f"--backend {inp.backend}: LMDeploy's engines are turbomind and pytorch")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
+from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
 from kvaudit.reconcile.lmdeploy.settings import policy_of
 from kvaudit.units import GIB
 
@@ -31,13 +31,17 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     kv0 = base.ranks[0].kv_gib if base.ranks else None
     free = f0.post_load_free_gib
     explanation: list[str] = []
+    assumed = False
     if free is None and kv0 is not None and ratio0 < 1:
         free = kv0 / ratio0
-        assumed = (" (the ratio is assumed: the log does not state it; --log-mem-fraction-static gives the one the "
-                   "server ran with)"
-                   if (f0.mem_fraction_static_source or "").startswith("default") else "")
+        assumed = (f0.mem_fraction_static_source or "").startswith("default")
+        if assumed:
+            # every figure below is the pool divided by a ratio the log does not state: another ratio gives another
+            # free memory, so the answer is only as good as that assumption, and no block count is pinned on it
+            explanation.append(f"this answer rests on the assumed cache_max_entry_count {ratio0:g} (LMDeploy's "
+                               "default; the log does not state it): --log-fraction gives the one the server ran with")
         explanation.append(f"free after the weights not in the log: {kv0:.2f} GiB / {ratio0:g} = {free:.2f} GiB "
-                           f"implied by the pool (to one block){assumed}")
+                           "implied by the pool (to one block)")
     if free is None or not per_token or ratio1 >= 1:
         if ratio1 >= 1:
             lacks: tuple[str, ...] = ("cache_max_entry_count >= 1 is a block count: the pool is that many blocks",)
@@ -86,12 +90,24 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
         explanation.append(f"session_len {session:,} is more than the {tokens:,} tokens the pool would hold: "
                            "one request could not reach it")
     risk = "low" if left < opts.thresholds.low_headroom_gib else "ok"
+    before: float | None = free * (1 - ratio0)
+    reason = None
+    if any(f.severity is Severity.ERROR for f in active(base.findings)):
+        # a startup that failed measured no end: what it left free is no baseline, and whether the rest fits is
+        # not known
+        before, risk = None, "unknown"
+        reason = ("the pool would be sized as above, but whether the rest of the startup fits cannot be told: this "
+                  "startup failed before it was measured")
+        explanation.insert(0, reason)
     # cache_max_entry_count >= 1 is an absolute block count in TurboMind <=0.14 (0.15+ takes fractions only; the
     # PyTorch engine's num_gpu_blocks does the same)
     pin = f"--cache-max-entry-count {blocks} (TurboMind <=0.14; PyTorch engine: num_gpu_blocks={blocks})"
     return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), kv0, round(budget, 2),
-                  round(free * (1 - ratio0), 2), round(left, 2), None, None, round(free * (1 - ratio0), 2),
-                  round(left, 2), risk, tuple(explanation), pin if blocks > 0 else None, reserve_label=RESERVE_LABEL)
+                  None if before is None else round(before, 2), round(left, 2), None, None,
+                  None if before is None else round(before, 2),
+                  round(left, 2), risk, tuple(explanation),
+                  pin if blocks > 0 and risk == "ok" and not assumed else None, reserve_label=RESERVE_LABEL,
+                  reason=reason)
 
 
 def _per_elem(elt: float, head_dim: int) -> float:

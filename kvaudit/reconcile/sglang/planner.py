@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from kvaudit.parse.sglang import NEWEST_KNOWN
 from kvaudit.planning import calibrate
 from kvaudit.planning import terms as shared
 from kvaudit.planning.model import ASSUMED, CALIBRATED, FORMULA, GIVEN, Plan, PlanInput, Term
@@ -81,7 +82,8 @@ class _Settings:
 
 
 def plan(inp: PlanInput, history: Any = None) -> Plan:
-    version = shared.release(inp, (0, 0, 0), "", caps=True, drafts=True, dp_attention=True)
+    version = shared.release(inp, (0, 0, 0), "", caps=True, drafts=True, dp_attention=True, newest=NEWEST_KNOWN,
+                             newest_basis="the newest whose log lines and rules it reads, parse/sglang.py")
     era = VersionRange(version, version)
     notes: list[str] = []
     terms: list[Term] = []
@@ -225,10 +227,23 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                  "and KV pool, which come out of it after the pool is sized (OOM)")
         elif reserve.lo < in_reserve.hi and starts == "yes":
             starts, why = "at risk", "the reserve may not hold the draft's weights and KV pool (they come out of it)"
-    if smallest is None:
-        why += "; the weights leave no room for the pool at any fraction"
+    if posti.hi <= 0:
+        # the weights alone take what was free: no fraction gives a budget, so "increase the fraction" would mislead
+        starts, why = "no", (f"NOT_ENOUGH_MEMORY: the weights leave no memory for the pool at any fraction (free "
+                             f"after the weights: {_gib(posti)}): SGLang stops; more GPUs (--tp) or a smaller "
+                             "checkpoint")
+    elif posti.lo <= 0:
+        why += ("; at the low end of the assumed terms the weights leave no memory for the pool at any fraction "
+                f"(free after the weights: {_gib(posti)})")
+    elif smallest is None:
+        why += f"; no fraction makes the pool hold one {inp.context_length or 1:,}-token request"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
+
+
+def _gib(i: Interval) -> str:
+    return f"{i.lo:.2f} GiB" if abs(i.hi - i.lo) < 0.005 else (
+        f"{i.lo:.2f} to {i.hi:.2f} GiB" if i.lo < 0 or i.hi < 0 else f"{i.lo:.2f}-{i.hi:.2f} GiB")
 
 
 def _fp8_block(rows: int, cols: int) -> int:

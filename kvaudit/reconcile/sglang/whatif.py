@@ -1,4 +1,9 @@
-"""What if: the same startup rerun with another fraction, KV dtype, TP size or context length."""
+"""What if: the same startup rerun with another fraction, KV dtype, TP size or context length.
+
+Whether it starts comes first: SGLang raises "Not enough memory. Please try to increase --mem-fraction-static" when
+the KV budget ``free after weights - (1 - mfs) x T`` leaves no token (model_runner.py profile_max_num_token, then
+``if self.max_total_num_tokens <= 0``, every era 0.3-0.5.x). A startup that failed never measured its graphs or its
+free memory at the end: its headroom is no baseline, and only the budget check can be answered from its numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
+from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
 from kvaudit.reconcile.sglang.audit import reconcile
 from kvaudit.reconcile.sglang.context import build_context, context_length_of
 from kvaudit.reconcile.sglang.formula import predict, rules_for
@@ -88,11 +93,42 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
             f"at this startup {what} took {needs_before:.2f} GiB of the {r0:.2f} GiB reserve"
             + (f" ({', '.join(absent)})" if absent else "")
             + f" and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
+    reason = None
+    failed = [f for f in active(base.findings) if f.severity is Severity.ERROR]
+    if failed:
+        # the server never finished: its end-of-startup reading is no baseline for a headroom
+        headroom_before = headroom_after = needs_before = needs_after = None
+        risk = "unknown"
+        explanation = [e for e in explanation if not e.startswith("at this startup")]
+    T1, post1 = f1.pre_load_free_gib, f1.post_load_free_gib
+    minimum = (1 - post1 / T1) if (T1 and post1 is not None and "tp_size" not in changes) else None
+    need = f"it needs --mem-fraction-static above {minimum:.3f}" if minimum is not None and minimum < 1 else ""
+    budget = f1.rest_gib
+    if (tokens_after is not None and tokens_after.low <= 0) or (tokens_after is None and budget is not None
+                                                                  and budget <= 0):
+        sure = (tokens_after.high <= 0) if tokens_after is not None else True
+        what = (f"the KV budget would be {budget:.2f} GiB" if budget is not None else "the KV budget would leave")
+        count = (f" ({max(tokens_after.high, 0):,} tokens)" if tokens_after is not None else "")
+        reason = (f"{what}{count}: SGLang {'will' if sure else 'may'} not start (\"Not enough memory. Please try to "
+                  f"increase --mem-fraction-static\")" + (f"; {need}" if need else ""))
+        risk, headroom_after = "oom", None
+        tokens_after = TokenInterval(max(tokens_after.low, 0), max(tokens_after.high, 0)) if tokens_after else None
+        kv_after = max(kv_after, 0.0) if kv_after is not None else None
+    elif failed:
+        if budget is not None:
+            reason = ("the KV budget would be " f"{budget:.2f} GiB, above zero, so SGLang's budget check would pass"
+                      + (f" ({need})" if need else "") + "; whether graphs and activations then fit cannot be told: "
+                      "this startup failed before they were measured")
+        else:
+            reason = ("cannot tell whether it would start: this startup failed (" + failed[0].code + ") before "
+                      "the readings the formula needs")
     # --max-total-tokens fixes the pool whatever the free memory measures next time (the fraction still sets the
-    # reserve); the count is this what-if's lower bound, which every reading within rounding allows
-    pin = f"--max-total-tokens {tokens_after.low}" if tokens_after and tokens_after.low > 0 else None
+    # reserve); the count is this what-if's lower bound, which every reading within rounding allows. Offered only
+    # for an answer that is ok: a pin for a risky answer would fix the risk in place
+    pin = f"--max-total-tokens {tokens_after.low}" if tokens_after and tokens_after.low > 0 and risk == "ok" else None
     return WhatIf(changes, tokens_before, tokens_after, kv_before, kv_after, r0, r1, needs_before, needs_after,
-                  headroom_before, headroom_after, risk, tuple(explanation + list(after.notes)), pin)
+                  headroom_before, headroom_after, risk,
+                  tuple(([reason] if reason else []) + explanation + list(after.notes)), pin, reason=reason)
 
 
 def _scaled_request_table(startup: Startup, opts: AuditOptions, tokens: int | None) -> float | None:

@@ -50,9 +50,14 @@ def estimate_undercount(inp: PlanInput, cell: float) -> tuple[int, float] | None
     return est, cell / est
 
 
+#: the newest TensorRT-LLM release kvaudit models (its minor series): parse/trtllm.py's newest log shape is 1.2's;
+#: a later release is refused by name rather than planned by 1.2's rules
+NEWEST_MODELLED = (1, 2)
+
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     shared.release(inp, (0, 19, 0), "kvaudit plan sizes the PyTorch backend (0.19+); a TensorRT engine's activation "
-                   "buffers are the built engine's own", caps=True)
+                   "buffers are the built engine's own", caps=True, newest=NEWEST_MODELLED,
+                   newest_basis="the newest whose log lines it reads, parse/trtllm.py")
     geom = inp.geometry
     given_cell = shared.replayed_or_config(inp)
     notes: list[str] = []

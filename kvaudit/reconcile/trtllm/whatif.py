@@ -1,11 +1,20 @@
-"""TensorRT-LLM what-if: another free_gpu_memory_fraction, KV dtype or max_tokens on the same profiled numbers."""
+"""TensorRT-LLM what-if: another free_gpu_memory_fraction, KV dtype or max_tokens on the same profiled numbers.
+
+Whether it starts comes first: the C++ runtime refuses a pool that cannot hold one max_seq_len sequence
+("maxTokensInPagedKvCache (N) must be large enough to process at least 1 sequence to completion", beam width 1:
+whole blocks of max_seq_len), as trtllm_c004 shows; the PyTorch backend's resource_manager.py
+_validate_and_adjust_attention_windows instead cuts the window and max_seq_len to the pool (trtllm_c013's "Adjusted
+max_seq_len"). max_seq_len is the log's ``max_seq_len=`` line or ``--context-length``; without either, a smaller pool
+is not called ok."""
 
 from __future__ import annotations
 
 import math
 
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
+from kvaudit.parse.trtllm import WindowNote
+from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
+from kvaudit.reconcile.trtllm.context import build_context
 from kvaudit.reconcile.trtllm.budget import round_up
 from kvaudit.reconcile.trtllm.context import DEFAULT_FRACTION, element_bytes
 from kvaudit.units import GIB
@@ -62,10 +71,47 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     risk = "oom" if r1 < 0 else ("low" if r1 < opts.thresholds.low_headroom_gib else "ok")
     explanation.append(f"the pool would be {kv1:.2f} GiB ({tokens:,} tokens); {r1:.2f} GiB of the {free:.2f} GiB "
                        "stays free")
+    reason = None
+    ctx = build_context(startup, opts)
+    seq_log = ctx.first("max_seq_len")
+    seq = new_opts.context_length or (int(seq_log) if seq_log else None)
+    if new_opts.context_length:
+        changes["max_seq_len"] = new_opts.context_length
+    one = math.ceil(seq / f0.page_size) * f0.page_size if seq else None
+    cuts = bool(startup.of(WindowNote)) or ctx.first("max_seq_len_adjusted") is not None
+    if tokens <= 0:
+        reason = (f"the pool would hold no token ({kv1:.2f} GiB): TensorRT-LLM will not start "
+                  "(\"maxTokensInPagedKvCache must be large enough to process at least 1 sequence\")")
+        risk = "oom"
+    elif one is not None and tokens < one:
+        if cuts:
+            # it starts: the window and max_seq_len follow the pool, as they did at this startup
+            explanation.append(f"the pool would hold {tokens:,} tokens, fewer than max_seq_len {seq:,}: this backend "
+                               f"cuts the attention window and max_seq_len to the pool (as this log's 'Adjusted' "
+                               "lines show): a longer request is refused")
+        else:
+            reason = (f"the pool would hold {tokens:,} tokens, fewer than one max_seq_len {seq:,} sequence "
+                      f"({one:,} in blocks of {f0.page_size}): TensorRT-LLM will not start (\"maxTokensInPagedKvCache "
+                      "must be large enough to process at least 1 sequence\"); --context-length gives another "
+                      "max_seq_len")
+            risk = "oom"
+    elif one is None and f0.logged_tokens and tokens < f0.logged_tokens and risk == "ok":
+        reason = (f"the pool would shrink to {tokens:,} tokens, and the log does not state max_seq_len: the C++ "
+                  "runtime refuses a pool that cannot hold one sequence (\"maxTokensInPagedKvCache must be large "
+                  "enough to process at least 1 sequence\"): pass the server's max_seq_len as --context-length to "
+                  "check it")
+        risk = "unknown"
+    h0: float | None = round(r0, 2)
+    if any(f.severity is Severity.ERROR for f in active(base.findings)):
+        h0 = None  # a startup that failed measured no end: no baseline for a headroom
+        if risk in ("ok", "low"):
+            risk = "unknown"
+            reason = reason or ("the pool would be sized, but whether the rest of the startup fits cannot be told: "
+                                "this startup failed before it was measured")
     # KvCacheConfig(max_tokens=N) caps the pool at N whatever the profiling measures (the fraction still applies
-    # when it allows fewer); max_gpu_total_bytes does the same in bytes (Jul 2025+)
+    # when it allows fewer); max_gpu_total_bytes does the same in bytes (Jul 2025+); offered for an ok answer only
     pin = (f"kv_cache_config max_tokens={tokens} (or max_gpu_total_bytes={int(tokens * cell)})"
-           if tokens > 0 else None)
-    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), pool_now, round(kv1, 2), round(r0, 2),
-                  round(r1, 2), 0.0, 0.0, round(r0, 2), round(r1, 2), risk, tuple(explanation), pin,
-                  reserve_label=RESERVE_LABEL)
+           if tokens > 0 and risk == "ok" else None)
+    return WhatIf(changes, f0.logged_tokens, TokenInterval(tokens, tokens), pool_now, round(kv1, 2), h0,
+                  round(r1, 2), 0.0, 0.0, h0, round(r1, 2), risk, tuple(([reason] if reason else []) + explanation),
+                  pin, reserve_label=RESERVE_LABEL, reason=reason)

@@ -132,9 +132,14 @@ CARD_CAPABILITY = {"a100": 8.0, "a10": 8.6, "a10g": 8.6, "a40": 8.6, "l4": 8.9, 
                    "rtx 5090": 12.0, "rtx-pro-6000": 12.0, "rtx pro 6000": 12.0}
 
 
+#: the newest vLLM release kvaudit models (its minor series): parse/vllm.py reads log shapes up to 0.33's "Auto-fit
+#: ... available KV cache memory"; a later release is refused by name rather than planned by 0.33's rules
+NEWEST_MODELLED = (0, 33)
+
 def plan(inp: PlanInput, history: Any = None) -> Plan:
     version = shared.release(inp, (0, 6, 5), "kvaudit plan sizes vLLM 0.6.5+ (0.6.4 and earlier budget the torch "
-                             "peak and count other processes)")
+                             "peak and count other processes)", newest=NEWEST_MODELLED,
+                             newest_basis="the newest whose log lines it reads: 0.33's 'Auto-fit' line")
     era = VersionRange(version, version)
     geom = inp.geometry
     given_cell = shared.replayed_or_config(inp)
@@ -172,8 +177,11 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
            Term("bytes_per_token", "KV bytes per token per rank (cell)", cell, cell, "B", cell_kind, how),
            Term("rest_gib", "available KV cache memory", available.lo, available.hi, "GiB",
                 weakest(total.kind, weights.kind, besides.kind), "formula: budget - weights - the rest it holds")]
+    # check_enough_kv_cache_memory (v1/core/kv_cache_utils.py; V0 worker.py raise_if_cache_size_invalid): a budget
+    # <= 0 is "No available memory for the cache blocks", a pool below max_model_len the max seq len error
     starts, why = shared.pool_starts(available, lo, hi, length, "vLLM raises ValueError: not enough KV cache "
-                                     "memory for one request of max_model_len", context_fatal=True)
+                                     "memory for one request of max_model_len", context_fatal=True,
+                                     empty_error="vLLM raises ValueError: No available memory for the cache blocks")
     ctx_lo, ctx_hi = CONTEXT_GIB
     headroom = Interval(total.lo * (1 - u), total.hi * (1 - u))
     if starts != "no" and headroom.hi < ctx_lo:
@@ -240,11 +248,19 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     need = (length or block) * cell / GIB
     smallest = math.ceil((weights.hi + besides.hi + need) / total.lo * 1000) / 1000
     outside = ctx_hi + (GRAPH_ESTIMATE_GIB[1] if version < (0, 20, 0) else 0.0)  # graphs after the KV cache
-    largest = math.floor((1 - outside / total.lo) * 1000) / 1000
+    largest_fraction: float | None = math.floor((1 - outside / total.lo) * 1000) / 1000
+    if weights.lo + besides.lo >= total.hi:
+        # the weights and what vLLM holds beside them exceed the card: no utilisation (up to 1.0) gives a budget,
+        # so that is all the reason says, and no fraction is offered
+        starts, why = "no", (f"the weights and what vLLM holds beside them ({weights.lo + besides.lo:.2f} GiB or more) "
+                             f"exceed the card's {total.hi:.2f} GiB: no gpu_memory_utilization gives a KV budget "
+                             "(vLLM raises ValueError: No available memory for the cache blocks); more GPUs (--tp) "
+                             "or a smaller checkpoint")
+        largest_fraction = None
     kv_lo, kv_hi = lo * cell / GIB, hi * cell / GIB
     return Plan(inp, tuple(out), lo, hi, round(kv_lo, 3), round(kv_hi, 3),
                 shared.concurrency(lo, hi, length, inp.max_running_requests), None, starts, why,
-                smallest if smallest < 1 else None, largest,
+                smallest if smallest < 1 else None, largest_fraction,
                 "vLLM: total x util - (weights + activation peak + non-torch"
                 + (" + CUDA graph estimate)" if version >= (0, 20, 0) else ")")
                 + f"; floor(KV / ({block} x bytes per token)) x {block}",

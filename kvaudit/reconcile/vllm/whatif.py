@@ -1,7 +1,13 @@
 """vLLM what-if: another gpu_memory_utilization moves the budget by (new - old) x total, one for one; another KV
 dtype rescales bytes per token. A total recovered from the CUDA-graph note carries its rounding interval into the
 answer; a grouped pool (Mamba hybrid, sliding window) is recounted by its own rule (``cell.py``); what the log does
-not give is named, one by one."""
+not give is named, one by one.
+
+Whether it starts comes first, in vLLM's words: a budget <= 0 raises "No available memory for the cache blocks"
+(V0 worker.py raise_if_cache_size_invalid; V1 0.9.1+ v1/core/kv_cache_utils.py check_enough_kv_cache_memory), and a
+uniform pool below one max_model_len request raises "The model's max seq len (M) is larger than the maximum number of
+tokens that can be stored in KV cache" (V0 0.2.7+) or "To serve at least one request with the models's max seq len"
+(V1, the same function). A startup that failed never measured its end: its headroom is no baseline."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import math
 
 from kvaudit.model_config import element_bytes
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf
+from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 #: the whatif row for what this engine keeps out of the KV cache
@@ -29,7 +35,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     u0, K = f0.mem_fraction_static, f0.rest_gib
     missing = [what for what, v in (
         ("the card's total memory (no line states it, and no CUDA-graph note gives it)", T_lo),
-        ("the gpu_memory_utilization the startup used (--log-mem-fraction-static)", u0),
+        ("the gpu_memory_utilization the startup used (--log-fraction)", u0),
         ("the available KV cache memory ('Available KV cache memory' line)", K)) if v is None]
     cells, _ = bytes_per_token(ctx, kv, logged_pool(ctx))
     grouped = cells.pool is not None or cells.swa is not None
@@ -61,16 +67,43 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
                   if l.item("graphs_target_decode")), default=0.0)
     r0, r1 = T_lo * (1 - u0), T_lo * (1 - u1)
     h0, h1 = r0 - graphs, r1 - graphs
-    risk = "oom" if (h1 < 0 or kv_hi <= 0) else ("low" if h1 < opts.thresholds.low_headroom_gib else "ok")
+    risk = "oom" if h1 < 0 else ("low" if h1 < opts.thresholds.low_headroom_gib else "ok")
+    reason = None
+    failed = [f for f in active(base.findings) if f.severity is Severity.ERROR]
+    # the utilization at which the budget turns positive: K + (u - u0) x total > 0
+    need = u0 - K / T_hi if T_hi else None
+    # the max seq len check: V0 from 0.2.7 (0.2.0-0.2.6 start and leave long prompts waiting), every V1; skipped
+    # only for a log certainly older
+    old = ctx.era.hi is not None and ctx.era.hi < (0, 2, 7)
+    mml = _mml(ctx) if cells.pool is None and cells.swa is None and not old else None
+    if kv_lo <= 0:
+        reason = (f"the KV budget would be {kv_lo:.2f}" + (f"..{kv_hi:.2f}" if kv_hi != kv_lo else "") + " GiB: vLLM "
+                  + ("will" if kv_hi <= 0 else "may") + " not start (\"No available memory for the cache blocks\")"
+                  + (f"; it needs --gpu-memory-utilization above {need:.3f}" if need is not None and need < 1 else ""))
+        risk = "oom"
+    elif mml and tokens is not None and tokens.low < mml:
+        reason = (f"the pool would hold {tokens.low:,}" + (f"..{tokens.high:,}" if tokens.high != tokens.low else "")
+                  + f" tokens, fewer than one request of max_model_len {mml:,}: vLLM "
+                  + ("will" if tokens.high < mml else "may") + " not start (\"the model's max seq len is larger than "
+                  "the maximum number of tokens that can be stored in KV cache\"; V1: \"To serve at least one "
+                  "request with the models's max seq len\"); lower --max-model-len to fit it")
+        risk = "oom"
+    elif failed:
+        reason = (f"the KV budget would be {kv_lo:.2f} GiB, above zero, so vLLM's budget check would pass; whether "
+                  "the rest of the startup fits cannot be told: this startup failed before it was measured")
+        risk = "unknown"
+    if failed:
+        h0 = h1 = None  # type: ignore[assignment]
     explanation.append(f"the budget moves by ({u1} - {u0}) x total = {d_lo:+.2f}" + (
         f"..{d_hi:+.2f}" if d_hi != d_lo else "") + f" GiB; CUDA graphs captured beyond any estimate ({graphs:.2f} "
         "GiB) live in the (1 - util) headroom" + (" (headroom figures use the smallest total)" if T_lo != T_hi else ""))
     # --kv-cache-memory-bytes (0.10.2+) fixes the KV cache per worker and skips the profiling budget: the same
     # pool next time, whatever the profile measures (config/cache.py kv_cache_memory_bytes)
-    pin = f"--kv-cache-memory-bytes {int(kv_lo * GIB)}" if kv_lo > 0 else None
+    pin = f"--kv-cache-memory-bytes {int(kv_lo * GIB)}" if kv_lo > 0 and risk == "ok" else None
     return WhatIf(changes, f0.logged_tokens, tokens, K, round(max(kv_lo, 0), 2),
-                  round(r0, 2), round(r1, 2), round(graphs, 3), round(graphs, 3), round(h0, 2), round(h1, 2), risk,
-                  tuple(explanation), pin, reserve_label=RESERVE_LABEL)
+                  round(r0, 2), round(r1, 2), round(graphs, 3), round(graphs, 3),
+                  None if h0 is None else round(h0, 2), None if h1 is None else round(h1, 2), risk,
+                  tuple(([reason] if reason else []) + explanation), pin, reserve_label=RESERVE_LABEL, reason=reason)
 
 
 def _tokens(base: Audit, cells, ctx, kv_lo: float, kv_hi: float, cell: int
