@@ -371,10 +371,9 @@ def whatif(
     term = FRACTION_FLAG.get(log.engine.name, "--mem-fraction-static").lstrip("-").replace("-", "_")
     w = replace(w, changes={(term if k == "mem_fraction_static" else k): v for k, v in w.changes.items()})
     _write(chosen.whatif(audit, w, color=_color(color) and output is None, width=_width(output)), output)
-    if not w.computed:  # no answer at all: not "the change leaves the headroom" (docs/exit-codes.md)
-        return int(ExitStatus.WARNINGS)
-    # only "ok" is ok: a risk, an OOM, a change that would not start, or an answer kvaudit cannot give is 1
-    return int(ExitStatus.OK if w.risk == "ok" else ExitStatus.WARNINGS)
+    from kvaudit.verdict import judge_whatif
+
+    return int(judge_whatif(w))
 
 
 def _check_options(model_config, mem_fraction_static, unit, source, journal_directory, ssh_config,

@@ -604,6 +604,13 @@ def judge_audits(audits: Iterable[Audit]) -> ExitStatus:
     return exit_status(worst)
 
 
+def judge_whatif(w: Any) -> ExitStatus:
+    """The exit status of a what-if (kvaudit.reconcile.interface.WhatIf): 0 only when the change leaves the
+    headroom (``ok``); a change that would not start, risks low headroom or an OOM, or one kvaudit cannot answer
+    (nothing computable, or ``unknown``) is 1 (docs/exit-codes.md)."""
+    return ExitStatus.OK if w.computed and w.risk == "ok" else ExitStatus.WARNINGS
+
+
 def judge_fleet(hosts: Iterable[HostAudit]) -> FleetJudgement:
     """A fleet run: each host's status counted, and the run's exit status: the most pressing class among its
     hosts (kvaudit.status.FLEET_ORDER), 0 when every host is ok or unchecked."""
