@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
-                                  RocmSign, WeightBegin, WeightEnd)
+                                  WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -21,7 +21,8 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, nsa_fp8_line_not_budget, swa_pool_unused
+from kvaudit.reconcile.sglang.cell import (config_cell, kv_line_cell, nsa_fp8_line_not_budget, rocm_evidence,
+                                          swa_pool_unused)
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -71,8 +72,6 @@ ROCM_T_DRIFT_GIB = 0.6
 #: the releases whose ModelRunner reads T before that import (0.4.7, when expert-location metadata came in,
 #: through 0.5.20, the newest read)
 ROCM_T_DRIFT_RELEASES = ((0, 4, 7), (0, 5, 20))
-#: server_args values only AMD's builds take: the aiter and wave attention backends
-_ROCM_BACKENDS = ("aiter", "wave")
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
@@ -504,25 +503,6 @@ def _spec_rules(ctx: Context) -> list[Rule]:
     if not hybrid:
         return rules
     return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
-
-
-def rocm_evidence(ctx: Context) -> str | None:
-    """What in the startup's server_args shows an AMD ROCm build (None: nothing does; a ROCm server on the
-    triton backend prints no such sign in the lines kvaudit reads)."""
-    for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
-        value = ctx.args.get(key)
-        if isinstance(value, str) and value in _ROCM_BACKENDS:
-            return f"{key}='{value}'"
-    for key, value in sorted(ctx.args.items()):
-        if "aiter" in key and value is True:
-            return f"{key}=True"
-    dtype = ctx.args.get("kv_cache_dtype")
-    if isinstance(dtype, str) and "fnuz" in dtype:
-        return f"kv_cache_dtype='{dtype}'"
-    signs = ctx.startup.of(RocmSign)
-    if signs:
-        return f"line {signs[0].line}: server_args.py says so"
-    return None
 
 
 def _rocm_T(ctx: Context, T: Interval, pre_source: str | None) -> Interval:

@@ -131,10 +131,13 @@ def item_gib(l: RankLedger, key: str) -> float:
 
 #: failure kinds that end a startup wherever they appear, before or after the scheduler summary
 FATAL = ("traceback", "exception", "oom", "pool_too_small", "not_enough_memory", "no_kv_memory", "unbalanced",
-         "warmup", "cuda_error", "killed", "child_failed")
+         "warmup", "cuda_error", "killed", "child_failed", "watchdog", "port_in_use")
+#: failures that start a chain: what follows them (the warmup request timing out, the HTTP server's shutdown
+#: raising CancelledError, a child's SIGQUIT) is their consequence, not the cause
+_PRECURSORS = ("watchdog", "port_in_use")
 #: kinds whose message says more than "Traceback (most recent call last)"
 _TELLING = ("exception", "oom", "not_enough_memory", "no_kv_memory", "warmup", "cuda_error", "killed",
-            "pool_too_small", "unbalanced")
+            "pool_too_small", "unbalanced", "watchdog", "port_in_use")
 
 
 def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
@@ -210,6 +213,12 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
         # ends with (the root cause, printed after the frames), else the first telling line
         memory_kinds = ("not_enough_memory", "no_kv_memory", "pool_too_small", "oom")
         raised = [f for f in fatal if f.kind in ("exception", "cuda_error")]
+        # a hung scheduler or a port already taken starts a chain: the exceptions after it are its consequences
+        # (c058: the watchdog at line 796, the warmup's 1,800-s read timeout and the shutdown's CancelledError
+        # 25 minutes later); an exception raised before it is still the root cause
+        precursor = next((f for f in fatal if f.kind in _PRECURSORS), None)
+        if precursor is not None:
+            raised = [f for f in raised if f.line < precursor.line] or [precursor]
         telling = (next((f for f in fatal if f.kind in memory_kinds), None) or (raised[-1] if raised else None)
                    or next((f for f in fatal if f.kind in _TELLING), first))
         # "Initialization failed. warmup error: Traceback ..." names the stage; the exception names the cause
