@@ -96,15 +96,15 @@ def test_the_drop_from_pool_end_to_the_summary_without_graphs_is_measured():
 
 def test_a_release_range_spanning_the_aiter_rule_is_checked_under_each_rule_not_the_printed_one():
     """sglang_c068, AMD's v0.5.3 image: 0.4.9-0.5.4 scale the fraction by 0.85 after printing it, 0.5.5+ print it
-    scaled; the lines alone date the log 0.5.3..0.5.8. Under the printed 0.85 the pool is 16% short, under 0.7225
-    0.12%: the second rule is reported (and said), never their union."""
+    scaled; the lines alone date the log 0.5.3..0.5.8. Under the printed 0.85 the pool is 20% short, under 0.7225
+    0.15%: the second rule is reported (and said), never their union."""
     (a,) = _audits("sglang_c068")
     assert a.formula.mem_fraction_static == pytest.approx(0.7225)
-    assert a.formula.predicted_tokens.low == 5598081
+    assert a.formula.predicted_tokens.low == 3251019
     assert any("fits SGLang 0.4.9-0.5.4's aiter rule" in n for n in a.notes)
 
 
-@pytest.mark.parametrize("name, need", [("sglang_c069", "0.45"), ("sglang_c068", "0.22")])
+@pytest.mark.parametrize("name, need", [("sglang_c069", "0.45"), ("sglang_c068", "0.20")])
 def test_fewer_tokens_than_one_ranks_readings_allow_is_not_judged(name, need):
     """Only TP0 prints its readings of eight ranks; SGLang sizes the pool from the minimum over all of them, which
     can only lower the budget: fewer tokens is not a mismatch, and the rank deficit that explains it is stated."""
