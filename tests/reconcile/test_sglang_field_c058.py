@@ -111,3 +111,12 @@ def test_fewer_tokens_than_one_ranks_readings_allow_is_not_judged(name, need):
     (a,) = _audits(name)
     assert a.formula.verdict.value == "unknown" and "TOKENS_MISMATCH" not in _codes(a)
     assert "readings of 1 of 8 ranks" in a.formula.verdict_reason and f"{need} GiB less" in a.formula.verdict_reason
+
+
+def test_a_negative_fraction_in_the_engines_error_is_named_its_own_default():
+    """sglang_c064 (v0.5.3, DP attention, no --mem-fraction-static): 'mem_fraction_static=-0.107' is server_args.py's
+    default, (capacity - reserved) / capacity, with DP attention's reserve above the capacity: "increase" is not
+    the remedy, an explicit fraction is."""
+    (a,) = _audits("sglang_c064")
+    f = _codes(a)["NOT_ENOUGH_MEMORY"]
+    assert "SGLang's own default gone below zero" in f.message and "set --mem-fraction-static explicitly" in f.message

@@ -194,7 +194,16 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
     memory = [f for f in failures if f.kind in ("not_enough_memory", "no_kv_memory", "host_memory")]
     for kind in dict.fromkeys(f.kind for f in memory):
         first = next(f for f in memory if f.kind == kind)
-        out.append(F.not_enough_memory(first.message, first.line, first.numbers,
+        message = first.message
+        printed = first.numbers.get("mem_fraction_static")
+        if kind == "not_enough_memory" and printed is not None and printed <= 0:
+            # c064: 'mem_fraction_static=-0.107' with no --mem-fraction-static given. server_args.py's default is
+            # round((gpu_mem - reserved_mem) / gpu_mem, 3) (0.5.3), the reserve growing with chunked prefill, the
+            # CUDA-graph batch sizes and DP attention (cuda_graph_max_bs x dp_size x 4.5 MB): raising it cannot help
+            message += (f"; a fraction of {printed:g} is SGLang's own default gone below zero (server_args.py: "
+                        "(GPU capacity - reserved) / GPU capacity, the reserve growing with chunked prefill, CUDA-graph "
+                        "batch sizes and DP attention), not one a user passes: set --mem-fraction-static explicitly")
+        out.append(F.not_enough_memory(message, first.line, first.numbers,
                                        shortfall if kind != "host_memory" else None))
     if not memory and shortfall and shortfall.get("profiled") is not None:
         out.append(F.not_enough_memory(f"profiled value {int(shortfall['profiled'])}",
