@@ -201,8 +201,9 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
             # round((gpu_mem - reserved_mem) / gpu_mem, 3) (0.5.3), the reserve growing with chunked prefill, the
             # CUDA-graph batch sizes and DP attention (cuda_graph_max_bs x dp_size x 4.5 MB): raising it cannot help
             message += (f"; a fraction of {printed:g} is SGLang's own default gone below zero (server_args.py: "
-                        "(GPU capacity - reserved) / GPU capacity, the reserve growing with chunked prefill, CUDA-graph "
-                        "batch sizes and DP attention), not one a user passes: set --mem-fraction-static explicitly")
+                        "(GPU capacity - reserved) / GPU capacity, the reserve growing with chunked prefill, "
+                        "CUDA-graph batch sizes and DP attention), not one a user passes: set --mem-fraction-static "
+                        "explicitly")
         out.append(F.not_enough_memory(message, first.line, first.numbers,
                                        shortfall if kind != "host_memory" else None))
     if not memory and shortfall and shortfall.get("profiled") is not None:
