@@ -408,8 +408,9 @@ _TRACEBACK = lazy(r"Traceback \(most recent call last\)")
 _EXCEPTION = lazy(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
                         r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$|(?P<bare>\s*$))")
 #: ``Received sigquit from a child process. It usually means the child failed.`` (srt/entrypoints/engine.py, the
-#: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup
-_CHILD_FAILED = lazy(r"Received sigquit from a child process")
+#: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup.
+#: Early-2025 builds spell it ``from a child proces.`` (sglang#3752's log, 2025-03): the stem matches both
+_CHILD_FAILED = lazy(r"Received sigquit from a child proces")
 #: ``SIGQUIT received. signum=None, frame=None. It usually means one child failed.`` (srt/managers/
 #: tokenizer_manager.py, running_phase_sigquit_handler, 0.5.3-0.5.12 at least): the same word once the server
 #: runs (after the scheduler summary, e.g. during warmup)
@@ -983,7 +984,7 @@ def _other_lines(line: Line) -> _Parsed:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",
                                "a child process failed (SGLang received SIGQUIT from it)"), clues)
-    m = _CHILD_FAILED.search(text) if "Received sigquit from a child process" in text else None
+    m = _CHILD_FAILED.search(text) if "Received sigquit from a child proces" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",

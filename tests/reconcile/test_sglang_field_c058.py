@@ -120,3 +120,14 @@ def test_a_negative_fraction_in_the_engines_error_is_named_its_own_default():
     (a,) = _audits("sglang_c064")
     f = _codes(a)["NOT_ENOUGH_MEMORY"]
     assert "SGLang's own default gone below zero" in f.message and "set --mem-fraction-static explicitly" in f.message
+
+
+@pytest.mark.parametrize("text", [
+    "[2025-03-09 00:57:20] Received sigquit from a child proces. It usually means the child failed.",  # sglang#3752
+    "[2025-12-12 16:27:33] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",  # c058
+])
+def test_every_wording_of_the_child_failed_line_is_read(text):
+    """engine.py's launcher handler (spelt 'proces' in early-2025 builds) and tokenizer_manager.py's handler once the
+    server runs: both say a child process died."""
+    ev = parse_line(Line(1, text)).event
+    assert isinstance(ev, Failure) and ev.kind == "child_failed"
