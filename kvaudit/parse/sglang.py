@@ -260,15 +260,19 @@ class NsaModel(Event):
     """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
     ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
     ``_set_default_nsa_backends``, 0.5.9; not in 0.5.8.post1) or ``DSA with TP mode is active`` (0.5.8.post1,
-    0.5.9); both only on the ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names."""
+    0.5.9); both only on the ``is_deepseek_nsa`` path. ``kv_cache_dtype`` is the one the first line names, and
+    ``backends`` the prefill and decode NSA backends it names (they decide the FP8 row's layout: reconcile/sglang/
+    cell.py ``nsa_fp8_line_not_budget``)."""
 
     kv_cache_dtype: str | None = None
+    backends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class RocmSign(Event):
     """server_args.py's own words that it runs on ROCm, printed only under ``is_hip()`` (0.5.9):
-    ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``."""
+    ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``;
+    ``Enable Aiter AllReduce Fusion for <architecture>`` (0.5.10+)."""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -300,7 +304,9 @@ class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 
     kind: ``not_enough_memory`` | ``no_kv_memory`` | ``unbalanced`` | ``host_memory`` | ``oom`` |
-    ``traceback`` | ``exception`` | ``pool_too_small`` | ``warmup`` | ``cuda_error`` | ``killed`` | ``child_failed``.
+    ``traceback`` | ``exception`` | ``pool_too_small`` | ``warmup`` | ``cuda_error`` | ``killed`` | ``child_failed`` |
+    ``watchdog`` (a scheduler's forward batch hung past --watchdog-timeout) | ``port_in_use`` (the HTTP server
+    could not bind its port).
     """
 
     kind: str = ""
@@ -366,8 +372,11 @@ _HICACHE_POOL = lazy(r"Allocating (\S+) hierarchical KV host pool: (\d+) tokens,
 _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
-_NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache|DSA with TP mode is active")
+_NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache(?:: prefill=(\w+), decode=(\w+))?|DSA with TP mode is active")
 _ROCM_SIGN = lazy(r"server_args\.py:\d+: (?:Setting page size to 1 for DeepSeek DSA on ROCm|Detected ROCm and )")
+#: ``Enable Aiter AllReduce Fusion for DeepseekV3ForCausalLM`` / ``... for GptOssForCausalLM``: server_args.py's
+#: model adjustments print it only under ``is_hip()`` (0.5.10+), through the logger's usual prefix
+_ROCM_AITER_FUSION = lazy(r"Enable Aiter AllReduce Fusion for \w+")
 _AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
@@ -399,8 +408,22 @@ _TRACEBACK = lazy(r"Traceback \(most recent call last\)")
 _EXCEPTION = lazy(r"^\s*(?:[\w.]+\.)?(?P<exc>[A-Z]\w*(?:Error|Exception))"
                         r"(?:: (?P<msg>.+)|\((?P<arg>[\"'].+[\"'])\)\s*$|(?P<bare>\s*$))")
 #: ``Received sigquit from a child process. It usually means the child failed.`` (srt/entrypoints/engine.py, the
-#: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup
-_CHILD_FAILED = lazy(r"Received sigquit from a child process")
+#: launcher's SIGQUIT handler, 0.4+): SGLang's own word that a scheduler or detokenizer process died at startup.
+#: Early-2025 builds spell it ``from a child proces.`` (sglang#3752's log, 2025-03): the stem matches both
+_CHILD_FAILED = lazy(r"Received sigquit from a child proces")
+#: ``SIGQUIT received. signum=None, frame=None. It usually means one child failed.`` (srt/managers/
+#: tokenizer_manager.py, running_phase_sigquit_handler, 0.5.3-0.5.12 at least): the same word once the server
+#: runs (after the scheduler summary, e.g. during warmup)
+_CHILD_FAILED_RUNNING = lazy(r"SIGQUIT received\. signum=\S*,? frame=\S*\. It usually means one child failed")
+#: a scheduler's hung forward batch, fatal (SGLang sends SIGQUIT after it): ``Watchdog timeout
+#: (self.watchdog_timeout=180.0)`` (managers/scheduler.py 0.5.3, scheduler_runtime_checker_mixin.py 0.5.6) and
+#: ``Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)`` (utils/watchdog.py WatchdogRaw,
+#: 0.5.8+); with ``self.soft=True`` (--soft-watchdog-timeout) it only dumps debug information and is not read
+_WATCHDOG = lazy(r"(?:\b(?P<who>\w+) )?[Ww]atchdog timeout \(self\.watchdog_timeout=(?P<t>" + NUM[1:-1] + r")"
+                 r"(?:, self\.soft=(?P<soft>True|False))?\)")
+#: uvicorn's ``ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address
+#: already in use``, printed through SGLang's logger: the HTTP server never listens, the warmup then fails
+_PORT_IN_USE = lazy(r"\[Errno \d+\] error while attempting to bind on address (?P<addr>.+?): address already in use")
 _POOL_SMALL = lazy(r"Memory pool size is too small|max_running_request is zero")
 # failures SGLang's processes print after the pool is sized, as often as before it:
 # ``Initialization failed. warmup error: ...`` (srt/entrypoints/http_server.py, _wait_and_warmup),
@@ -881,9 +904,11 @@ def _other_lines(line: Line) -> _Parsed:
         return _Parsed(HiCacheHost(n, text, rank, "target", float(m.group(1)), None, m.group(2)), clues)
     m = _NSA_MODEL.search(text) if ("NSA backends" in text or "DSA with TP" in text) else None
     if m:
-        return _Parsed(NsaModel(n, text, m.group(1)), [])
+        return _Parsed(NsaModel(n, text, m.group(1), tuple(g for g in (m.group(2), m.group(3)) if g)), [])
     if "ROCm" in text and _ROCM_SIGN.search(text):
         return _Parsed(RocmSign(n, text), [])
+    if "Aiter AllReduce Fusion" in text and _ROCM_AITER_FUSION.search(text):
+        return _Parsed(RocmSign(n, text), [_clue((0, 5, 10), None, "'Enable Aiter AllReduce Fusion for' (0.5.10+)")])
     m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
     if m:
         rank, clues = at(m)
@@ -940,7 +965,26 @@ def _other_lines(line: Line) -> _Parsed:
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "traceback", m.group(0)), clues)
-    m = _CHILD_FAILED.search(text) if "Received sigquit from a child process" in text else None
+    m = _WATCHDOG.search(text) if "atchdog timeout (" in text else None
+    if m and m.group("soft") != "True":
+        rank, clues = at(m)
+        who = f"{m.group('who')} watchdog timeout" if m.group("who") else "Watchdog timeout"
+        return _Parsed(Failure(n, text, rank, "target", "watchdog",
+                               f"{who}: a forward batch did not finish within {float(m.group('t')):g} s "
+                               f"(--watchdog-timeout) and SGLang stopped the server",
+                               {"watchdog_timeout_s": float(m.group("t"))}), clues)
+    m = _PORT_IN_USE.search(text) if "address already in use" in text else None
+    if m:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "port_in_use",
+                               quote(f"the HTTP server could not bind {m.group('addr')}: address already in use "
+                                     "(another process holds the port)")), clues)
+    m = _CHILD_FAILED_RUNNING.search(text) if "It usually means one child failed" in text else None
+    if m:
+        rank, clues = at(m)
+        return _Parsed(Failure(n, text, rank, "target", "child_failed",
+                               "a child process failed (SGLang received SIGQUIT from it)"), clues)
+    m = _CHILD_FAILED.search(text) if "Received sigquit from a child proces" in text else None
     if m:
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",
@@ -1014,6 +1058,8 @@ class _RankState:
     last_kv_role: str = "target"
     dist_inits: int = 0
     last_avail: float | None = None  # the rank's latest free-memory reading (GiB)
+    kv_lines: list[tuple[int, float | None]] = field(default_factory=list)  # this startup's KV lines: tokens, GiB
+    pool_closed: bool = False  # a 'Memory pool end' came after the rank's last KV line
 
 
 @dataclass
@@ -1050,7 +1096,36 @@ class _Builder:
         era = (resolve if banner else narrow)(self.clues, VersionRange(OLDEST, None))
         path = (self.server_args or {}).get("model_path")
         return Startup(ENGINE, self.index, self.first_line, self.last_line, self.server_args,
-                       tuple(_peer_roles(self.events, self.ranks)), era, path if isinstance(path, str) else None)
+                       tuple(_peer_roles(_paired_draft(self.events, self.ranks), self.ranks)), era,
+                       path if isinstance(path, str) else None)
+
+
+def _paired_draft(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Event]:
+    """A rank with no weight lines (an excerpt, a harness's summary of the pool lines: c060) whose two KV lines
+    name one token count with two sizes, no 'Memory pool end' between them, holds a target's pool and a draft's:
+    SGLang sizes the draft's pool to the target's tokens (pool_configurator.py MemoryPoolConfig, "shared between
+    target and draft workers", 0.5.11+), and a draft (an MTP or EAGLE head) has far fewer layers: the smaller line
+    is the draft's, whichever came first (a harness may sort them). Identical lines are other ranks' (untagged)."""
+    out = list(events)
+    open_kv: dict[Rank, int] = {}  # the rank's last target KV line not yet closed by a pool end
+    for i, e in enumerate(out):
+        if isinstance(e, PoolEnd):
+            open_kv.pop(e.rank, None)
+            continue
+        if not isinstance(e, KVAlloc) or e.role != "target" or e.upper_bound:
+            continue
+        st = ranks.get(e.rank)
+        if st is None or st.target_weights or st.draft_weights:
+            continue
+        j = open_kv.pop(e.rank, None)
+        prev = out[j] if j is not None else None
+        if (isinstance(prev, KVAlloc) and prev.tokens and prev.tokens == e.tokens and prev.label == e.label
+                and prev.total_gib is not None and e.total_gib is not None and prev.total_gib != e.total_gib):
+            small = j if prev.total_gib < e.total_gib else i
+            out[small] = _replace_role(out[small], "draft")  # type: ignore[index,arg-type]
+            continue
+        open_kv[e.rank] = i
+    return out
 
 
 def _peer_roles(events: list[Event], ranks: dict[Rank, _RankState]) -> list[Event]:
@@ -1109,6 +1184,18 @@ def _starts_new(b: _Builder, ev: Event) -> bool:
                 now - st.last_avail > max(RESTART_RISE_GIB, RESTART_RISE_FRACTION * st.last_avail) and \
                 (b.spec_enabled() is not True or st.draft_weights):
             return True
+    if isinstance(ev, KVAlloc) and ev.tokens and not ev.upper_bound:
+        # a rank without weight lines (an excerpt or a harness's summary of the pool lines, c060) whose pool a
+        # 'Memory pool end' closed, allocating again a pool it already has, or one of fewer tokens: a server
+        # started again. A draft's pool is never smaller in tokens than its target's (a draft worker's pool shares
+        # the target's size, pool_configurator.py MemoryPoolConfig 0.5.11+; draft_runner_cache_size >= it
+        # before), and a hybrid's second pool (SWA) comes before the pool end
+        st = b.ranks.get(ev.rank)
+        if st is not None and st.pool_closed and st.kv_lines and not (
+                st.target_weights or st.draft_weights or st.dist_inits):
+            counts = {t for t, _ in st.kv_lines}
+            if (ev.tokens, ev.total_gib) in st.kv_lines or (ev.tokens < max(counts) and ev.tokens not in counts):
+                return True
     if not isinstance(ev, (WeightBegin, WeightEnd, DistInit)):
         return False
     st = b.ranks.get(ev.rank)
@@ -1162,7 +1249,11 @@ def _attribute(b: _Builder, ev: Event) -> Event:
         if role == "target":
             st.target_kv = True
         st.last_kv_role = role
+        if ev.tokens:
+            st.kv_lines.append((ev.tokens, ev.total_gib))
+        st.pool_closed = False
     elif isinstance(ev, PoolEnd):
+        st.pool_closed = True
         role = st.last_kv_role
         if role == "target" and st.target_kv:
             st.target_kv_closed = True

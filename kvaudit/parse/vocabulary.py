@@ -47,6 +47,12 @@ class SGLangWords:
         b"Killed",
         b"failed",
         b"exception",
+        # a scheduler's hung batch (``Watchdog timeout (...)``, ``Scheduler watchdog timeout (...)``) and uvicorn's
+        # ``[Errno 98] error while attempting to bind ...: address already in use``
+        b"atchdog timeout",
+        b"already in use",
+        # server_args.py's ROCm-only ``Enable Aiter AllReduce Fusion for <architecture>`` (0.5.10+)
+        b"Aiter AllReduce",
         # a launcher's version banner (``SGLang Version 0.5.11+05fb6a52``)
         b"SGLang Version",
         b"SGLang version",

@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
-                                  RocmSign, WeightBegin, WeightEnd)
+                                  WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -21,7 +21,8 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import config_cell, kv_line_cell, nsa_fp8_line_not_budget, swa_pool_unused
+from kvaudit.reconcile.sglang.cell import (config_cell, kv_line_cell, nsa_fp8_line_not_budget, rocm_evidence,
+                                          swa_pool_unused)
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -71,8 +72,6 @@ ROCM_T_DRIFT_GIB = 0.6
 #: the releases whose ModelRunner reads T before that import (0.4.7, when expert-location metadata came in,
 #: through 0.5.20, the newest read)
 ROCM_T_DRIFT_RELEASES = ((0, 4, 7), (0, 5, 20))
-#: server_args values only AMD's builds take: the aiter and wave attention backends
-_ROCM_BACKENDS = ("aiter", "wave")
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     """The audit as a pipeline of named steps, each returning what it established (and the findings it raised)."""
@@ -98,6 +97,20 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     (free, fraction), raised = solve_unknowns(ctx, free, fraction, cells, budget, cap)
     findings += raised
     outcome = verdict_of(ctx, opts, free, fraction, cells, state, cap)
+    scaled = _aiter_scaled_alternative(ctx, fraction)
+    if scaled is not None and outcome.verdict != Verdict.MATCH and cells.logged is not None:
+        # a release range that spans the aiter rule change: the printed fraction is 0.5.5+'s rule, the printed
+        # fraction x 0.85 0.4.9-0.5.4's; each is its own narrow check, never their union (AMD's v0.5.3 images:
+        # models short by 15-35% under the first rule, within 0.3% under the second). The rule the count fits
+        # (a match, else the nearer prediction) is the one reported, and said.
+        second = verdict_of(ctx, opts, free, scaled, cells, state, cap)
+        if second.verdict == Verdict.MATCH or (
+                second.prediction is not None and outcome.prediction is not None
+                and _gap(second.prediction.tokens, cells.logged) < _gap(outcome.prediction.tokens, cells.logged)):
+            ctx.notes.append(f"the pool fits SGLang 0.4.9-0.5.4's aiter rule ({fraction.value} printed, x 0.85 "
+                             "applied in ModelRunner after server_args is printed) rather than 0.5.5+'s (the printed "
+                             "value already scaled): the release is 0.5.4 or older")
+            fraction, outcome = scaled, second
     if pools4 is not None:
         outcome = dsv4_outcome(pools4)
     resized, bound, bound_approx = post_capture(ctx)
@@ -246,11 +259,32 @@ def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
             else:
                 ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: SGLang 0.4.9-0.5.4 scales the "
                                  "printed fraction by 0.85, 0.5.5+ prints it already scaled; this log's release "
-                                 f"range ({ctx.era}) spans both, so the printed {mfs} is used")
+                                 f"range ({ctx.era}) spans both, so the printed {mfs} is checked first and "
+                                 f"{mfs} x 0.85 where the pool does not match it")
         elif ctx_len and ctx_len > 8192 and ctx.era.lo >= (0, 5, 5):
             ctx.notes.append(f"aiter backend with context {ctx_len:,} > 8192: the printed fraction {mfs} already "
                              "includes SGLang's x 0.85 (ServerArgs post-processing, 0.5.5+)")
     return Fraction(mfs, source)
+
+
+def _gap(tokens: Any, logged: int) -> int:
+    """How far a logged count lies outside a predicted interval (0 inside it)."""
+    return max(tokens.low - logged, logged - tokens.high, 0)
+
+
+def _aiter_scaled_alternative(ctx: Context, fraction: Fraction) -> Fraction | None:
+    """The fraction under 0.4.9-0.5.4's aiter rule (printed x 0.85) when the log's release range spans that rule
+    and 0.5.5+'s (the printed value already scaled), the aiter backend runs at a context above 8,192 and the
+    fraction is the printed one; else None (one rule applies, and fraction_of used it)."""
+    mfs = fraction.value
+    if (mfs is None or fraction.source != "server_args" or str(ctx.args.get("attention_backend")) != "aiter"
+            or ctx.startup.of(AiterFractionKept)):
+        return None
+    ctx_len = context_length_of(ctx)
+    if not ctx_len or ctx_len <= 8192 or not ctx.era.overlaps((0, 4, 9), (0, 5, 4)) \
+            or ctx.era.within((0, 4, 9), (0, 5, 4)):
+        return None
+    return Fraction(round(mfs * 0.85, 6), "server_args x 0.85 (aiter, 0.4.9-0.5.4's rule)")
 
 
 def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Finding, ...]]:
@@ -437,6 +471,20 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}",
                        None, negative)
     assert T is not None and post is not None and mfs is not None and cell_iv is not None
+    read = sum(1 for rf in ctx.facts.values() if rf.pre is not None and rf.post is not None)
+    ranks = max(len(ctx.facts), ctx.tp * ctx.pp)
+    if 0 < read < ranks and logged < first.tokens.low:
+        # SGLang takes T and the post-weights reading as the minimum over every rank (get_available_gpu_memory
+        # with distributed=True; min_per_gpu_memory): the ranks the log does not show can only lower the budget
+        # (their weights are the same shard size, so a rank with d GiB less free memory has d x mfs GiB less
+        # rest). From a subset of ranks the prediction is an upper bound: fewer tokens is not judged, more is.
+        short = (first.tokens.low - logged) * cell_iv.mid / GIB
+        return Outcome(first, Verdict.UNKNOWN,
+                       f"{logged:,} tokens is {first.tokens.low - logged:,} fewer than the "
+                       f"{first.tokens.low:,}..{first.tokens.high:,} predicted from the readings of {read} of "
+                       f"{ranks} ranks; SGLang sizes the pool from the minimum over all ranks, and a rank the log "
+                       f"does not show with {short / mfs:.2f} GiB less free memory gives this count: not judged "
+                       "(more tokens than predicted would be)", None, negative)
     verdict, reason, eff_mfs = explain_mismatch(ctx, first, logged, T, post, mfs, cell_iv, cap.cap, state)
     return Outcome(first, verdict, reason, eff_mfs, negative)
 
@@ -506,25 +554,6 @@ def _spec_rules(ctx: Context) -> list[Rule]:
     if not hybrid:
         return rules
     return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
-
-
-def rocm_evidence(ctx: Context) -> str | None:
-    """What in the startup's server_args shows an AMD ROCm build (None: nothing does; a ROCm server on the
-    triton backend prints no such sign in the lines kvaudit reads)."""
-    for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
-        value = ctx.args.get(key)
-        if isinstance(value, str) and value in _ROCM_BACKENDS:
-            return f"{key}='{value}'"
-    for key, value in sorted(ctx.args.items()):
-        if "aiter" in key and value is True:
-            return f"{key}=True"
-    dtype = ctx.args.get("kv_cache_dtype")
-    if isinstance(dtype, str) and "fnuz" in dtype:
-        return f"kv_cache_dtype='{dtype}'"
-    signs = ctx.startup.of(RocmSign)
-    if signs:
-        return f"line {signs[0].line}: server_args.py says so"
-    return None
 
 
 def _rocm_T(ctx: Context, T: Interval, pre_source: str | None) -> Interval:

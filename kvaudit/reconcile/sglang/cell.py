@@ -266,12 +266,66 @@ def nsa_fp8_line_not_budget(ctx: Context) -> str | None:
     said = ctx.startup.of(NsaModel)
     if arch is None and not said:
         return None
+    kept = nsa_fp8_row_is_budget(ctx, said)
+    if kept is not None:
+        note = (f"NSA pool with an FP8 KV cache: {kept} (model_runner_kv_cache_mixin.py calculate_mla_kv_cache_dim), "
+                "so the KV line's bytes per token are the ones the budget divides by")
+        if note not in ctx.notes:
+            ctx.notes.append(note)
+        return None
     why = arch or f"the engine's line {said[0].line}: NSA backends set"
     return (f"NSA (DeepSeek sparse attention) pool with an FP8 KV cache ({why}): its KV line counts rows "
             "of kv_lora_rank + scales + a 16-bit rope part (656 B a layer for DeepSeek-V3.2 and GLM-5) and the "
             "indexer, while SGLang before 0.5.17 divides the budget by kv_lora_rank + qk_rope_head_dim (576 B) "
             "and the indexer: the line's bytes per token are not the budget's, and the log does not give the "
             "split; pass --model-config (the model's config.json) to check the pool")
+
+
+#: server_args values only AMD's builds take: the aiter and wave attention backends
+_ROCM_BACKENDS = ("aiter", "wave")
+
+
+def rocm_evidence(ctx: Context) -> str | None:
+    """What in the startup's server_args shows an AMD ROCm build (None: nothing does; a ROCm server on the
+    triton backend prints no such sign in the lines kvaudit reads)."""
+    for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        value = ctx.args.get(key)
+        if isinstance(value, str) and value in _ROCM_BACKENDS:
+            return f"{key}='{value}'"
+    for key, value in sorted(ctx.args.items()):
+        if "aiter" in key and value is True:
+            return f"{key}=True"
+    dtype = ctx.args.get("kv_cache_dtype")
+    if isinstance(dtype, str) and "fnuz" in dtype:
+        return f"kv_cache_dtype='{dtype}'"
+    from kvaudit.parse.sglang import RocmSign
+
+    signs = ctx.startup.of(RocmSign)
+    if signs:
+        return f"line {signs[0].line}: server_args.py says so"
+    return None
+
+
+
+def nsa_fp8_row_is_budget(ctx: Context, said: tuple | list) -> str | None:
+    """Where SGLang keeps the NSA FP8 row at kv_lora_rank + qk_rope_head_dim (the budget's 576 B a layer), the
+    KV line's bytes are the budget's: model_runner_kv_cache_mixin.py ``calculate_mla_kv_cache_dim`` returns the
+    plain MLA dim for an NSA ``trtllm`` prefill or decode backend (0.5.9+) and, on HIP, for a ``tilelang`` one
+    (0.5.10+: "nope(512 fp8) + rope(64 fp8) layout, without extra per-block scales"); 0.5.8 stores 656-byte rows
+    for every backend. The backends come from the engine's ``Set NSA backends ...`` line, else server_args; ROCm
+    from the signs ``rocm_evidence`` reads. Returns why, or None."""
+    backends = {b for e in said for b in getattr(e, "backends", ())}
+    for key in ("nsa_prefill_backend", "nsa_decode_backend"):
+        value = ctx.args.get(key)
+        if isinstance(value, str):
+            backends.add(value)
+    if ctx.era.lo >= (0, 5, 9) and "trtllm" in backends:
+        return "the NSA trtllm backend keeps the 576-byte row (0.5.9+)"
+    if ctx.era.lo >= (0, 5, 10) and "tilelang" in backends:
+        sign = rocm_evidence(ctx)
+        if sign is not None:
+            return f"ROCm ({sign}) with the NSA tilelang backend keeps the 576-byte row (0.5.10+)"
+    return None
 
 
 def kv_line_cell(ctx: Context, tokens: int | None) -> tuple[Interval | None, float | None]:

@@ -131,10 +131,13 @@ def item_gib(l: RankLedger, key: str) -> float:
 
 #: failure kinds that end a startup wherever they appear, before or after the scheduler summary
 FATAL = ("traceback", "exception", "oom", "pool_too_small", "not_enough_memory", "no_kv_memory", "unbalanced",
-         "warmup", "cuda_error", "killed", "child_failed")
+         "warmup", "cuda_error", "killed", "child_failed", "watchdog", "port_in_use")
+#: failures that start a chain: what follows them (the warmup request timing out, the HTTP server's shutdown
+#: raising CancelledError, a child's SIGQUIT) is their consequence, not the cause
+_PRECURSORS = ("watchdog", "port_in_use")
 #: kinds whose message says more than "Traceback (most recent call last)"
 _TELLING = ("exception", "oom", "not_enough_memory", "no_kv_memory", "warmup", "cuda_error", "killed",
-            "pool_too_small", "unbalanced")
+            "pool_too_small", "unbalanced", "watchdog", "port_in_use")
 
 
 def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
@@ -191,7 +194,17 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
     memory = [f for f in failures if f.kind in ("not_enough_memory", "no_kv_memory", "host_memory")]
     for kind in dict.fromkeys(f.kind for f in memory):
         first = next(f for f in memory if f.kind == kind)
-        out.append(F.not_enough_memory(first.message, first.line, first.numbers,
+        message = first.message
+        printed = first.numbers.get("mem_fraction_static")
+        if kind == "not_enough_memory" and printed is not None and printed <= 0:
+            # c064: 'mem_fraction_static=-0.107' with no --mem-fraction-static given. server_args.py's default is
+            # round((gpu_mem - reserved_mem) / gpu_mem, 3) (0.5.3), the reserve growing with chunked prefill, the
+            # CUDA-graph batch sizes and DP attention (cuda_graph_max_bs x dp_size x 4.5 MB): raising it cannot help
+            message += (f"; a fraction of {printed:g} is SGLang's own default gone below zero (server_args.py: "
+                        "(GPU capacity - reserved) / GPU capacity, the reserve growing with chunked prefill, "
+                        "CUDA-graph batch sizes and DP attention), not one a user passes: set --mem-fraction-static "
+                        "explicitly")
+        out.append(F.not_enough_memory(message, first.line, first.numbers,
                                        shortfall if kind != "host_memory" else None))
     if not memory and shortfall and shortfall.get("profiled") is not None:
         out.append(F.not_enough_memory(f"profiled value {int(shortfall['profiled'])}",
@@ -210,6 +223,12 @@ def failure_findings(ctx: Context, shortfall: dict[str, float] | None = None,
         # ends with (the root cause, printed after the frames), else the first telling line
         memory_kinds = ("not_enough_memory", "no_kv_memory", "pool_too_small", "oom")
         raised = [f for f in fatal if f.kind in ("exception", "cuda_error")]
+        # a hung scheduler or a port already taken starts a chain: the exceptions after it are its consequences
+        # (c058: the watchdog at line 796, the warmup's 1,800-s read timeout and the shutdown's CancelledError
+        # 25 minutes later); an exception raised before it is still the root cause
+        precursor = next((f for f in fatal if f.kind in _PRECURSORS), None)
+        if precursor is not None:
+            raised = [f for f in raised if f.line < precursor.line] or [precursor]
         telling = (next((f for f in fatal if f.kind in memory_kinds), None) or (raised[-1] if raised else None)
                    or next((f for f in fatal if f.kind in _TELLING), first))
         # "Initialization failed. warmup error: Traceback ..." names the stage; the exception names the cause

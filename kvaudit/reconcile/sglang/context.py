@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvaudit.model_config import ModelGeometry
-from kvaudit.parse.interface import Rank, Startup
+from kvaudit.parse.interface import Rank, RankEvent, Startup
 from kvaudit.parse.sglang import KVDtype, PostCaptureKV, SchedulerSummary, WeightEnd
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.sglang.cell import element_bytes
@@ -51,6 +51,9 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     if spec_algo is None and draft_seen:
         spec_algo = "unknown (draft worker lines seen)"
     tagged = [s.tagged_rank for s in startup.of(SchedulerSummary) if s.tagged_rank is not None]
+    # every rank that printed a line counts, not only those with memory facts: an excerpt of HiCache host lines
+    # (c062: ``[... ATTN_CP5 TP5] Allocating 120.00 GB host memory``) names eight ranks
+    tagged += [e.rank for e in startup.events if isinstance(e, RankEvent) and e.rank.label]
     tp, attn_tp, at_least, attn_source = _parallelism(args, opts, facts, notes, tagged)
     pp = as_int(args.get("pp_size")) or (max((r.sort_key[0] for r in facts), default=0) + 1)
     page_size = as_int(args.get("page_size"))

@@ -162,6 +162,17 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         begin_line = rf.lines.get("begin target decode", rf.lines.get("begin target prefill"))
         items.append(LedgerItem("attention_backend", "attention backend buffers (pool end -> graph begin)",
                                 rounded(rf.pool_end - first_graph, 3), "derived", in_reserve=True, line=begin_line))
+    elif (rf.pool_end is not None and not rf.graph_usage and rank0 and ctx.summary is not None
+          and ctx.summary.available_gpu_mem_gib is not None and not rf.draft_kv and rf.draft_weights is None
+          and rf.lines.get("pool_end") is not None and rf.lines["pool_end"] < ctx.summary.line):
+        # no graph line between them (graphs disabled, or none captured): the drop from 'Memory pool end' to the
+        # scheduler summary is measured by two readings, the attention backend's buffers (init_attention_backend)
+        # and what the scheduler allocates before it logs (c066: 42.35 -> 41.84 GB with --disable-cuda-graph)
+        drop = rounded(rf.pool_end - ctx.summary.available_gpu_mem_gib, 3)
+        if drop > 0:
+            items.append(LedgerItem("after_pool", "attention backend and scheduler buffers (pool end -> "
+                                    "scheduler summary, no graph line)", drop, "derived", in_reserve=True,
+                                    line=ctx.summary.line))
     for name in sorted(n for n in rf.graph_usage if not n.startswith("draft")):
         key = f"graphs_{name.replace(' ', '_')}"
         usage = rf.graph_usage[name]
