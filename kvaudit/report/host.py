@@ -6,7 +6,8 @@ from typing import Any
 
 from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
-from kvaudit.report.text import WIDTH, STATUS_COLOURS, colour, fit_columns, headline, wrap, render_one
+from kvaudit.report.text import (WIDTH, STATUS_COLOURS, colour, fit_columns, headline, not_shown, render_one,
+                                 wrap)
 from kvaudit.textsafe import md_cell
 from kvaudit.verdict import judge_host
 
@@ -127,8 +128,11 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         if h.gpus:
             L.extend(colour(x, "1", color) for x in wrap(
                 "GPUs now (GiB; CUDA total = NVML total - driver-reserved; before T = CUDA total - T)", "", width))
-            L.extend(fit_columns(GPU_COLUMNS, gpu_rows(h), width, left=2,
-                                 drop=("rsvd", "CUDA total", "total", "used now", "drift", "before T", "rank"))[0])
+            grid = gpu_rows(h)
+            table_, kept = fit_columns(GPU_COLUMNS, grid, width, left=2,
+                                       drop=("rsvd", "CUDA total", "total", "used now", "drift", "before T", "rank"))
+            L.extend(table_)
+            L.extend(not_shown(GPU_COLUMNS, grid, kept, "  ", width, row_name="GPU ")[0])
             L.append("")
         if h.findings:
             L.append(colour("Live findings", "1", color))

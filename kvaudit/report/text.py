@@ -59,7 +59,7 @@ def fit_columns(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width:
                 indent: str = "  ", left: int = 1) -> tuple[list[str], tuple[str, ...]]:
     """:func:`table` within ``width`` cells, and the columns it kept: columns with no value in any row go first,
     then those named in ``drop``, in that order (the least telling first), until a row fits; the first column is
-    never dropped."""
+    never dropped. A dropped column that holds a value is said by :func:`not_shown`, under the table."""
     from rich.cells import cell_len
 
     cols = list(range(len(header)))
@@ -67,13 +67,32 @@ def fit_columns(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width:
     def lines() -> list[str]:
         return table(tuple(header[i] for i in cols), [tuple(r[i] for i in cols) for r in body], indent, left)
 
-    empty = [i for i in cols[1:] if body and all(r[i] in ("-", "", "–") for r in body)]
+    empty = [i for i in cols[1:] if body and all(r[i] in _EMPTY for r in body)]
     for i in empty + [header.index(d) for d in drop if d in header]:
         if max(cell_len(x) for x in lines()) <= width:
             break
         if i in cols:
             cols.remove(i)
     return lines(), tuple(header[i] for i in cols)
+
+
+_EMPTY = ("-", "", "\u2013")
+
+
+def not_shown(header: tuple[str, ...], body: Sequence[tuple[str, ...]], kept: Sequence[str],
+              indent: str = "  ", width: int = WIDTH, row_name: str = "") -> tuple[list[str], tuple[str, ...]]:
+    """The values of the columns :func:`fit_columns` left out, as lines under the table ("not shown at this width:
+    draft 2.31; other 0.11"), so that a row still adds up: the value most rows have, then each other row's (named
+    by its first cell, "11.20 on TP3,5"); and the columns it names. Nothing when no dropped column held a value."""
+    parts, names = [], []
+    for i, name in enumerate(header):
+        if name in kept or all(r[i] in _EMPTY for r in body):
+            continue
+        names.append(name)
+        shown = [r[i] for r in body]
+        most = max(shown, key=shown.count)  # the value most rows have, then each other row's own
+        parts.append(f"{name} {most}" + "".join(f", {r[i]} on {row_name}{r[0]}" for r in body if r[i] != most))
+    return (wrap("not shown at this width: " + "; ".join(parts), indent, width) if parts else []), tuple(names)
 
 
 def headline(text: str, width: int = WIDTH) -> list[str]:
@@ -132,10 +151,13 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     L.append("")
     L.append(colour("Per GPU (GiB)", "1", color))
     grid = [(r.label,) + r.cells for r in rows(a)]
-    lines, kept = fit_columns(columns(a), grid, width, drop=("other", "draft", "graphs"))
+    lines, kept = fit_columns(columns(a), grid, width, drop=("other", "free@pool", "draft", "graphs"))
     L.extend(lines)
-    if legend:  # once per report, wrapped to the page: the columns shown
-        L.extend(wrap("; ".join(f"{k}: {v}" for k, v in column_help(a).items() if k in kept), "  ", width))
+    folded, named = not_shown(columns(a), grid, kept, "  ", width)  # a dropped column's values: each row adds up
+    L.extend(folded)
+    if legend:  # once per report, wrapped to the page: the columns shown, in the table or in the line under it
+        L.extend(wrap("; ".join(f"{k}: {v}" for k, v in column_help(a).items() if k in kept or k in named),
+                      "  ", width))
     L.append("")
     if a.findings:
         L.append(colour("Findings", "1", color))
@@ -174,19 +196,47 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
         ("predicted tokens", pred, f.rule or ""),
         ("logged tokens", logged_tokens_text(f, "-"), ""),
     ]
-    name_w = min(40, max(20, width - 42))
-    for name, val, src in body:
-        line = f"  {name:<{name_w}} {val:>18}"
-        if src and len(line) + 3 + len(src) <= width:
-            L.append(f"{line}   {src}")
-        else:  # the source under its row, where the row has no room for it
-            L.append(line.rstrip())
-            if src:
-                L.extend(wrap(src, " " * (name_w + 2), width))
+    L.extend(_formula_table(body, width))
     verdict = f.verdict.value.upper()
     vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
     L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason, "  ", width))
     return L
+
+
+def _formula_table(body: Sequence[tuple[str, str, str]], width: int) -> list[str]:
+    """The formula's rows as three aligned columns, quantity, value (right-aligned) and source, within ``width``
+    cells. The sources stand right of the values, wrapped in their column, or every one under its row: one layout
+    for the whole table (never ragged), the one that takes the fewest lines; a quantity longer than its column
+    wraps in it."""
+    from rich.cells import cell_len
+
+    val_w = max(cell_len(v) for _, v, _ in body)
+    natural = max(cell_len(n) for n, _, _ in body)
+    longest_word = max((cell_len(w) for _, _, src in body for w in src.split()), default=0)
+
+    def lay(name_w: int, beside: bool) -> list[str] | None:
+        src_w = width - (2 + name_w + 2 + val_w + 3)
+        if beside and src_w < max(12, longest_word):
+            return None
+        out: list[str] = []
+        for name, val, src in body:
+            names = textwrap.wrap(name, name_w, subsequent_indent="  ", break_on_hyphens=False) or [""]
+            srcs = textwrap.wrap(src, src_w, break_on_hyphens=False) if beside and src else []
+            for i in range(max(len(names), len(srcs))):
+                n = names[i] if i < len(names) else ""
+                v = val if i == 0 else ""
+                s = srcs[i] if i < len(srcs) else ""
+                line = "  " + n + " " * (name_w - cell_len(n)) + "  " + " " * (val_w - cell_len(v)) + v
+                out.append((line + "   " + s) if s else line.rstrip())
+            if src and not beside:
+                out.extend(wrap(src, "      ", width))
+        return out
+
+    top = max(12, min(natural, 40))
+    tries = [lay(w, True) for w in range(top, 11, -1)]
+    tries.append(lay(max(12, min(natural, width - 2 - 2 - val_w)), False))  # sources under: names take the room
+    fit = [t for t in tries if t is not None]
+    return min(fit, key=len)  # the first of the shortest: the widest quantity column, sources beside
 
 
 def _cell_source(f: Formula) -> str:
