@@ -503,9 +503,18 @@ def brief(message: str, whole_under: str | None = "Findings") -> str:
     return message[:cut] + where
 
 
-def _first_sentence(text: str, limit: int = 160) -> str:
-    s = brief(text).replace(" (whole under Findings)", "").replace(" ... (whole under Findings)", "")
-    return s if len(s) <= limit else s[:limit - 1].rsplit(" ", 1)[0] + " ..."
+def _first_sentence(text: str) -> str:
+    """The first sentence of ``text``, whole: the headline is cut nowhere (the JSON's ``headline`` is read by scripts
+    and alert bodies; the text report wraps it under its first line)."""
+    message = text.rstrip(".")
+    end = _SENTENCE_END.search(message)
+    return message[:end.start()] if end else message
+
+
+def unchecked_reason(reason: str) -> str:
+    """Why the pool could not be checked, without the reconcilers' own "cannot check: " (the sentence that quotes it
+    already says so: "the pool size could not be checked: the log lacks ...")."""
+    return reason[len("cannot check: "):] if reason.startswith("cannot check: ") else reason
 
 
 def _ignored_note(findings: Iterable[Finding]) -> str:
@@ -519,7 +528,7 @@ def _ok_answer(a: Audit) -> str:
     if f.logged_tokens and f.verdict == Verdict.MATCH:
         parts.append(f"{f.logged_tokens:,} tokens = formula")
     elif f.logged_tokens and f.verdict == Verdict.EXPLAINED:
-        parts.append(f"{f.logged_tokens:,} tokens, explained: {_first_sentence(f.verdict_reason, 100)}")
+        parts.append(f"{f.logged_tokens:,} tokens, explained: {_first_sentence(f.verdict_reason)}")
     reserve = next((x for x in a.findings if x.code == "RESERVE_EXPLAINS_FREE"), None)
     if reserve is not None and isinstance(reserve.fields.get("free_after_pool_gib"), (int, float)):
         parts.append(f"{reserve.fields['free_after_pool_gib']:.2f} GiB free is the reserve")
@@ -529,7 +538,7 @@ def _ok_answer(a: Audit) -> str:
     if not parts:
         held = next((x for x in a.findings if x.code in ("BUDGET_RECONCILES", "TOKENS_MATCH")), None)
         if held is not None:
-            parts.append(_first_sentence(held.message, 140))
+            parts.append(_first_sentence(held.message))
     return "; ".join(parts) or "the checks that ran held"
 
 
@@ -556,7 +565,7 @@ def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()
         failure = (memory if (started is None or refers) and memory is not None else started) or memory
         if failure is not None:
             line = _line_of(failure)
-            cause = _first_sentence(_failure_cause(failure), 200)
+            cause = _first_sentence(_failure_cause(failure))
             where = f" (line {line})" if line and f"line {line}" not in cause else ""
             head = f"ERROR startup failed: {cause}{where}"
         else:
@@ -570,13 +579,13 @@ def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()
                          tuple(allf))
     if partial:
         return Judgement(Status.PARTIAL, f"PARTIAL {_ok_answer(a) if checked(a) else 'nothing checked'}; missing: "
-                         f"{_first_sentence(partial[0], 100)}{ign}", tuple(allf))
+                         f"{_first_sentence(partial[0])}{ign}", tuple(allf))
     if checked(a):
         where = " (live numbers)" if a.from_endpoint else ""
         return Judgement(Status.OK, f"OK {_ok_answer(a)}{where}{ign}", tuple(allf))
     tokens = f"{a.formula.logged_tokens:,} tokens; " if a.formula.logged_tokens else ""
     return Judgement(Status.UNCHECKED, f"UNCHECKED {tokens}the pool size could not be checked: "
-                     f"{_first_sentence(a.formula.verdict_reason, 140)}{ign}", tuple(allf))
+                     f"{_first_sentence(unchecked_reason(a.formula.verdict_reason))}{ign}", tuple(allf))
 
 
 def judge_host(h: HostAudit) -> Judgement:
@@ -592,7 +601,7 @@ def judge_host(h: HostAudit) -> Judgement:
         head = f"{status.value.upper()} no engine startup audited"
         first = next((f for f in active if f.severity.rank == worst and worst > 0), None)
         if first is not None:
-            head += f"; {first.code}: {_first_sentence(first.message, 120)}"
+            head += f"; {first.code}: {_first_sentence(first.message)}"
         return Judgement(status, head + (f"; missing: {h.partial[0]}" if h.partial else ""), tuple(h.findings))
     return judge(h.audit, h.findings, tuple(h.partial))
 

@@ -6,8 +6,9 @@ from typing import Any
 
 from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
-from kvaudit.report.text import (WIDTH, STATUS_COLOURS, colour, fit_columns, headline, not_shown, render_one,
-                                 wrap)
+from kvaudit.report.text import (HEADLINE_LINES, WIDTH, STATUS_COLOURS, colour, fit_columns, headline, not_shown,
+                                 render_one, wrap)
+from kvaudit.report.view import fmt
 from kvaudit.textsafe import md_cell
 from kvaudit.verdict import judge_host
 
@@ -19,7 +20,7 @@ GPU_COLUMNS = ("GPU", "rank", "total", "rsvd", "CUDA total", "before T", "T", "f
 def _f(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
-    return f"{v:+.2f}" if signed else f"{v:.2f}"
+    return fmt(v, signed)
 
 
 def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
@@ -30,6 +31,18 @@ def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
                      _f(g.before_t_gib), _f(g.pre_load_free_gib), _f(g.free_at_end_gib), _f(g.used_gib),
                      _f(g.free_gib), _f(g.drift_gib, True), _f(g.server_gib), _f(others) if g.foreign else "-"))
     return rows
+
+
+def what_was_checked(h: HostAudit) -> str:
+    """The report's heading: the target and the host's own name; a capture replayed is named as the capture of
+    its host ("a capture of gpu-node-07, taken 2026-11-29T07:58:33+00:00"), not as the target it was taken
+    with ("local" there was the captured machine, not this one)."""
+    c = h.collected
+    if c is not None and c.source.startswith("capture:"):
+        where = c.source[len("capture:"):].split(" (", 1)[0]
+        of = c.host or (h.target if h.target != "local" else "an unnamed host")
+        return f"{where}: a capture of {of}, taken {c.collected_at}"
+    return h.target + (f" ({c.host})" if c and c.host else "")
 
 
 def host_dict(h: HostAudit) -> dict[str, Any]:
@@ -98,13 +111,10 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         L: list[str] = []
         c = h.collected
         j = judge_host(h)
-        head_ = headline(j.headline, width)
+        head_ = headline(j.headline, width, HEADLINE_LINES)
         L.append(colour(head_[0], STATUS_COLOURS.get(j.status.value, "1"), color))
         L.extend(head_[1:])
-        head = f"kvaudit check {h.target}"
-        if c and c.host:
-            head += f" ({c.host})"
-        L.append(colour(head, "1", color))
+        L.extend(colour(x, "1", color) for x in wrap(f"kvaudit check {what_was_checked(h)}", "", width))
         if h.error is not None:
             L.extend(wrap(colour(f"FAILED [{h.error.reason}]: ", "31", color) + str(h.error), "  ", width))
             if c is None:
@@ -154,7 +164,7 @@ def render_markdown(hosts: list[HostAudit]) -> str:
 
     out = []
     for h in hosts:
-        L = [f"**{md_cell(judge_host(h).headline)}**", "", f"# kvaudit check {md_cell(h.target)}", ""]
+        L = [f"**{md_cell(judge_host(h).headline)}**", "", f"# kvaudit check {md_cell(what_was_checked(h))}", ""]
         c = h.collected
         if h.error is not None:
             L.append(f"**Failed ({h.error.reason})**: {md_cell(str(h.error))}")

@@ -7,13 +7,15 @@ import textwrap
 from typing import Any, Sequence
 
 from kvaudit.reconcile.interface import Audit, Formula, FormulaRow, Severity, WhatIf
-from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
-from kvaudit.verdict import judge
+from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences, version_text
+from kvaudit.verdict import judge, unchecked_reason
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
 #: the headline coloured by status
 STATUS_COLOURS = {"error": "1;31", "failed": "1;31", "warning": "1;33", "partial": "1;33", "ok": "1;32",
                   "unchecked": "1"}
+#: the most lines a report's headline takes on the terminal (its whole text is in the JSON, its cause under Findings)
+HEADLINE_LINES = 3
 #: the width when nothing says another (no terminal, no $COLUMNS), as gpustat, nvitop and kubectl take it
 WIDTH = 80
 
@@ -32,7 +34,10 @@ def logged_tokens_text(f: Formula, dash: str) -> str:
 def format_value(row: FormulaRow, dash: str = "-") -> str:
     if row.value is None:
         return dash
-    return f"{row.value:.2f} GiB" if row.unit == "GiB" else f"{row.value:g}"
+    if row.unit == "GiB":
+        return f"{row.value:.2f} GiB"
+    # a count (blocks, tokens) with the separators the rest of the report uses: "1,740", not "1740"
+    return f"{int(row.value):,}" if float(row.value).is_integer() and abs(row.value) >= 1000 else f"{row.value:g}"
 
 
 def table(header: tuple[str, ...], body: Sequence[tuple[str, ...]], indent: str = "  ", left: int = 1) -> list[str]:
@@ -95,22 +100,35 @@ def not_shown(header: tuple[str, ...], body: Sequence[tuple[str, ...]], kept: Se
     return (wrap("not shown at this width: " + "; ".join(parts), indent, width) if parts else []), tuple(names)
 
 
-def headline(text: str, width: int = WIDTH) -> list[str]:
+def headline(text: str, width: int = WIDTH, max_lines: int = 0) -> list[str]:
     """The headline on one line of at most ``width`` cells; what does not fit goes under it, indented. The cut is
-    at the last clause that fits ('; ', ': '), else at a word."""
+    at the last clause that fits ('; '), else at the last word outside parentheses whose line does not end on a
+    bare label ("ERROR startup failed: ValueError:" keeps the start of the message on its line). ``max_lines``: at
+    most that many lines, the last ending in "..." (the verdict's headline is whole, for JSON and alerts; a
+    report that prints the findings whole keeps its own opening short)."""
     from rich.cells import cell_len
 
     if cell_len(text) <= width:
         return [text]
-    room = text[:width]
-    cut = max(room.rfind("; "), room.rfind(": ") + 1 if room.rfind(": ") > width // 3 else -1,
-              room.rfind(" - ") if room.rfind(" - ") > width // 3 else -1)
-    if cut < width // 3:
-        cut = room.rfind(" ")
+    room = text[:width + 1]
+    depth, ok = 0, []  # the spaces outside brackets, not right after a label's colon
+    for i, ch in enumerate(room):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == " " and depth == 0 and i > width // 3 and room[i - 1] != ":" and i <= width:
+            ok.append(i)
+    clause = [i for i in ok if room[i - 1] == ";"]
+    cut = clause[-1] if clause else ok[-1] if ok else room.rfind(" ", 0, width)
     if cut <= 0:
         cut = width
     first, rest = text[:cut].rstrip(" ;"), text[cut:].lstrip(" ;")
-    return [first] + (wrap(rest, "  ", width) if rest else [])
+    lines = [first] + (wrap(rest, "  ", width) if rest else [])
+    if max_lines and len(lines) > max_lines:
+        last = lines[max_lines - 1]
+        lines = lines[:max_lines - 1] + [(last if cell_len(last) + 4 <= width else last.rsplit(" ", 1)[0]) + " ..."]
+    return lines
 
 
 def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
@@ -128,10 +146,11 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     engine = a.engine_display or a.engine
     if with_headline:  # a checked host's report prints its own (the same judgement with the live findings)
         j = judge(a, extra, partial)
-        head = headline(j.headline, width)
+        head = headline(j.headline, width, HEADLINE_LINES)
         L.append(colour(head[0], STATUS_COLOURS.get(j.status.value, "1"), color))
         L.extend(head[1:])
-    L.extend(colour(x, "1", color) for x in wrap(f"{a.source}: {engine} {a.engine_version}, {origin(a)}", "", width))
+    said = f"{a.source}: {engine} {version_text(a.engine_version)}, {origin(a)}"
+    L.extend(colour(x, "1", color) for x in wrap(said, "", width))
     model = [m.architecture or "model unknown", m.attention.upper() if m.attention != "unknown" else None,
              f"{m.layers} layers" if m.layers else None,
              f"KV {m.kv_dtype} ({m.kv_dtype_bytes:g} B)" if m.kv_dtype and m.kv_dtype_bytes else None,
@@ -188,7 +207,8 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     one = "Formula  " + a.formula_text
     L = ([colour("Formula", "1", color) + "  " + a.formula_text] if len(one) <= width
          else [colour("Formula", "1", color)] + wrap(a.formula_text, "  ", width))
-    pred = f"{f.predicted_tokens.low:,}..{f.predicted_tokens.high:,}" if f.predicted_tokens else "-"
+    p = f.predicted_tokens
+    pred = "-" if not p else f"{p.low:,}" if p.low == p.high else f"{p.low:,}..{p.high:,}"  # "A..A" is one number
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-",
@@ -199,7 +219,7 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     L.extend(_formula_table(body, width))
     verdict = f.verdict.value.upper()
     vcol = {"MATCH": "32", "EXPLAINED": "36", "MISMATCH": "33", "UNKNOWN": "2"}[verdict]
-    L.extend(wrap(colour(verdict, vcol, color) + ": " + f.verdict_reason, "  ", width))
+    L.extend(wrap(colour(verdict, vcol, color) + ": " + unchecked_reason(f.verdict_reason), "  ", width))
     return L
 
 

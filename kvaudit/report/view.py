@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, RankLedger, Severity, Verdict
-from kvaudit.verdict import brief, checked
+from kvaudit.verdict import brief, checked, unchecked_reason
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
@@ -53,6 +53,20 @@ def columns(a: Audit) -> tuple[str, ...]:
     return COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
 
 
+def version_text(v: str) -> str:
+    """An engine version as the log allows it, in words: "0.6.5..0.10.99" (kvaudit's bounds, ".99" standing for any
+    patch release) is "0.6.5 to 0.10.x", ">=0.9.1" is "0.9.1 or later", "A..A" is "A"; an exact one as it is."""
+    def bound(x: str) -> str:
+        return x[:-3] + ".x" if x.endswith(".99") else x
+
+    if v.startswith(">="):
+        return f"{v[2:]} or later"
+    low, dots, high = v.partition("..")
+    if not dots:
+        return v
+    return bound(low) if low == high else f"{bound(low)} to {bound(high)}"
+
+
 def origin(a: Audit) -> str:
     """Where in the input the numbers come from, for the reports' heading."""
     if a.from_endpoint:
@@ -91,6 +105,8 @@ def rank_cells(r: RankLedger, with_state: bool = False) -> tuple[float | None, .
 def fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
+    if signed and round(v, 2) == 0:
+        return "+0.00"  # not "-0.00": a rounding's sign says nothing
     return f"{v:+.2f}" if signed else f"{v:.2f}"
 
 
@@ -189,8 +205,9 @@ def summary_sentences(a: Audit) -> list[str]:
                      unread[0] if unread else "every item"))
         if r.unexplained_gib is not None:
             tol = r.unexplained_tolerance_gib or 0
-            s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"
-                  if abs(r.unexplained_gib) <= tol + 0.01 else f", and {r.unexplained_gib:+.2f} GiB is unexplained")
+            un = fmt(r.unexplained_gib, True)
+            s += (f", and {un} GiB is unexplained (within rounding, +-{tol:.2f})"
+                  if abs(r.unexplained_gib) <= tol + 0.01 else f", and {un} GiB is unexplained")
         out.append(s + ".")
     engine = a.engine_display or a.engine
     if f.verdict == Verdict.MATCH:
@@ -200,7 +217,7 @@ def summary_sentences(a: Audit) -> list[str]:
     elif f.verdict == Verdict.MISMATCH:
         out.append(f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
     else:
-        out.append(f"The pool size was not checked: {f.verdict_reason}.")
+        out.append(f"The pool size was not checked: {unchecked_reason(f.verdict_reason)}.")
     for fi in a.findings:
         if fi.code == "RESERVE_EXPLAINS_FREE":
             out.append(fi.message)

@@ -66,3 +66,40 @@ def test_formula_table_is_aligned_within_the_width(columns, log):
     under = [x for x in table if re.match(r"      \S", x)]  # a source alone under its row
     beside = [x for x in rows if value.search(x).group(0).endswith("   ")]
     assert not (under and beside), table  # sources beside their values or under them, not both
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+@pytest.mark.parametrize("log", ["trtllm_c009", "trtllm_c013", "lmdeploy_c003", "sglang_c009", "vllm_c043"])
+def test_headline_is_whole_in_json_and_cut_at_a_word_in_text(columns, log):
+    """Item 31: the JSON headline is never ellipsised; the text's first line never ends on a bare label or inside
+    brackets, and its lines fit."""
+    import json
+
+    path = FIXTURES / "corpus" / f"{log}.log"
+    _, js = at(columns, "explain", path, "-f", "json")
+    whole = json.loads("\n".join(js))["headline"]
+    assert not whole.endswith("...") and " ... " not in whole, whole
+    _, lines = at(columns, "explain", path)
+    first = lines[0]
+    assert not first.endswith(":") and first.count("(") == first.count(")"), first
+    assert not [x for x in lines if cell_len(x) > columns]
+    assert whole.startswith(first)
+
+
+def test_capture_replay_is_named_as_a_capture_of_its_host():
+    """Item 32: not "kvaudit check local": the capture's directory, its host and when it was taken."""
+    _, lines = at(80, "check", KIMI_HOST)
+    head = " ".join(" ".join(lines[:6]).split())
+    assert "kvaudit check local" not in head
+    assert "a capture of gpu-node-07, taken 2026-11-29T07:58:33+00:00" in head, head
+
+
+def test_small_display_items():
+    """Items 33/34: no "cannot check: cannot check", "-0.00", "1740" or "0.8.0..0.11.99" on the page."""
+    _, vllm = at(80, "explain", FIXTURES / "corpus" / "vllm_c043.log")
+    assert "cannot check:" not in "\n".join(vllm)
+    _, trt = at(80, "explain", FIXTURES / "corpus" / "trtllm_c014.log")
+    assert "-0.00" not in "\n".join(trt)
+    _, lmd = at(80, "explain", FIXTURES / "corpus" / "lmdeploy_c003.log")
+    text = " ".join(" ".join(lmd).split())
+    assert "blocks 1,740 " in text and "0.11.99" not in text and "0.8.0 to 0.11.x" in text, text[:400]
