@@ -11,6 +11,8 @@ from kvaudit.verdict import brief, checked, unchecked_reason
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
 STATE_COLUMN = "state"
+#: what went before T (CUDA context, NCCL, other processes), a column before T when the card's total is given
+BEFORE_T_COLUMN = "before T"
 COLUMN_HELP = {
     "T": "the memory the ledger accounts for",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
@@ -48,9 +50,16 @@ def has_state(a: Audit) -> bool:
     return any(i.key == "state_pool" for r in a.ranks for i in r.items)
 
 
+def has_before_t(a: Audit) -> bool:
+    """A rank itemises what went before T (``--gpu-memory-gib`` gave the card's total: total - T)."""
+    return any(i.key == "before_t" and i.gib is not None for r in a.ranks for i in r.items)
+
+
 def columns(a: Audit) -> tuple[str, ...]:
-    """The per-GPU table's columns for this audit: the state column only where a state pool exists."""
-    return COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
+    """The per-GPU table's columns for this audit: the state column only where a state pool exists; "before T"
+    before T where the card's total was given (what ``--gpu-memory-gib`` is for)."""
+    cols = COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
+    return cols[:1] + (BEFORE_T_COLUMN,) + cols[1:] if has_before_t(a) else cols
 
 
 def version_text(v: str) -> str:
@@ -80,6 +89,9 @@ def column_help(a: Audit) -> dict[str, str]:
     t = ("free before the weights (what the fraction applies to)" if a.engine == "sglang" else
          "the card's total")
     out = {k: v for k, v in COLUMN_HELP.items() if k != STATE_COLUMN or has_state(a)}
+    if has_before_t(a):
+        out = {BEFORE_T_COLUMN: "the card's total (--gpu-memory-gib) minus T: CUDA context, NCCL, other processes",
+               **out}
     out["T"] = t
     return out
 
@@ -144,9 +156,12 @@ def rows(audit: Audit) -> list[Row]:
     """Ranks whose printed numbers are all equal share one row, in rank order of their first member."""
     groups: dict[tuple[str, ...], list[str]] = {}
     state = has_state(audit)
+    before = has_before_t(audit)
     for r in audit.ranks:
         vals = rank_cells(r, state)
         cells = tuple(fmt(v, signed=(i == len(vals) - 1)) for i, v in enumerate(vals))
+        if before:
+            cells = (fmt(_sum(r, lambda k: k == "before_t")),) + cells
         groups.setdefault(cells, []).append(r.label)
     return [Row(tuple(labels), cells) for cells, labels in groups.items()]
 

@@ -103,3 +103,16 @@ def test_small_display_items():
     _, lmd = at(80, "explain", FIXTURES / "corpus" / "lmdeploy_c003.log")
     text = " ".join(" ".join(lmd).split())
     assert "blocks 1,740 " in text and "0.11.99" not in text and "0.8.0 to 0.11.x" in text, text[:400]
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_gpu_memory_gib_shows_what_went_before_t(fmt):
+    """Item 5: --gpu-memory-gib itemises what went before T; text and Markdown show it, not only JSON."""
+    args = ("explain", FIXTURES / "corpus" / "sglang_c002.log", "--gpu-memory-gib", "24")
+    _, lines = at(80, *args, *(("-f", "markdown") if fmt == "markdown" else ()))
+    text = "\n".join(lines)
+    assert "before T" in text
+    row = next(x for x in lines if x.lstrip("| ").startswith("TP0"))
+    assert "1.09" in row.split() and "22.91" in row.split(), row  # 24 - 22.91 on TP0
+    _, plain = at(80, *args[:2])
+    assert "before T" not in "\n".join(plain)  # without the card's total: no such column
