@@ -83,7 +83,7 @@ def host_dict(h: HostAudit) -> dict[str, Any]:
         doc = {"schema_version": SCHEMA_VERSION, "engine": None, "engine_version": None, "source": None,
                "formula": None, "ranks": [], "findings": [finding_dict(f) for f in h.findings]}
     j = judge_host(h)
-    doc["headline"], doc["status"] = j.headline, j.label
+    doc["headline"], doc["status"] = j.whole, j.label
     doc["host"] = host
     doc["gpus"] = gpus
     return doc
@@ -164,7 +164,7 @@ def render_markdown(hosts: list[HostAudit]) -> str:
 
     out = []
     for h in hosts:
-        L = [f"**{md_cell(judge_host(h).headline)}**", "", f"# kvaudit check {md_cell(what_was_checked(h))}", ""]
+        L = [f"**{md_cell(judge_host(h).whole)}**", "", f"# kvaudit check {md_cell(what_was_checked(h))}", ""]
         c = h.collected
         if h.error is not None:
             L.append(f"**Failed ({h.error.reason})**: {md_cell(str(h.error))}")

@@ -17,7 +17,7 @@ def _esc(s: str) -> str:
 
 def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> str:
     f = a.formula
-    L = [f"**{_esc(judge(a, extra, partial).headline)}**", "", f"## kvaudit: {_esc(a.source)}", "",
+    L = [f"**{_esc(judge(a, extra, partial).whole)}**", "", f"## kvaudit: {_esc(a.source)}", "",
          f"{a.engine_display or a.engine} {version_text(a.engine_version)}, {origin(a)}; "
          f"model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",

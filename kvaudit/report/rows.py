@@ -140,6 +140,6 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "partial": list(h.partial),
         "why": why(h),
         "why_items": why_items(h),
-        "headline": j.headline,
+        "headline": j.whole,
         "startup_id": startup_id(h),
     }

@@ -124,11 +124,17 @@ def headline(text: str, width: int = WIDTH, max_lines: int = 0) -> list[str]:
     if cut <= 0:
         cut = width
     first, rest = text[:cut].rstrip(" ;"), text[cut:].lstrip(" ;")
-    lines = [first] + (wrap(rest, "  ", width) if rest else [])
-    if max_lines and len(lines) > max_lines:
-        last = lines[max_lines - 1]
-        lines = lines[:max_lines - 1] + [(last if cell_len(last) + 4 <= width else last.rsplit(" ", 1)[0]) + " ..."]
-    return lines
+    return capped([first] + (wrap(rest, "  ", width) if rest else []), max_lines, width)
+
+
+def capped(lines: list[str], max_lines: int, width: int = WIDTH) -> list[str]:
+    """``lines`` (wrapped text) in at most ``max_lines`` lines (0: all), the last ending in "..." when cut."""
+    from rich.cells import cell_len
+
+    if not max_lines or len(lines) <= max_lines:
+        return lines
+    last = lines[max_lines - 1]
+    return lines[:max_lines - 1] + [(last if cell_len(last) + 4 <= width else last.rsplit(" ", 1)[0]) + " ..."]
 
 
 def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
