@@ -26,6 +26,8 @@ def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
         return "-"
     if isinstance(v, int):
         return f"{v:,}"
+    if signed and round(v, nd) == 0:
+        return f"+{0:.{nd}f}"  # not "-0.00": a rounding's sign says nothing
     return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
 
 

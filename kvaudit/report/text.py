@@ -134,7 +134,9 @@ def capped(lines: list[str], max_lines: int, width: int = WIDTH) -> list[str]:
     if not max_lines or len(lines) <= max_lines:
         return lines
     last = lines[max_lines - 1]
-    return lines[:max_lines - 1] + [(last if cell_len(last) + 4 <= width else last.rsplit(" ", 1)[0]) + " ..."]
+    while cell_len(last) + 4 > width and " " in last.strip():  # room for " ...": drop words from the end
+        last = last.rstrip().rsplit(" ", 1)[0]
+    return lines[:max_lines - 1] + [last + " ..."]
 
 
 def wrap(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
@@ -202,7 +204,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
             L.extend(wrap("- " + n, "  ", width))
     if a.uninterpreted:
         L.append("")
-        L.append(colour("Not interpreted", "1", color) + " (memory lines of this startup kvaudit does not read)")
+        said = wrap("Not interpreted (memory lines of this startup kvaudit does not read)", "", width)
+        L.extend([colour("Not interpreted", "1", color) + said[0][len("Not interpreted"):]] + said[1:])
         for number, said in a.uninterpreted:
             L.extend(wrap(f"line {number}: {said.strip()}", "  ", width))
     return "\n".join(L) + "\n"

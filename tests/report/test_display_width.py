@@ -116,3 +116,11 @@ def test_gpu_memory_gib_shows_what_went_before_t(fmt):
     assert "1.09" in row.split() and "22.91" in row.split(), row  # 24 - 22.91 on TP0
     _, plain = at(80, *args[:2])
     assert "before T" not in "\n".join(plain)  # without the card's total: no such column
+
+
+@pytest.mark.parametrize("log", ["sglang_c014", "sglang_c026", "trtllm_c013", "vllm_c016"])
+def test_no_line_passes_60_columns(log):
+    """A headline cut to three lines keeps room for its " ..." (sglang_c014's quoted path), and the "Not
+    interpreted" heading wraps (sglang_c026)."""
+    _, lines = at(60, "explain", FIXTURES / "corpus" / f"{log}.log")
+    assert lines and not [x for x in lines if cell_len(x) > 60]
