@@ -166,7 +166,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
               + (" (assumed)" if (m.attention_tp_size_source or "").startswith("assumed") else ""))
              if m.attention_tp_size else None,
              f"speculative {a.speculative}" if a.speculative else None,
-             f"on {a.platform} (unified memory)" if a.platform else None]
+             (f"on {a.platform} (unified memory)" if "(" not in a.platform else  # a sentence: not two brackets
+              f"unified memory, on {a.platform}") if a.platform else None]
     L.extend(wrap(", ".join(x for x in model if x), "  ", width))
     L.append("")
     if not_reached(a):

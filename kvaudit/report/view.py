@@ -199,6 +199,8 @@ def summary_sentences(a: Audit) -> list[str]:
         for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):
             if v is not None:
                 listed += v
+                if name == other_name and round(v, 2) == 0:
+                    continue  # "request table 0.00" says nothing; the sum is the same without it
                 parts.append(f"{name} {v:.2f}"
                              + (f" ({f.logged_tokens:,} tokens)" if name == "the KV cache" and f.logged_tokens else ""))
             elif name == "the KV cache":
@@ -230,7 +232,11 @@ def summary_sentences(a: Audit) -> list[str]:
     elif f.verdict == Verdict.EXPLAINED:
         out.append(f"The KV pool size differs from the plain formula, for a known reason: {f.verdict_reason}.")
     elif f.verdict == Verdict.MISMATCH:
-        out.append(f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
+        # the reason once: where a finding above says it (TOKENS_MISMATCH carries the same sentence), point to it
+        said = next((fi for fi in a.findings if fi.severity != Severity.INFO and not fi.ignored
+                     and fi.message.rstrip(".").startswith(f.verdict_reason.rstrip(".")[:80])), None)
+        out.append(f"The KV pool size does not follow from the formula ({said.code}, under Needs attention)."
+                   if said is not None else f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
     else:
         out.append(f"The pool size was not checked: {unchecked_reason(f.verdict_reason)}.")
     for fi in a.findings:

@@ -124,3 +124,16 @@ def test_no_line_passes_60_columns(log):
     interpreted" heading wraps (sglang_c026)."""
     _, lines = at(60, "explain", FIXTURES / "corpus" / f"{log}.log")
     assert lines and not [x for x in lines if cell_len(x) > 60]
+
+
+def test_repeated_wording_is_said_once():
+    """Item 33: sglang_c002's mismatch sentence is not printed again in In short (it points to the finding that
+    says it), "request table 0.00" is left out of the sum, and sglang_c044's platform is not two brackets."""
+    _, lines = at(80, "explain", FIXTURES / "corpus" / "sglang_c002.log")
+    text = " ".join(" ".join(lines).split())
+    short = text.split("In short", 1)[1]
+    assert "does not follow from the formula (TOKENS_MISMATCH, under Needs attention)" in short
+    assert short.count("implies mem_fraction_static") == 1 and "request table 0.00" not in short, short
+    _, c044 = at(80, "explain", FIXTURES / "corpus" / "sglang_c044.log")
+    head = " ".join(" ".join(c044[:8]).split())
+    assert "reading) (unified memory)" not in head and "unified memory, on a device" in head, head
