@@ -12,7 +12,7 @@ from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
 from kvaudit.status import INTERRUPTED, label_rank, tally, tally_rank
-from kvaudit.report.text import capped, colour, headline, table, wrap
+from kvaudit.report.text import HEADLINE_LINES, capped, colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
 
 #: hosts failing alike that the text table shows as one row
@@ -275,8 +275,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     if others:
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
-            # the headline is whole (JSON, HTML); the terminal gives it 4 lines, as a report's opening gets 3
-            L.extend(capped(wrap(f"{r['host']}: {r['headline']}", width=width), 4, width))
+            # the headline is whole (JSON, HTML); the terminal gives it 3 lines, as a report opens with
+            L.extend(capped(wrap(f"{r['host']}: {r['headline']}", width=width), HEADLINE_LINES, width))
             for item in _beyond_headline(r):  # what the headline does not already say, once each
                 L.extend(wrap(f"also {item}", indent="    ", width=width))
     if drift:

@@ -111,7 +111,7 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         L: list[str] = []
         c = h.collected
         j = judge_host(h)
-        head_ = headline(j.headline, width, HEADLINE_LINES)
+        head_ = headline(j.whole, width, HEADLINE_LINES)
         L.append(colour(head_[0], STATUS_COLOURS.get(j.status.value, "1"), color))
         L.extend(head_[1:])
         L.extend(colour(x, "1", color) for x in wrap(f"kvaudit check {what_was_checked(h)}", "", width))

@@ -154,7 +154,7 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
     engine = a.engine_display or a.engine
     if with_headline:  # a checked host's report prints its own (the same judgement with the live findings)
         j = judge(a, extra, partial)
-        head = headline(j.headline, width, HEADLINE_LINES)
+        head = headline(j.whole, width, HEADLINE_LINES)
         L.append(colour(head[0], STATUS_COLOURS.get(j.status.value, "1"), color))
         L.extend(head[1:])
     said = f"{a.source}: {engine} {version_text(a.engine_version)}, {origin(a)}"
@@ -205,8 +205,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
             L.extend(wrap("- " + n, "  ", width))
     if a.uninterpreted:
         L.append("")
-        said = wrap("Not interpreted (memory lines of this startup kvaudit does not read)", "", width)
-        L.extend([colour("Not interpreted", "1", color) + said[0][len("Not interpreted"):]] + said[1:])
+        heading = wrap("Not interpreted (memory lines of this startup kvaudit does not read)", "", width)
+        L.extend([colour("Not interpreted", "1", color) + heading[0][len("Not interpreted"):]] + heading[1:])
         for number, said in a.uninterpreted:
             L.extend(wrap(f"line {number}: {said.strip()}", "  ", width))
     return "\n".join(L) + "\n"
