@@ -119,8 +119,11 @@ def load_config(path: str | Path) -> ModelGeometry:
         raise ConfigError(f"model config {p} is {size:,} bytes; a config.json is a few KB")
     try:
         text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read model config {p}: {exc}") from None
+    except UnicodeDecodeError as exc:  # Python's codec words ("can't decode byte 0xcd") say nothing to an operator
+        raise ConfigError(f"model config {p} is not a UTF-8 text file (the byte at offset {exc.start:,} is not "
+                          "UTF-8); a config.json is JSON text") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read model config {p}: {exc.strerror or exc}") from None
     return geometry_from_text(text, str(p))
 
 

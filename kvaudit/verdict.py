@@ -60,6 +60,13 @@ class Judgement:
     headline: str
     findings: tuple[Finding, ...]
     reason: str | None = None  # failed: the collector's reason (unreachable, auth, ...)
+    #: the headline with every sentence whole (``headline`` is cut short for the terminal): what JSON carries
+    whole_headline: str | None = None
+
+    @property
+    def whole(self) -> str:
+        """The headline never cut inside a sentence (docs/json.md: the one line every report opens with)."""
+        return self.whole_headline or self.headline
 
     @property
     def label(self) -> str:
@@ -503,9 +510,25 @@ def brief(message: str, whole_under: str | None = "Findings") -> str:
     return message[:cut] + where
 
 
-def _first_sentence(text: str, limit: int = 160) -> str:
+def _first_sentence(text: str, limit: int = 160, whole: bool = False) -> str:
+    """A message's opening for a headline: its first sentences up to ``limit`` characters, cut with " ..." (the
+    terminal's headline, short on purpose); ``whole``: the same sentences never cut inside (the JSON's headline, read
+    by scripts and alert bodies): the message whole when short, else up to a sentence end."""
+    if whole:
+        message = text.rstrip(".")
+        if len(message) <= BRIEF_CHARS:
+            return message
+        ends = [m.start() for m in _SENTENCE_END.finditer(message)]
+        within = [e for e in ends if 40 <= e <= BRIEF_CHARS]
+        return message[:within[-1]] if within else message[:ends[0]] if ends else message
     s = brief(text).replace(" (whole under Findings)", "").replace(" ... (whole under Findings)", "")
     return s if len(s) <= limit else s[:limit - 1].rsplit(" ", 1)[0] + " ..."
+
+
+def unchecked_reason(reason: str) -> str:
+    """Why the pool could not be checked, without the reconcilers' own "cannot check: " (the sentence that quotes it
+    already says so: "the pool size could not be checked: the log lacks ...")."""
+    return reason[len("cannot check: "):] if reason.startswith("cannot check: ") else reason
 
 
 def _ignored_note(findings: Iterable[Finding]) -> str:
@@ -513,13 +536,13 @@ def _ignored_note(findings: Iterable[Finding]) -> str:
     return f" ({n} ignored)" if n else ""
 
 
-def _ok_answer(a: Audit) -> str:
+def _ok_answer(a: Audit, whole: bool = False) -> str:
     f = a.formula
     parts = []
     if f.logged_tokens and f.verdict == Verdict.MATCH:
         parts.append(f"{f.logged_tokens:,} tokens = formula")
     elif f.logged_tokens and f.verdict == Verdict.EXPLAINED:
-        parts.append(f"{f.logged_tokens:,} tokens, explained: {_first_sentence(f.verdict_reason, 100)}")
+        parts.append(f"{f.logged_tokens:,} tokens, explained: {_first_sentence(f.verdict_reason, 100, whole)}")
     reserve = next((x for x in a.findings if x.code == "RESERVE_EXPLAINS_FREE"), None)
     if reserve is not None and isinstance(reserve.fields.get("free_after_pool_gib"), (int, float)):
         parts.append(f"{reserve.fields['free_after_pool_gib']:.2f} GiB free is the reserve")
@@ -529,7 +552,7 @@ def _ok_answer(a: Audit) -> str:
     if not parts:
         held = next((x for x in a.findings if x.code in ("BUDGET_RECONCILES", "TOKENS_MATCH")), None)
         if held is not None:
-            parts.append(_first_sentence(held.message, 140))
+            parts.append(_first_sentence(held.message, 140, whole))
     return "; ".join(parts) or "the checks that ran held"
 
 
@@ -540,6 +563,12 @@ def checked(a: Audit) -> bool:
 
 
 def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()) -> Judgement:
+    """:func:`_judge`'s judgement, with its headline short (the terminal's) and whole (the JSON's)."""
+    short = _judge(a, extra, partial, False)
+    return replace(short, whole_headline=_judge(a, extra, partial, True).headline)
+
+
+def _judge(a: Audit, extra: Iterable[Finding], partial: tuple[str, ...], whole: bool) -> Judgement:
     """Status and headline of one audit (``extra``: a host's live findings; ``partial``: what a check could
     not read). Rule 5: the headline says the status, the root cause or the answer, and where it is. The order
     is :data:`kvaudit.status.ORDER`'s: error, then warning, then partial, then ok (a check held) or unchecked."""
@@ -556,27 +585,28 @@ def judge(a: Audit, extra: Iterable[Finding] = (), partial: tuple[str, ...] = ()
         failure = (memory if (started is None or refers) and memory is not None else started) or memory
         if failure is not None:
             line = _line_of(failure)
-            cause = _first_sentence(_failure_cause(failure), 200)
+            cause = _first_sentence(_failure_cause(failure), 200, whole)
             where = f" (line {line})" if line and f"line {line}" not in cause else ""
             head = f"ERROR startup failed: {cause}{where}"
         else:
-            head = f"ERROR {errors[0].code}: {_first_sentence(errors[0].message)}"
+            head = f"ERROR {errors[0].code}: {_first_sentence(errors[0].message, whole=whole)}"
         return Judgement(Status.ERROR, head + ign, tuple(allf))
     warnings = [f for f in active if f.severity == Severity.WARNING]
     if warnings:
         first = warnings[0]
         more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
-        return Judgement(Status.WARNING, f"WARNING {first.code}: {_first_sentence(first.message)}{more}{ign}",
-                         tuple(allf))
+        said = _first_sentence(first.message, whole=whole)
+        return Judgement(Status.WARNING, f"WARNING {first.code}: {said}{more}{ign}", tuple(allf))
     if partial:
-        return Judgement(Status.PARTIAL, f"PARTIAL {_ok_answer(a) if checked(a) else 'nothing checked'}; missing: "
-                         f"{_first_sentence(partial[0], 100)}{ign}", tuple(allf))
+        answer = _ok_answer(a, whole) if checked(a) else "nothing checked"
+        return Judgement(Status.PARTIAL, f"PARTIAL {answer}; missing: {_first_sentence(partial[0], 100, whole)}{ign}",
+                         tuple(allf))
     if checked(a):
         where = " (live numbers)" if a.from_endpoint else ""
-        return Judgement(Status.OK, f"OK {_ok_answer(a)}{where}{ign}", tuple(allf))
+        return Judgement(Status.OK, f"OK {_ok_answer(a, whole)}{where}{ign}", tuple(allf))
     tokens = f"{a.formula.logged_tokens:,} tokens; " if a.formula.logged_tokens else ""
     return Judgement(Status.UNCHECKED, f"UNCHECKED {tokens}the pool size could not be checked: "
-                     f"{_first_sentence(a.formula.verdict_reason, 140)}{ign}", tuple(allf))
+                     f"{_first_sentence(unchecked_reason(a.formula.verdict_reason), 140, whole)}{ign}", tuple(allf))
 
 
 def judge_host(h: HostAudit) -> Judgement:
@@ -589,11 +619,15 @@ def judge_host(h: HostAudit) -> Judgement:
         worst = max((f.severity.rank for f in active), default=0)
         status = Status.ERROR if worst >= Severity.ERROR.rank else (
             Status.WARNING if worst >= Severity.WARNING.rank else Status.PARTIAL)
-        head = f"{status.value.upper()} no engine startup audited"
         first = next((f for f in active if f.severity.rank == worst and worst > 0), None)
-        if first is not None:
-            head += f"; {first.code}: {_first_sentence(first.message, 120)}"
-        return Judgement(status, head + (f"; missing: {h.partial[0]}" if h.partial else ""), tuple(h.findings))
+
+        def head(whole: bool) -> str:
+            said = f"{status.value.upper()} no engine startup audited"
+            if first is not None:
+                said += f"; {first.code}: {_first_sentence(first.message, 120, whole)}"
+            return said + (f"; missing: {h.partial[0]}" if h.partial else "")
+
+        return Judgement(status, head(False), tuple(h.findings), whole_headline=head(True))
     return judge(h.audit, h.findings, tuple(h.partial))
 
 

@@ -102,7 +102,8 @@ def test_the_verdicts_rules_hold_in_every_format(path):
     def words(t: str) -> str:  # a word longer than a line (a path) is cut where the line ends
         return "".join(t.replace(";", "").split())
 
-    assert words(" ".join(shown)) == words(head)
+    said = words(" ".join(shown))  # the same headline; a long one cut after 3 lines with " ..." (JSON's is whole)
+    assert said == words(head) or (len(shown) == 3 and said.endswith("...") and words(head).startswith(said[:-3]))
     assert md.stdout.splitlines()[0].strip("*") == md_cell(head)  # the same headline, escaped for Markdown
     codes = [f["code"] for f in a["findings"] if not f["ignored"]]
     # rule 1: one account per GiB

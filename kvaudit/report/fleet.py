@@ -12,7 +12,7 @@ from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
 from kvaudit.status import INTERRUPTED, label_rank, tally, tally_rank
-from kvaudit.report.text import colour, headline, table, wrap
+from kvaudit.report.text import HEADLINE_LINES, capped, colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
 
 #: hosts failing alike that the text table shows as one row
@@ -26,6 +26,8 @@ def _f(v: Any, nd: int = 2, signed: bool = False) -> str:
         return "-"
     if isinstance(v, int):
         return f"{v:,}"
+    if signed and round(v, nd) == 0:
+        return f"+{0:.{nd}f}"  # not "-0.00": a rounding's sign says nothing
     return f"{v:+.{nd}f}" if signed else f"{v:.{nd}f}"
 
 
@@ -166,10 +168,11 @@ def _cells_from_end(text: str, cells: int) -> str:
 def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
            indent: int = 2) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The header and rows made to fit ``width`` cells (no row wraps on an 80-column terminal), the least telling
-    first: the verdict column (the status and findings say it), a failure's reason (under "Not audited"), the
-    findings list as its first code and how many more, the host name cut in the middle (down to 12 cells), the
-    unexplained and GPU-count columns, and only then the codes themselves. Numbers are never cut. Widths in
-    terminal cells."""
+    first: the verdict column (the status and findings say it), the findings list as its first code and how many
+    more (the first is the headline's), the unexplained and GPU-count columns, a host name longer than 32 cells cut
+    in the middle, then down to 16; a failure's reason in the status column only after that ("failed:unreachable"
+    is what the row is read for), down to 12 cells of host, and last the codes themselves. Numbers are never cut.
+    Widths in terminal cells."""
     from rich.cells import cell_len
 
     head, rows = list(header), [list(r) for r in body]
@@ -194,16 +197,16 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
 
     def host_to(cells: int) -> None:
         cur = max(cell_len(r[0]) for r in rows) if rows else 0
-        keep = max(12, cur - (total() - width))
+        keep = max(cells, cur - (total() - width))
         shorten(head[0], lambda c: _fit(c, keep, True))
 
     def first_code(cell: str) -> str:
         codes = cell.split(",")
         return cell if len(codes) == 1 else f"{codes[0]} +{len(codes) - 1}"
 
-    steps = (lambda: drop("verdict"), lambda: shorten("status", lambda c: re.sub(r":\S+", "", c)),
-             lambda: shorten("findings", first_code), lambda: host_to(12), lambda: drop("unexpl."),
-             lambda: drop("GPUs"))
+    steps = (lambda: drop("verdict"), lambda: shorten("findings", first_code), lambda: drop("unexpl."),
+             lambda: drop("GPUs"), lambda: host_to(32), lambda: host_to(16),
+             lambda: shorten("status", lambda c: re.sub(r":\S+", "", c)), lambda: host_to(12))
     for step in steps:
         if total() <= width:
             break
@@ -215,6 +218,24 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
         keep = max(8, cur - over)
         shorten("findings", lambda c: _fit(c, keep))
     return tuple(head), [tuple(r) for r in rows]
+
+
+def _as_why_says(r: dict[str, Any]) -> list[str]:
+    """A host's finding codes in the order its "Why not ok" entry gives them (the headline's first), not
+    alphabetically: the table's first code is the one the headline names."""
+    order = [item.split(":", 1)[0] for item in r.get("why_items") or ()]
+    return sorted(r["findings"], key=lambda c: (order.index(c) if c in order else len(order), c))
+
+
+def _left_aligned_last(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:  # the header first
+    """The last column (the findings, words) padded on the right: :func:`table` right-aligns it with the numbers,
+    which pushed short codes far from the column they belong to."""
+    from rich.cells import cell_len
+
+    if not rows:
+        return rows
+    w = max(cell_len(r[-1]) for r in rows)
+    return [r[:-1] + (r[-1] + " " * (w - cell_len(r[-1])),) for r in rows]
 
 
 def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = False, first_run: bool = False,
@@ -234,9 +255,10 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         name = f"{host_ranges([x['host'] for x in group], 2)} ({len(group)})" if group else r["host"]
         body.append((name, status_cell(r), str(r["gpus"]), _f(r["tokens"]), r["verdict"] or "-",
                      _f(r["free_min_gib"]), _f(r["unexplained_gib"], signed=True),
-                     ",".join(r["findings"]) or "-"))
+                     ",".join(_as_why_says(r)) or "-"))
     head, shown = fitted(COLUMNS, body, width)
-    lines = table(head, shown, left=2)
+    padded = _left_aligned_last([head] + shown)
+    lines = table(padded[0], padded[1:], left=2)
     if color:  # the status cell coloured in place (padding measured before the escape codes)
         at = head.index("status")
         for i, row in enumerate(shown, 1):
@@ -253,7 +275,8 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
     if others:
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
-            L.extend(wrap(f"{r['host']}: {r['headline']}", width=width))
+            # the headline is whole (JSON, HTML); the terminal gives it 3 lines, as a report opens with
+            L.extend(capped(wrap(f"{r['host']}: {r['headline']}", width=width), HEADLINE_LINES, width))
             for item in _beyond_headline(r):  # what the headline does not already say, once each
                 L.extend(wrap(f"also {item}", indent="    ", width=width))
     if drift:

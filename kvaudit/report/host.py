@@ -6,7 +6,9 @@ from typing import Any
 
 from kvaudit.results import HostAudit
 from kvaudit.report.json import SCHEMA_VERSION, audit_dict, dumps, finding_dict
-from kvaudit.report.text import WIDTH, STATUS_COLOURS, colour, fit_columns, headline, wrap, render_one
+from kvaudit.report.text import (HEADLINE_LINES, WIDTH, STATUS_COLOURS, colour, fit_columns, headline, not_shown,
+                                 render_one, wrap)
+from kvaudit.report.view import fmt
 from kvaudit.textsafe import md_cell
 from kvaudit.verdict import judge_host
 
@@ -18,7 +20,7 @@ GPU_COLUMNS = ("GPU", "rank", "total", "rsvd", "CUDA total", "before T", "T", "f
 def _f(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
-    return f"{v:+.2f}" if signed else f"{v:.2f}"
+    return fmt(v, signed)
 
 
 def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
@@ -29,6 +31,18 @@ def gpu_rows(h: HostAudit) -> list[tuple[str, ...]]:
                      _f(g.before_t_gib), _f(g.pre_load_free_gib), _f(g.free_at_end_gib), _f(g.used_gib),
                      _f(g.free_gib), _f(g.drift_gib, True), _f(g.server_gib), _f(others) if g.foreign else "-"))
     return rows
+
+
+def what_was_checked(h: HostAudit) -> str:
+    """The report's heading: the target and the host's own name; a capture replayed is named as the capture of
+    its host ("a capture of gpu-node-07, taken 2026-11-29T07:58:33+00:00"), not as the target it was taken
+    with ("local" there was the captured machine, not this one)."""
+    c = h.collected
+    if c is not None and c.source.startswith("capture:"):
+        where = c.source[len("capture:"):].split(" (", 1)[0]
+        of = c.host or (h.target if h.target != "local" else "an unnamed host")
+        return f"{where}: a capture of {of}, taken {c.collected_at}"
+    return h.target + (f" ({c.host})" if c and c.host else "")
 
 
 def host_dict(h: HostAudit) -> dict[str, Any]:
@@ -69,7 +83,7 @@ def host_dict(h: HostAudit) -> dict[str, Any]:
         doc = {"schema_version": SCHEMA_VERSION, "engine": None, "engine_version": None, "source": None,
                "formula": None, "ranks": [], "findings": [finding_dict(f) for f in h.findings]}
     j = judge_host(h)
-    doc["headline"], doc["status"] = j.headline, j.label
+    doc["headline"], doc["status"] = j.whole, j.label
     doc["host"] = host
     doc["gpus"] = gpus
     return doc
@@ -97,13 +111,10 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         L: list[str] = []
         c = h.collected
         j = judge_host(h)
-        head_ = headline(j.headline, width)
+        head_ = headline(j.whole, width, HEADLINE_LINES)
         L.append(colour(head_[0], STATUS_COLOURS.get(j.status.value, "1"), color))
         L.extend(head_[1:])
-        head = f"kvaudit check {h.target}"
-        if c and c.host:
-            head += f" ({c.host})"
-        L.append(colour(head, "1", color))
+        L.extend(colour(x, "1", color) for x in wrap(f"kvaudit check {what_was_checked(h)}", "", width))
         if h.error is not None:
             L.extend(wrap(colour(f"FAILED [{h.error.reason}]: ", "31", color) + str(h.error), "  ", width))
             if c is None:
@@ -127,8 +138,11 @@ def render_text(hosts: list[HostAudit], color: bool = False, width: int = WIDTH)
         if h.gpus:
             L.extend(colour(x, "1", color) for x in wrap(
                 "GPUs now (GiB; CUDA total = NVML total - driver-reserved; before T = CUDA total - T)", "", width))
-            L.extend(fit_columns(GPU_COLUMNS, gpu_rows(h), width, left=2,
-                                 drop=("rsvd", "CUDA total", "total", "used now", "drift", "before T", "rank"))[0])
+            grid = gpu_rows(h)
+            table_, kept = fit_columns(GPU_COLUMNS, grid, width, left=2,
+                                       drop=("rsvd", "CUDA total", "total", "used now", "drift", "before T", "rank"))
+            L.extend(table_)
+            L.extend(not_shown(GPU_COLUMNS, grid, kept, "  ", width, row_name="GPU ")[0])
             L.append("")
         if h.findings:
             L.append(colour("Live findings", "1", color))
@@ -150,7 +164,7 @@ def render_markdown(hosts: list[HostAudit]) -> str:
 
     out = []
     for h in hosts:
-        L = [f"**{md_cell(judge_host(h).headline)}**", "", f"# kvaudit check {md_cell(h.target)}", ""]
+        L = [f"**{md_cell(judge_host(h).whole)}**", "", f"# kvaudit check {md_cell(what_was_checked(h))}", ""]
         c = h.collected
         if h.error is not None:
             L.append(f"**Failed ({h.error.reason})**: {md_cell(str(h.error))}")

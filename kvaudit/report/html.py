@@ -121,7 +121,7 @@ def _natural(name: str) -> tuple:
 
 
 def _signed(x: Any) -> str:
-    return "–" if x is None else f"{x:+.2f}"
+    return "–" if x is None else "+0.00" if round(x, 2) == 0 else f"{x:+.2f}"  # not "-0.00"
 
 
 def _brief(why: str, width: int = 110) -> str:

@@ -63,7 +63,7 @@ def audit_dict(a: Audit) -> dict[str, Any]:
     j = judge(a)
     return {
         "schema_version": SCHEMA_VERSION,
-        "headline": j.headline,
+        "headline": j.whole,
         "status": j.label,
         "kvaudit_version": __version__,
         "engine": a.engine,

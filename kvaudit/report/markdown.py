@@ -6,7 +6,7 @@ from typing import Any
 
 from kvaudit.reconcile.interface import Audit
 from kvaudit.report.text import format_value, logged_tokens_text
-from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences
+from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences, version_text
 from kvaudit.textsafe import md_cell
 from kvaudit.verdict import judge
 
@@ -17,8 +17,8 @@ def _esc(s: str) -> str:
 
 def render_one(a: Audit, extra: tuple = (), partial: tuple[str, ...] = ()) -> str:
     f = a.formula
-    L = [f"**{_esc(judge(a, extra, partial).headline)}**", "", f"## kvaudit: {_esc(a.source)}", "",
-         f"{a.engine_display or a.engine} {a.engine_version}, {origin(a)}; "
+    L = [f"**{_esc(judge(a, extra, partial).whole)}**", "", f"## kvaudit: {_esc(a.source)}", "",
+         f"{a.engine_display or a.engine} {version_text(a.engine_version)}, {origin(a)}; "
          f"model {_esc(a.model.architecture or 'unknown')}"
          + (f"; speculative {a.speculative}" if a.speculative else ""), "",
          "### Formula", "", "| quantity | value | source |", "|---|---:|---|"]

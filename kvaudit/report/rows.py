@@ -9,7 +9,7 @@ from kvaudit.reconcile.interface import RankLedger, Severity, Verdict
 from kvaudit.results import HostAudit
 from kvaudit.status import Status
 from kvaudit.units import GIB
-from kvaudit.verdict import brief, judge_host
+from kvaudit.verdict import brief, judge_host, unchecked_reason
 
 GPU_FIELDS = ("host", "gpu", "uuid", "rank", "status", "kv_tokens", "kv_bytes", "kv_gib", "weights_gib",
               "graphs_gib", "draft_gib", "reserve_gib", "unexplained_gib", "pre_load_free_gib", "free_at_end_gib",
@@ -50,7 +50,7 @@ def why_items(h: HostAudit) -> list[str]:
     if h.error is not None:
         return [f"{h.error.reason}: {h.error}"]
     if h.audit is not None and judge_host(h).status is Status.UNCHECKED:
-        return [f"not checked: {brief(h.audit.formula.verdict_reason, None)}"]
+        return [f"not checked: {brief(unchecked_reason(h.audit.formula.verdict_reason), None)}"]
     parts = [f"{f.code}: {brief(f.message, None)}" for f in sorted(findings(h), key=lambda f: -f.severity.rank)
              if f.severity != Severity.INFO and not f.ignored]
     return parts + [f"missing: {p}" for p in h.partial]
@@ -140,6 +140,6 @@ def host_summary(name: str, h: HostAudit) -> dict[str, Any]:
         "partial": list(h.partial),
         "why": why(h),
         "why_items": why_items(h),
-        "headline": j.headline,
+        "headline": j.whole,
         "startup_id": startup_id(h),
     }

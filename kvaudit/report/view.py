@@ -7,11 +7,13 @@ import re
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Verdict
-from kvaudit.verdict import brief, checked
+from kvaudit.verdict import brief, checked, unchecked_reason
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
 STATE_COLUMN = "state"
+#: what went before T (CUDA context, NCCL, other processes), a column before T when the card's total is given
+BEFORE_T_COLUMN = "before T"
 COLUMN_HELP = {
     "T": "the memory the ledger accounts for",
     "other": "request table, allocator rounding, activations, non-torch, headroom",
@@ -49,9 +51,30 @@ def has_state(a: Audit) -> bool:
     return any(i.key == "state_pool" for r in a.ranks for i in r.items)
 
 
+def has_before_t(a: Audit) -> bool:
+    """A rank itemises what went before T (``--gpu-memory-gib`` gave the card's total: total - T)."""
+    return any(i.key == "before_t" and i.gib is not None for r in a.ranks for i in r.items)
+
+
 def columns(a: Audit) -> tuple[str, ...]:
-    """The per-GPU table's columns for this audit: the state column only where a state pool exists."""
-    return COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
+    """The per-GPU table's columns for this audit: the state column only where a state pool exists; "before T"
+    before T where the card's total was given (what ``--gpu-memory-gib`` is for)."""
+    cols = COLUMNS[:4] + (STATE_COLUMN,) + COLUMNS[4:] if has_state(a) else COLUMNS
+    return cols[:1] + (BEFORE_T_COLUMN,) + cols[1:] if has_before_t(a) else cols
+
+
+def version_text(v: str) -> str:
+    """An engine version as the log allows it, in words: "0.6.5..0.10.99" (kvaudit's bounds, ".99" standing for any
+    patch release) is "0.6.5 to 0.10.x", ">=0.9.1" is "0.9.1 or later", "A..A" is "A"; an exact one as it is."""
+    def bound(x: str) -> str:
+        return x[:-3] + ".x" if x.endswith(".99") else x
+
+    if v.startswith(">="):
+        return f"{v[2:]} or later"
+    low, dots, high = v.partition("..")
+    if not dots:
+        return v
+    return bound(low) if low == high else f"{bound(low)} to {bound(high)}"
 
 
 def origin(a: Audit) -> str:
@@ -67,6 +90,9 @@ def column_help(a: Audit) -> dict[str, str]:
     t = ("free before the weights (what the fraction applies to)" if a.engine == "sglang" else
          "the card's total")
     out = {k: v for k, v in COLUMN_HELP.items() if k != STATE_COLUMN or has_state(a)}
+    if has_before_t(a):
+        out = {BEFORE_T_COLUMN: "the card's total (--gpu-memory-gib) minus T: CUDA context, NCCL, other processes",
+               **out}
     out["T"] = t
     return out
 
@@ -92,6 +118,8 @@ def rank_cells(r: RankLedger, with_state: bool = False) -> tuple[float | None, .
 def fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
+    if signed and round(v, 2) == 0:
+        return "+0.00"  # not "-0.00": a rounding's sign says nothing
     return f"{v:+.2f}" if signed else f"{v:.2f}"
 
 
@@ -129,9 +157,12 @@ def rows(audit: Audit) -> list[Row]:
     """Ranks whose printed numbers are all equal share one row, in rank order of their first member."""
     groups: dict[tuple[str, ...], list[str]] = {}
     state = has_state(audit)
+    before = has_before_t(audit)
     for r in audit.ranks:
         vals = rank_cells(r, state)
         cells = tuple(fmt(v, signed=(i == len(vals) - 1)) for i, v in enumerate(vals))
+        if before:
+            cells = (fmt(_sum(r, lambda k: k == "before_t")),) + cells
         groups.setdefault(cells, []).append(r.label)
     return [Row(tuple(labels), cells) for cells, labels in groups.items()]
 
@@ -206,6 +237,8 @@ def summary_sentences(a: Audit) -> list[str]:
         for name, v in zip(names, rank_cells(r, has_state(a))[1:len(names) + 1]):
             if v is not None:
                 listed += v
+                if name == other_name and round(v, 2) == 0:
+                    continue  # "request table 0.00" says nothing; the sum is the same without it
                 parts.append(f"{name} {v:.2f}"
                              + (f" ({f.logged_tokens:,} tokens)" if name == "the KV cache" and f.logged_tokens else ""))
             elif name == "the KV cache":
@@ -227,8 +260,9 @@ def summary_sentences(a: Audit) -> list[str]:
                      unread[0] if unread else "every item"))
         if r.unexplained_gib is not None:
             tol = r.unexplained_tolerance_gib or 0
-            s += (f", and {r.unexplained_gib:+.2f} GiB is unexplained (within rounding, +-{tol:.2f})"
-                  if abs(r.unexplained_gib) <= tol + 0.01 else f", and {r.unexplained_gib:+.2f} GiB is unexplained")
+            un = fmt(r.unexplained_gib, True)
+            s += (f", and {un} GiB is unexplained (within rounding, +-{tol:.2f})"
+                  if abs(r.unexplained_gib) <= tol + 0.01 else f", and {un} GiB is unexplained")
         out.append(s + ".")
     engine = a.engine_display or a.engine
     if f.verdict == Verdict.MATCH:
@@ -236,14 +270,18 @@ def summary_sentences(a: Audit) -> list[str]:
     elif f.verdict == Verdict.EXPLAINED:
         out.append(f"The KV pool size differs from the plain formula, for a known reason: {f.verdict_reason}.")
     elif f.verdict == Verdict.MISMATCH:
-        out.append(f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
+        # the reason once: where a finding above says it (TOKENS_MISMATCH carries the same sentence), point to it
+        said = next((fi for fi in a.findings if fi.severity != Severity.INFO and not fi.ignored
+                     and fi.message.rstrip(".").startswith(f.verdict_reason.rstrip(".")[:80])), None)
+        out.append(f"The KV pool size does not follow from the formula ({said.code}, under Needs attention)."
+                   if said is not None else f"The KV pool size does not follow from the formula: {f.verdict_reason}.")
     elif (died := _failed_before_pool(a)) is not None:
         # no pool existed: "not checked: the log lacks the count" would blame the log (ux audit item 36)
         step = _next_step(died)
         out.append("No KV pool was in place: the startup failed before it, so there is no pool size to check"
                    + (f". Next step: {step}" if step else " (the failure is under Needs attention)") + ".")
     else:
-        out.append(f"The pool size was not checked: {f.verdict_reason}.")
+        out.append(f"The pool size was not checked: {unchecked_reason(f.verdict_reason)}.")
     for fi in a.findings:
         if fi.code == "RESERVE_EXPLAINS_FREE":
             out.append(fi.message)

@@ -1,0 +1,53 @@
+"""The fleet's terminal table at 80 columns (ux-audit item 30): a host name up to 32 cells is whole, a longer one
+cut in the middle; a failed host's status says why (failed:unreachable, as docs/fleet.md shows); the findings are
+left-aligned and listed in the order the "Why not ok" entry gives them (the headline's code first). Real captures
+with a corpus log swapped in, and a real refused SSH connection."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+from rich.cells import cell_len
+
+from kvaudit.cli import Environment, run
+from tests.conftest import FIXTURES
+from tests.test_ignores import _capture_with
+
+TWO_WARNINGS = FIXTURES / "corpus" / "sglang_c026.log"  # UNUSED_MEMORY (the headline's), UNEXPLAINED_MEMORY
+
+
+def _fleet(inv, *args, columns: str) -> list[str]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(stdin=io.BytesIO(), stdout=out, stderr=err, stdout_isatty=False, stderr_isatty=False,
+                      environ={"NO_COLOR": "1", "COLUMNS": columns})
+    run(["fleet", str(inv), "--no-config", *map(str, args)], env)
+    return out.getvalue().splitlines()
+
+
+def test_fleet_table_keeps_names_reasons_and_the_headline_code(tmp_path, monkeypatch):
+    if shutil.which("ssh") is None:
+        import pytest
+        pytest.skip("no ssh client")
+    warned = _capture_with(tmp_path, "gpu-node-07.rack-b", TWO_WARNINGS)
+    (warned / "config.json").unlink()  # the bundled capture's Kimi config is not this log's model
+    healthy = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / ("gpu-node-08." + "x" * 40))
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host unreachable-host\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{warned.name}\n{healthy.name}\nunreachable-host\n")  # names as an inventory gives them
+    monkeypatch.chdir(tmp_path)
+    lines = _fleet(inv, "--ssh-config", cfg, columns="80")
+    table = lines[1:lines.index("")]
+    assert all(cell_len(x) <= 80 for x in table), table
+    by_name = {x.split()[0]: x for x in table[1:]}
+    assert "unreachable-host" in by_name and "failed:unreachable" in by_name["unreachable-host"], table
+    assert "gpu-node-07.rack-b" in by_name, table  # a name within 32 cells: whole
+    long = [n for n in by_name if "…" in n]
+    assert len(long) == 1 and long[0].startswith("gpu-node-") and long[0].endswith("x" * 8), table  # the middle cut
+    row = by_name["gpu-node-07.rack-b"]
+    assert row.split()[-2:] == ["UNUSED_MEMORY", "+1"], row  # the headline's code first, as "Why not ok" says
+    why = lines[lines.index("Why not ok") + 1]
+    assert "UNUSED_MEMORY" in why
+    header = table[0]
+    assert header.index("findings") == row.index("UNUSED_MEMORY"), (header, row)  # left-aligned under its header
