@@ -80,7 +80,7 @@ def plan_input(req: PlanRequest) -> PlanInput:
     if not sep or not version:
         raise KvauditError(f"--engine {req.engine!r}: give the engine and its release, e.g. sglang==0.5.9 (each "
                            "release has its own rules)")
-    geom, weights, config = _model_at(req.model, "--model")
+    geom, weights, config = _model_at(req.model, "MODEL")
     if req.gpu and req.gpu_memory_gib:
         raise KvauditError("give --gpu or --gpu-memory-gib, not both")
     if req.gpu:

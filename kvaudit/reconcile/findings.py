@@ -359,7 +359,8 @@ def startup_failed(line: int, detail: str, after_summary_line: int | None = None
 
 def budget_reconciles(sentence: str, ranks: list[str], note: str = "") -> Finding:
     extra = f" ({note})" if note else ""
-    return _f("BUDGET_RECONCILES", f"the KV budget adds up on {len(ranks)} rank(s): {sentence}{extra}",
+    on = "the one rank" if len(ranks) == 1 else f"{len(ranks)} ranks"
+    return _f("BUDGET_RECONCILES", f"the KV budget adds up on {on}: {sentence}{extra}",
               {"ranks": ranks})
 
 

@@ -95,8 +95,16 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
     unmodelled: list[str] = []
     limits: dict[str, float | None] = {}  # the largest an unmodelled item can be (verdict rule 2)
     if ctx.opts.gpu_capacity_gib is not None and rf.pre is not None:
-        items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
-                                rounded(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
+        if ctx.opts.gpu_capacity_gib < rf.pre.lo:
+            # a card cannot have less memory than was free on it: the total given is not this card's
+            note = (f"--gpu-memory-gib {ctx.opts.gpu_capacity_gib:g} is below what was free before the weights "
+                    f"(T, {rf.pre.mid:.2f} GiB on {rf.rank.display}): not this card's total, so nothing is booked "
+                    "before T")
+            if not any(n.startswith(note[:40]) for n in ctx.notes):  # once, for the first rank it fails on
+                ctx.notes.append(note)
+        else:
+            items.append(LedgerItem("before_t", "CUDA context, NCCL, other processes (before T)",
+                                    rounded(ctx.opts.gpu_capacity_gib - rf.pre.mid, 3), "derived"))
     if rf.weights is not None:
         items.append(LedgerItem("weights", "weights", rf.weights, "log", line=rf.lines.get("weights")))
     elif rf.pre is not None and rf.post is not None:
