@@ -63,7 +63,9 @@ def outcome(p: Plan) -> list[tuple[str, str]]:
     """What the plan concludes, as (name, value) lines the text and Markdown views both print."""
     kv = (f"{p.kv_gib_low:.2f} GiB" if abs(p.kv_gib_high - p.kv_gib_low) < 0.005 else
           _span(p.kv_gib_low, p.kv_gib_high, ".2f", " GiB"))
-    out = [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")]
+    # a configuration the engine refuses before it sizes anything has no pool: no "0 tokens" as if it had one
+    out = ([("KV tokens", p.rule)] if p.rule.startswith("not sized") else
+           [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")])
     if p.concurrency is not None:
         c = p.concurrency
         # the engine's own max_model_len when --context-length was not given (vLLM: max_position_embeddings)
