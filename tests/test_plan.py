@@ -221,3 +221,35 @@ def test_validate_replays_each_corpus_startup_to_its_audits_own_prediction():
             assert c["held"], c["startup"]
     assert v["family_seen"]["median_abs_error"] < 0.005
     assert v["not_predictable"] > 0  # a log names no checkpoint size: said, not guessed
+
+
+def test_a_replayed_rocm_startup_takes_rocm_from_its_audit_not_its_card(tmp_path):
+    """AMD's v0.5.6.post2 PD prefill and decode servers (sglang_c056, c058; MI355X, triton backend): a log names no
+    card, so the replay (plan --validate) takes ROCm from what its audit read, quantization/awq.py's HIP-only
+    warning, and its reserve takes ROCm's T drift as the audit's does: the plan holds the audit's interval. Without
+    the sign it would be planned as CUDA and miss the audit's low end."""
+    import dataclasses
+    import shutil
+
+    from kvaudit.plan.validate import _case
+    from kvaudit.plan_inputs import log_rows
+    from kvaudit.planning.calibrate import frame
+    from kvaudit.planning.model import PlanInput
+    from kvaudit.reconcile.sglang.planner import rocm
+
+    for name in ("sglang_c056.log", "sglang_c058.log"):
+        shutil.copy(FIXTURES / "corpus" / name, tmp_path / name)
+    rows = log_rows(tmp_path)
+    assert [r.rocm for r in rows] == ["line 8: quantization/awq.py's HIP-only warning"] * 2
+    a = json.loads(cli("explain", tmp_path / "sglang_c056.log", "-f", "json").stdout)["formula"]["predicted_tokens"]
+    assert (a["low"], a["high"]) == (2_548_546, 2_549_970)
+    case = _case(rows[0], frame(rows[1:]))
+    assert case.t_given and case.family_seen and case.low is not None and case.high is not None
+    assert case.low <= a["low"] and a["high"] <= case.high and case.held
+    as_cuda = _case(dataclasses.replace(rows[0], rocm=None), frame(rows[1:]))
+    assert as_cuda.low is not None and as_cuda.low > a["low"]
+    # without a replayed startup's sign the card's name still tells ROCm
+    amd = PlanInput("sglang", "0.5.9", "AMD Instinct MI300X", 196_592.0, 8, 1, 1, None, "auto", None, None, None,
+                    None, None, "m", None, None)
+    assert rocm(amd) and not rocm(dataclasses.replace(amd, card="NVIDIA H100 80GB HBM3"))
+    assert rocm(dataclasses.replace(amd, card=None, rocm="attention_backend='aiter'"))

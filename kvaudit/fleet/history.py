@@ -379,7 +379,8 @@ def _startup_rows(path: str, host: str | None) -> list[dict]:
 def _observed(r: dict):
     from kvaudit.planning.model import Observed
 
-    return Observed(**{k: r[k] for k in Observed.__dataclass_fields__})
+    # a field the table does not keep (Observed.rocm: a replayed log's) keeps its default
+    return Observed(**{k: r[k] for k in Observed.__dataclass_fields__ if k in r})
 
 
 def startups(path: str, host: str | None = None) -> list:

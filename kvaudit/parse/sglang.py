@@ -270,9 +270,11 @@ class NsaModel(Event):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class RocmSign(Event):
-    """server_args.py's own words that it runs on ROCm, printed only under ``is_hip()`` (0.5.9):
-    ``Setting page size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...``;
-    ``Enable Aiter AllReduce Fusion for <architecture>`` (0.5.10+)."""
+    """SGLang's own words that it runs on ROCm, printed only under ``is_hip()``: server_args.py's ``Setting page
+    size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...`` (0.5.9) and
+    ``Enable Aiter AllReduce Fusion for <architecture>`` (0.5.10+); quantization/awq.py's import warning ``HIP does
+    not support fused_marlin_moe currently.`` (0.4.10-0.5.7 in every start; 0.5.8-0.5.20 only for an AWQ model);
+    custom_all_reduce.py's ``[AR] Using AiterCustomAllreduce (AMD default)`` (0.5.7+). ``text`` says which."""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -373,10 +375,30 @@ _HICACHE_FAIL = lazy(
     r"Not enough host memory available\. Requesting " + NUM + r" GB but only have " + NUM + r" GB free"
 )
 _NSA_MODEL = lazy(r"Set NSA backends for (\S+) KV Cache(?:: prefill=(\w+), decode=(\w+))?|DSA with TP mode is active")
+#: ServerArgs fields whose presence dates a release (the dataclass's repr prints every field): read in the
+#: server_args.py of the 0.5.3, 0.5.3.post3, 0.5.4, 0.5.5, 0.5.5.post3, 0.5.6 and 0.5.7 wheels.
+#: ``kt_amx_weight_path``: 0.5.4 and 0.5.5 (not 0.5.3.post3, not 0.5.5.post3, renamed kt_weight_path by 0.5.6);
+#: ``fastapi_root_path``: 0.5.6 on (not 0.5.5.post3)
+_ARGS_FIELD_CLUES = (
+    ("kt_amx_weight_path", (0, 5, 4), (0, 5, 5), "server_args field kt_amx_weight_path (0.5.4-0.5.5)"),
+    ("fastapi_root_path", (0, 5, 6), None, "server_args field fastapi_root_path (0.5.6+)"),
+)
 _ROCM_SIGN = lazy(r"server_args\.py:\d+: (?:Setting page size to 1 for DeepSeek DSA on ROCm|Detected ROCm and )")
 #: ``Enable Aiter AllReduce Fusion for DeepseekV3ForCausalLM`` / ``... for GptOssForCausalLM``: server_args.py's
 #: model adjustments print it only under ``is_hip()`` (0.5.10+), through the logger's usual prefix
 _ROCM_AITER_FUSION = lazy(r"Enable Aiter AllReduce Fusion for \w+")
+#: ``/sgl-workspace/sglang/python/sglang/srt/layers/quantization/awq.py:67: UserWarning: HIP does not support
+#: fused_marlin_moe currently.``: Python's warnings module, no logger prefix (the next line echoes the source,
+#: ``warnings.warn(f"HIP ...")``, and is not read). quantization/awq.py warns it only under ``_is_hip``: at import
+#: (module level, 0.4.10-0.5.7; not in 0.4.9), which quantization/__init__.py does in every process of every
+#: start, and in ``AWQConfig.__init__`` (0.5.8-0.5.10; layers/quantization/awq/awq.py 0.5.11-0.5.20), then only
+#: for an AWQ checkpoint. Read in the 0.4.9, 0.4.10, 0.5.1-0.5.13 and 0.5.20 wheels
+_ROCM_AWQ = lazy(r"quantization/awq(?:/awq)?\.py:\d+: UserWarning: HIP does not support fused_marlin_moe currently")
+#: ``[TP0] [AR] Using AiterCustomAllreduce (AMD default)``: distributed/device_communicators/custom_all_reduce.py
+#: ``dispatch_custom_allreduce`` returns CUDA's class before it and asserts ``_is_hip``; printed where the custom
+#: all-reduce is built (more than one rank, SGLANG_USE_AITER_AR not off, no 1-stage all-reduce). 0.5.7-0.5.20
+#: (read in the 0.5.7-0.5.13 and 0.5.20 wheels; not in 0.5.6)
+_ROCM_AITER_AR = lazy(r"\[AR\] Using AiterCustomAllreduce \(AMD default\)")
 _AITER_KEPT = lazy(r"SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so mem_fraction_static=" + NUM + r" is used as-is")
 _MFS_ADJUST = lazy(r"reduce --mem-fraction-static to " + NUM + r" because this is a multimodal model")
 _KV_DTYPE = lazy(r"Using KV cache dtype: ([\w.]+)")
@@ -524,12 +546,14 @@ class _Parsed:
 #: srt/utils.py configure_logger), somewhere at the head of a line (after a journal's or kubectl's own prefix)
 _OWN = lazy(r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?:\s*[A-Z][A-Z_]*\d+)*\s*\]"
                   r"|\[(?:\s*[A-Z][A-Z_]*\d+)+\s*\]|\[(?:rank|gpu_id)=\d+\]")
-#: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), and
-#: bench_one_batch's ``print(f"max_total_num_tokens={...}")`` (after the scheduler's prefixed lines)
+#: what SGLang prints without the prefix: a traceback's exception and the shell's ``Killed`` (anywhere), Python's
+#: ``warnings`` line of quantization/awq.py's HIP-only warning (anywhere: it comes before the first prefixed line,
+#: and from each scheduler process's import), and bench_one_batch's ``print(f"max_total_num_tokens={...}")``
+#: (after the scheduler's prefixed lines)
 OWN_PREFIX = OwnPrefix(
     cast("re.Pattern[str]", _OWN),  # a LazyPattern: compiled on first use, the same search/match
     bare=lambda e: isinstance(e, SchedulerSummary) and re.fullmatch(r"max_total_num_tokens=\d+", e.text.strip()) is not None,
-    anywhere=lambda e: isinstance(e, Failure),
+    anywhere=lambda e: isinstance(e, Failure) or (isinstance(e, RocmSign) and "fused_marlin_moe" in e.text),
 )
 
 
@@ -587,9 +611,11 @@ def parse_line(line: Line) -> _Parsed:
                 ServerArgs(n, text, parse_server_args(m.group("dict"), "dict"), "dict"),
                 [_clue((0, 5, 19), None, "server_args printed as a dict")],
             )
+        args = parse_server_args(m.group("repr"), "repr")
         return _Parsed(
-            ServerArgs(n, text, parse_server_args(m.group("repr"), "repr"), "repr"),
-            [_clue(OLDEST, (0, 5, 18), "server_args printed as ServerArgs(...)")],
+            ServerArgs(n, text, args, "repr"),
+            [_clue(OLDEST, (0, 5, 18), "server_args printed as ServerArgs(...)")]
+            + [_clue(lo, hi, why) for key, lo, hi, why in _ARGS_FIELD_CLUES if key in args],
         )
 
     def at(match: re.Match[str]) -> tuple[Rank, list[VersionRange]]:
@@ -909,6 +935,11 @@ def _other_lines(line: Line) -> _Parsed:
         return _Parsed(RocmSign(n, text), [])
     if "Aiter AllReduce Fusion" in text and _ROCM_AITER_FUSION.search(text):
         return _Parsed(RocmSign(n, text), [_clue((0, 5, 10), None, "'Enable Aiter AllReduce Fusion for' (0.5.10+)")])
+    if "fused_marlin_moe" in text and _ROCM_AWQ.search(text):
+        return _Parsed(RocmSign(n, text), [])
+    if "AiterCustomAllreduce" in text and _ROCM_AITER_AR.search(text):
+        return _Parsed(RocmSign(n, text), [_clue((0, 5, 7), None, "'[AR] Using AiterCustomAllreduce (AMD default)' "
+                                                 "(0.5.7+)")])
     m = _AITER_KEPT.search(text) if "HONOR_EXPLICIT" in text else None
     if m:
         rank, clues = at(m)

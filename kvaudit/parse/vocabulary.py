@@ -53,6 +53,11 @@ class SGLangWords:
         b"already in use",
         # server_args.py's ROCm-only ``Enable Aiter AllReduce Fusion for <architecture>`` (0.5.10+)
         b"Aiter AllReduce",
+        # ROCm's other signs: quantization/awq.py's HIP-only warning (no logger prefix: ``awq.py:67: UserWarning:
+        # HIP does not support fused_marlin_moe currently.``, 0.4.10-0.5.20) and custom_all_reduce.py's ``[AR] Using
+        # AiterCustomAllreduce (AMD default)`` (0.5.7+)
+        b"fused_marlin_moe",
+        b"AiterCustomAllreduce",
         # a launcher's version banner (``SGLang Version 0.5.11+05fb6a52``)
         b"SGLang Version",
         b"SGLang version",

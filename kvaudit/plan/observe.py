@@ -57,5 +57,5 @@ def from_audit(name: str, a: Any, startup_id: str | None, gpu_name: str | None, 
         "bytes_per_token": f.bytes_per_token, "tokens": f.logged_tokens, "page_size": f.page_size,
         "bpt_low": f.bytes_per_token_range[0] if f.bytes_per_token_range else None,
         "bpt_high": f.bytes_per_token_range[1] if f.bytes_per_token_range else None,
-        "model_key": key, "rest_gib": f.rest_gib,
+        "model_key": key, "rest_gib": f.rest_gib, "rocm": a.rocm,
     }

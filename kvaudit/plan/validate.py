@@ -53,7 +53,8 @@ def _case(row: Observed, df: Any) -> Case:
     bpt = (float(row.bpt_low or row.bytes_per_token), float(row.bpt_high or row.bytes_per_token))
     inp = PlanInput(row.engine, row.version, row.gpu_name, row.gpu_total_mib or 0.0, row.tp, 1, 1,
                     row.fraction, "auto", None, None, row.page_size, None, None, row.model_key, None, None,
-                    bytes_per_token=bpt, given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None)
+                    bytes_per_token=bpt, given_t=(row.t_gib - 0.005, row.t_gib + 0.005) if t_given else None,
+                    rocm=row.rocm)
     w = calibrate.weight_memory(df, inp) or calibrate.logged_weights(df, inp)
     if w is None:
         return Case(row.host, None, t_given, row.tokens, None, None,

@@ -113,6 +113,9 @@ class PlanInput:
     sampler: str | None = None
     #: SGLang 0.5.16+: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set (its default fraction skips the graph reserve)
     post_capture: bool = False
+    #: a replayed startup's sign of AMD ROCm (kvaudit.reconcile.interface.Audit.rocm): a log names no card, so the
+    #: platform comes from its lines (None: no sign; the card's name still tells an AMD card)
+    rocm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,3 +164,6 @@ class Observed:
     bpt_high: float | None = None
     page_size: int | None = None
     rest_gib: float | None = None  # the KV budget the engine computed (SGLang's rest, vLLM's available KV memory)
+    #: the audit's sign of AMD ROCm (Audit.rocm) of a startup replayed from a log; not kept in the history (its
+    #: startups carry their card's name)
+    rocm: str | None = None

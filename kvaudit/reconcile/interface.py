@@ -226,6 +226,10 @@ class Audit(Record):
     #: cache size line (...)"); None when it does. The verdict raises INCOMPLETE_LOG from it (unless the startup
     #: failed: a failure is its own end)
     lacks: str | None = None
+    #: the log's sign that the engine ran on AMD ROCm (the engine writes it: SGLang's rocm_evidence, e.g.
+    #: "attention_backend='aiter'" or a HIP-only line); None: none seen. A plan that replays this startup
+    #: (plan --validate) reads the platform from it, as a log names no card
+    rocm: str | None = None
 
     @property
     def worst(self) -> Severity | None:

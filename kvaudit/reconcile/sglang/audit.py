@@ -141,6 +141,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         formula_rows=_formula_rows(formula),
         pre_load_label="free before loading",
         budget_other_label="the weights and what else loaded before the pool",
+        rocm=rocm_evidence(ctx),
     )
 
 

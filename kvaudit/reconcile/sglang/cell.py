@@ -286,8 +286,10 @@ _ROCM_BACKENDS = ("aiter", "wave")
 
 
 def rocm_evidence(ctx: Context) -> str | None:
-    """What in the startup's server_args shows an AMD ROCm build (None: nothing does; a ROCm server on the
-    triton backend prints no such sign in the lines kvaudit reads)."""
+    """What in the startup shows an AMD ROCm build: its server_args (an AMD-only backend or KV dtype), else one of
+    SGLang's HIP-only lines (parse/sglang.py RocmSign: server_args.py's, quantization/awq.py's import warning,
+    custom_all_reduce.py's aiter all-reduce). None: nothing does (a ROCm server on the triton backend at TP 1 from
+    0.5.8 on, with a checkpoint that is not AWQ, prints none of them)."""
     for key in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
         value = ctx.args.get(key)
         if isinstance(value, str) and value in _ROCM_BACKENDS:
@@ -302,8 +304,19 @@ def rocm_evidence(ctx: Context) -> str | None:
 
     signs = ctx.startup.of(RocmSign)
     if signs:
-        return f"line {signs[0].line}: server_args.py says so"
+        return f"line {signs[0].line}: {_rocm_sign_source(signs[0].text)}"
     return None
+
+
+def _rocm_sign_source(text: str) -> str:
+    """Which of SGLang's HIP-only lines (parse/sglang.py RocmSign) a sign is, in words."""
+    if "fused_marlin_moe" in text:
+        # quantization/awq.py: at import on HIP 0.4.10-0.5.7 (every start), in AWQConfig.__init__ 0.5.8-0.5.20
+        return "quantization/awq.py's HIP-only warning"
+    if "AiterCustomAllreduce" in text:
+        # distributed/device_communicators/custom_all_reduce.py dispatch_custom_allreduce, 0.5.7+
+        return "custom_all_reduce.py's AMD all-reduce"
+    return "server_args.py says so"
 
 
 

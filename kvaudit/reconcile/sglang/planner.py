@@ -60,8 +60,24 @@ T_OFFSET_ROCM_GIB = (3.2, 4.1)
 
 
 def rocm(inp: PlanInput) -> bool:
-    """An AMD Instinct card by its rocm-smi name (kvaudit/plan/cards.py)."""
-    return (inp.card or "").lower().startswith("amd ")
+    """AMD ROCm: a replayed startup's own sign (``inp.rocm``, what its audit read in the log's lines: plan
+    --validate, a log names no card), else an AMD Instinct card by its rocm-smi name (kvaudit/plan/cards.py)."""
+    return inp.rocm is not None or (inp.card or "").lower().startswith("amd ")
+
+
+def _rocm_reserve_T(inp: PlanInput, era: VersionRange, T: Term, notes: list[str]) -> Interval:
+    """The T the reserve takes, for a startup replayed on its own printed T on ROCm: as the audit does
+    (audit.py ``_rocm_T``, ROCM_T_DRIFT_GIB for 0.4.7-0.5.20) up to ROCM_T_DRIFT_GIB above the printed 'Load weight
+    begin' reading, which comes after the kernels' imports; post stays the printed T less the weights (the
+    printed 'Load weight end' is not moved by it). Elsewhere T itself."""
+    from kvaudit.reconcile.sglang.audit import ROCM_T_DRIFT_GIB, ROCM_T_DRIFT_RELEASES
+
+    lo, hi = ROCM_T_DRIFT_RELEASES
+    if T.kind != GIVEN or inp.rocm is None or not era.overlaps(lo, hi):
+        return Interval(T.lo, T.hi)
+    notes.append(f"ROCm ({inp.rocm}): the reserve takes T up to {ROCM_T_DRIFT_GIB} GiB above the replayed startup's "
+                 "printed reading, as its audit does (SGLang reads T before AMD's kernels are imported)")
+    return Interval(T.lo, T.hi + ROCM_T_DRIFT_GIB)
 
 
 def t_offset(ranks: int, on_rocm: bool = False) -> tuple[float, float]:
@@ -154,7 +170,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         terms.append(Term("bytes_per_token", "KV bytes per token per rank (cell)", cell.profile, cell.profile, "B",
                           FORMULA, f"SGLang {inp.version} cell_size: {cell.description}"))
     Ti, posti = Interval(T.lo, T.hi), Interval(post.lo, post.hi)
-    reserve = Ti.scale(1 - f)
+    Tr = _rocm_reserve_T(inp, era, T, notes)  # the T the reserve takes: Ti, or on ROCm up to the drift above it
+    reserve = Tr.scale(1 - f)
     rest = posti - reserve
     terms.append(Term("reserve_gib", "reserve (1 - fraction) x T", reserve.lo, reserve.hi, "GiB",
                       weakest(T.kind, FORMULA), "formula"))
@@ -184,7 +201,7 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
     draft_layers = draft.layers if draft else None
     target_layers = geom.num_layers if geom is not None else None
     settings = cast(Any, _Settings(era, page, args))  # predict reads era, page_size and args of an audit's Context
-    pred = predict(settings, rule, Ti, posti, f, cell_iv or Interval.exact(cell.profile), None,
+    pred = predict(settings, rule, Tr, posti, f, cell_iv or Interval.exact(cell.profile), None,
                    draft_layers, target_layers)
     lo, hi = max(0, pred.tokens.low), max(0, pred.tokens.high)
     kv_lo, kv_hi = lo * cell.pool / GIB, hi * cell.pool / GIB
