@@ -658,10 +658,19 @@ def _not_another_hosts_capture(output: Path, target: str) -> None:
         return  # a new or empty directory; anything else is the capture writer's to refuse
     try:
         with meta.open("rb") as fh:
-            earlier = json.loads(fh.read(1 << 20)).get("target")
+            doc = json.loads(fh.read(1 << 20))
+        earlier, earlier_host = doc.get("target"), doc.get("host")
     except (OSError, ValueError, AttributeError):
-        earlier = None
-    if earlier != target:
+        earlier = earlier_host = None
+    if earlier == target == "local":
+        # every node's own capture is of "local": the machine it was taken on tells them apart
+        import socket
+
+        here = socket.gethostname()
+        if isinstance(earlier_host, str) and earlier_host != here:
+            raise Fail(f"-o {output}: holds the capture of {printable(earlier_host)[:200]} (local there); this is "
+                       f"{printable(here)[:200]}: capture into another directory (or remove that one)")
+    elif earlier != target:
         said = f"the capture of {printable(str(earlier))[:200]}" if isinstance(earlier, str) else "another capture"
         raise Fail(f"-o {output}: holds {said}; capture {target} into another directory (or remove that one)")
 

@@ -242,6 +242,10 @@ def test_capture_refuses_to_replace_another_hosts_capture(tmp_path):
     r = cli("capture", "gpu-99", "-o", earlier, "--timeout", "5")
     assert r.code == 2 and "holds the capture of local" in _one_line(r)
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before  # untouched
+    # every node's own capture is of "local": another machine's is told by its host name (ux audit 2, item 1)
+    r = cli("capture", "local", "-o", earlier, "--no-config")
+    assert r.code == 2 and "holds the capture of gpu-node-07 (local there)" in _one_line(r)
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
 
 
 def test_one_host_is_one_host(tmp_path):
