@@ -114,3 +114,14 @@ def test_plan_md_accuracy_table_is_what_validate_prints_now():
     assert int(seen.group(4)) == round(fs["interval_held"] * 100)
     assert int(re.search(r"\| family not seen \| (\d+) \|", text).group(1)) == d["family_not_seen"]["startups"]
     assert int(re.search(r"\| not predictable \| (\d+) \|", text).group(1)) == d["not_predictable"]
+
+
+def test_sglangs_smallest_fraction_holds_one_request_of_the_models_own_length():
+    """Second review, item 2: without --context-length the smallest fraction was sized for one token (0.406 for
+    Qwen3-32B at TP 2; at 0.41 the pool held 2,591-19,872 tokens). SGLang's default context is the config's
+    max_position_embeddings (40,960), so the answer is the one --context-length 40960 gives."""
+    def smallest(*extra):
+        return cli("plan", Q32, "--engine", "sglang==0.5.9", "--gpu", "h100", "--tp", "2", *extra,
+                   "-f", "json").json()["smallest_fraction"]
+
+    assert smallest() == smallest("--context-length", "40960") and smallest() > 0.41

@@ -230,8 +230,12 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                     f"(1 - fraction) x T less what the reserve held: {held.lo:.2f}-{held.hi:.2f} GiB in {held.basis}")
         largest = math.floor((1 - held.hi / Ti.lo) * 1000) / 1000
 
-    need = (inp.context_length or 1) * pred.cell.hi / GIB  # the cell the budget is divided by (a draft's inflation)
-    smallest = math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000 if posti.lo > need else None
+    # one full-context request: the length given, else the model's own (SGLang's default context_length is the
+    # config's max_position_embeddings); never one token, which made "the smallest fraction" one no request fits
+    full = inp.context_length or (inp.geometry.max_position_embeddings if inp.geometry is not None else None)
+    need = (full or 0) * pred.cell.hi / GIB  # the cell the budget is divided by (a draft's inflation)
+    smallest = (math.ceil((1 - (posti.lo - need) / Ti.hi) * 1000) / 1000
+                if full and posti.lo > need else None)
     starts, why = _starts(rest, left, hi, lo, inp.context_length)
     if starts == "yes" and left is not None:
         had = calibrate.observe(history, inp, lambda s: s["free_at_end_gib"], by_model=True)
@@ -253,7 +257,8 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
         why += ("; at the low end of the assumed terms the weights leave no memory for the pool at any fraction "
                 f"(free after the weights: {_gib(posti)})")
     elif smallest is None:
-        why += f"; no fraction makes the pool hold one {inp.context_length or 1:,}-token request"
+        if full:
+            why += f"; no fraction makes the pool hold one {full:,}-token request"
     return Plan(inp, tuple(terms), lo, hi, round(kv_lo, 3), round(kv_hi, 3), concurrency, left, starts, why,
                 smallest, largest, rule.name, tuple(notes), block_size=page)
 
