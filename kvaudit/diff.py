@@ -94,6 +94,8 @@ class Diff:
     rounding_tokens: int | None = None  # what the logs' rounding can move the two counts by, together
     remainder_kind: str | None = None  # rounding | after_budget | off_formula
     after_budget: tuple[str, ...] = ()  # what the audits say the engine takes after the budget (caps, headroom)
+    #: a side whose start failed ("B", its error finding's first clause): the headline says so, not "no pool size"
+    failed: tuple[tuple[str, str], ...] = ()
 
     @property
     def tokens_change(self) -> int | None:
@@ -352,8 +354,15 @@ def diff(a: Audit, b: Audit, a_label: str, b_label: str) -> Diff:
             kind = "after_budget"
         else:
             kind = "off_formula"
+    failed = tuple((side, _failure(x)) for side, x in (("A", a), ("B", b)) if _failure(x))
     return Diff(a_label, b_label, a.engine, b.engine, ta, tb, _formula_terms(a, b), ledger, tuple(shares),
-                remainder, tuple(notes), rounding, kind, after)
+                remainder, tuple(notes), rounding, kind, after, failed)
+
+
+def _failure(a: Audit) -> str:
+    """The start's failure as its error finding says it (its code and first clause), or ""."""
+    f = next((f for f in a.findings if f.code in ("NOT_ENOUGH_MEMORY", "STARTUP_FAILED") and not f.ignored), None)
+    return "" if f is None else f"{f.code}: {f.message.split('; ')[0]}"
 
 
 # --- what the remainder is, in words -----------------------------------------------------------------------------
@@ -381,6 +390,11 @@ def headline(d: Diff, width: int = 80) -> str:
     within ``width`` cells: the causes are shortened, then dropped, before the change itself."""
     ta, tb, chg = d.tokens_a, d.tokens_b, d.tokens_change
     if ta is None or tb is None or chg is None:
+        failed = dict(d.failed)
+        if any(failed.get(s) for s, t in (("A", ta), ("B", tb)) if t is None):
+            # a start that failed has no pool to compare: say that, with its cause, not that its log lacks a size
+            side = next(s for s, t in (("A", ta), ("B", tb)) if t is None and failed.get(s))
+            return _cut(f"KV tokens not compared: {side}'s start failed ({failed[side]})", width)
         missing = " and ".join(s for s, t in (("A", ta), ("B", tb)) if t is None)
         return _cut(f"KV tokens not compared: {missing} logs no pool size", width)
     pct = f", {100 * chg / ta:+.1f} %" if ta else ""

@@ -11,7 +11,7 @@ from kvaudit.diff import diff
 from kvaudit.explain import audit, read_log
 from kvaudit.model_config import load_config
 from kvaudit.reconcile.interface import AuditOptions
-from tests.conftest import KIMI_CONFIG, KIMI_LOG, cli
+from tests.conftest import FIXTURES, KIMI_CONFIG, KIMI_LOG, cli
 
 GIB = 2 ** 30
 
@@ -331,3 +331,12 @@ def test_two_engines_are_refused_with_the_reason():
     code, out, err = _diff_at(80, corpus / "sglang_c002.log", corpus / "vllm_c014.log")
     assert code == 2 and out == ""
     assert "A is SGLang and B is vLLM" in err and "different quantities" in err
+
+
+def test_a_start_that_failed_is_named_as_failed_not_as_lacking_a_pool_size():
+    """Second review, item 9: vllm_c009's second start failed ('10.12 GiB KV cache is needed, which is larger
+    than the available KV cache memory'); the diff said only 'B logs no pool size'."""
+    r = cli("diff", FIXTURES / "corpus" / "vllm_c009.log")
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("KV tokens not compared: B's start failed (NOT_ENOUGH_MEMORY: ")
+    assert "no pool size" not in first
