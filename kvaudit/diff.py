@@ -671,7 +671,26 @@ def recorded_at(path: str, host: str, run_id: int) -> Recorded:
     recorded none)."""
     for r in _history_rows(path, host, run_id):
         return _believed(path, r)
+    status = _status_at(path, host, run_id)
+    if status is not None and (status == "error" or status.startswith("failed:")):
+        # the run is in the history, its host was not audited or its start failed: say that, as history shows it
+        why = "its start failed" if status == "error" else "it could not be audited"
+        raise DiffError(f"history {path}: {host}@{run_id} has no pool to compare: {why} (status {status} in that "
+                        "run; kvaudit history shows it)")
     raise DiffError(f"history {path}: no startup of {host!r} recorded at or before run {run_id}")
+
+
+def _status_at(path: str, host: str, run_id: int) -> str | None:
+    """The host's status in that run, as the history recorded it (None: no such row, or no readable history)."""
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT status FROM hosts WHERE host = ? AND run_id = ?", (host, run_id)).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return row[0] if row and isinstance(row[0], str) else None
 
 
 def recorded_last_two(path: str, host: str) -> tuple[Recorded, Recorded]:

@@ -340,3 +340,22 @@ def test_a_start_that_failed_is_named_as_failed_not_as_lacking_a_pool_size():
     first = r.stdout.splitlines()[0]
     assert first.startswith("KV tokens not compared: B's start failed (NOT_ENOUGH_MEMORY: ")
     assert "no pool size" not in first
+
+
+def test_a_run_whose_start_failed_is_said_as_failed_not_as_unrecorded(tmp_path):
+    """Second review, item 10: diff HOST@1 of a run whose start failed said 'no startup ... recorded at or before
+    run 1' while history lists that run as error."""
+    import json
+    import shutil
+
+    cap = tmp_path / "gpu-03"
+    shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", cap)
+    lines = (FIXTURES / "corpus" / "sglang_c037.log").read_text(encoding="utf-8").splitlines()
+    (cap / "log.txt").write_text("".join(f"{i}:{ln}\n" for i, ln in enumerate(lines, 1)))
+    meta = json.loads((cap / "capture.json").read_text())
+    (cap / "capture.json").write_text(json.dumps({**meta, "config_source": None}))
+    inventory, db = tmp_path / "hosts.txt", tmp_path / "history.db"
+    inventory.write_text(f"{cap}\n")
+    cli("fleet", inventory, "--history", db)
+    r = cli("diff", f"{cap}@1", f"{cap}@1", "--history", db)
+    assert r.code == 2 and f"{cap}@1 has no pool to compare: its start failed (status error" in r.stderr
