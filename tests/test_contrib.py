@@ -132,10 +132,19 @@ def test_real_textfiles_page_once_per_failed_start_and_per_node_problem(tmp_path
             for smp in fam.samples:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(smp.labels.items()))
                 series.append({"series": f"{smp.name}{{{labels}}}", "values": f"{smp.value:g}x5"})
+    # sglang_c037 is a GB10 start (T 111.58 GiB) beside an RTX PRO 6000's readings (CUDA total 95.56 GiB): memory
+    # before T would be -16.02 GiB, no reading, so no series (ux-audit2 item 17), and the finding says why
+    negative = [s for s in series if s["values"].startswith("-") and not s["series"].startswith(
+        "kvaudit_unexplained_bytes")]
+    assert not negative, negative
+    assert not any(s["series"].startswith("kvaudit_before_t_bytes") and 'host="failed"' in s["series"]
+                   for s in series)
     codes = {(s["series"].split('host="')[1].split('"')[0], s["series"].split('code="')[1].split('"')[0])
              for s in series if s["series"].startswith("kvaudit_finding{") and s["values"].startswith("1x")}
     assert {("failed", "STARTUP_FAILED"), ("failed", "NOT_ENOUGH_MEMORY"), ("shared", "FOREIGN_PROCESS")} <= codes
     assert ("shared", "MEMORY_DRIFT") not in codes  # the tenant's memory is its finding's, not drift again
+    assert ("failed", "READINGS_OF_ANOTHER_START") in codes and ("failed", "MEMORY_DRIFT") not in codes
+    assert any(s["series"].startswith("kvaudit_before_t_bytes") and 'host="shared"' in s["series"] for s in series)
     failed = {"exp_labels": {"severity": "critical", "invocation": "check", "host": "failed"},
               "exp_annotations": {"summary": "failed: the engine's last start failed or ran out of memory "
                                              '(kvaudit_finding{severity="error"} names the codes)'}}

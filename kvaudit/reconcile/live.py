@@ -268,11 +268,29 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
                 "IDLE_GPUS", Severity.INFO,
                 f"GPU(s) {', '.join(str(l.index) for l in idle)} run no rank of this engine",
                 {"gpus": [l.index for l in idle]}))
+    # T above the GPU's CUDA total: no start on this GPU measured that much free memory, so the log and these
+    # readings are of different starts (or hosts). The memory "gone before T" is then no reading (negative), and
+    # the free memory now is not comparable with the log's end of startup: no drift is judged on that GPU
+    # (ux-audit2 item 17). The log's T is printed to 0.01 GiB, so a start of its own is at most 0.005 GiB below 0
+    apart = [l for l in mapped if l.before_t_gib is not None and l.before_t_gib < -0.005]
+    if apart:
+        w = min(apart, key=lambda l: l.before_t_gib or 0)
+        findings.append(Finding(
+            "READINGS_OF_ANOTHER_START", Severity.INFO,
+            f"GPU {w.index} ({w.rank}): the log's T ({w.pre_load_free_gib:.2f} GiB free before loading) is above "
+            f"the GPU's CUDA total now ({w.cuda_total_gib:.2f} GiB), which no start on it can measure: the log and "
+            f"these readings are of different starts or hosts; memory before T ({w.before_t_gib:.2f} GiB) is no "
+            f"reading (left out of the Prometheus series) and no drift is judged on "
+            f"GPU{'s' if len(apart) > 1 else ''} {', '.join(str(l.index) for l in apart)}",
+            {"gpu": w.index, "t_gib": w.pre_load_free_gib, "cuda_total_gib": w.cuda_total_gib,
+             "before_t_gib": w.before_t_gib, "gpus": [l.index for l in apart]},
+            tuple(l.rank for l in apart if l.rank)))
     # memory taken since startup that a named process holds (FOREIGN_PROCESS, ORPHANED_ENGINE_PROCESS and
     # IDLE_TENANT_MEMORY name it, each with its fix) is not counted again as drift: what is left is the engine's
     # own (its allocator's cache under load), and none left is no drift (ux-audit2 item 3)
     named = {l.index: round(sum(f.gib or 0 for f in l.foreign + l.orphaned), 3) for l in mapped}
-    own = {l.index: _own_drift(l.drift_gib, named[l.index]) for l in mapped if l.drift_gib is not None}
+    own = {l.index: _own_drift(l.drift_gib, named[l.index]) for l in mapped
+           if l.drift_gib is not None and l not in apart}
     drifted = [l for l in mapped if l.index in own and abs(own[l.index]) > th.drift_gib]
     if drifted:
         w = max(drifted, key=lambda l: abs(own[l.index]))

@@ -76,3 +76,20 @@ def test_freed_memory_says_freed(tmp_path):
     f = _findings(d)["MEMORY_DRIFT"]
     assert f["severity"] == "info" and f["fields"]["drift_gib"] == -2.48
     assert "2.48 GiB freed since" in f["message"] and "taken" not in f["message"], f["message"]
+
+
+def test_a_log_of_another_start_judges_no_drift(tmp_path):
+    """sglang_c037 (a GB10 start: T 111.58 GiB) beside the RTX PRO 6000 readings (CUDA total 95.56 GiB): no start
+    on that GPU measured that T, so memory before T (-16.02 GiB) is no reading and its drift (+44.91 GiB
+    'taken') is not judged (ux-audit2 item 17)."""
+    d = _host(tmp_path, 6564, None)
+    (d / "config.json").unlink()
+    log = FIXTURES / "corpus" / "sglang_c037.log"
+    (d / "log.txt").write_text("".join(f"{i}:{line}\n" for i, line in enumerate(
+        log.read_text(encoding="utf-8", errors="replace").splitlines(), 1)))
+    found = _findings(d)
+    f = found["READINGS_OF_ANOTHER_START"]
+    assert f["severity"] == "info" and f["fields"]["before_t_gib"] == -16.018 and f["fields"]["t_gib"] == 111.58
+    assert "MEMORY_DRIFT" not in found and "OCCUPIED_AT_STARTUP" not in found
+    # the bundled start on its own readings has none
+    assert "READINGS_OF_ANOTHER_START" not in _findings(_host(tmp_path / "own", 6605, None))
