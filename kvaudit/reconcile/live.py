@@ -288,7 +288,14 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
     # memory taken since startup that a named process holds (FOREIGN_PROCESS, ORPHANED_ENGINE_PROCESS and
     # IDLE_TENANT_MEMORY name it, each with its fix) is not counted again as drift: what is left is the engine's
     # own (its allocator's cache under load), and none left is no drift (ux-audit2 item 3)
-    named = {l.index: round(sum(f.gib or 0 for f in l.foreign + l.orphaned), 3) for l in mapped}
+    # A process that already held its memory when the engine measured T is in "before T", not in the drift:
+    # what a GPU had gone before T above the least any of the engine's GPUs had (their CUDA context and NCCL) is
+    # taken as held then, and only the named memory above it as taken since
+    starts = [l.before_t_gib for l in mapped if l.before_t_gib is not None and l not in apart]
+    floor = min(starts) if starts else None
+    named = {l.index: round(max(0.0, sum(f.gib or 0 for f in l.foreign + l.orphaned) - (
+        max(0.0, l.before_t_gib - floor) if (floor is not None and l.before_t_gib is not None) else 0.0)), 3)
+        for l in mapped}
     own = {l.index: _own_drift(l.drift_gib, named[l.index]) for l in mapped
            if l.drift_gib is not None and l not in apart}
     drifted = [l for l in mapped if l.index in own and abs(own[l.index]) > th.drift_gib]

@@ -93,3 +93,23 @@ def test_a_log_of_another_start_judges_no_drift(tmp_path):
     assert "MEMORY_DRIFT" not in found and "OCCUPIED_AT_STARTUP" not in found
     # the bundled start on its own readings has none
     assert "READINGS_OF_ANOTHER_START" not in _findings(_host(tmp_path / "own", 6605, None))
+
+
+def test_a_tenant_there_since_startup_does_not_hide_the_engines_drift(tmp_path):
+    """The tenant held its 6 GiB when the engine measured T (GPU 3's memory before T is 6 GiB above the other
+    GPUs': a card 6 GiB larger with the tenant on it gives the log's T), and the engine's allocator took 3 GiB
+    since: that 3 GiB is drift, the tenant's memory is in before T, not taken since."""
+    d = _host(tmp_path, 6605 - 3072, 6144)
+    rows = []
+    for line in (d / "nvidia-smi-gpus.csv").read_text().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if f[1] == GPU3:
+            f[4] = str(int(f[4]) + 6144)
+            f[6] = str(int(f[4]) - int(f[5]) - int(f[7]))
+        rows.append(", ".join(f))
+    (d / "nvidia-smi-gpus.csv").write_text("\n".join(rows) + "\n")
+    found = _findings(d)
+    assert "OCCUPIED_AT_STARTUP" in found and "FOREIGN_PROCESS" in found
+    f = found["MEMORY_DRIFT"]
+    assert f["fields"]["drift_gib"] == 3.52 and f["fields"]["engine_drift_gib"] == 3.52, f
+    assert f["fields"]["named_processes_gib"] == 0.0
