@@ -30,7 +30,7 @@ CREATE INDEX IF NOT EXISTS hosts_by_name ON hosts(host, run_id);
 CREATE INDEX IF NOT EXISTS gpus_by_run ON gpus(run_id);
 """
 #: columns added after the first release, with their type: an older history file gains them on open
-ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"),),
+ADDED_COLUMNS = {"hosts": (("startup_id", "TEXT"), ("counted", "TEXT")),
                  "startups": (("bpt_low", "REAL"), ("bpt_high", "REAL"), ("page_size", "INTEGER"),
                               ("rest_gib", "REAL"))}
 
@@ -72,9 +72,10 @@ def record(path: str, started_at: str, started_ts: float, duration_s: float, sum
             run_id = int(cur.lastrowid or 0)
             db.executemany(
                 "INSERT INTO hosts (run_id, host, status, reason, tokens, verdict, weights_gib, free_min_gib, "
-                "unexplained_gib, findings, startup_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "unexplained_gib, findings, startup_id, counted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(run_id, s["host"], s["status"], s["reason"], s["tokens"], s["verdict"], s["weights_gib"],
-                  s["free_min_gib"], s["unexplained_gib"], json.dumps(s["all_findings"]), s.get("startup_id"))
+                  s["free_min_gib"], s["unexplained_gib"], json.dumps(s["all_findings"]), s.get("startup_id"),
+                  json.dumps(s["findings"]) if s.get("findings") is not None else None)
                  for s in summaries])
             db.executemany(
                 "INSERT INTO gpus VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -127,14 +128,16 @@ def clean_row(row: dict) -> dict | None:
                 return None
         elif k in ("started_at", "last_run"):
             out[k] = printable(v)[:64] if isinstance(v, str) else None
-    if "findings" in row:
+    for key in ("findings", "counted"):
+        if key not in row or (key == "counted" and row[key] is None):  # counted: NULL in rows before it was kept
+            continue
         try:
-            codes = json.loads(row["findings"]) if isinstance(row["findings"], str) else None
+            codes = json.loads(row[key]) if isinstance(row[key], str) else None
         except ValueError:
             codes = None
         if not isinstance(codes, list) or not all(isinstance(c, str) for c in codes):
             return None
-        out["findings"] = [printable(c)[:100] for c in codes]
+        out[key] = [printable(c)[:100] for c in codes]
     if "host" in row and not out.get("host"):
         return None
     if "status" in row and not out.get("status"):
@@ -169,6 +172,15 @@ def _streak_kind(status: object) -> str | None:
     if not isinstance(status, str):
         return None
     return "failed" if _failed(status) else "error" if status.split(":")[0] == "error" else None
+
+
+def _news(row: dict) -> set[str]:
+    """The codes whose coming or going is news: those that counted in the run (warnings and errors, not
+    acknowledged: the fleet's ``findings``, kept since ux-audit2 item 11, where a MEMORY_DRIFT or an
+    ORPHANED_ENGINE_PROCESS is a warning in one run and info in another), else, in a row written before that,
+    the codes whose usual severity is not info."""
+    counted = row.get("counted")
+    return set(counted) if counted is not None else {c for c in row["findings"] if _churns(c)}
 
 
 def _churns(code: str) -> bool:
@@ -243,8 +255,7 @@ def drift(path: str, run_id: int) -> tuple[int | None, list[Drift]]:
             verb = "fell" if now["tokens"] < before["tokens"] else "rose"
             out.append(Drift(host, None, "tokens", before["tokens"], now["tokens"],
                              f"{host}: KV tokens {verb} from {before['tokens']:,} to {now['tokens']:,}{since}"))
-        f0 = {c for c in before["findings"] if _churns(c)}
-        f1 = {c for c in now["findings"] if _churns(c)}
+        f0, f1 = _news(before), _news(now)
         for code in sorted(f1 - f0):
             out.append(Drift(host, None, "finding_new", None, code, f"{host}: new finding {code}{since}"))
         for code in sorted(f0 - f1):
@@ -342,7 +353,7 @@ MAX_FINDINGS_CHARS = 64 << 10
 #: a million rows cost plan 46-89 s and 1.8 GB)
 MAX_STARTUP_ROWS = 100_000
 HOST_COLUMNS = ("run_id", "host", "status", "reason", "tokens", "verdict", "weights_gib", "free_min_gib",
-                "unexplained_gib", "findings", "startup_id")
+                "unexplained_gib", "findings", "startup_id", "counted")
 GPU_COLUMNS = ("run_id", "host", "gpu", "rank", "tokens", "kv_gib", "weights_gib", "free_now_gib", "free_at_end_gib",
                "unexplained_gib")
 
@@ -350,7 +361,7 @@ GPU_COLUMNS = ("run_id", "host", "gpu", "rank", "tokens", "kv_gib", "weights_gib
 def _bounded(columns: tuple[str, ...], prefix: str = "") -> str:
     """A SELECT list whose text and blob values are cut in SQLite (numbers pass as they are)."""
     def one(c: str) -> str:
-        n = MAX_FINDINGS_CHARS if c == "findings" else MAX_VALUE_CHARS
+        n = MAX_FINDINGS_CHARS if c in ("findings", "counted") else MAX_VALUE_CHARS
         return (f"CASE WHEN typeof({prefix}{c}) IN ('text', 'blob') THEN substr({prefix}{c}, 1, {n}) "
                 f"ELSE {prefix}{c} END AS {c}")
     return ", ".join(one(c) for c in columns)

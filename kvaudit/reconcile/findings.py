@@ -56,6 +56,7 @@ CODES: dict[str, Severity] = {
     "ORPHANED_ENGINE_PROCESS": WARNING,  # INFO when the orphans hold no GPU memory
     "IDLE_TENANT_MEMORY": WARNING,
     "UNIFIED_PAGE_CACHE": WARNING,  # INFO under a tenth of the host's memory
+    "READINGS_OF_ANOTHER_START": INFO,
     # live endpoints (kvaudit check http://...)
     "LIVE_POOL_MISMATCH": WARNING,
     "LIVE_POOL_CHANGED": WARNING,

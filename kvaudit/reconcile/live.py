@@ -268,16 +268,53 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
                 "IDLE_GPUS", Severity.INFO,
                 f"GPU(s) {', '.join(str(l.index) for l in idle)} run no rank of this engine",
                 {"gpus": [l.index for l in idle]}))
-    drifted = [l for l in mapped if l.drift_gib is not None and abs(l.drift_gib) > th.drift_gib]
-    if drifted:
-        w = max(drifted, key=lambda l: abs(l.drift_gib or 0))
-        low = w.free_gib is not None and w.free_gib < th.low_headroom_gib
+    # T above the GPU's CUDA total: no start on this GPU measured that much free memory, so the log and these
+    # readings are of different starts (or hosts). The memory "gone before T" is then no reading (negative), and
+    # the free memory now is not comparable with the log's end of startup: no drift is judged on that GPU
+    # (ux-audit2 item 17). The log's T is printed to 0.01 GiB, so a start of its own is at most 0.005 GiB below 0
+    apart = [l for l in mapped if l.before_t_gib is not None and l.before_t_gib < -0.005]
+    if apart:
+        w = min(apart, key=lambda l: l.before_t_gib or 0)
         findings.append(Finding(
-            "MEMORY_DRIFT", Severity.WARNING if low else Severity.INFO,
+            "READINGS_OF_ANOTHER_START", Severity.INFO,
+            f"GPU {w.index} ({w.rank}): the log's T ({w.pre_load_free_gib:.2f} GiB free before loading) is above "
+            f"the GPU's CUDA total now ({w.cuda_total_gib:.2f} GiB), which no start on it can measure: the log and "
+            f"these readings are of different starts or hosts; memory before T ({w.before_t_gib:.2f} GiB) is no "
+            f"reading (left out of the Prometheus series) and no drift is judged on "
+            f"GPU{'s' if len(apart) > 1 else ''} {', '.join(str(l.index) for l in apart)}",
+            {"gpu": w.index, "t_gib": w.pre_load_free_gib, "cuda_total_gib": w.cuda_total_gib,
+             "before_t_gib": w.before_t_gib, "gpus": [l.index for l in apart]},
+            tuple(l.rank for l in apart if l.rank)))
+    # memory taken since startup that a named process holds (FOREIGN_PROCESS, ORPHANED_ENGINE_PROCESS and
+    # IDLE_TENANT_MEMORY name it, each with its fix) is not counted again as drift: what is left is the engine's
+    # own (its allocator's cache under load), and none left is no drift (ux-audit2 item 3)
+    # A process that already held its memory when the engine measured T is in "before T", not in the drift:
+    # what a GPU had gone before T above the least any of the engine's GPUs had (their CUDA context and NCCL) is
+    # taken as held then, and only the named memory above it as taken since
+    starts = [l.before_t_gib for l in mapped if l.before_t_gib is not None and l not in apart]
+    floor = min(starts) if starts else None
+    named = {l.index: round(max(0.0, sum(f.gib or 0 for f in l.foreign + l.orphaned) - (
+        max(0.0, l.before_t_gib - floor) if (floor is not None and l.before_t_gib is not None) else 0.0)), 3)
+        for l in mapped}
+    own = {l.index: _own_drift(l.drift_gib, named[l.index]) for l in mapped
+           if l.drift_gib is not None and l not in apart}
+    drifted = [l for l in mapped if l.index in own and abs(own[l.index]) > th.drift_gib]
+    if drifted:
+        w = max(drifted, key=lambda l: abs(own[l.index]))
+        d, held = own[w.index], named[w.index] if (w.drift_gib or 0) > 0 else 0.0
+        # little is left by the engine's own drift: the named processes' memory is theirs to free
+        low = w.free_gib is not None and w.free_gib + min(held, w.drift_gib or 0) < th.low_headroom_gib
+        said = (f"{d:+.2f} GiB taken since: activations cached by the allocator under load" if d > 0 else
+                f"{-d:.2f} GiB freed since: the allocator gave cached memory back (torch.cuda.empty_cache), or "
+                "these readings are of another start than the log's")
+        if held > 0:
+            said += f"; {held:.2f} GiB more is held by the processes named apart, not counted here"
+        findings.append(Finding(
+            "MEMORY_DRIFT", Severity.WARNING if low and d > 0 else Severity.INFO,
             f"GPU {w.index} ({w.rank}) has {w.free_gib:.2f} GiB free now against {w.free_at_end_gib:.2f} GiB at the "
-            f"end of startup ({w.drift_gib:+.2f} GiB taken since: activations cached by the allocator under load"
-            + (", or another process" if w.foreign else "") + ")" + ("; little is left" if low else ""),
-            {"gpu": w.index, "drift_gib": w.drift_gib, "gpus": [l.index for l in drifted]},
+            f"end of startup ({said})" + ("; little is left" if low and d > 0 else ""),
+            {"gpu": w.index, "drift_gib": w.drift_gib, "engine_drift_gib": d, "named_processes_gib": held,
+             "gpus": [l.index for l in drifted]},
             tuple(l.rank for l in drifted if l.rank)))
     unattr = [l for l in ledgers if l.unattributed_gib is not None and l.unattributed_gib > th.unattributed_gib]
     if unattr:
@@ -288,6 +325,11 @@ def reconcile_gpus(audit: Audit | None, c: Collected, base_gpu_id: int = 0,
             "the host PID namespace, or a driver-side allocation)",
             {"gpu": w.index, "gib": w.unattributed_gib, "gpus": [l.index for l in unattr]}))
     return tuple(ledgers), tuple(findings)
+
+
+def _own_drift(drift: float, named: float) -> float:
+    """Free memory lost since startup less what named processes hold (at most the loss); a gain is left as is."""
+    return round(drift - min(named, drift), 3) if drift > 0 else drift
 
 
 def _whose(pid: int, roles: _Roles) -> str:

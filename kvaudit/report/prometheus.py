@@ -37,6 +37,12 @@ GPU_METRICS = (
 )
 
 
+#: the one gauge that may be negative (a ledger over- or under-explained); every other is memory or a count, and a
+#: negative value of one is no reading (a log and readings of different starts: READINGS_OF_ANOTHER_START says
+#: so): its series is left out rather than exported
+SIGNED = frozenset({"kvaudit_unexplained_bytes"})
+
+
 def _pod_labels(c, gpu) -> tuple[str, str, str]:
     """A pod target's ``namespace``, ``pod`` and ``container`` for one GPU row (the pod its reading came from;
     the group's first pod for a rank without a reading), as dcgm-exporter labels a pod's GPUs; empty for a host."""
@@ -70,7 +76,7 @@ def render(hosts: Iterable[tuple[str, HostAudit]], run_ts: float, duration_s: fl
     for metric, help_, key, scale in GPU_METRICS:
         g = gauge(metric, help_, ("host", "gpu", "rank", "UUID", "Hostname", "namespace", "pod", "container"))
         for r in rows:
-            if r[key] is None:
+            if r[key] is None or (r[key] < 0 and metric not in SIGNED):
                 continue
             value = round(r[key] * scale) if scale != 1 else r[key]
             g.labels(invocation, r["host"], _text(r["gpu"]), _text(r["rank"]), _text(r["uuid"]),
