@@ -167,12 +167,15 @@ def _cells_from_end(text: str, cells: int) -> str:
 
 def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
            indent: int = 2) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The header and rows made to fit ``width`` cells (no row wraps on an 80-column terminal), the least telling
-    first: the verdict column (the status and findings say it), the findings list as its first code and how many
-    more (the first is the headline's), the unexplained and GPU-count columns, a host name longer than 32 cells cut
-    in the middle, then down to 16; a failure's reason in the status column only after that ("failed:unreachable"
-    is what the row is read for), down to 12 cells of host, and last the codes themselves. Numbers are never cut.
-    Widths in terminal cells."""
+    """The header and rows made to fit ``width`` cells (no row wraps on an 80- or 60-column terminal), the least
+    telling first: the verdict column (the status and findings say it), the findings list as its first code and
+    how many more (the first is the headline's), the unexplained and GPU-count columns, a host name longer than 32
+    cells cut in the middle (then down to 20), the ``free min`` column, a failed host's status as its reason
+    alone (``unreachable`` for ``failed:unreachable``: the reason is what the row is read for, and no reason is a
+    status word), the codes cut to 12 cells, a host name cut down to 16 and then 12 cells, and only then a
+    failure's reason (the status ``failed``) and the codes cut further (ux-audit2 item 5: at 60 columns names of
+    18 cells stay whole).
+    Numbers are never cut. Widths in terminal cells."""
     from rich.cells import cell_len
 
     head, rows = list(header), [list(r) for r in body]
@@ -204,9 +207,26 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
         codes = cell.split(",")
         return cell if len(codes) == 1 else f"{codes[0]} +{len(codes) - 1}"
 
+    def findings_to(cells: int) -> None:
+        if "findings" in head:
+            i = head.index("findings")
+            cur = max(cell_len(head[i]), *(cell_len(r[i]) for r in rows)) if rows else cell_len(head[i])
+            keep = max(cells, cur - (total() - width))
+            shorten("findings", lambda c: _fit(c, keep))
+
+    status_at = head.index("status") if "status" in head else None
+    statuses = [r[status_at] for r in rows] if status_at is not None else []
+
+    def status_as(fn) -> None:  # from the status as it was, not as an earlier step left it
+        if "status" in head:
+            i = head.index("status")
+            for r, was in zip(rows, statuses):
+                r[i] = fn(was)
+
     steps = (lambda: drop("verdict"), lambda: shorten("findings", first_code), lambda: drop("unexpl."),
-             lambda: drop("GPUs"), lambda: host_to(32), lambda: host_to(16),
-             lambda: shorten("status", lambda c: re.sub(r":\S+", "", c)), lambda: host_to(12))
+             lambda: drop("GPUs"), lambda: host_to(32), lambda: host_to(20), lambda: drop("free min"),
+             lambda: status_as(lambda c: re.sub(r"^[a-z]+:(?=\S)", "", c)), lambda: findings_to(12),
+             lambda: host_to(16), lambda: host_to(12), lambda: status_as(lambda c: re.sub(r":\S+", "", c)))
     for step in steps:
         if total() <= width:
             break
@@ -299,7 +319,7 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     for r in rows:
         L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "
                  f"{r['verdict'] or '–'} | {_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
-                 f"{', '.join('`%s`' % c for c in r['findings']) or '–'} |")
+                 f"{', '.join('`%s`' % c for c in _as_why_says(r)) or '–'} |")
     failed = [r for r in rows if r["reason"]]
     if failed:
         L += ["", "## Not audited", ""]

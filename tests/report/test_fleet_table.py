@@ -51,3 +51,34 @@ def test_fleet_table_keeps_names_reasons_and_the_headline_code(tmp_path, monkeyp
     assert "UNUSED_MEMORY" in why
     header = table[0]
     assert header.index("findings") == row.index("UNUSED_MEMORY"), (header, row)  # left-aligned under its header
+
+
+def test_fleet_table_at_60_columns_keeps_names_and_reasons(tmp_path, monkeypatch):
+    """ux-audit2 item 5: at 60 columns no row is wider, a name of 18 cells stays whole (only a long one is cut,
+    in the middle), a failed host's status keeps its reason (``unreachable``), the findings still open with
+    the headline's code; Markdown's findings column is in that order too (it was alphabetical)."""
+    if shutil.which("ssh") is None:
+        import pytest
+        pytest.skip("no ssh client")
+    warned = _capture_with(tmp_path, "gpu-node-07.rack-b", TWO_WARNINGS)
+    (warned / "config.json").unlink()
+    healthy = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / ("gpu-node-08." + "x" * 40))
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host unreachable-host\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 5\n")
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{warned.name}\n{healthy.name}\nunreachable-host\n")
+    monkeypatch.chdir(tmp_path)
+    lines = _fleet(inv, "--ssh-config", cfg, columns="60")
+    assert all(cell_len(x) <= 60 for x in lines), [(cell_len(x), x) for x in lines]
+    table = lines[next(i for i, x in enumerate(lines) if x.split()[:2] == ["host", "status"]):lines.index("")]
+    rows = {x.split()[0]: x for x in table[1:]}
+    assert "gpu-node-07.rack-b" in rows and "unreachable-host" in rows, table  # whole names
+    assert rows["unreachable-host"].split()[1] == "unreachable", table  # the reason, not a bare "failed"
+    code = rows["gpu-node-07.rack-b"].split()[-1]
+    assert code.startswith("UNUSED_MEM") and cell_len(code) >= 12, table  # the headline's code, cut to 12 at most
+    assert "tokens" in table[0].split(), table  # numbers are never cut, the KV tokens kept
+    long = [n for n in rows if "…" in n]
+    assert len(long) == 1 and long[0].startswith("gpu-node-") and long[0].endswith("x" * 6), table
+    md = _fleet(inv, "--ssh-config", cfg, "--format", "markdown", columns="60")
+    row = next(x for x in md if x.startswith("| gpu-node-07.rack-b"))
+    assert row.index("`UNUSED_MEMORY`") < row.index("`UNEXPLAINED_MEMORY`"), row  # as the text's order
