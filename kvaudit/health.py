@@ -21,6 +21,7 @@ never drains a node. A host that could not be audited is **unknown**.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,7 +207,8 @@ def what(p: Problem) -> str:
         return f"{f.get('mapped')} of {f.get('gpus')} GPUs match the log's {f.get('ranks')} ranks"
     if p.code == NO_GPU_READINGS:
         return f"GPUs unreadable: {p.message}"
-    return f"{p.code}: {p.message}"
+    # a quoted engine error's "line 183: " spends the 80 bytes on what `kvaudit check` shows in full
+    return f"{p.code}: {re.sub(r'^line [0-9,]+: ', '', p.message)}"
 
 
 def _cut(text: str, limit: int) -> str:

@@ -121,11 +121,38 @@ def list_hosts_text(hosts: Sequence[Any]) -> str:
     return f"  hosts ({len(hosts)}):\n" + "".join(f"    {h.name}\n" for h in hosts)
 
 
+#: the findings a failed start's headline quotes (verdict.py quotes one of them): their items repeat its quote
+_FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")
+
+
 def _beyond_headline(r: dict[str, Any]) -> list[str]:
-    """A host's reasons the headline does not already give (its own finding code, its cause)."""
+    """A host's reasons the headline does not already give (its own finding code, its cause). Under a failed
+    start's headline, a failure finding's clauses that quote the same line again are left out (ux-audit2 item
+    18: the engine's error was printed three times); what else it says (the fraction the formula needs) stays."""
     head = r["headline"]
-    return [w for w in r.get("why_items") or [] if w.split(":", 1)[0] not in head and w not in head
-            and not w.startswith("not checked:")]  # an unchecked host's headline is that reason
+    line = re.search(r"\(line (\d+)\)", head) if head.startswith("ERROR startup failed") else None
+    out = []
+    for w in r.get("why_items") or []:
+        code = w.split(":", 1)[0]
+        if code in head or w in head or w.startswith("not checked:"):  # an unchecked host's headline is that
+            continue
+        if line is not None and code in _FAILURE_CODES:
+            quoted = f"line {line.group(1)}"
+            rest = [c for c in w.split(":", 1)[1].strip().split("; ") if quoted not in c]
+            if not rest:
+                continue
+            w = f"{code}: {'; '.join(rest)}"
+        out.append(w)
+    return out
+
+
+def _headline_with_more(r: dict[str, Any]) -> str:
+    """The host's headline; a failed start's with ``(+N more)`` for its other findings, as a warning's has."""
+    head = r["headline"]
+    n = len(r.get("findings") or ()) - 1
+    if head.startswith("ERROR ") and n > 0 and "more)" not in head:
+        return f"{head} (+{n} more)"
+    return head
 
 
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
@@ -296,7 +323,7 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
             # the headline is whole (JSON, HTML); the terminal gives it 3 lines, as a report opens with
-            L.extend(capped(wrap(f"{r['host']}: {r['headline']}", width=width), HEADLINE_LINES, width))
+            L.extend(capped(wrap(f"{r['host']}: {_headline_with_more(r)}", width=width), HEADLINE_LINES, width))
             for item in _beyond_headline(r):  # what the headline does not already say, once each
                 L.extend(wrap(f"also {item}", indent="    ", width=width))
     if drift:
@@ -333,7 +360,7 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     if others:
         L += ["", "## Why not ok", ""]
         for r in others:  # the headline, then what it does not already say, once each
-            L.append(f"- **{md_cell(r['host'])}**: {md_cell(r['headline'])}")
+            L.append(f"- **{md_cell(r['host'])}**: {md_cell(_headline_with_more(r))}")
             L += [f"  - also {md_cell(item)}" for item in _beyond_headline(r)]
     if drift:
         L += ["", "## Since the last run", ""] + [f"- {md_cell(d.message)}" for d in drift]

@@ -82,3 +82,24 @@ def test_fleet_table_at_60_columns_keeps_names_and_reasons(tmp_path, monkeypatch
     md = _fleet(inv, "--ssh-config", cfg, "--format", "markdown", columns="60")
     row = next(x for x in md if x.startswith("| gpu-node-07.rack-b"))
     assert row.index("`UNUSED_MEMORY`") < row.index("`UNEXPLAINED_MEMORY`"), row  # as the text's order
+
+
+def test_why_not_ok_says_a_failed_start_once(tmp_path):
+    """ux-audit2 item 18: a failed start (SGLang's "Not enough memory", sglang_c037) quoted the engine's error
+    three times (the headline, NOT_ENOUGH_MEMORY, STARTUP_FAILED). The entry says it once with "(+1 more)", and
+    keeps what else the other finding says (the fraction the formula needs); the health line skips "line N:"."""
+    failed = _capture_with(tmp_path, "gpu-03", FIXTURES / "corpus" / "sglang_c037.log")
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{failed}\n")
+    for fmt in ("text", "markdown"):
+        lines = _fleet(inv, "--format", fmt, columns="200")
+        at = next(i for i, x in enumerate(lines) if x.endswith("Why not ok"))
+        entry = "\n".join(lines[at + 1:]).strip()
+        assert entry.count("Not enough memory") == 1, entry
+        assert "ERROR startup failed" in entry and "(+1 more)" in entry, entry
+        assert "--mem-fraction-static above" in entry and "STARTUP_FAILED" not in entry, entry
+    out = io.StringIO()
+    run(["check", str(failed), "--health-check", "--no-config"],
+        Environment(stdin=io.BytesIO(), stdout=out, stderr=io.StringIO(), stdout_isatty=False,
+                    stderr_isatty=False, environ={"NO_COLOR": "1"}))
+    assert out.getvalue().startswith("KVAUDIT WARNING - NOT_ENOUGH_MEMORY: Not enough memory"), out.getvalue()
