@@ -103,3 +103,23 @@ def test_why_not_ok_says_a_failed_start_once(tmp_path):
         Environment(stdin=io.BytesIO(), stdout=out, stderr=io.StringIO(), stdout_isatty=False,
                     stderr_isatty=False, environ={"NO_COLOR": "1"}))
     assert out.getvalue().startswith("KVAUDIT WARNING - NOT_ENOUGH_MEMORY: Not enough memory"), out.getvalue()
+
+
+def test_a_bad_model_config_setting_names_its_path_and_reason(tmp_path):
+    """ux-audit2 item 19: a host's kvaudit_model_config that cannot be read fails that host, and its "Not
+    audited" entry names the file and why (no such file; not JSON), in the text and in JSON's summary."""
+    host = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / "gpu-04")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    for path, why in ((tmp_path / "missing.json", "No such file or directory"), (bad, "is not JSON")):
+        inv = tmp_path / "hosts.ini"
+        inv.write_text(f"[a]\n{host} kvaudit_model_config={path}\n")
+        text = " ".join(" ".join(_fleet(inv, columns="80")).split())
+        assert "bad_setting: kvaudit_model_config: " in text and str(path) in text and why in text, text
+        out = io.StringIO()
+        run(["fleet", str(inv), "--no-config", "-f", "json"],
+            Environment(stdin=io.BytesIO(), stdout=out, stderr=io.StringIO(), stdout_isatty=False,
+                        stderr_isatty=False, environ={"NO_COLOR": "1"}))
+        import json
+        summary = json.loads(out.getvalue())["hosts"][0]["summary"]
+        assert str(path) in summary["error"] and why in summary["error"], summary
