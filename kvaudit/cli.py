@@ -560,9 +560,22 @@ def check(
         from kvaudit.report import prometheus
 
         name = own or target
+        filename = prometheus.filename("check", name)
+        # one file per host name: a check of another target under that name (a second capture of gpu-07, a
+        # node auditing itself) replaces it, and says so (ux-audit2 item 7: it replaced it silently). The
+        # comment line names the target a file came from (node_exporter's parser skips comments)
+        said = f"# kvaudit check of {printable(target)}"
         try:
-            prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0, "check"),
-                             prometheus.filename("check", name))
+            before = (textfile_dir / filename).read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
+        except OSError:
+            before = ""
+        if before.startswith("# kvaudit check of ") and before != said:
+            _env.stderr.write(f"kvaudit: note: {textfile_dir / filename} (host {printable(name)}) was written from "
+                              f"{before[len('# kvaudit check of '):]}; now from {printable(target)}: one textfile "
+                              "per host name\n")
+        try:
+            prometheus.write(str(textfile_dir),
+                             said + "\n" + prometheus.render([(name, h)], t0, _time.time() - t0, "check"), filename)
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if nvsentinel_events is not None:

@@ -123,3 +123,32 @@ def test_a_bad_model_config_setting_names_its_path_and_reason(tmp_path):
         import json
         summary = json.loads(out.getvalue())["hosts"][0]["summary"]
         assert str(path) in summary["error"] and why in summary["error"], summary
+
+
+def test_two_captures_of_one_host_name_share_a_textfile_and_say_so(tmp_path):
+    """ux-audit2 item 7: ``check CAPTURE --textfile-dir`` labels a capture by its recorded host name (capture.json's
+    host, as the check's title does), so two captures of gpu-node-07 write one file; the second says on stderr
+    that it replaced the first's, where it was silent. A second check of the same capture says nothing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / "monday")
+    b = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / "tuesday")
+    prom = tmp_path / "textfile"
+    prom.mkdir()
+
+    def check(target):
+        out, err = io.StringIO(), io.StringIO()
+        run(["check", str(target), "--no-config", "--textfile-dir", str(prom)],
+            Environment(stdin=io.BytesIO(), stdout=out, stderr=err, stdout_isatty=False, stderr_isatty=False,
+                        environ={"NO_COLOR": "1"}))
+        return err.getvalue()
+
+    assert "note" not in check(a) and "note" not in check(a)
+    said = check(b)
+    assert "was written from" in said and str(a) in said and str(b) in said, said
+    files = list(prom.glob("*.prom"))
+    assert [f.name for f in files] == ["kvaudit-check-gpu-node-07.prom"]
+    text = files[0].read_text()
+    assert text.startswith(f"# kvaudit check of {b}\n")
+    hosts = {s.labels.get("host") for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert hosts - {None} == {"gpu-node-07"}, hosts  # the capture's host name, not the directory
