@@ -1273,7 +1273,8 @@ def _unless_health_check(argv: list[str], status: int, cause: str = "") -> int:
 
     scale = value("--exit-codes")
     scale = scale if scale in SCALES else "nagios"
-    target = next((a for a in argv[1:] if not a.startswith("-")), "")
+    # the target as typed right after the command word (after an option it could be that option's value)
+    target = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else ""
     verdict = not_run(printable(target), printable(" ".join(cause.split())) or "kvaudit did not run")
     if value("--format", "-f") == "json":
         from kvaudit.report.json import dumps
