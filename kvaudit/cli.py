@@ -560,9 +560,22 @@ def check(
         from kvaudit.report import prometheus
 
         name = own or target
+        filename = prometheus.filename("check", name)
+        # one file per host name: a check of another target under that name (a second capture of gpu-07, a
+        # node auditing itself) replaces it, and says so (ux-audit2 item 7: it replaced it silently). The
+        # comment line names the target a file came from (node_exporter's parser skips comments)
+        said = f"# kvaudit check of {printable(target)}"
         try:
-            prometheus.write(str(textfile_dir), prometheus.render([(name, h)], t0, _time.time() - t0, "check"),
-                             prometheus.filename("check", name))
+            before = (textfile_dir / filename).read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
+        except OSError:
+            before = ""
+        if before.startswith("# kvaudit check of ") and before != said:
+            _env.stderr.write(f"kvaudit: note: {textfile_dir / filename} (host {printable(name)}) was written from "
+                              f"{before[len('# kvaudit check of '):]}; now from {printable(target)}: one textfile "
+                              "per host name\n")
+        try:
+            prometheus.write(str(textfile_dir),
+                             said + "\n" + prometheus.render([(name, h)], t0, _time.time() - t0, "check"), filename)
         except OSError as exc:
             raise Fail(f"cannot write the textfile to {textfile_dir}: {exc.strerror or exc}") from None
     if nvsentinel_events is not None:
@@ -1197,7 +1210,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
         result = command.main(args=argv, prog_name="kvaudit", standalone_mode=False)
     except KvauditError as exc:  # every module's explained failure, with the exit status it means
         _env.stderr.write(f"kvaudit: error: {printable(str(exc))}\n")
-        return _unless_health_check(argv, int(exc.status))
+        return _unless_health_check(argv, int(exc.status), str(exc))
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0))
     except typer.Abort:
@@ -1210,10 +1223,10 @@ def run(argv: list[str], env: Environment | None = None) -> int:
             return 0
         said = _usage_words(exc)
         _env.stderr.write(f"kvaudit: error: {printable(said)}\n")
-        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
+        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT), said)
     except _CliError as exc:
         _env.stderr.write(f"kvaudit: error: {printable(exc.format_message())}\n")
-        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT))
+        return _unless_health_check(argv, int(ExitStatus.BAD_INPUT), exc.format_message())
     except KeyboardInterrupt:
         return int(ExitStatus.INTERRUPTED)
     except BrokenPipeError:
@@ -1223,7 +1236,7 @@ def run(argv: list[str], env: Environment | None = None) -> int:
             raise
         _env.stderr.write(f"kvaudit: internal error: {type(exc).__name__}: {printable(str(exc))} "
                           "(a bug; please report it with the input, KVAUDIT_DEBUG=1 shows the traceback)\n")
-        return _unless_health_check(argv, int(ExitStatus.INTERNAL_ERROR))
+        return _unless_health_check(argv, int(ExitStatus.INTERNAL_ERROR), f"internal error: {type(exc).__name__}")
     return int(result) if isinstance(result, int) else 0
 
 
@@ -1245,16 +1258,31 @@ def _usage_words(exc: typer.BadParameter) -> str:
     return said
 
 
-def _unless_health_check(argv: list[str], status: int) -> int:
+def _unless_health_check(argv: list[str], status: int, cause: str = "") -> int:
     """A health check that did not run (a usage error, a bad setting, a bug) is *unknown* on its scale, never
-    a status the scheduler reads as a node problem (2 is CRITICAL on the Nagios scale)."""
-    if "--health-check" not in argv:
+    a status the scheduler reads as a node problem (2 is CRITICAL on the Nagios scale), and it still prints its
+    verdict on stdout in the scale's contract (``KVAUDIT UNKNOWN - not run: <cause>``, or the JSON document
+    with --format json): Nagios shows "(No output on stdout)" and NPD an empty condition message otherwise."""
+    if "--health-check" not in argv or not argv or argv[0] != "check":
         return status
-    from kvaudit.health import SCALES
+    from kvaudit.health import SCALES, not_run, render
 
-    scale = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--exit-codes"), None)
-    scale = next((a.split("=", 1)[1] for a in argv if a.startswith("--exit-codes=")), scale)
-    return SCALES.get(scale or "nagios", SCALES["nagios"])[3]
+    def value(*names: str) -> str | None:
+        got = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in names), None)
+        return next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] in names and "=" in a), got)
+
+    scale = value("--exit-codes")
+    scale = scale if scale in SCALES else "nagios"
+    # the target as typed right after the command word (after an option it could be that option's value)
+    target = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else ""
+    verdict = not_run(printable(target), printable(" ".join(cause.split())) or "kvaudit did not run")
+    if value("--format", "-f") == "json":
+        from kvaudit.report.json import dumps
+
+        _env.stdout.write(dumps(verdict.as_dict(scale)))
+    else:
+        _env.stdout.write(render(verdict, scale))
+    return SCALES[scale][3]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ never drains a node. A host that could not be audited is **unknown**.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,8 @@ class Health:
     problems: tuple[Problem, ...]
     ignored: int
     kv_tokens: int | None = None
+    #: why an unknown host could not be judged, its cause first (the status line's text when no problem is named)
+    detail: str | None = None
 
     def exit_status(self, scale: str) -> int:
         ok, warning, critical, unknown = SCALES[scale]
@@ -124,6 +127,27 @@ def _problem(f: Finding) -> Problem:
     return Problem(f.code, f.severity.value, kind, f.message, ACTIONS.get(f.code, CONFIG_ACTION), dict(f.fields))
 
 
+def _is_place(part: str, host: str) -> bool:
+    return "://" in part or "@" in part or part.startswith("/") or part in (host, "local")
+
+
+def cause_first(reason: str, message: str, host: str = "") -> str:
+    """A failure in the order a status line of 80 bytes keeps: the reason, the cause, then the place it was
+    tried (a URL, user@host:port, a path: on-call knows it already), as the last "; " clause, which
+    :func:`_cut` drops first. ``http://h:1/server_info: Connection refused`` -> ``Connection refused; http://...``"""
+    parts = message.split(": ")
+    if len(parts) > 1 and _is_place(parts[0], host):
+        return f"{reason}: {': '.join(parts[1:])}; {parts[0]}"
+    return f"{reason}: {message}"
+
+
+def not_run(host: str, cause: str) -> Health:
+    """The verdict of a health check that did not run (refused settings, a usage error, a bug): unknown, with
+    the cause on stdout in the scale's contract, not only on stderr (Nagios shows "(No output on stdout)")."""
+    return Health(host, None, None, "unknown", f"FAILED not run: {cause}", (), 0,
+                  detail=cause_first("not run", cause, host))
+
+
 def assess(host: str, h: Any) -> Health:
     """The health of one checked host (kvaudit.check.HostAudit), named as the caller named it."""
     j = judge_host(h)
@@ -131,7 +155,8 @@ def assess(host: str, h: Any) -> Health:
     engine = audit.engine if audit is not None else None
     version = audit.engine_version if audit is not None else None
     if h.error is not None:
-        return Health(host, engine, version, "unknown", j.headline, (), 0)
+        return Health(host, engine, version, "unknown", j.headline, (), 0,
+                      detail=cause_first(h.error.reason, str(h.error), host))
     findings = list(audit.findings if audit is not None else ()) + list(h.findings)
     ignored = sum(1 for f in findings if f.ignored)
     problems = [_problem(f) for f in counted(findings) if f.severity.rank >= Severity.WARNING.rank]
@@ -182,7 +207,8 @@ def what(p: Problem) -> str:
         return f"{f.get('mapped')} of {f.get('gpus')} GPUs match the log's {f.get('ranks')} ranks"
     if p.code == NO_GPU_READINGS:
         return f"GPUs unreadable: {p.message}"
-    return f"{p.code}: {p.message}"
+    # a quoted engine error's "line 183: " spends the 80 bytes on what `kvaudit check` shows in full
+    return f"{p.code}: {re.sub(r'^line [0-9,]+: ', '', p.message)}"
 
 
 def _cut(text: str, limit: int) -> str:
@@ -207,6 +233,8 @@ def status_text(v: Health, limit: int = STATUS_TEXT_BYTES) -> str:
     if v.problems:
         more = f" (+{len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
         body = what(v.problems[0])
+    elif v.detail is not None:
+        more, body = "", v.detail
     else:
         more = ""
         word, _, rest = v.headline.partition(" ")

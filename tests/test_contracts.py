@@ -124,7 +124,8 @@ def test_npd_runs_the_rule_and_keeps_the_whole_verdict(shared, shared_gpu):
 
 def test_npd_unknown_when_the_check_cannot_run(tmp_path):
     p = run_kvaudit("check", str(tmp_path / "nowhere"), "--health-check", "--exit-codes", "npd")
-    assert p.returncode == 2 and p.stdout == "" and "error" in p.stderr
+    assert p.returncode == 2 and p.stdout.startswith("KVAUDIT UNKNOWN - not run: ") and "error" in p.stderr
+    assert "\n" not in p.stdout.strip() and len(p.stdout.strip().encode()) <= 80
 
 
 # --- Nagios -------------------------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def test_json_only_on_request(shared_gpu):
     assert p.returncode == 2 and d["schema"] == "kvaudit.health/1" and d["state"] == "critical"
     assert d["problems"][0]["code"] == "FOREIGN_PROCESS"
     p = run_kvaudit("check", str(shared_gpu), "--health-check", "--format", "markdown")
-    assert p.returncode == 3 and p.stdout == ""
+    assert p.returncode == 3 and p.stdout.startswith("KVAUDIT UNKNOWN - not run: ")
 
 
 def _health(problems: tuple[Problem, ...], headline: str = "OK fine", state: str = "warning") -> Health:

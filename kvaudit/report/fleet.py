@@ -121,11 +121,38 @@ def list_hosts_text(hosts: Sequence[Any]) -> str:
     return f"  hosts ({len(hosts)}):\n" + "".join(f"    {h.name}\n" for h in hosts)
 
 
+#: the findings a failed start's headline quotes (verdict.py quotes one of them): their items repeat its quote
+_FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")
+
+
 def _beyond_headline(r: dict[str, Any]) -> list[str]:
-    """A host's reasons the headline does not already give (its own finding code, its cause)."""
+    """A host's reasons the headline does not already give (its own finding code, its cause). Under a failed
+    start's headline, a failure finding's clauses that quote the same line again are left out (ux-audit2 item
+    18: the engine's error was printed three times); what else it says (the fraction the formula needs) stays."""
     head = r["headline"]
-    return [w for w in r.get("why_items") or [] if w.split(":", 1)[0] not in head and w not in head
-            and not w.startswith("not checked:")]  # an unchecked host's headline is that reason
+    line = re.search(r"\(line (\d+)\)", head) if head.startswith("ERROR startup failed") else None
+    out = []
+    for w in r.get("why_items") or []:
+        code = w.split(":", 1)[0]
+        if code in head or w in head or w.startswith("not checked:"):  # an unchecked host's headline is that
+            continue
+        if line is not None and code in _FAILURE_CODES:
+            quoted = f"line {line.group(1)}"
+            rest = [c for c in w.split(":", 1)[1].strip().split("; ") if quoted not in c]
+            if not rest:
+                continue
+            w = f"{code}: {'; '.join(rest)}"
+        out.append(w)
+    return out
+
+
+def _headline_with_more(r: dict[str, Any]) -> str:
+    """The host's headline; a failed start's with ``(+N more)`` for its other findings, as a warning's has."""
+    head = r["headline"]
+    n = len(r.get("findings") or ()) - 1
+    if head.startswith("ERROR ") and n > 0 and "more)" not in head:
+        return f"{head} (+{n} more)"
+    return head
 
 
 def summary_rows(run: FleetRun) -> list[dict[str, Any]]:
@@ -167,12 +194,15 @@ def _cells_from_end(text: str, cells: int) -> str:
 
 def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
            indent: int = 2) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The header and rows made to fit ``width`` cells (no row wraps on an 80-column terminal), the least telling
-    first: the verdict column (the status and findings say it), the findings list as its first code and how many
-    more (the first is the headline's), the unexplained and GPU-count columns, a host name longer than 32 cells cut
-    in the middle, then down to 16; a failure's reason in the status column only after that ("failed:unreachable"
-    is what the row is read for), down to 12 cells of host, and last the codes themselves. Numbers are never cut.
-    Widths in terminal cells."""
+    """The header and rows made to fit ``width`` cells (no row wraps on an 80- or 60-column terminal), the least
+    telling first: the verdict column (the status and findings say it), the findings list as its first code and
+    how many more (the first is the headline's), the unexplained and GPU-count columns, a host name longer than 32
+    cells cut in the middle (then down to 20), the ``free min`` column, a failed host's status as its reason
+    alone (``unreachable`` for ``failed:unreachable``: the reason is what the row is read for, and no reason is a
+    status word), the codes cut to 12 cells, a host name cut down to 16 and then 12 cells, and only then a
+    failure's reason (the status ``failed``) and the codes cut further (ux-audit2 item 5: at 60 columns names of
+    18 cells stay whole).
+    Numbers are never cut. Widths in terminal cells."""
     from rich.cells import cell_len
 
     head, rows = list(header), [list(r) for r in body]
@@ -204,9 +234,26 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
         codes = cell.split(",")
         return cell if len(codes) == 1 else f"{codes[0]} +{len(codes) - 1}"
 
+    def findings_to(cells: int) -> None:
+        if "findings" in head:
+            i = head.index("findings")
+            cur = max(cell_len(head[i]), *(cell_len(r[i]) for r in rows)) if rows else cell_len(head[i])
+            keep = max(cells, cur - (total() - width))
+            shorten("findings", lambda c: _fit(c, keep))
+
+    status_at = head.index("status") if "status" in head else None
+    statuses = [r[status_at] for r in rows] if status_at is not None else []
+
+    def status_as(fn) -> None:  # from the status as it was, not as an earlier step left it
+        if "status" in head:
+            i = head.index("status")
+            for r, was in zip(rows, statuses):
+                r[i] = fn(was)
+
     steps = (lambda: drop("verdict"), lambda: shorten("findings", first_code), lambda: drop("unexpl."),
-             lambda: drop("GPUs"), lambda: host_to(32), lambda: host_to(16),
-             lambda: shorten("status", lambda c: re.sub(r":\S+", "", c)), lambda: host_to(12))
+             lambda: drop("GPUs"), lambda: host_to(32), lambda: host_to(20), lambda: drop("free min"),
+             lambda: status_as(lambda c: re.sub(r"^[a-z]+:(?=\S)", "", c)), lambda: findings_to(12),
+             lambda: host_to(16), lambda: host_to(12), lambda: status_as(lambda c: re.sub(r":\S+", "", c)))
     for step in steps:
         if total() <= width:
             break
@@ -276,7 +323,7 @@ def render_text(run: FleetRun, drift: list[Drift] | None = None, color: bool = F
         L += ["", colour("Why not ok", "1", color)]
         for r in others:  # each host's entry opens with its headline; the other findings follow
             # the headline is whole (JSON, HTML); the terminal gives it 3 lines, as a report opens with
-            L.extend(capped(wrap(f"{r['host']}: {r['headline']}", width=width), HEADLINE_LINES, width))
+            L.extend(capped(wrap(f"{r['host']}: {_headline_with_more(r)}", width=width), HEADLINE_LINES, width))
             for item in _beyond_headline(r):  # what the headline does not already say, once each
                 L.extend(wrap(f"also {item}", indent="    ", width=width))
     if drift:
@@ -299,7 +346,7 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     for r in rows:
         L.append(f"| {md_cell(r['host'])} | {status_cell(r)} | {r['gpus']} | {_f(r['tokens'])} | "
                  f"{r['verdict'] or '–'} | {_f(r['free_min_gib'])} | {_f(r['unexplained_gib'], signed=True)} | "
-                 f"{', '.join('`%s`' % c for c in r['findings']) or '–'} |")
+                 f"{', '.join('`%s`' % c for c in _as_why_says(r)) or '–'} |")
     failed = [r for r in rows if r["reason"]]
     if failed:
         L += ["", "## Not audited", ""]
@@ -313,7 +360,7 @@ def render_markdown(run: FleetRun, drift: list[Drift] | None = None, first_run: 
     if others:
         L += ["", "## Why not ok", ""]
         for r in others:  # the headline, then what it does not already say, once each
-            L.append(f"- **{md_cell(r['host'])}**: {md_cell(r['headline'])}")
+            L.append(f"- **{md_cell(r['host'])}**: {md_cell(_headline_with_more(r))}")
             L += [f"  - also {md_cell(item)}" for item in _beyond_headline(r)]
     if drift:
         L += ["", "## Since the last run", ""] + [f"- {md_cell(d.message)}" for d in drift]

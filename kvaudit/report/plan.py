@@ -63,6 +63,12 @@ def outcome(p: Plan) -> list[tuple[str, str]]:
     """What the plan concludes, as (name, value) lines the text and Markdown views both print."""
     kv = (f"{p.kv_gib_low:.2f} GiB" if abs(p.kv_gib_high - p.kv_gib_low) < 0.005 else
           _span(p.kv_gib_low, p.kv_gib_high, ".2f", " GiB"))
+    # the KV budget printed above is the same quantity (kv_gib is it rounded to 3 decimals): print it as it was
+    # printed there, so one quantity never has two upper bounds (ux-audit2 item 20: 14.18-14.19 and 14.18-14.20,
+    # the second rounded twice: 14.1946 -> 14.195 -> 14.20)
+    budget = next((t for t in p.terms if t.key == "rest_gib" and t.unit == "GiB"), None)
+    if budget is not None and abs(budget.lo - p.kv_gib_low) <= 0.0006 and abs(budget.hi - p.kv_gib_high) <= 0.0006:
+        kv = _range(budget)
     # a configuration the engine refuses before it sizes anything has no pool: no "0 tokens" as if it had one
     out = ([("KV tokens", p.rule)] if p.rule.startswith("not sized") else
            [("KV tokens", f"{_tokens(p)} ({kv} per rank; {p.rule})")])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from kvaudit.errors import KvauditError
+from kvaudit.reconcile.interface import Severity
 from kvaudit.report.rows import GPU_FIELDS, findings, gpu_rows, why
 from kvaudit.results import HostAudit
 from kvaudit.verdict import judge_host
@@ -13,6 +14,8 @@ from kvaudit.textsafe import csv_cell
 
 #: the table's columns: the run's start, one GPU's figures, the host's findings that count and why it is not ok
 COLUMNS = ("run_at", *GPU_FIELDS, "findings", "why")
+#: GiB figures to 2 decimals (10 MiB), the precision every report prints them at; kv_bytes keeps the exact size
+GIB_DECIMALS = 2
 #: whole numbers (a GPU index, a token or byte count) stay whole in every row, as pandas' nullable Int64 kept them
 INTEGER_COLUMNS = ("gpu", "kv_tokens", "kv_bytes")
 
@@ -29,12 +32,17 @@ def table_rows(hosts: Iterable[tuple[str, HostAudit]], run_at: str | None = None
         # every host is in the table: one without GPU rows (failed, or nothing read) is one row saying why
         mine = gpu_rows(name, h) or [{**{k: None for k in GPU_FIELDS}, "host": name, "status": judge_host(h).label}]
         reason = why(h)
-        codes = ";".join(sorted({f.code for f in findings(h) if not f.ignored}))
+        # the codes that count, as JSON's summary.findings (docs/json.md): warnings and errors not acknowledged;
+        # info findings (TOKENS_MATCH, ...) describe a healthy host and would make every row non-empty
+        codes = ";".join(sorted({f.code for f in findings(h) if not f.ignored and f.severity != Severity.INFO}))
         rows += [{"run_at": run_at, **r, "findings": codes, "why": reason} for r in mine]
     for r in rows:
         for k in INTEGER_COLUMNS:
             if isinstance(r.get(k), float) and r[k] == r[k]:
                 r[k] = int(r[k])
+        for k in COLUMNS:  # every GiB column at one precision (kv_bytes is exact), as the reports print them
+            if k.endswith("_gib") and isinstance(r.get(k), float):
+                r[k] = round(r[k], GIB_DECIMALS)
     return [{k: r.get(k) for k in COLUMNS} for r in rows]
 
 

@@ -79,11 +79,42 @@ def test_a_host_that_cannot_be_audited_is_unknown(site, tmp_path):
 
 
 def test_a_usage_error_is_unknown_on_the_scale():
-    """A check that did not run says so on stderr, writes no verdict, and exits UNKNOWN (Nagios 3, npd 2),
+    """A check that did not run says so on stderr and still prints its verdict on stdout in the scale's contract
+    (ux-audit2 item 14: Nagios shows "(No output on stdout)" otherwise), and exits UNKNOWN (Nagios 3, npd 2),
     not 2, which the Nagios scale reads as CRITICAL (the usage error's own status elsewhere)."""
     for args, code in ((("--format", "markdown"), 3), (("--exit-codes", "npd", "--timeout", "soon"), 2),
                        (("--exit-codes", "sometimes"), 3)):
         r = cli("check", "local", "--health-check", *args)
-        assert (r.code, r.stdout) == (code, ""), args
+        assert r.code == code, args
+        line = r.stdout.splitlines()[0].split(" | ")[0]
+        assert line.startswith("KVAUDIT UNKNOWN - not run: ") and len(line.encode()) <= 80, (args, line)
         assert "error" in r.stderr
+    assert "'soon'" in cli("check", "local", "--health-check", "--timeout", "soon").stdout
     assert cli("check", "local", "--timeout", "soon").code == 2
+
+
+def test_refused_settings_still_print_the_status_line(tmp_path, monkeypatch):
+    """A ./kvaudit.toml that acknowledges a failed start is refused (ux-audit2 item 14): the health check exits
+    UNKNOWN with its status line naming the refusal on stdout, and with --format json the health document."""
+    from tests.conftest import FIXTURES
+
+    (tmp_path / "kvaudit.toml").write_text('ignore = ["STARTUP_FAILED"]\n')
+    monkeypatch.chdir(tmp_path)
+    host = str(FIXTURES / "hosts" / "kimi-k25-tp8")
+    r = cli("check", host, "--health-check")
+    line = r.stdout.splitlines()[0]
+    assert r.code == 3 and line.startswith("KVAUDIT UNKNOWN - not run: kvaudit.toml: ignore entry 1: STARTUP_FAILED")
+    assert len(line.split(" | ")[0].encode()) <= 80 and "cannot be acknowledged" in r.stderr
+    r = cli("check", host, "--health-check", "--exit-codes", "npd", "-f", "json")
+    d = r.json()
+    assert (r.code, d["state"], d["exit_status"], d["host"]) == (2, "unknown", 2, host)
+    assert "STARTUP_FAILED" in d["headline"]
+
+
+def test_an_unreachable_endpoint_keeps_its_cause_in_80_bytes():
+    """The unknown line of a target that refused the connection keeps the cause, not the URL on-call already
+    knows (ux-audit2 item 15: it was ``failed: unreachable: http://127.0.0.1:1/server_info...``)."""
+    r = cli("check", "http://127.0.0.1:1", "--health-check", "--exit-codes", "npd", "--timeout", "30")
+    line = r.stdout.strip()
+    assert r.code == 2 and len(line.encode()) <= 80, line
+    assert line.startswith("KVAUDIT UNKNOWN - unreachable: ") and "refused" in line.lower(), line

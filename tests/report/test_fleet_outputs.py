@@ -118,3 +118,28 @@ def test_the_html_page_reads_on_a_phone_and_says_its_ranges(tmp_path):
 
     assert re.search(r"<p>1 host \(1 (ok|warning|error|partial)\)", text), text[:800]
     assert "range 25,000–25,169" in text, text[text.find("trend"):][:600]
+
+
+def test_csv_findings_are_the_codes_that_count_at_one_precision(tmp_path):
+    """ux-audit2 item 13: the CSV's findings column is JSON's summary.findings (no info codes: a healthy host's
+    cell is empty, so a filter on a non-empty cell finds the hosts with problems), and every GiB column has at
+    most 2 decimals (reserve_gib and weights_gib had 4)."""
+    import csv
+    import shutil
+
+    from tests.conftest import FIXTURES, cli
+
+    healthy = shutil.copytree(FIXTURES / "hosts" / "kimi-k25-tp8", tmp_path / "healthy")
+    warned = _capture_with(tmp_path, "warned", WARNED)
+    inv = tmp_path / "hosts.txt"
+    inv.write_text(f"{healthy}\n{warned}\n")
+    out = tmp_path / "run.csv"
+    _fleet(inv, "--csv", out)
+    rows = list(csv.DictReader(out.open()))
+    summary = {h["name"]: h["summary"] for h in cli("fleet", inv, "--no-config", "-f", "json").json()["hosts"]}
+    for r in rows:
+        assert r["findings"] == ";".join(summary[r["host"]]["findings"]), (r["host"], r["findings"])
+    assert {r["findings"] for r in rows if r["host"] == str(healthy)} == {""}
+    assert all("UNUSED_MEMORY" in r["findings"] for r in rows if r["host"] == str(warned))
+    gib = [(k, v) for r in rows for k, v in r.items() if k.endswith("_gib") and v]
+    assert gib and all(len(v.split(".", 1)[1]) <= 2 for k, v in gib if "." in v), gib
