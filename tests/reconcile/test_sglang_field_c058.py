@@ -104,7 +104,7 @@ def test_a_release_range_spanning_the_aiter_rule_is_checked_under_each_rule_not_
     assert any("fits SGLang 0.4.9-0.5.4's aiter rule" in n for n in a.notes)
 
 
-@pytest.mark.parametrize("name, need", [("sglang_c069", "0.45"), ("sglang_c068", "0.20")])
+@pytest.mark.parametrize("name, need", [("sglang_c069", "0.34"), ("sglang_c068", "0.20")])
 def test_fewer_tokens_than_one_ranks_readings_allow_is_not_judged(name, need):
     """Only TP0 prints its readings of eight ranks; SGLang sizes the pool from the minimum over all of them, which
     can only lower the budget: fewer tokens is not a mismatch, and the rank deficit that explains it is stated."""
