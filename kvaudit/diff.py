@@ -361,7 +361,9 @@ def diff(a: Audit, b: Audit, a_label: str, b_label: str) -> Diff:
 
 def _failure(a: Audit) -> str:
     """The start's failure as its error finding says it (its code and first clause), or ""."""
-    f = next((f for f in a.findings if f.code in ("NOT_ENOUGH_MEMORY", "STARTUP_FAILED") and not f.ignored), None)
+    from kvaudit.verdict import FAILURE_CODES
+
+    f = next((f for f in a.findings if f.code in FAILURE_CODES and not f.ignored), None)
     return "" if f is None else f"{f.code}: {f.message.split('; ')[0]}"
 
 

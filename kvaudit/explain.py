@@ -9,6 +9,7 @@ from typing import BinaryIO
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.memory_lines import is_memory_line, uninterpreted
+from kvaudit.parse.patterns import lazy
 from kvaudit.parse.request_time import ANCHORS as SERVING_ANCHORS, SERVING, set_aside
 from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounded_lines, pipe_descriptor,
                                  read_pipe_head, scan_fast, scan_pipe)
@@ -180,9 +181,11 @@ def parse_lines(lines: list[Line], stats: ScanStats | None = None) -> ParsedLog:
     return ParsedLog(engine, tuple(startups), stats, platform, tuple(lines))
 
 
-#: what a server that failed after it began serving prints: an exception, an engine's error line, out of memory
-_SERVING_FAILURE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|\[E\]|\w(?:Error|Exception): |"
-                              r"out of memory|OutOfMemory|Segmentation fault|Fatal Python error|core dumped")
+#: what a server that failed after it began serving prints, in any engine's log: an exception, an error-level
+#: line, out of memory, a fatal signal (an engine's own error tag, TensorRT-LLM's "[E]", is not needed: its
+#: errors carry the exception too)
+_SERVING_FAILURE = lazy(r"Traceback \(most recent call last\)|\bERROR\b|\w(?:Error|Exception): |out of memory|"
+                        r"OutOfMemory|Segmentation fault|Fatal Python error|core dumped")
 
 
 def _failed_while_serving(log: ParsedLog, startup: Startup) -> str | None:

@@ -331,11 +331,14 @@ def not_enough_memory(message: str, line: int, numbers: dict[str, Any],
     if "suggested" in numbers:
         hint = f"; SGLang suggests --mem-fraction-static above {numbers['suggested']:.3f}"
     fields: dict[str, Any] = {"line": line, **numbers}
+    if isinstance(numbers.get("suggested"), (int, float)) and numbers["suggested"] > 0:
+        fields.setdefault("next_step", f"--mem-fraction-static above {numbers['suggested']:.3f}")
     sf = {k: v for k, v in (shortfall or {}).items() if k != "line"}
     if sf.get("minimum_mem_fraction_static") is not None:
         m = sf["minimum_mem_fraction_static"]
         hint += (f"; the formula needs --mem-fraction-static above {fraction_up(m)} (1 - free after weights / T) "
                  "for any KV budget at all")
+        fields.setdefault("next_step", f"--mem-fraction-static above {fraction_up(m)}")
     if sf.get("effective_mem_fraction_static") is not None:
         hint += (f"; the engine's own count {int(sf['profiled']):,} implies a fraction of "
                  f"{sf['effective_mem_fraction_static']:.3f}")

@@ -71,6 +71,11 @@ def active(findings) -> list["Finding"]:
     return [f for f in findings if not f.ignored]
 
 
+def failures(findings) -> list["Finding"]:
+    """The error findings that count: the startup failed (what-if answers from them, not from its headroom)."""
+    return [f for f in active(findings) if f.severity is Severity.ERROR]
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class TokenInterval(Record):
     low: int

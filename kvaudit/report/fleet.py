@@ -12,8 +12,9 @@ from kvaudit.report.host import host_dict
 from kvaudit.report.json import SCHEMA_VERSION, dumps
 from kvaudit.report.rows import host_summary
 from kvaudit.status import INTERRUPTED, label_rank, tally, tally_rank
-from kvaudit.report.text import HEADLINE_LINES, capped, colour, headline, table, wrap
+from kvaudit.report.text import HEADLINE_LINES, capped, cell_len, colour, headline, table, wrap
 from kvaudit.textsafe import md_cell
+from kvaudit.verdict import FAILURE_CODES
 
 #: hosts failing alike that the text table shows as one row
 COLLAPSE_AT = 3
@@ -121,9 +122,6 @@ def list_hosts_text(hosts: Sequence[Any]) -> str:
     return f"  hosts ({len(hosts)}):\n" + "".join(f"    {h.name}\n" for h in hosts)
 
 
-#: the findings a failed start's headline quotes (verdict.py quotes one of them): their items repeat its quote
-_FAILURE_CODES = ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY")
-
 
 def _beyond_headline(r: dict[str, Any]) -> list[str]:
     """A host's reasons the headline does not already give (its own finding code, its cause). Under a failed
@@ -136,7 +134,7 @@ def _beyond_headline(r: dict[str, Any]) -> list[str]:
         code = w.split(":", 1)[0]
         if code in head or w in head or w.startswith("not checked:"):  # an unchecked host's headline is that
             continue
-        if line is not None and code in _FAILURE_CODES:
+        if line is not None and code in FAILURE_CODES:
             quoted = f"line {line.group(1)}"
             rest = [c for c in w.split(":", 1)[1].strip().split("; ") if quoted not in c]
             if not rest:
@@ -165,8 +163,6 @@ FIRST_RUN = "first run: the history starts here; the next run says what changed 
 def _fit(text: str, width: int, middle: bool = False) -> str:
     """``text`` in ``width`` terminal cells (rich's measure: a wide character is two): cut at the end ("…"), or in
     the middle for names and paths (both ends stay readable; nothing is split at a hyphen onto another line)."""
-    from rich.cells import cell_len
-
     if cell_len(text) <= width:
         return text
     if width <= 1:
@@ -178,8 +174,6 @@ def _fit(text: str, width: int, middle: bool = False) -> str:
 
 
 def _cells_from_start(text: str, cells: int) -> str:
-    from rich.cells import cell_len
-
     out = ""
     for ch in text:
         if cell_len(out + ch) > cells:
@@ -203,8 +197,6 @@ def fitted(header: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int,
     failure's reason (the status ``failed``) and the codes cut further (ux-audit2 item 5: at 60 columns names of
     18 cells stay whole).
     Numbers are never cut. Widths in terminal cells."""
-    from rich.cells import cell_len
-
     head, rows = list(header), [list(r) for r in body]
 
     def total() -> int:
@@ -277,8 +269,6 @@ def _as_why_says(r: dict[str, Any]) -> list[str]:
 def _left_aligned_last(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:  # the header first
     """The last column (the findings, words) padded on the right: :func:`table` right-aligns it with the numbers,
     which pushed short codes far from the column they belong to."""
-    from rich.cells import cell_len
-
     if not rows:
         return rows
     w = max(cell_len(r[-1]) for r in rows)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Verdict
-from kvaudit.verdict import brief, checked, unchecked_reason
+from kvaudit.verdict import FAILURE_CODES, brief, checked, unchecked_reason
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
@@ -171,7 +171,7 @@ def not_reached(a: Audit) -> bool:
     """The startup failed before its formula had a single input: the report leads with the cause instead of
     an empty formula table."""
     f = a.formula
-    failed = any(fi.code in ("STARTUP_FAILED", "NOT_ENOUGH_MEMORY") and not fi.ignored for fi in a.findings)
+    failed = any(fi.code in FAILURE_CODES and not fi.ignored for fi in a.findings)
     empty = all(v is None for v in (f.pre_load_free_gib, f.post_load_free_gib, f.rest_gib, f.predicted_tokens,
                                     f.logged_tokens, f.bytes_per_token))
     sized = any(fi.fields.get("pool_sized") for fi in a.findings)  # it failed after the pool was sized
@@ -183,7 +183,7 @@ def _failed_before_pool(a: Audit) -> Finding | None:
     STARTUP_FAILED), or None: a count was logged, the pool was sized (``pool_sized``), or nothing failed."""
     if a.formula.logged_tokens is not None or a.formula.verdict != Verdict.UNKNOWN:
         return None
-    failed = [fi for fi in a.findings if fi.code in ("NOT_ENOUGH_MEMORY", "STARTUP_FAILED")]
+    failed = [fi for fi in a.findings if fi.code in FAILURE_CODES]
     if not failed or any(fi.fields.get("pool_sized") for fi in failed) or any(
             "after the KV pool" in fi.message for fi in failed):
         return None
@@ -205,12 +205,8 @@ def _next_step(fi: Finding) -> str | None:
     msg = fi.message
     if " -> " in msg:
         return msg.split(" -> ", 1)[1].rstrip(". ")
-    m = re.search(r"(?:the formula needs|SGLang suggests) (--mem-fraction-static above [0-9.]+)", msg)
-    if m:
-        return m.group(1)
-    m = re.search(r"a lower --mem-fraction-static does not help here: ([^;]*)", msg)
-    if m:
-        return m.group(1)
+    if isinstance(fi.fields.get("next_step"), str):  # the engine's reconciler says it (the setting that would fit)
+        return str(fi.fields["next_step"])
     m = _ENGINE_ADVICE.search(msg)
     return m.group(1).rstrip(". ") + " (the engine's own advice)" if m else None
 

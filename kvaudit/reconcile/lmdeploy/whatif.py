@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf, failures
 from kvaudit.reconcile.lmdeploy.settings import policy_of
 from kvaudit.units import GIB
 
@@ -92,7 +92,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     risk = "low" if left < opts.thresholds.low_headroom_gib else "ok"
     before: float | None = free * (1 - ratio0)
     reason = None
-    if any(f.severity is Severity.ERROR for f in active(base.findings)):
+    if failures(base.findings):
         # a startup that failed measured no end: what it left free is no baseline, and whether the rest fits is
         # not known
         before, risk = None, "unknown"

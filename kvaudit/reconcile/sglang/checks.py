@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import replace
+from typing import Any
 
 from kvaudit.parse.sglang import AiterFractionKept, Failure, KVDtype, OtherPool, WeightEnd
 from kvaudit.reconcile import findings as F
@@ -152,7 +153,7 @@ def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
     tried, free = oom.numbers["tried_gib"], oom.numbers.get("free_gib")
     pool_end = min((e.line for e in ctx.startup.of(PoolEnd)), default=None)
     after_pool = pool_end is not None and pool_end < oom.line
-    numbers: dict[str, float] = {"tried_gib": round(tried, 4)}
+    numbers: dict[str, Any] = {"tried_gib": round(tried, 4)}
     said = f"it asked for {tried:.2f} GiB"
     if free is not None:
         numbers["free_gib"] = round(free, 4)
@@ -174,13 +175,14 @@ def oom_finding(ctx: Context, formula: Formula | None) -> Finding | None:
         if isinstance(quant, str) and quant not in ("", "None", "none"):
             # the checkpoint is already quantized: "use a quantized one" would send on-call the wrong way; a layer
             # the build creates unquantized (e.g. MoE experts through quantization/unquant.py) takes full size
-            hint = (f"; a lower --mem-fraction-static does not help here: the weights did not fit (more GPUs or a "
-                    f"smaller checkpoint); the checkpoint is already quantized ({quant}): if it should fit, check "
-                    "that this build applies that quantization to every layer (one created unquantized takes its "
-                    "full-precision size)")
+            step = "the weights did not fit (more GPUs or a smaller checkpoint)"
+            hint = (f"; a lower --mem-fraction-static does not help here: {step}; the checkpoint is already quantized "
+                    f"({quant}): if it should fit, check that this build applies that quantization to every layer "
+                    "(one created unquantized takes its full-precision size)")
         else:
-            hint = ("; a lower --mem-fraction-static does not help here: the weights do not fit (more GPUs, or a "
-                    "smaller or quantized checkpoint)")
+            step = "the weights do not fit (more GPUs, or a smaller or quantized checkpoint)"
+            hint = f"; a lower --mem-fraction-static does not help here: {step}"
+        numbers = {**numbers, "next_step": step}
     return F.not_enough_memory(f"CUDA out of memory {stage}: {said}{hint}", oom.line, numbers)
 
 

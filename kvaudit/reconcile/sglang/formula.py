@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.sglang.context import Context
-from kvaudit.reconcile.values import as_int
+from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.record import Record
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import Version, VersionRange
@@ -160,8 +160,6 @@ def explain_mismatch(ctx: Context, pred: Prediction, logged: int, T: Interval, p
     msg = (f"{logged:,} tokens is {gap:,} {side} than the predicted {lo:,}..{hi:,}; "
            f"the logged count implies mem_fraction_static = {eff:.3f}")
     causes = []
-    from kvaudit.reconcile.values import as_float  # here, not at the top: the import block stays main's
-
     logged_mfs = as_float(ctx.args.get("mem_fraction_static"))
     if ctx.opts.mem_fraction_static is not None and logged_mfs is not None \
             and abs(logged_mfs - ctx.opts.mem_fraction_static) > 1e-9:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf, failures
 from kvaudit.reconcile.sglang.audit import reconcile
 from kvaudit.reconcile.sglang.context import build_context, context_length_of
 from kvaudit.reconcile.sglang.formula import predict, rules_for
@@ -94,7 +94,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
             + (f" ({', '.join(absent)})" if absent else "")
             + f" and left {headroom_before:.2f} GiB for activations on {worst.label}")  # type: ignore[union-attr]
     reason = None
-    failed = [f for f in active(base.findings) if f.severity is Severity.ERROR]
+    failed = failures(base.findings)
     if failed:
         # the server never finished: its end-of-startup reading is no baseline for a headroom
         headroom_before = headroom_after = needs_before = needs_after = None

@@ -13,7 +13,7 @@ import math
 
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.trtllm import WindowNote
-from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf, failures
 from kvaudit.reconcile.trtllm.context import build_context
 from kvaudit.reconcile.trtllm.budget import round_up
 from kvaudit.reconcile.trtllm.context import DEFAULT_FRACTION, element_bytes
@@ -102,7 +102,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
                   "check it")
         risk = "unknown"
     h0: float | None = round(r0, 2)
-    if any(f.severity is Severity.ERROR for f in active(base.findings)):
+    if failures(base.findings):
         h0 = None  # a startup that failed measured no end: no baseline for a headroom
         if risk in ("ok", "low"):
             risk = "unknown"

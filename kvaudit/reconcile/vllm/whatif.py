@@ -15,7 +15,7 @@ import math
 
 from kvaudit.model_config import element_bytes
 from kvaudit.parse.interface import Startup
-from kvaudit.reconcile.interface import Audit, AuditOptions, Severity, TokenInterval, WhatIf, active
+from kvaudit.reconcile.interface import Audit, AuditOptions, TokenInterval, WhatIf, failures
 from kvaudit.units import GIB, LOG_HALF_ULP
 
 #: the whatif row for what this engine keeps out of the KV cache
@@ -69,7 +69,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     h0, h1 = r0 - graphs, r1 - graphs
     risk = "oom" if h1 < 0 else ("low" if h1 < opts.thresholds.low_headroom_gib else "ok")
     reason = None
-    failed = [f for f in active(base.findings) if f.severity is Severity.ERROR]
+    failed = failures(base.findings)
     # the utilization at which the budget turns positive: K + (u - u0) x total > 0
     need = u0 - K / T_hi if T_hi else None
     # the max seq len check: V0 from 0.2.7 (0.2.0-0.2.6 start and leave long prompts waiting), every V1; skipped
