@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 from kvaudit.errors import KvauditError
 from kvaudit.reconcile.interface import Audit
+from kvaudit.status import Status
 from kvaudit.units import GIB
 
 
@@ -613,9 +614,8 @@ def _record(row: dict[str, Any]) -> Recorded | None:
     return Recorded(**values)
 
 
-def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recorded]:
-    """``host``'s rows, latest run first, read one at a time with SQLite's value length bounded, from a file opened
-    read-only (diff writes nothing). A row too large or not of kvaudit's types stops the read with the reason."""
+def _open_history(path: str) -> sqlite3.Connection:
+    """The history file opened read-only (diff writes nothing): a regular file, SQLite's value length bounded."""
     p = Path(path)
     try:
         st = p.stat()
@@ -627,9 +627,16 @@ def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recor
         db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise DiffError(f"history {path}: {exc}") from None
+    if hasattr(db, "setlimit"):  # Python 3.11+: the bound is SQLite's own, per connection
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, HISTORY_VALUE_BYTES)  # type: ignore[attr-defined]
+    return db
+
+
+def _history_rows(path: str, host: str, up_to_run: int | None) -> Iterator[Recorded]:
+    """``host``'s rows, latest run first, read one at a time with SQLite's value length bounded, from a file opened
+    read-only (diff writes nothing). A row too large or not of kvaudit's types stops the read with the reason."""
+    db = _open_history(path)
     try:
-        if hasattr(db, "setlimit"):  # Python 3.11+: the bound is SQLite's own, per connection
-            db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, HISTORY_VALUE_BYTES)  # type: ignore[attr-defined]
         have = {r[1] for r in db.execute("PRAGMA table_info(startups)")}
         if not have:
             raise DiffError(f"history {path}: no startups recorded (not a kvaudit fleet --history file, or one "
@@ -674,9 +681,10 @@ def recorded_at(path: str, host: str, run_id: int) -> Recorded:
     for r in _history_rows(path, host, run_id):
         return _believed(path, r)
     status = _status_at(path, host, run_id)
-    if status is not None and (status == "error" or status.startswith("failed:")):
+    kind = Status.of(status)
+    if status is not None and kind in (Status.ERROR, Status.FAILED):
         # the run is in the history, its host was not audited or its start failed: say that, as history shows it
-        why = "its start failed" if status == "error" else "it could not be audited"
+        why = "its start failed" if kind is Status.ERROR else "it could not be audited"
         raise DiffError(f"history {path}: {host}@{run_id} has no pool to compare: {why} (status {status} in that "
                         "run; kvaudit history shows it)")
     raise DiffError(f"history {path}: no startup of {host!r} recorded at or before run {run_id}")
@@ -685,12 +693,12 @@ def recorded_at(path: str, host: str, run_id: int) -> Recorded:
 def _status_at(path: str, host: str, run_id: int) -> str | None:
     """The host's status in that run, as the history recorded it (None: no such row, or no readable history)."""
     try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        db = _open_history(path)
         try:
             row = db.execute("SELECT status FROM hosts WHERE host = ? AND run_id = ?", (host, run_id)).fetchone()
         finally:
             db.close()
-    except sqlite3.Error:
+    except (sqlite3.Error, DiffError):
         return None
     return row[0] if row and isinstance(row[0], str) else None
 

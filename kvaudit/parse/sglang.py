@@ -1010,13 +1010,9 @@ def _other_lines(line: Line) -> _Parsed:
         return _Parsed(Failure(n, text, rank, "target", "port_in_use",
                                quote(f"the HTTP server could not bind {m.group('addr')}: address already in use "
                                      "(another process holds the port)")), clues)
-    m = _CHILD_FAILED_RUNNING.search(text) if "It usually means one child failed" in text else None
-    if m:
-        rank, clues = at(m)
-        return _Parsed(Failure(n, text, rank, "target", "child_failed",
-                               "a child process failed (SGLang received SIGQUIT from it)"), clues)
-    m = _CHILD_FAILED.search(text) if "Received sigquit from a child proces" in text else None
-    if m:
+    m = ((_CHILD_FAILED_RUNNING.search(text) if "It usually means one child failed" in text else None)
+         or (_CHILD_FAILED.search(text) if "Received sigquit from a child proces" in text else None))
+    if m:  # either wording of SGLang's SIGQUIT from a child
         rank, clues = at(m)
         return _Parsed(Failure(n, text, rank, "target", "child_failed",
                                "a child process failed (SGLang received SIGQUIT from it)"), clues)

@@ -7,7 +7,8 @@ import textwrap
 from typing import Any, Sequence
 
 from kvaudit.reconcile.interface import Audit, Formula, FormulaRow, Severity, WhatIf
-from kvaudit.report.view import column_help, columns, not_reached, origin, rows, summary_sentences, version_text
+from kvaudit.report.view import (column_help, columns, not_reached, origin, rows, summary_sentences, token_span,
+                                 version_text)
 from kvaudit.verdict import judge, unchecked_reason
 
 _COLOURS = {Severity.ERROR: "31", Severity.WARNING: "33", Severity.INFO: "36"}
@@ -221,7 +222,7 @@ def _formula_lines(a: Audit, color: bool, width: int = WIDTH) -> list[str]:
     L = ([colour("Formula", "1", color) + "  " + a.formula_text] if len(one) <= width
          else [colour("Formula", "1", color)] + wrap(a.formula_text, "  ", width))
     p = f.predicted_tokens
-    pred = "-" if not p else f"{p.low:,}" if p.low == p.high else f"{p.low:,}..{p.high:,}"  # "A..A" is one number
+    pred = token_span(p)
     head = [(r.quantity, format_value(r), r.source) for r in a.formula_rows]
     body = head + [
         ("bytes per token (per GPU)", f"{f.bytes_per_token:,}" if f.bytes_per_token else "-",
@@ -301,8 +302,7 @@ def render_whatif(a: Audit, w: WhatIf, color: bool = False, width: int = WIDTH) 
         for e in w.explanation:
             L.extend(wrap("- " + e, "  ", width))
         return "\n".join(L) + "\n"
-    after = ("-" if not w.tokens_after else f"{w.tokens_after.low:,}" if w.tokens_after.low == w.tokens_after.high
-             else f"{w.tokens_after.low:,}..{w.tokens_after.high:,}")
+    after = token_span(w.tokens_after)
     rows_ = [
         ("KV tokens", f"{w.tokens_before:,}" if w.tokens_before else "-", after),
         ("KV cache per GPU (GiB)", g(w.kv_gib_before), g(w.kv_gib_after)),

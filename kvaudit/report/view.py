@@ -115,6 +115,11 @@ def rank_cells(r: RankLedger, with_state: bool = False) -> tuple[float | None, .
     )
 
 
+def token_span(iv) -> str:
+    """A predicted token interval as the reports print it: one number when both ends agree ("A..A" is one)."""
+    return "-" if not iv else f"{iv.low:,}" if iv.low == iv.high else f"{iv.low:,}..{iv.high:,}"
+
+
 def fmt(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "-"
