@@ -95,24 +95,22 @@ CONTEXT_GIB = (0.25, 0.6)
 #: 0.19.0 gpt-oss-20b logs: 1.62-1.78 GiB reserved but unallocated when the sampler's 786 MiB draw failed). So:
 #:   no       the warm-up does not fit even in the whole freed peak plus the room outside (optimistic ends);
 #:   at risk  the central estimate of the room outside the budget, the peak not counted ((1 - util) x total - the
-#:            CUDA context [- the graphs before 0.20], each range's middle), is below the warm-up's largest single
-#:            tensor + ALLOCATOR_SLACK_GIB: a threshold stated, not a bound derived;
+#:            CUDA context [- the graphs before 0.20], each range's middle), cannot hold the whole warm-up at its
+#:            high end: part of it must then come from the freed peak, whose reuse fragmentation decides. A
+#:            threshold stated, not a bound derived;
 #:   a note   only the pessimistic end of that room does not hold the whole warm-up.
-#: 0.8.0-0.8.4 were not read. What decides between the last two is fragmentation the plan does not size: in
-#: llm-d-planner's 0.19.0 sweep on H100s at 0.95 (logs at d3121e05) gpt-oss-20b ran out of memory here at TP 1 and
-#: TP 2 with 1.62-1.78 GiB reserved but unallocated, while Llama-4-Scout at TP 4 (same vocabulary size, less room
-#: after the context and the graphs by the logs' own figures) and Kimi-VL-A3B at TP 2 started: no rule on these
-#: terms separates them (docs/plan.md).
+#: 0.8.0-0.8.4 were not read. The threshold is the whole warm-up, not its largest single tensor (the previous rule):
+#: in llm-d-planner's 0.19.0 sweep on H100s at 0.95 (logs at d3121e05) gpt-oss-20b ran out of memory here at TP 1
+#: and TP 2 with 1.62-1.78 GiB reserved but unallocated, while the central room (2.50 GiB) held its largest tensor
+#: (0.77) but not its warm-up (up to 3.07). The same rule calls started startups of that sweep at risk too (Gemma-2's
+#: 256,000-word vocabulary at 0.95; Qwen3-14B under 0.15-0.16's sorting sampler): each needed the freed peak and
+#: came through, which is what `at risk` says; no rule on these terms separates them (docs/plan.md).
 SAMPLER_WARMUP_SINCE = (0, 8, 5)
 #: bytes a logit of the warm-up's largest single tensor: the float32 logits (sampler.py logits.to(torch.float32)),
 #: the probabilities and random_sample's exponential draw (torch.empty_like(probs), the 786 MiB request that failed
 #: in the 0.19.0 gpt-oss-20b logs: 1,024 x 201,088 x 4 B) are 4 B; before 0.17 PyTorch's top-k/top-p sorts the
 #: logits (topk_topp_sampler.apply_top_k_top_p: logits.sort) and its int64 indices are 8 B
 LARGEST_LOGIT_BYTES = {"float32": 4, "sort": 8}
-#: what a new segment rounds a large request up to at most: PyTorch's caching allocator gives a request of 10 MiB or
-#: more a segment rounded up to 2 MiB, smaller ones a 20 MiB segment (c10/cuda/CUDACachingAllocator.cpp
-#: get_allocation_size: kRoundLarge, kLargeBuffer)
-ALLOCATOR_SLACK_GIB = 20 / 1024
 #: what loads with the weights beyond the checkpoint's bytes per rank (vLLM): llm-d's 0.11.0 startups loaded
 #: 0.01-0.08 GiB more than the checkpoint per rank (Llama-3.1-8B 14.99 for 14.96, Qwen3-32B 61.03 for 61.02 at
 #: TP 1 and 30.59 for 30.51 at TP 2)
@@ -227,21 +225,20 @@ def plan(inp: PlanInput, history: Any = None) -> Plan:
                                  f"not fit in the {headroom.hi:.2f} GiB outside total x utilisation less the CUDA "
                                  f"context{graphs}, even with the profile run's {a_hi:.2f} GiB peak freed: CUDA out of "
                                  "memory warming up the sampler (lower --max-num-seqs or the utilisation)")
-        elif starts == "yes" and central < largest + ALLOCATOR_SLACK_GIB:
-            slack = f"{ALLOCATOR_SLACK_GIB * 1024:.0f} MiB"
+        elif starts == "yes" and central < w_hi:
             starts, why = "at risk", (
-                f"the central estimate of the room outside the budget when vLLM warms the sampler up after the KV "
-                f"cache, {central:.2f} GiB ({headroom.mid:.2f} GiB outside total x utilisation less the CUDA "
-                f"context{graphs}, each range's middle; the profile's freed peak not counted), is below the "
-                f"warm-up's largest single tensor, {largest:.2f} GiB ({l_words}), plus the allocator's {slack} "
-                "rounding: the rest of the warm-up must come from the profile run's freed peak (the same sampler "
-                "over the same rows), which its eager forward's cached blocks share, and a request no free block "
-                f"holds needs a new segment ({w_words}); lower --max-num-seqs or the utilisation")
+                f"the sampler warm-up vLLM runs after the KV cache (up to {w_hi:.2f} GiB: {w_words}) does not fit in "
+                f"the central estimate of the room outside the budget, {central:.2f} GiB ({headroom.mid:.2f} GiB "
+                f"outside total x utilisation less the CUDA context{graphs}, each range's middle): the rest must come "
+                "from the profile run's freed peak (the same sampler over the same rows), which the warm-up's eager "
+                f"forward's cached blocks share, and a tensor no free block holds (the largest {largest:.2f} GiB: "
+                f"{l_words}) needs a new segment, so fragmentation decides (gpt-oss-20b at 0.95 under 0.19.0 ran out "
+                "of memory here); lower --max-num-seqs or the utilisation")
         elif fresh.lo < w_hi:
             notes.append(f"the sampler warm-up vLLM runs after the KV cache ({w_lo:.2f}-{w_hi:.2f} GiB) fits in the "
                          f"{fresh.lo:.2f} GiB outside the budget at the pessimistic end only with the profile run's "
                          f"freed peak (the same sampler over the same rows); the central estimate ({central:.2f} GiB) "
-                         f"holds its largest tensor ({largest:.2f} GiB). What the warm-up's eager forward keeps cached "
+                         f"holds it whole. What the warm-up's eager forward keeps cached "
                          "there (fragmentation) is not sized by the plan (llm-d-planner's gpt-oss-20b at 0.95 under "
                          "0.19.0 ran out of memory here with 1.6-1.8 GiB reserved but unallocated); a lower "
                          "--max-num-seqs or utilisation widens the room")
