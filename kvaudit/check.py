@@ -4,7 +4,7 @@ reconcile it with the GPUs' live readings. Orchestration only."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +18,13 @@ from kvaudit.parse.lines import Line, clean
 from kvaudit.reconcile.interface import Audit, AuditOptions
 from kvaudit.reconcile.live import reconcile_gpus
 from kvaudit.results import HostAudit
+from kvaudit.record import record
 
 if TYPE_CHECKING:
     from kvaudit.collect.endpoint import EndpointCapture
 
 
-@dataclass(frozen=True)
+@record
 class CheckOptions:
     audit: AuditOptions
     unit: str | None = None

@@ -31,7 +31,6 @@ import re
 import sqlite3
 import stat
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -39,6 +38,7 @@ from kvaudit.errors import KvauditError
 from kvaudit.reconcile.interface import Audit
 from kvaudit.status import Status
 from kvaudit.units import GIB
+from kvaudit.record import record
 
 
 class DiffError(KvauditError):
@@ -53,7 +53,7 @@ FRACTION_NAME = {"sglang": "mem_fraction_static", "vllm": "gpu_memory_utilizatio
 LOG_ROUNDING_GIB = 0.01
 
 
-@dataclass(frozen=True)
+@record
 class Term:
     key: str
     label: str
@@ -66,7 +66,7 @@ class Term:
         return None if self.a is None or self.b is None else self.b - self.a
 
 
-@dataclass(frozen=True)
+@record
 class Share:
     """One term's share of the change in KV tokens: ``says`` in full, ``cause`` in the setting's own words (the
     first line's)."""
@@ -79,7 +79,7 @@ class Share:
     within_rounding: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Diff:
     a_label: str
     b_label: str
@@ -547,7 +547,7 @@ MAX_BYTES_PER_TOKEN = 1 << 24
 OVER_BUDGET_FACTOR = 1.25
 
 
-@dataclass(frozen=True)
+@record
 class Recorded:
     """One startup as the history recorded it (``startups`` table): the formula's terms, no ledger."""
 

@@ -9,7 +9,7 @@ a formula when its engine's startup is audited (``explain`` of an SGLang log loa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
@@ -20,6 +20,7 @@ from kvaudit.parse.vocabulary import LMDeployWords, SGLangWords, TRTLLMWords, VL
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import settle
+from kvaudit.record import record
 
 if TYPE_CHECKING:  # the host commands load only for check (explain starts without them)
     from kvaudit.collect.commands import StartupWindow
@@ -40,7 +41,7 @@ class Words(Protocol):
 _PARSERS: dict[str, EngineParser] = {}
 
 
-@dataclass(frozen=True)
+@record
 class Engine:
     """An engine kvaudit audits: its words (to tell its log and select its lines), its grammar, loaded when its
     lines are parsed, and its formula package, loaded only when a startup of this engine is audited (the CLI

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import BinaryIO
 
 from kvaudit.engines import ENGINES, RECOGNISED_ONLY, Engine, all_anchors
@@ -16,6 +16,7 @@ from kvaudit.parse.lines import (FLOOD_KEEP, InputError, Line, ScanStats, bounde
 from kvaudit.platforms import ANCHORS as PLATFORM_ANCHORS, Platform, detect
 from kvaudit.reconcile.interface import Audit, AuditOptions, WhatIf
 from kvaudit.verdict import unread
+from kvaudit.record import record
 
 #: the platform words as text (kvaudit.platforms): lines whose join holds none of them name no platform
 _PLATFORM_WORDS = tuple(a.decode() for a in PLATFORM_ANCHORS)
@@ -25,7 +26,7 @@ class NoStartupError(InputError):
     """The input is text but holds no startup of any engine kvaudit can audit."""
 
 
-@dataclass(frozen=True)
+@record
 class ParsedLog:
     engine: Engine
     startups: tuple[Startup, ...]

@@ -22,13 +22,14 @@ never drains a node. A host that could not be audited is **unknown**.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from kvaudit.collect.interface import SMI_FAILED, SMI_MISSING
 from kvaudit.reconcile.interface import Finding, Severity
 from kvaudit.textsafe import printable
 from kvaudit.verdict import counted, judge_host
+from kvaudit.record import record
 
 SCHEMA = "kvaudit.health/1"
 #: a health check answers within this many seconds unless --timeout says otherwise. Schedulers run it often and
@@ -81,7 +82,7 @@ CONFIG_ACTION = "review the engine's settings (kvaudit check TARGET shows the fi
 SCALES = {"nagios": (0, 1, 2, 3), "npd": (0, 0, 1, 2)}
 
 
-@dataclass(frozen=True)
+@record
 class Problem:
     code: str
     severity: str
@@ -95,7 +96,7 @@ class Problem:
                 "action": self.action}
 
 
-@dataclass(frozen=True)
+@record
 class Health:
     """The verdict. ``state``: ok | warning (config problems only) | critical (a node problem) | unknown."""
 

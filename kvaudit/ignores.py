@@ -17,7 +17,8 @@ from __future__ import annotations
 from kvaudit.collect.interface import NO_CONFIG, SMI_FAILED, SMI_MISSING
 from kvaudit.errors import KvauditError
 import fnmatch
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from kvaudit.record import record
 
 
 class IgnoreError(KvauditError):
@@ -38,7 +39,7 @@ STATES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class IgnoreRule:
     code: str
     host: str | None = None  # glob; None: every host

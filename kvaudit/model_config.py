@@ -10,11 +10,11 @@ from __future__ import annotations
 from kvaudit.errors import KvauditError
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 #: refuse to read a config.json larger than this: a real one is a few KB
 MAX_CONFIG_BYTES = 4 << 20
@@ -49,7 +49,7 @@ class ConfigError(KvauditError):
     """The model config cannot be read or does not describe an attention model."""
 
 
-@dataclass(frozen=True)
+@record
 class ModelGeometry:
     """The fields of a model config that size the KV cache (per model, before any parallel split)."""
 

@@ -9,13 +9,13 @@ the host itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 from kvaudit.parse.patterns import LazyPattern, lazy
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Platform:
     name: str
     unified_memory: bool

@@ -7,15 +7,16 @@ decides anything: the status of a host is :func:`kvaudit.verdict.judge_host`'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from kvaudit.collect.interface import CollectError, Collected
 from kvaudit.reconcile.interface import Audit, Finding
 from kvaudit.reconcile.live import GpuLedger
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class FleetHost:
     """One host of an inventory."""
 
@@ -30,7 +31,7 @@ class FleetHost:
         return str(v) if v is not None else None
 
 
-@dataclass(frozen=True)
+@record
 class HostAudit:
     """A checked host: what was collected, the audit of its startup, its GPUs now, and its live findings."""
 
@@ -52,7 +53,7 @@ class HostAudit:
         return tuple(self.audit.findings if self.audit else ()) + tuple(self.findings)
 
 
-@dataclass(frozen=True)
+@record
 class FleetRun:
     started_at: str  # ISO 8601 UTC
     started_ts: float  # seconds since the epoch
@@ -67,7 +68,7 @@ class FleetRun:
         return [(f, h) for f, h in self.results if h.error is not None]
 
 
-@dataclass(frozen=True)
+@record
 class Drift:
     """A change of one host (or one of its GPUs) since the last run in the history."""
 

@@ -8,8 +8,8 @@ SGLang figure in decimal GB (10**9 bytes).
 """
 
 from __future__ import annotations
+from kvaudit.record import record
 
-from dataclasses import dataclass
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -19,7 +19,7 @@ GB_DECIMAL = 10**9
 LOG_HALF_ULP = 0.005
 
 
-@dataclass(frozen=True)
+@record
 class Interval:
     """A closed interval [lo, hi] of real values (GiB, tokens, ...)."""
 

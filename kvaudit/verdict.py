@@ -15,13 +15,14 @@ The rules are stated in docs/findings.md ("The verdict's rules"); each function 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from kvaudit import support
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Audit, Finding, Formula, RankLedger, Severity, Verdict
 from kvaudit.status import ORDER, ExitStatus, Status, exit_status, FLEET_ORDER
+from kvaudit.record import record
 
 if TYPE_CHECKING:  # host and fleet results are judged only where they exist: explain starts without them
     from kvaudit.results import HostAudit
@@ -50,7 +51,7 @@ MODEL_JUDGEMENTS = TOKEN_CODES + ("GEOMETRY_MISMATCH", "UNEXPLAINED_MEMORY", "RE
 MAX_CHECK_WIDTH = 0.05
 
 
-@dataclass(frozen=True)
+@record
 class Judgement:
     """What every report relays: the status, the one-line headline, the findings that count, and the exit
     status that follows from them. Decided here, for an audit (:func:`judge`) and a host (:func:`judge_host`);
@@ -83,7 +84,7 @@ class Judgement:
         return self.status.value.upper()
 
 
-@dataclass(frozen=True)
+@record
 class FleetJudgement:
     """A fleet run's judgement: how many hosts have each status (worst first) and the run's exit status."""
 
@@ -386,7 +387,7 @@ def _violations_are_findings(findings: list[Finding], formula: Formula) -> list[
         "mem_fraction_static": formula.mem_fraction_static})]
 
 
-@dataclass(frozen=True)
+@record
 class Input:
     """One input of the formula and where it came from (rule 3): ``kind`` is ``log`` (a line, a setting the
     log printed), ``config`` (config.json), ``user`` (a flag), ``derived`` (computed from other inputs) or

@@ -7,7 +7,7 @@ memory line. Each shape narrows the range; the intersection is the era the log c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from kvaudit.record import record
 
 Version = tuple[int, ...]
 
@@ -30,7 +30,7 @@ def format_version(v: Version) -> str:
     return ".".join(str(p) for p in v)
 
 
-@dataclass(frozen=True)
+@record
 class VersionRange:
     """Inclusive [lo, hi]; ``hi=None`` means 'this release or any later one'."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
-from dataclasses import dataclass
+from kvaudit.record import record
 
 #: the most seconds one nvidia-smi may take (it answers in about a second; a hung driver never does)
 SMI_TIMEOUT_S = 20
@@ -47,7 +47,7 @@ SCRIPT_KINDS = ("journal", "dir", "docker", "file", "none")
 # one invocation), when it is read to its end as before. awk (POSIX; mawk, gawk and BusyBox's) rather than sed: the
 # strings are data (-v), never a program.
 
-@dataclass(frozen=True)
+@record
 class StartupWindow:
     """Where a startup ends in a journal, from the engine registry (kvaudit.engines.startup_window). ``markers``
     and ``ready`` are (engine, string) pairs: lines only that engine's startup prints, and the line it prints when

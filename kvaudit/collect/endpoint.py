@@ -15,13 +15,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime, timezone
 
 from kvaudit.collect.interface import CollectError, CommandRecord, HostTimeout, Unreachable
 from kvaudit.collect.watchdog import Watchdog
 from kvaudit.targets import is_endpoint  # noqa: F401  (defined where telling it loads nothing: kvaudit.targets)
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 #: what one endpoint may return: a /metrics page of a big server is ~100 KiB, /server_info a few KiB
 MAX_DOCUMENT_BYTES = 8 << 20
@@ -31,7 +32,7 @@ class NotAnEndpoint(CollectError):
     reason = "not_inference_server"  # it answers HTTP, but none of the engines' documents
 
 
-@dataclass(frozen=True)
+@record
 class Document:
     path: str
     status: int  # the HTTP status; 0 when the request got no answer
@@ -39,7 +40,7 @@ class Document:
     content_type: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class EndpointCapture:
     """What a server's endpoints returned: the documents by path, and a record of every request."""
 

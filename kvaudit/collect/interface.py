@@ -3,8 +3,9 @@ of every command it ran. Frozen; no parsing of engine lines happens here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
+from kvaudit.record import record
 
 #: how the partial sentences begin for what could not be read (the session writes them; ignores.STATES and the
 #: health check recognise them by these beginnings)
@@ -58,7 +59,7 @@ class JournalDenied(CollectError):
     reason = "journal_denied"  # the login user may not read the system journal: a permission, not a missing engine
 
 
-@dataclass(frozen=True)
+@record
 class CommandResult:
     command: str  # exactly what ran, shell-quoted
     rc: int | None  # None when the command did not finish
@@ -69,7 +70,7 @@ class CommandResult:
     unreached: bool = False  # part of a batch that stopped before this command ran: run it again on its own
 
 
-@dataclass(frozen=True)
+@record
 class CommandRecord:
     """What a report and a capture keep of a command: no output, just the facts."""
 
@@ -80,7 +81,7 @@ class CommandRecord:
     truncated: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class GpuReading:
     """One GPU as NVML or nvidia-smi saw it. MiB throughout (nvidia-smi's unit); None when not reported."""
 
@@ -95,7 +96,7 @@ class GpuReading:
     driver: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ComputeApp:
     pid: int
     gpu_uuid: str
@@ -103,7 +104,7 @@ class ComputeApp:
     used_mib: float | None
 
 
-@dataclass(frozen=True)
+@record
 class HostProcess:
     """A process on the audited host that matters to its GPUs: one nvidia-smi lists, one whose title is an
     engine's, or one of the engine's start (``ps``; memory from /proc/PID/status, MiB, where read)."""
@@ -116,7 +117,7 @@ class HostProcess:
     swap_mib: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Collected:
     """Everything read from one host for one audit."""
 

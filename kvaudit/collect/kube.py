@@ -29,6 +29,7 @@ from kvaudit.collect.interface import (AuthFailed, CollectError, Collected, Comm
 from kvaudit.collect.watchdog import Watchdog
 from kvaudit.targets import is_pod_target  # noqa: F401  (defined where telling it loads nothing: kvaudit.targets)
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 #: the head of each container's log that is read (the startup is at the head; the API bounds it server-side)
 LOG_LIMIT_BYTES = 64 << 20
@@ -63,7 +64,7 @@ class BadAnswer(CollectError):
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
-@dataclass(frozen=True)
+@record
 class PodTarget:
     namespace: str
     pod: str | None
@@ -379,7 +380,7 @@ def _utc_key(stamp: bytes) -> bytes:
     return base + b"." + frac.ljust(9, b"0") if stamp.endswith(b"Z") else stamp
 
 
-@dataclass(frozen=True)
+@record
 class PodLog:
     """The selected lines of the pod's (or the group's, merged) log, and how many bytes were read for them."""
 

@@ -30,13 +30,14 @@ from kvaudit.collect.interface import (
 from kvaudit.collect.ssh import BATCH_MAX_BYTES
 from kvaudit.collect.nvidia_smi import SmiParseError, parse_apps, parse_gpus
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 #: unit names that look like some inference engine (the audited engines' own names come in CollectOptions)
 #: how the partial-data notes about a missing model config begin (a log that states bytes per token needs none)
 GENERIC_ENGINE_UNIT = ("lmdeploy", "text-generation", "tgi", "trtllm", "tensorrt", "llm", "inference")
 
 
-@dataclass(frozen=True)
+@record
 class CollectOptions:
     anchors: tuple[bytes, ...]
     unit: str | None = None
@@ -551,7 +552,7 @@ def is_model_config(data: bytes) -> bool:
     return isinstance(doc, dict) and not MODEL_CONFIG_KEYS.isdisjoint(doc)
 
 
-@dataclass(frozen=True)
+@record
 class ScriptPart:
     kind: str
     args: tuple[str, ...]

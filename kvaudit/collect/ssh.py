@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from kvaudit.collect.interface import (
 from kvaudit.collect.commands import shown
 from kvaudit.collect.watchdog import Watchdog
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 _append_lock = threading.Lock()
@@ -80,7 +81,7 @@ def _paramiko(match_exec: bool = False):
     return paramiko
 
 
-@dataclass(frozen=True)
+@record
 class Target:
     user: str | None
     host: str
@@ -104,7 +105,7 @@ class Target:
         return Target(user or None, host, port)
 
 
-@dataclass(frozen=True)
+@record
 class HostConfig:
     alias: str
     hostname: str
@@ -283,7 +284,7 @@ def _pattern(pat: str) -> "re.Pattern[str]":
     return re.compile("".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pat))
 
 
-@dataclass(frozen=True)
+@record
 class KnownKey:
     keytype: str
     blob: str

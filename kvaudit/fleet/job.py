@@ -12,12 +12,13 @@ import signal
 import sys
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
 
 from kvaudit.errors import KvauditError
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 if TYPE_CHECKING:
     from kvaudit.check import CheckOptions
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 INTERRUPTED = 130
 
 
-@dataclass(frozen=True)
+@record
 class Outputs:
     """Where the run's results go. ``output`` None is standard output."""
 
@@ -43,7 +44,7 @@ class Outputs:
     width: int = 120
 
 
-@dataclass(frozen=True)
+@record
 class FleetJob:
     hosts: tuple[FleetHost, ...]
     opts: CheckOptions

@@ -31,9 +31,10 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
+from kvaudit.record import record
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,7 +46,7 @@ class SettingsError(KvauditError):
     pass
 
 
-@dataclass(frozen=True)
+@record
 class FleetSettings:
     parallel: int = 8
     timeout: float = 120.0  # per host

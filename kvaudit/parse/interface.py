@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from kvaudit.parse.lines import Line
 from kvaudit.parse.patterns import lazy
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.versions import VersionRange
 
 
@@ -53,7 +53,7 @@ def numbered_rank(match: "re.Match[str] | None") -> Rank:
     return Rank((0, n, 0), f"rank {n}")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Event(Record):
     """A parsed log line. ``line`` is its 1-based number in the input, ``text`` the cleaned line."""
 
@@ -61,7 +61,7 @@ class Event(Record):
     text: str = field(repr=False)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class RankEvent(Event):
     """An event one process printed: ``rank`` from its log prefix, ``role`` the target or a draft worker."""
 
@@ -69,7 +69,7 @@ class RankEvent(Event):
     role: str = "target"  # "target" or "draft" (speculative-decoding draft worker)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Failure(RankEvent):
     """A line that says the startup failed or ran out of memory. ``kind`` is the engine's own vocabulary (its
     parser documents it); ``message`` the error as quoted (:func:`quote`); ``numbers`` what the line states."""
@@ -203,7 +203,7 @@ def quote(message: str) -> str:
 E = TypeVar("E", bound=Event)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class OwnPrefix(Record):
     """What an engine's logger writes before every message (a time and rank tag, a level and ``file.py:N``), and
     which of its lines it prints without one, so that those are read in a prefixed log all the same: ``bare``
@@ -265,7 +265,7 @@ def with_unprefixed(startups: list[Startup], dropped: Sequence[int]) -> list[Sta
     return out
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Startup(Record):
     """One start of the server, from its first line to the next start (or the end of input)."""
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, cast
 
 from kvaudit.textsafe import printable
+from kvaudit.record import record
 
 BLOCK_SIZE = 8 << 20
 #: a line longer than this is skipped (counted, never parsed): no engine prints one, a corrupt file might
@@ -60,7 +61,7 @@ class InputError(KvauditError):
     """The input cannot be read as a log at all (empty, binary, unreadable)."""
 
 
-@dataclass(frozen=True)
+@record
 class Line:
     number: int  # 1-based line number in the input
     text: str

@@ -35,7 +35,6 @@ TurboMind's ``[TM][INFO] `` (``[TM][INFO][MMDD.HH:MM:SS.us][file.cc:N] `` and ``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
@@ -45,13 +44,14 @@ from kvaudit.parse.lines import Line
 from kvaudit.parse.vocabulary import LMDeployWords
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
+from kvaudit.record import record
 
 ENGINE = LMDeployWords.name
 
 NUM = r"(\d+(?:\.\d+)?)"
 
 
-@dataclass(frozen=True)
+@record
 class EngineConfig(Event):
     """A ``TurbomindEngineConfig(...)`` / ``PytorchEngineConfig(...)`` repr: ``backend`` turbomind | pytorch,
     ``updated`` for the "updated backend_config=" line (the engine's defaults filled in), the settings it names."""
@@ -61,7 +61,7 @@ class EngineConfig(Event):
     settings: tuple[tuple[str, float], ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Reading(RankEvent):
     """One number a line states. Keys: block_mib (TurboMind block, MiB as printed), block_mib_truncated (1 when the
     line prints an integer: ``>> 20``), max_block_count, chunk_size, object_budget_mib, object_free_mib,
@@ -73,14 +73,14 @@ class Reading(RankEvent):
     value: float = 0.0
 
 
-@dataclass(frozen=True)
+@record
 class ModelArch(Event):
     """The architecture the TurboMind model config names (``model_arch = X`` / ``"model_arch": "X",``)."""
 
     name: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Release(Event):
     """The release a line names (``lmdeploy check_env``'s "LMDeploy: 0.10.2+...")."""
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Sample:
     name: str
     labels: dict[str, str] = field(default_factory=dict)

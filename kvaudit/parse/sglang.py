@@ -30,6 +30,7 @@ from kvaudit.parse.lines import Line
 from kvaudit.parse.vocabulary import SGLangWords
 from kvaudit.versions import VersionRange, narrow, parse_version, resolve
 from kvaudit.versions import clue as _clue
+from kvaudit.record import record
 
 ENGINE = SGLangWords.name
 
@@ -40,7 +41,7 @@ NEWEST_KNOWN = (0, 5, 23)
 # events
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class ServerArgs(Event):
     """``server_args=ServerArgs(...)`` (through 0.5.18) or ``server_args={...}`` (0.5.19+): the launch arguments."""
 
@@ -48,7 +49,7 @@ class ServerArgs(Event):
     form: str = "repr"  # "repr" (ServerArgs(...), <=0.5.18) or "dict" (0.5.19+)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class DistInit(RankEvent):
     """``Init torch distributed ends. [elapsed=.. s, ]mem usage=X GB`` (0.4.4-0.5.20) or
     ``Memory baseline taken. mem usage=X GB`` (0.5.21+): NCCL/custom all-reduce buffers."""
@@ -57,14 +58,14 @@ class DistInit(RankEvent):
     begin_avail_gib: float | None = None  # 0.1.x "Init torch begin. Avail mem=X GB"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class WeightBegin(RankEvent):
     """``Load weight begin. avail mem=X GB``."""
 
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class WeightEnd(RankEvent):
     """``Load weight end. ...``: the model's type, dtype and quantisation, free memory and the weights' size."""
 
@@ -76,7 +77,7 @@ class WeightEnd(RankEvent):
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class KVAlloc(RankEvent):
     """``KV Cache is allocated. [dtype: D, ][#tokens: N, ](K size: X GB, V size: Y GB|KV size: X GB)``."""
 
@@ -98,7 +99,7 @@ class KVAlloc(RankEvent):
         return None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class OtherPool(RankEvent):
     """Pools beside the main KV cache: Mamba state, the SWA pool summary, DeepSeek-V4 pools."""
 
@@ -108,7 +109,7 @@ class OtherPool(RankEvent):
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class MemoryProfile(RankEvent):
     """``Memory profiling: available_gpu_memory=X GB, total_gpu_memory=T GB, mem_fraction_static=F,
     rest_memory=R GB`` (DeepSeek-V4 launch builds, 2026-04..05, ``profile_available_bytes`` beside
@@ -121,7 +122,7 @@ class MemoryProfile(RankEvent):
     rest_gib: float = 0.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class DSv4Calc(RankEvent):
     """``DSv4 memory calculation: bytes_per_full_token=B, available_bytes=A GB, full_token=N`` (launch builds,
     ``DSv4MemoryCalculator.calculate_pool_sizes``), ``DSV4 memory calculation: ...`` in the same shape (0.5.12..0.5.19,
@@ -136,14 +137,14 @@ class DSv4Calc(RankEvent):
     effective_gib: float | None = None  # "effective_available_bytes=" (HiSparse builds)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class PoolEnd(RankEvent):
     """``Memory pool end. avail mem=X GB``."""
 
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class GraphBegin(RankEvent):
     """``Capture [NAME] cuda graph begin. ...``, with the free memory where the line states it."""
 
@@ -151,7 +152,7 @@ class GraphBegin(RankEvent):
     avail_gib: float | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class GraphEnd(RankEvent):
     """``Capture [NAME] cuda graph end. ...``: the time, the graphs' memory and the free memory it states."""
 
@@ -161,14 +162,14 @@ class GraphEnd(RankEvent):
     elapsed_s: float | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class KVBudget(RankEvent):
     """``The available memory for KV cache is X GB`` (some 0.5.x releases): the engine's own ``rest``, GiB."""
 
     gib: float = 0.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class SchedulerSummary(Event):
     """The scheduler's summary: ``max_total_num_tokens=N, chunked_prefill_size=..., ...``."""
 
@@ -183,7 +184,7 @@ class SchedulerSummary(Event):
     tagged_rank: Rank | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class HiCacheHost(RankEvent):
     """A HiCache host pool: host RAM (pinned), never GPU memory. ``Allocating X GB host memory for hierarchical KV
     cache`` (0.4.2-0.5.16, ``memory_pool_host.py``); 0.5.17+ ``pool_host/base.py``: ``Allocating <label>
@@ -196,7 +197,7 @@ class HiCacheHost(RankEvent):
     what: str = "hierarchical KV cache"
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class PostCaptureKV(RankEvent):
     """Post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``, opt-in, 0.5.16+;
     ``model_runner_components/kv_pool_runtime.py`` ``compute_post_capture_kv_resize``): the pool re-sized after
@@ -211,7 +212,7 @@ class PostCaptureKV(RankEvent):
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class HiCacheAutoSize(RankEvent):
     """``HiCache auto-sizing: ratio R0 -> R1; X GiB host memory per rank (fraction F, N ranks on this host), host
     pools Y GiB.`` (0.5.22+, ``mem_cache/hicache_auto_size.py``, PR 40135): the default --hicache-ratio lowered
@@ -223,14 +224,14 @@ class HiCacheAutoSize(RankEvent):
     host_pools_gib: float = 0.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class KVDtype(RankEvent):
     """``Using KV cache dtype: D``."""
 
     dtype: str = ""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class CapWarning(RankEvent):
     """``max_total_tokens=N is larger than the profiled value P``."""
 
@@ -238,14 +239,14 @@ class CapWarning(RankEvent):
     profiled: int = 0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class SpecReset(Event):
     """``Max running requests is reset to N for speculative decoding``."""
 
     max_running_requests: int = 48
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class RequestsReduced(Event):
     """``max_running_requests was reduced from the requested R to A (per dp worker) due to the available KV cache
     capacity.`` (srt/mem_cache/kv_cache_configurator.py ``resolve_max_num_reqs``, 0.5.2x): the concurrency the
@@ -255,7 +256,7 @@ class RequestsReduced(Event):
     applied: int = 0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class NsaModel(Event):
     """The engine says the model runs DeepSeek sparse attention (the NSA pool, ``NSATokenToKVPool``):
     ``Set NSA backends for <dtype> KV Cache: prefill=..., decode=...`` (server_args.py
@@ -268,7 +269,7 @@ class NsaModel(Event):
     backends: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class RocmSign(Event):
     """SGLang's own words that it runs on ROCm, printed only under ``is_hip()``: server_args.py's ``Setting page
     size to 1 for DeepSeek DSA on ROCm.``, ``Detected ROCm and MXFP4 quantization format ...`` (0.5.9) and
@@ -277,7 +278,7 @@ class RocmSign(Event):
     custom_all_reduce.py's ``[AR] Using AiterCustomAllreduce (AMD default)`` (0.5.7+). ``text`` says which."""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class AiterFractionKept(RankEvent):
     """0.5.19+ (``arg_groups/attention_hook.py``, PR 37242): ``attention_backend=aiter with context_len=N (>8192)
     normally scales mem_fraction_static by 0.85 ..., but SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set, so
@@ -286,14 +287,14 @@ class AiterFractionKept(RankEvent):
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class MfsAdjust(RankEvent):
     """0.4.2-0.4.8: ``Automatically reduce --mem-fraction-static to X because this is a multimodal model.``"""
 
     mem_fraction_static: float = 0.0
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class SlidingWindowSplit(RankEvent):
     """``Use Sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S``."""
 
@@ -301,7 +302,7 @@ class SlidingWindowSplit(RankEvent):
     swa_tokens: int | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Failure(RankEvent):
     """A line that says the startup failed, or is about to.
 

@@ -44,7 +44,6 @@ stripped: every pattern is searched anywhere in the line.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Iterable, cast
 
 from kvaudit.parse.patterns import lazy
@@ -54,26 +53,27 @@ from kvaudit.parse.lines import Line
 from kvaudit.parse.vocabulary import TRTLLMWords
 from kvaudit.versions import VersionRange, parse_version, resolve
 from kvaudit.versions import clue as _clue
+from kvaudit.record import record
 
 ENGINE = TRTLLMWords.name
 
 NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 
 
-@dataclass(frozen=True)
+@record
 class Banner(Event):
     version: str | None = None
     backend: str | None = None  # "pytorch" | "tensorrt"
 
 
-@dataclass(frozen=True)
+@record
 class ModelPath(Event):
     """The checkpoint directory (its config.json sizes the KV cache)."""
 
     path: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Reading(RankEvent):
     """One number from a memory line (GiB unless the key says otherwise): total_gib, peak_gib, available_gib,
     fraction, bytes_per_token, fixed_cost_bytes, tmp_kv_gib, weights_gib, weights_in_torch_gib,
@@ -85,7 +85,7 @@ class Reading(RankEvent):
     value: float = 0.0
 
 
-@dataclass(frozen=True)
+@record
 class KVAllocation(RankEvent):
     """``[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N).``: the pool the C++ manager
     allocated (the PyTorch backend logs it twice: the temporary profiling cache, then the final one)."""
@@ -94,7 +94,7 @@ class KVAllocation(RankEvent):
     tokens: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class Cap(RankEvent):
     """A user setting that bounds the pool: ``kind`` max_tokens | max_gpu_total_bytes | both_set (the
     fraction-and-max_tokens warning, also logged for the profiling cache and the estimate's write-back)."""
@@ -106,7 +106,7 @@ class Cap(RankEvent):
     fraction: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class WindowPool(RankEvent):
     """Variable sliding-window attention (VSWA): one window size's share of the pool (C++ ``BlockManager``)."""
 
@@ -115,7 +115,7 @@ class WindowPool(RankEvent):
     primary_blocks: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class WindowNote(RankEvent):
     """``Attention window size W exceeds upper bound N for available blocks. Reducing to N.`` and its follow-up
     ``Adjusted window size W to N in blocks_per_window`` (``resource_manager.py``
@@ -127,7 +127,7 @@ class WindowNote(RankEvent):
     bound: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class ComponentRow(RankEvent):
     """A row of the executor's OOM table under 'Previously created components and free GPU memory before/after
     creation (GiB):' (``py_executor_creator.py`` ``_maybe_explain_if_oom``, 1.0+): the free memory before and after
@@ -138,7 +138,7 @@ class ComponentRow(RankEvent):
     after_gib: float = 0.0
 
 
-@dataclass(frozen=True)
+@record
 class WindowVector(RankEvent):
     """``Adjusted max_attention_window_vec to [w, ...]``: the attention window of each layer group after the cut;
     more than one distinct value is variable sliding-window attention (VSWA)."""

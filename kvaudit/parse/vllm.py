@@ -36,6 +36,7 @@ from kvaudit.parse.request_time import SERVING, SERVING_WITHIN
 from kvaudit.parse.vocabulary import VLLMWords
 from kvaudit.versions import VersionRange, resolve
 from kvaudit.versions import clue as _clue
+from kvaudit.record import record
 
 ENGINE = VLLMWords.name
 
@@ -43,14 +44,14 @@ NUM = r"(-?\d+(?:\.\d+)?)"
 GI = r"\s?(?:GiB|GB|Gib)"
 
 
-@dataclass(frozen=True)
+@record
 class Banner(Event):
     version: str | None = None
     engine_kind: str | None = None  # "V0" | "V1"
     config: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record
 class Reading(RankEvent):
     """One number from a memory line: ``key`` names it (total_gib, util, requested_gib, weights_gib,
     non_torch_gib, activation_gib, kv_gib, graph_gib, graph_estimate_gib, equiv_util, ...)."""
@@ -59,13 +60,13 @@ class Reading(RankEvent):
     value: float = 0.0
 
 
-@dataclass(frozen=True)
+@record
 class Blocks(RankEvent):
     gpu_blocks: int = 0
     cpu_blocks: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class KVTokens(Event):
     tokens: int = 0
     device: str = "GPU"  # 0.31+: the first word is the device (GPU, XPU, ...)
@@ -73,7 +74,7 @@ class KVTokens(Event):
     dp: int | None = None  # the EngineCore_DPn that logged it (each data-parallel engine has its own pool)
 
 
-@dataclass(frozen=True)
+@record
 class HybridLayout(Event):
     """A hybrid (attention + Mamba/GDN) model's unified page: the attention block size the engine chose so that
     an attention page is at least a Mamba page, and how much the Mamba page was padded to match it exactly."""
@@ -82,7 +83,7 @@ class HybridLayout(Event):
     mamba_padding_pct: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Setting(Event):
     """A setting the engine states on a line of its own rather than in the args: ``mamba_cache_mode``
     ("Mamba cache mode is set to 'align' ...", ``config/vllm.py`` 0.2x), ``max_num_batched_tokens`` ("Chunked
@@ -97,7 +98,7 @@ class Setting(Event):
     extra: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class AutoFit(Event):
     """0.14+ ``--max-model-len -1`` (auto): the context length the KV memory allows."""
 
@@ -107,7 +108,7 @@ class AutoFit(Event):
     host_gib: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Concurrency(Event):
     max_model_len: int = 0
     factor: float = 0.0

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
 from kvaudit.planning.model import Draft, ModelSizes, Observed, Plan, PlanInput, model_key
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class PlanRequest:
     """The command line, as given."""
 

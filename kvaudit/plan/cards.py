@@ -11,12 +11,12 @@ total less a driver reserve. kvaudit plan does not model them and says so rather
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Card:
     key: str
     name: str  # as nvidia-smi / rocm-smi name it

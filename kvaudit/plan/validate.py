@@ -11,14 +11,14 @@ checkpoint's bytes; "not predictable": nothing gave the weights (a log names no 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 from kvaudit.planning.model import Observed, PlanInput
 
 
-@dataclass(frozen=True)
+@record
 class Case:
     host: str
     family_seen: bool | None  # None: not predictable

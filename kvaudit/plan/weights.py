@@ -18,10 +18,10 @@ import json
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 
 #: a header is at most a few MiB for the largest models (one entry per tensor: DeepSeek-V3's largest shard header
 #: is under 200 KiB); a hostile length is refused before it is read (json.loads of 100 MiB costs 1.2 GB)
@@ -37,7 +37,7 @@ class WeightsError(KvauditError):
     pass
 
 
-@dataclass(frozen=True)
+@record
 class Weights:
     total_bytes: int
     source: str  # "safetensors headers (N files)" | "model.safetensors.index.json total_size"

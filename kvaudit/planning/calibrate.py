@@ -11,9 +11,9 @@ from the family, and for the logs' rounding (+-0.005 GiB per logged value).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvaudit.record import record
 from kvaudit.planning.model import Observed, PlanInput
 
 #: a logged GiB value is rounded to two decimals
@@ -34,7 +34,7 @@ OTHER_TP_GIB = 0.5
 RUN_TO_RUN_GIB = 0.02
 
 
-@dataclass(frozen=True)
+@record
 class Observation:
     lo: float
     hi: float

@@ -9,9 +9,9 @@ when they were observed, wide when they are assumed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvaudit.model_config import ModelGeometry
+from kvaudit.record import record
 
 CALIBRATED, FORMULA, ASSUMED, GIVEN = "calibrated", "formula", "assumed", "given"
 #: the release's own value of a setting the command line did not give (the fraction): exact, as a formula's term
@@ -25,7 +25,7 @@ def model_key(geom: ModelGeometry) -> str:
             f"{geom.kv_lora_rank or geom.head_dim or 0}d")
 
 
-@dataclass(frozen=True)
+@record
 class Term:
     key: str  # stable: t_gib, weights_gib, post_load_free_gib, reserve_gib, rest_gib, bytes_per_token, ...
     label: str
@@ -44,7 +44,7 @@ class Term:
         return self.lo == self.hi
 
 
-@dataclass(frozen=True)
+@record
 class Draft:
     """A speculative draft model: its algorithm, its config's geometry and its checkpoint's bytes (None: not read)."""
 
@@ -59,7 +59,7 @@ class Draft:
         return self.geometry.num_nextn_predict_layers or self.geometry.num_layers
 
 
-@dataclass(frozen=True)
+@record
 class ModelSizes:
     """The config.json sizes that the engines' profiling runs scale with (vLLM's dummy batch through the model and
     its sampler over the vocabulary), and that tell a tied lm_head; None where the config does not say."""
@@ -80,7 +80,7 @@ class ModelSizes:
     num_layers: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class PlanInput:
     engine: str
     version: str  # one release, "0.5.9"
@@ -118,7 +118,7 @@ class PlanInput:
     rocm: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     input: PlanInput
     terms: tuple[Term, ...]
@@ -140,7 +140,7 @@ class Plan:
     largest_fraction_reason: str = "the largest that still leaves the reserve what it held before"
 
 
-@dataclass(frozen=True)
+@record
 class Observed:
     """One startup's terms as the history keeps them (``kvaudit.fleet.history`` table ``startups``)."""
 

@@ -5,11 +5,11 @@ Every GiB field is a float in GiB (2**30 bytes) or ``None`` when the inputs do n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from enum import Enum
 from typing import Any
 
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 
 
 class Severity(str, Enum):
@@ -29,7 +29,7 @@ class Verdict(str, Enum):
     UNKNOWN = "unknown"  # the log lacks what the check needs
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Thresholds(Record):
     """When a number becomes a finding. All GiB unless named otherwise; see docs/findings.md."""
 
@@ -56,7 +56,7 @@ class Thresholds(Record):
         return replace(self, **pairs)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Finding(Record):
     code: str
     severity: Severity
@@ -76,7 +76,7 @@ def failures(findings) -> list["Finding"]:
     return [f for f in active(findings) if f.severity is Severity.ERROR]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class TokenInterval(Record):
     low: int
     high: int
@@ -85,7 +85,7 @@ class TokenInterval(Record):
         return self.low <= n <= self.high
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Formula(Record):
     """The engine's KV sizing formula, rerun on this startup's numbers."""
 
@@ -124,7 +124,7 @@ class Formula(Record):
     page_size_source: str | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class FormulaRow(Record):
     """One line of an engine's formula as the human reports show it; the reports do the formatting."""
 
@@ -134,7 +134,7 @@ class FormulaRow(Record):
     source: str = ""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class LedgerItem(Record):
     key: str  # stable identifier: weights, kv_cache, request_table, ...
     label: str
@@ -144,7 +144,7 @@ class LedgerItem(Record):
     line: int | None = None  # the log line it comes from (or, for modelled items, the line they belong to)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class RankLedger(Record):
     """One GPU: where the memory free before the weights (T on this rank) went, item by item."""
 
@@ -174,7 +174,7 @@ class RankLedger(Record):
         return None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class ModelSummary(Record):
     architecture: str | None
     attention: str  # mha | mla | unknown
@@ -190,7 +190,7 @@ class ModelSummary(Record):
     attention_tp_size_source: str | None = None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Audit(Record):
     """The whole answer for one startup."""
 
@@ -244,7 +244,7 @@ class Audit(Record):
         return max((f.severity for f in counted), key=lambda s: s.rank)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class AuditOptions(Record):
     """What the user (or a live reading) adds to the log. Every field is optional."""
 
@@ -261,7 +261,7 @@ class AuditOptions(Record):
     platform: Any = None  # kvaudit.platforms.Platform: a unified-memory device, from the log's lines or a reading
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class WhatIf(Record):
     """The same formula rerun with changed inputs, and what it would do to the reserve."""
 

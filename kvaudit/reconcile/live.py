@@ -4,13 +4,14 @@ other processes hold there, and how free memory moved since the end of startup. 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvaudit.collect.interface import Collected, ComputeApp, GpuReading, HostProcess
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Thresholds
 from kvaudit.platforms import detect
 from kvaudit.units import MIB, GIB
+from kvaudit.record import record
 
 def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[str]"]:
     """Engine processes carry the engine's name in their title (sglang::scheduler_TP3, VLLM::Worker_TP0)."""
@@ -18,7 +19,7 @@ def _patterns(names: tuple[str, ...]) -> tuple["re.Pattern[str]", "re.Pattern[st
     return re.compile(rf"(?:{alt})\S*?(?:TP|_tp|rank)[_=]?(\d+)", re.I), re.compile(alt, re.I)
 
 
-@dataclass(frozen=True)
+@record
 class ForeignProcess:
     """One process on a GPU and what it holds there: another tenant's (``GpuLedger.foreign``, the name it has had
     since before kvaudit told the engine's own apart), or the engine's, or an orphan's."""
@@ -55,7 +56,7 @@ PAGE_CACHE_MIN_GIB = 1.0
 PAGE_CACHE_WARN_FRACTION = 0.1
 
 
-@dataclass(frozen=True)
+@record
 class GpuLedger:
     index: int
     uuid: str
@@ -80,7 +81,7 @@ class GpuLedger:
     orphaned: tuple[ForeignProcess, ...] = ()  # engine processes of no live start (not in ``foreign``)
 
 
-@dataclass(frozen=True)
+@record
 class _Roles:
     """Whose each process is: the engine's start (``engine``: known where a cgroup or the start's own PID names
     it), an engine's process of no live start (``orphans``: titled as an engine's worker, outside this start, and

@@ -6,11 +6,11 @@ renderer module is imported only when its format is chosen (the CLI starts witho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Callable, Iterable
 
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 
 
 class FormatError(KvauditError):
@@ -22,7 +22,7 @@ def _fn(path: str) -> Callable[..., str]:
     return getattr(import_module(module), name)
 
 
-@dataclass(frozen=True)
+@record
 class Format:
     """One output format. ``colour`` says whether it takes terminal colour and width; ``whatif`` whether
     ``kvaudit whatif`` and ``kvaudit history`` can write it."""

@@ -4,10 +4,10 @@ plain-language summary. Only arranges numbers the reconciler produced."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import Audit, Finding, RankLedger, Severity, Verdict
 from kvaudit.verdict import FAILURE_CODES, brief, checked, unchecked_reason
+from kvaudit.record import record
 
 COLUMNS = ("GPU", "T", "weights", "KV", "graphs", "draft", "other", "free@pool", "free@end", "unexpl.")
 #: the hybrid models' state pool gets its own column, after KV, when any rank has one
@@ -128,7 +128,7 @@ def fmt(v: float | None, signed: bool = False) -> str:
     return f"{v:+.2f}" if signed else f"{v:.2f}"
 
 
-@dataclass(frozen=True)
+@record
 class Row:
     ranks: tuple[str, ...]
     cells: tuple[str, ...]

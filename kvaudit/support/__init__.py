@@ -11,12 +11,11 @@ dtype and its platform.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.versions import Version, VersionRange, parse_version
 
 if sys.version_info >= (3, 11):
@@ -47,7 +46,7 @@ KIND_WORDS = {
 LEVELS = ("modelled", "partly", "not")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Row(Record):
     engine: str
     dimension: str
@@ -58,7 +57,7 @@ class Row(Record):
     note: str = ""
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Subject(Record):
     """What an audit is, for the table: its engine and release range, and one kind per dimension (pool kinds:
     every kind it holds)."""
@@ -70,7 +69,7 @@ class Subject(Record):
     platform: str
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Coverage(Record):
     """How much of a subject kvaudit models: the worst level over its kinds, and the rows that decided it."""
 

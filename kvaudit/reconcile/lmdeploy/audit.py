@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvaudit.parse.interface import SINGLE_RANK, Failure, Rank, Startup
 from kvaudit.parse.lmdeploy import ModelArch, Reading
@@ -15,6 +15,7 @@ from kvaudit.reconcile.interface import (Audit, AuditOptions, Finding, Formula, 
 from kvaudit.reconcile.lmdeploy.cell import Block, pytorch_block, turbomind_block
 from kvaudit.reconcile.lmdeploy.settings import Settings, build_settings
 from kvaudit.units import GIB, MIB
+from kvaudit.record import record
 
 ENGINE = "lmdeploy"
 #: half the last digit of TurboMind's "%.3f MB" block size, and of the "{:.2f} MB" SeqMgr/object-cache figures (MiB)
@@ -46,7 +47,7 @@ def missing_pool_hint(startup: Startup) -> str:
             "the PyTorch engine's CacheConfig)")
 
 
-@dataclass(frozen=True)
+@record
 class Cell:
     """Bytes per block, exact (``bytes``) when the config gives them and the block line agrees; else the block
     line's own figure as an interval (``lo``..``hi`` bytes)."""

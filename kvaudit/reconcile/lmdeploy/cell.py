@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvaudit.versions import VersionRange
+from kvaudit.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Block:
     bytes: int | None  # per block, per rank; None when the inputs (or the era) do not determine it
     tokens: int

@@ -3,7 +3,7 @@ verdict, the ledgers and the findings. Pure: no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvaudit.model_config import ModelGeometry
@@ -38,7 +38,7 @@ from kvaudit.reconcile.sglang.formula import (Prediction, Rule, explain_mismatch
                                           rules_for)
 from kvaudit.reconcile.sglang.pool import components, state_gib
 from kvaudit.reconcile.sglang.ledger import rank_ledger, request_table
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 ENGINE = "sglang"
@@ -149,7 +149,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 # the steps
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class FreeMemory(Record):
     """T (free before the weights) and post (free after them), each the minimum over ranks."""
 
@@ -162,13 +162,13 @@ class FreeMemory(Record):
         return self.T.scale(1 - mfs) if (self.T is not None and mfs is not None) else None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Fraction(Record):
     value: float | None
     source: str | None
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Cells(Record):
     """Bytes per token and where they come from; the token count the log states."""
 
@@ -180,7 +180,7 @@ class Cells(Record):
     approx: bool
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class PoolBudget(Record):
     """What a pool of N tokens (and the state pool) takes out of the budget."""
 
@@ -192,7 +192,7 @@ class PoolBudget(Record):
         return tokens * self.cell_iv.mid / GIB + (self.state.mid if self.state is not None else 0.0)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Cap(Record):
     cap: int | None  # --max-total-tokens
     probable: str | None  # why the pool looks capped although no cap is stated
@@ -200,7 +200,7 @@ class Cap(Record):
     engine_rest: float | None  # the KV budget the engine logged
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Outcome(Record):
     prediction: Prediction | None
     verdict: Verdict

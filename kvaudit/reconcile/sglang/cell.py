@@ -6,14 +6,14 @@ Upstream: ``ModelRunner.profile_max_num_token`` (0.3.0-0.5.6), ``get_cell_size_p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvaudit.model_config import DTYPE_BYTES, ModelGeometry
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding
 from kvaudit.reconcile.sglang.pool import components, kv_gib, kv_parts
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.units import GIB, LOG_HALF_ULP, MIB, Interval
 from kvaudit.versions import VersionRange
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # (c10/cuda/CUDACachingAllocator.cpp, kLargeBuffer / kRoundLarge); SGLang's pools are one tensor per layer.
 ALLOC_ROUND = 2 * MIB
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class CellSize(Record):
     profile: int  # what profile_max_num_token divides by (before any draft inflation)
     pool: int  # bytes per token the pool tensors really hold

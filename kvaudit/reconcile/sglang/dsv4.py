@@ -29,13 +29,13 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import DSv4Calc, MemoryProfile, OtherPool, SchedulerSummary
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.values import as_float, as_int
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
 
 #: the line's two-decimal print of bytes per full token (``{:.2f}``)
@@ -49,7 +49,7 @@ RULE = ("DeepSeek-V4: full_token = int(available_bytes / bytes_per_full_token) /
         "(DSv4MemoryCalculator / DSV4PoolConfigurator.calculate_pool_sizes)")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class DSv4Check(Record):
     calc: DSv4Calc
     cell: Interval  # bytes per full token, as printed

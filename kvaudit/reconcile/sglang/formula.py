@@ -13,12 +13,11 @@ from 0.5.14 the draft's layers inflate the cell.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.sglang.context import Context
 from kvaudit.reconcile.values import as_float, as_int
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import Version, VersionRange
 
@@ -28,7 +27,7 @@ def min_interval(values: list[Interval]) -> Interval | None:
     return Interval(min(v.lo for v in values), min(v.hi for v in values))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Rule(Record):
     name: str
     lo: Version
@@ -59,7 +58,7 @@ def rules_for(era: VersionRange, spec: bool) -> list[Rule]:
 
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class Prediction(Record):
     tokens: TokenInterval
     rule: Rule

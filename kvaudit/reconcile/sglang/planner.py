@@ -15,7 +15,7 @@ into tokens, so a plan calibrated on one startup and that startup's what-if give
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, cast
 
 from kvaudit.parse.sglang import NEWEST_KNOWN
@@ -28,6 +28,7 @@ from kvaudit.reconcile.sglang.cell import CellSize, cell_size
 from kvaudit.reconcile.sglang.formula import predict, rules_for
 from kvaudit.units import GIB, Interval
 from kvaudit.versions import VersionRange
+from kvaudit.record import record
 
 #: what is gone between the card's memory.total and SGLang's T, when no startup on this card says (GiB), by the
 #: number of ranks. T is ``get_available_gpu_memory`` (``torch.cuda.mem_get_info``'s free, the minimum over the TP
@@ -88,7 +89,7 @@ def t_offset(ranks: int, on_rocm: bool = False) -> tuple[float, float]:
     return T_OFFSET_GIB[1] if ranks <= 1 else T_OFFSET_GIB[2]
 
 
-@dataclass(frozen=True)
+@record
 class _Settings:
     """What :func:`predict` reads of an audit's context: the release, the server args, the page size."""
 

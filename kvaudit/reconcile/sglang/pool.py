@@ -16,17 +16,16 @@ DeepSeek-V3.2's NSA indexer buffers sit inside the MLA line. Each component beco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from kvaudit.parse.sglang import KVAlloc
 from kvaudit.reconcile.sglang.facts import RankFacts
-from kvaudit.record import Record
+from kvaudit.record import Record, record
 
 #: ledger keys of the components that hold KV tensors (the rest are state and other pools)
 KV_KEYS = ("kv_cache", "kv_cache_swa")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@record
 class PoolComponent(Record):
     key: str  # ledger item key
     label: str

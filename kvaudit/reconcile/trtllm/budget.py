@@ -13,11 +13,12 @@ from kvaudit.reconcile.trtllm.cell import Cell
 from kvaudit.reconcile.trtllm.context import Context
 from kvaudit.reconcile.trtllm.facts import Pool
 from kvaudit.units import GIB, LOG_HALF_ULP
+from kvaudit.record import record
 
 BUDGET_TOLERANCE_GIB = 0.02  # three logged 2-decimal values through a fraction below 1
 
 
-@dataclass(frozen=True)
+@record
 class Free:
     """What the fraction was applied to on one rank, as an interval: (total - peak + temporary KV) on the
     PyTorch path (each term +-0.005), the logged ``available`` on the C++ path."""
@@ -137,7 +138,7 @@ def round_up(tokens: int, block: int) -> int:
     return math.ceil(tokens / block) * block
 
 
-@dataclass(frozen=True)
+@record
 class Prediction:
     interval: TokenInterval | None
     verdict: Verdict

@@ -4,7 +4,6 @@ model config (``KVCacheManager.get_cache_bytes_per_token``), else derived from t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvaudit.model_config import ModelGeometry
 from kvaudit.reconcile import findings as F
@@ -12,6 +11,7 @@ from kvaudit.reconcile.interface import Finding
 from kvaudit.reconcile.trtllm.context import Context
 from kvaudit.reconcile.trtllm.facts import Pool
 from kvaudit.units import GIB, LOG_HALF_ULP
+from kvaudit.record import record
 
 # element sizes a KV cache is stored in (fp8/int8, fp4, bf16/fp16, fp32), tried when the dtype was assumed
 ELEMENT_NAMES = {1.0: "fp8 or int8", 0.5: "fp4", 2.0: "16-bit", 4.0: "fp32"}
@@ -28,7 +28,7 @@ def cell_size(geom: ModelGeometry, tp: int, elt: float) -> tuple[int, str]:
     return int(2 * geom.num_layers * h * hd * elt), f"K+V {h} head(s) x {hd} x {geom.num_layers} layers x {elt:g} B"
 
 
-@dataclass(frozen=True)
+@record
 class Cell:
     bytes: int | None
     source: str | None  # config | log (kv size per token) | kv_line

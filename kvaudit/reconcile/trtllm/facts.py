@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kvaudit.parse.interface import Rank, Startup
 from kvaudit.parse.trtllm import KVAllocation, Reading
 from kvaudit.units import GIB
+from kvaudit.record import record
 
 
 #: readings only the C++ runtime of a TensorRT engine prints (not the PyTorch backend, which profiles first)
@@ -122,7 +123,7 @@ def first(facts: dict[Rank, RankFacts], key: str) -> float | None:
     return next((rr.r[key] for rr in facts.values() if key in rr.r), None)
 
 
-@dataclass(frozen=True)
+@record
 class Pool:
     """The allocated pool, per rank and the smallest (every rank runs with the smallest count)."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import dataclasses
-from dataclasses import dataclass
 
 from kvaudit.parse.vllm import AutoFit, Blocks, Concurrency, Failure, KVTokens, Setting
 from kvaudit.reconcile import findings as F
@@ -52,6 +51,7 @@ from kvaudit.reconcile.vllm.formula import (
 )
 from kvaudit.reconcile.vllm.ledger import rank_ledger
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
+from kvaudit.record import record
 
 ENGINE = "vllm"
 
@@ -106,7 +106,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
 # the steps
 
 
-@dataclass(frozen=True)
+@record
 class LoggedPool:
     """The pool the engine logged: its token count (the smallest data-parallel engine's), from its line."""
 
@@ -115,7 +115,7 @@ class LoggedPool:
     stated: bool  # a KV size or block line is in the log
 
 
-@dataclass(frozen=True)
+@record
 class KVBudgets:
     """The available KV memory per worker (K the smallest), the card's total T and the workers' budgets."""
 
@@ -128,7 +128,7 @@ class KVBudgets:
     T_note_range: tuple[float, float] | None = None  # what the note's rounding allows of that total
 
 
-@dataclass(frozen=True)
+@record
 class Cells:
     """Bytes per token, where they come from, and what the KV line implies."""
 

@@ -19,9 +19,9 @@ groups holding only a window per request; see ``SlidingWindowPool``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvaudit.model_config import ModelGeometry
+from kvaudit.record import record
 
 
 def cell_size(geom: ModelGeometry, tp: int, elt: float, pp: int = 1, split_v: bool = False) -> tuple[int, str]:
@@ -35,7 +35,7 @@ def cell_size(geom: ModelGeometry, tp: int, elt: float, pp: int = 1, split_v: bo
     return int(layers * h * (hd + vhd) * elt), f"K+V {h} head(s) x ({hd} + {vhd}) x {layers} layers x {elt:g} B"
 
 
-@dataclass(frozen=True)
+@record
 class HybridPool:
     """The group layout of a hybrid pool on one GPU."""
 
@@ -97,7 +97,7 @@ def hybrid_pool(geom: ModelGeometry, tp: int, elt: float, block_size: int) -> Hy
 SLIDING_WINDOW_ARCHS = ("Gemma3", "Gemma4")
 
 
-@dataclass(frozen=True)
+@record
 class SlidingWindowPool:
     """A sliding-window hybrid's pool on one GPU (vLLM V1 hybrid KV cache manager).
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kvaudit.parse.interface import Rank, Startup
 from kvaudit.parse.vllm import Reading
+from kvaudit.record import record
 
 
 @dataclass
@@ -39,7 +40,7 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
     return out
 
 
-@dataclass(frozen=True)
+@record
 class GraphEstimate:
     """The CUDA-graph memory the 0.18+ profiler reserved out of the KV budget, and where that number came from:
     ``Estimated CUDA graph memory`` / ``CUDA graph pool memory ... (estimated)`` (logged, 2 decimals), or the

@@ -27,13 +27,13 @@ rule is checked on its own (``Candidate``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.vllm.cell import HybridPool, SlidingWindowPool
 from kvaudit.reconcile.vllm.context import Context
 from kvaudit.reconcile.vllm.facts import RankFacts, graph_estimate
 from kvaudit.units import GIB, LOG_HALF_ULP
+from kvaudit.record import record
 
 BUDGET_TOLERANCE_GIB = 0.03  # five logged 2-decimal values
 
@@ -44,7 +44,7 @@ def estimate_applied(ctx: Context) -> bool:
     return ctx.era.lo >= (0, 20, 0) or any("equiv_util" in f.r for f in ctx.facts.values())
 
 
-@dataclass(frozen=True)
+@record
 class Budget:
     """One worker's budget as its lines state it: ``requested - sum(terms) - kv = residual``."""
 
@@ -144,7 +144,7 @@ def rule_text(ctx: Context, budgets: list[Budget], applied: bool, fixed: float |
     return base + (" - CUDA graph estimate (0.18+)" if applied else "")
 
 
-@dataclass(frozen=True)
+@record
 class Prediction:
     interval: TokenInterval | None
     verdict: Verdict
@@ -170,7 +170,7 @@ BATCHED_TOKENS_DEFAULTS = ((2048, "the API server's default on cards under 70 Gi
                            (16384, "the LLM class's default on cards of 70 GiB or more"))
 
 
-@dataclass(frozen=True)
+@record
 class Candidate:
     """One rule's prediction: the token interval and how it was computed. A verdict is taken against one rule
     at a time (never against the span of two eras' rules, which could not fail)."""
