@@ -8,13 +8,17 @@ Side by side with an earlier tree: ``BENCH_BEFORE_TREE=DIR`` (a checkout whose `
 venv, ``python -m kvaudit`` from that directory). ``BENCH_HOSTS`` (default 16) hosts at ``--parallel 4``, best of
 ``BENCH_RUNS`` (default 3). ``--profile``: the costliest functions of one host's ``check``, run in this process 20
 times over (cProfile: the main thread only, so the hosts are checked one after the other here;
-``BENCH_PROFILE_SORT=tottime`` sorts by each function's own time).
+``BENCH_PROFILE_SORT=tottime`` sorts by each function's own time). ``BENCH_HOST_INSTRUCTIONS=1`` (where valgrind is
+installed) also counts the instructions the kvaudit process executes (all its threads; its children, ``ssh -G`` and
+``ansible-inventory``, not followed) per added host: on a shared 2-core box the CPU figure moves by +-5 ms between
+runs, the instruction count does not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +66,30 @@ def measure(root: Path, trees: dict[str, Path]) -> dict[str, dict]:
         for label, tree in trees.items():
             best[label][0] = min(best[label][0], _cpu(one_cmd, tree)[0])
             best[label][1] = min(best[label][1], _cpu(all_cmd, tree)[0])
-    return {label: {"cpu_one_s": round(one, 3), "cpu_all_s": round(many, 3),
-                    "ms_per_added_host": round((many - one) / (HOSTS - 1) * 1000, 1)}
-            for label, (one, many) in best.items()}
+    res = {label: {"cpu_one_s": round(one, 3), "cpu_all_s": round(many, 3),
+                   "ms_per_added_host": round((many - one) / (HOSTS - 1) * 1000, 1)}
+           for label, (one, many) in best.items()}
+    if os.environ.get("BENCH_HOST_INSTRUCTIONS") == "1" and shutil.which("valgrind"):
+        for label, tree in trees.items():
+            one, many = _instructions(one_cmd, tree), _instructions(all_cmd, tree)
+            res[label]["m_instructions_per_added_host"] = round((many - one) / (HOSTS - 1) / 1e6, 1)
+    return res
+
+
+def _instructions(cmd: list[str], cwd: Path) -> int:
+    """The instructions the kvaudit process executes over one fleet run (valgrind's cachegrind, its threads
+    serialised; children not followed)."""
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile() as log:
+        subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                        f"--log-file={log.name}", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       cwd=cwd, env={**os.environ, "PYTHONHASHSEED": "0"}, check=False)
+        m = re.search(r"I\s+refs:\s+([\d,]+)", Path(log.name).read_text())
+    if m is None:
+        raise SystemExit(f"host CPU: valgrind gave no instruction count for {cmd}")
+    return int(m.group(1).replace(",", ""))
 
 
 def profile(root: Path) -> None:
@@ -111,7 +136,9 @@ def main() -> dict:
         if label in res:
             r = res[label]
             print(f"  {label:7} {r['ms_per_added_host']:6.1f} ms per added host (1 host {r['cpu_one_s']:.2f} s, "
-                  f"{HOSTS} hosts {r['cpu_all_s']:.2f} s of CPU)")
+                  f"{HOSTS} hosts {r['cpu_all_s']:.2f} s of CPU)"
+                  + (f"; {r['m_instructions_per_added_host']:.1f} M instructions per added host"
+                     if "m_instructions_per_added_host" in r else ""))
     return res
 
 

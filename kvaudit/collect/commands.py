@@ -111,6 +111,12 @@ def _grep_filter(anchors: tuple[bytes, ...]) -> str:
     return shlex.join(argv) + " | " + shlex.join(["cut", "-c", f"1-{MAX_LINE}"])
 
 
+@functools.lru_cache(maxsize=64)  # the same window and anchors for every host of an engine: quoted once (issue 40)
+def _quoted_tail(args: tuple[str, ...], anchors: tuple[bytes, ...]) -> str:
+    """A command's last words, shell-quoted: a startup window's arguments, then the anchors (~150 words)."""
+    return shlex.join([*args, *(a.decode("latin-1") for a in anchors)])
+
+
 def _journal_base(directory: str | None) -> list[str]:
     return ["journalctl", "--no-pager", "-q"] + (["--directory", directory] if directory else [])
 
@@ -145,9 +151,10 @@ def journal_lines(unit: str, invocation: str | None, directory: str | None, anch
     """The lines of the unit's latest invocation (all its starts when there is no id). With a ``window`` and an
     invocation, read through the startup's ready line only (JOURNAL_WINDOW_SCRIPT)."""
     if invocation and window is not None and window.ready:
-        return shlex.join(["sh", "-c", JOURNAL_WINDOW_SCRIPT, "sh", directory or "",
-                           f"_SYSTEMD_INVOCATION_ID={invocation}", *window.args,
-                           *(a.decode("latin-1") for a in anchors)])
+        head = shlex.join(["sh", "-c", JOURNAL_WINDOW_SCRIPT, "sh", directory or "",
+                           f"_SYSTEMD_INVOCATION_ID={invocation}"])
+        tail = _quoted_tail(window.args, anchors)
+        return f"{head} {tail}" if tail else head
     match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else [f"--unit={unit}"]
     return shlex.join(_journal_base(directory) + match + ["-o", "cat", "-a"]) + " | " + _grep_filter(anchors)
 
@@ -475,11 +482,24 @@ def _is_allowed(command: str) -> bool:
 def _stage_allowed(stage: str, first: bool) -> bool:
     if first and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
         stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
-    try:
-        argv = shlex.split(stage)
-    except ValueError:
-        return False
-    return bool(argv) and shlex.join(argv) == stage and _argv_ok(argv)
+    argv = _joined_words(stage)
+    return argv is not None and bool(argv) and shlex.join(argv) == stage and _argv_ok(argv)
+
+
+#: one word as ``shlex.quote`` writes it: plain (its safe characters) or single-quoted, a single quote inside as
+#: '"'"' (the form of ``quote``'s output; anything else in a stage is not one of kvaudit's commands)
+_WORD = r"""[\w@%+=:,./-]+|'[^']*'(?:"'"'[^']*')*"""
+_JOINED = re.compile(rf"(?:{_WORD})(?: (?:{_WORD}))*", re.ASCII)
+_WORDS = re.compile(_WORD, re.ASCII)
+
+
+def _joined_words(stage: str) -> list[str] | None:
+    """The words of a stage written as ``shlex.join`` writes them, as ``shlex.split`` reads them; None when it is not
+    in that form. One regex pass: ``shlex.split`` reads a character at a time in Python (the host script's ~370
+    words, ~2 ms a host whose script's arguments differ from the last host's: issue 40)."""
+    if _JOINED.fullmatch(stage) is None:
+        return None
+    return [w if w[0] != "'" else w[1:-1].replace("'\"'\"'", "'") for w in _WORDS.findall(stage)]
 
 
 # --- the whole collection in one exec -----------------------------------------------------------------------
@@ -622,11 +642,10 @@ def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, 
                 model: str | None, cap: int, fragments: tuple[str, ...], anchors: tuple[bytes, ...],
                 smi_timeout: int = SMI_TIMEOUT_S, window: StartupWindow | None = None) -> str:
     """The one exec that collects everything (see HOST_SCRIPT)."""
-    argv = ["sh", "-c", HOST_SCRIPT, "sh", nonce, kind, unit or "", directory or "", source or "", model or "",
-            str(cap), str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout)))),
-            *(window or StartupWindow()).args,
-            *(a.decode("latin-1") for a in anchors)]
-    return shlex.join(argv)
+    words = shlex.join([nonce, kind, unit or "", directory or "", source or "", model or "", str(cap),
+                        str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout))))])
+    tail = _quoted_tail((window or StartupWindow()).args, anchors)
+    return _SCRIPT_HEAD + words + (f" {tail}" if tail else "")
 
 
 #: how a command that is the host script begins, for naming it (a name of its own: is_allowed's _SCRIPT_HEAD, the

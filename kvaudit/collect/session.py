@@ -565,12 +565,32 @@ class ScriptPart:
 _TIMED_OUT = b"[kvaudit: timed out]"
 
 
+#: what follows a part's begin marker (its tab-separated header) and its end marker (its exit status)
+_HEAD_FIELDS = re.compile(rb"((?:\t[^\t\n]*)*)\n")
+_END_STATUS = re.compile(rb"(\d{1,3})\n")
+
+
+def _framed(data: bytes, marker: bytes, rest: re.Pattern[bytes], pos: int,
+            endpos: int) -> list[tuple[int, int, bytes]]:
+    """The non-overlapping ``marker`` + ``rest`` matches in ``data[pos:endpos]``, left to right, as ``finditer``
+    of the two as one pattern finds them (the marker holds the host's nonce: one compiled pattern for every host,
+    not two compiled per host): (the marker's start, the match's end, ``rest``'s group 1) each."""
+    found = []
+    while (i := data.find(marker, pos, endpos)) >= 0:
+        m = rest.match(data, i + len(marker), endpos)
+        if m is None:
+            pos = i + 1
+            continue
+        found.append((i, m.end(), m.group(1)))
+        pos = m.end()
+    return found
+
+
 def script_parts(res: CommandResult, nonce: bytes) -> list[ScriptPart]:
     """The host script's parts, in order: each one's header (kind and arguments), status, stdout and stderr.
     A part whose stdout or stderr framing is not whole is left out (the session runs that command on its own),
     except the one a timeout stopped: it is kept as that command's timed-out result, as it would have been."""
-    begin = re.compile(rb"\n@@" + nonce + rb" begin((?:\t[^\t\n]*)*)\n")
-    end = re.compile(rb"\n@@" + nonce + rb" end (\d{1,3})\n")
+    begin, end = b"\n@@" + nonce + b" begin", b"\n@@" + nonce + b" end "
     err_begin, err_end = b"\n@@" + nonce + b" begin\n", b"\n@@" + nonce + b" end\n"
     errs: list[bytes] = []
     at = 0
@@ -580,20 +600,21 @@ def script_parts(res: CommandResult, nonce: bytes) -> list[ScriptPart]:
             break
         errs.append(res.stderr[i + len(err_begin):j])
         at = j + len(err_end)
-    heads = list(begin.finditer(res.stdout))
+    heads = _framed(res.stdout, begin, _HEAD_FIELDS, 0, len(res.stdout))
     parts: list[ScriptPart] = []
     each = res.seconds / max(1, len(heads))
     timed_out = res.rc is None and _TIMED_OUT in res.stderr
     for n, head in enumerate(heads):
-        words = head.group(1).decode("utf-8", "surrogateescape").split("\t")[1:]
+        _, head_end, fields = head
+        words = fields.decode("utf-8", "surrogateescape").split("\t")[1:]
         kind, args = (words[0], tuple(words[1:])) if words else ("", ())
-        stop = heads[n + 1].start() if n + 1 < len(heads) else len(res.stdout)
-        closing = end.search(res.stdout, head.end(), stop + 1)
+        stop = heads[n + 1][0] if n + 1 < len(heads) else len(res.stdout)
+        closing = next(iter(_framed(res.stdout, end, _END_STATUS, head_end, stop + 1)), None)
         if closing is None or n >= len(errs):
             if timed_out and n == len(heads) - 1:  # where the time ran out: as that command's own timeout
-                parts.append(ScriptPart(kind, args, None, res.stdout[head.end():], _TIMED_OUT, each))
+                parts.append(ScriptPart(kind, args, None, res.stdout[head_end:], _TIMED_OUT, each))
             break  # later parts are not framed whole either
-        parts.append(ScriptPart(kind, args, int(closing.group(1)), res.stdout[head.end():closing.start()],
+        parts.append(ScriptPart(kind, args, int(closing[2]), res.stdout[head_end:closing[0]],
                                 errs[n], each))
     return parts
 
