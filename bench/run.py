@@ -86,11 +86,12 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     big = generate(OUT / "log-1g.log", 1 << 30)
     small = generate(OUT / "log-64m.log", 64 << 20)
-    from kvaudit.explain import _engine_from_head
+    from kvaudit.explain import _engine_from_head, scan_anchors
+    from kvaudit.parse.lines import with_transport
 
-    with big.open("rb") as fh:  # the anchors kvaudit itself scans this file with
-        engine = _engine_from_head(fh)
-    used = engine.words.anchors if engine else all_anchors()
+    with big.open("rb") as fh:  # the anchors kvaudit itself scans this file with (until 2026-12-02 this took the
+        engine = _engine_from_head(fh)  # engine's alone: 27 of the 41, and rg alone looked 1.4x faster than it is)
+    used = with_transport(scan_anchors(engine))
     pattern = "|".join(re.escape(a.decode()) for a in used)
     pattern_all = "|".join(re.escape(a.decode()) for a in all_anchors())
     cenv = dict(os.environ, LC_ALL="C")

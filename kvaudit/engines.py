@@ -75,6 +75,11 @@ class Engine:
             p = _PARSERS[self.name] = getattr(import_module(module), cls)()
         return p
 
+    def preload(self) -> None:
+        """Import its grammar and formula now (``kvaudit explain`` does it while its scanner reads a log)."""
+        self.parser  # noqa: B018 - the property imports the grammar
+        import_module(self.formula)
+
     @property
     def reconcile(self) -> Callable[[Startup, AuditOptions, int], Audit]:
         return import_module(self.formula).reconcile

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from collections import deque
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, cast
+from typing import BinaryIO, Callable, Iterable, Iterator, cast
 
 from kvaudit.textsafe import printable
 from kvaudit.record import record
@@ -305,8 +305,11 @@ def scanner() -> list[str] | None:
     return [grep, "-a", "-n", "-F"] if grep else None
 
 
-def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None) -> Iterator[Line]:
-    """Like :func:`scan`, with ripgrep or grep (:func:`scanner`) selecting the lines when one exists."""
+def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | None = None,
+              while_scanning: Callable[[], object] | None = None) -> Iterator[Line]:
+    """Like :func:`scan`, with ripgrep or grep (:func:`scanner`) selecting the lines when one exists.
+    ``while_scanning`` is called once the scanner runs, before its first line is read: work the caller needs next
+    (a grammar's import) done on this core while the scanner reads a big file on another."""
     anchors = with_transport(anchors)
     stats = stats if stats is not None else ScanStats()
     base = scanner()
@@ -326,6 +329,8 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         feeder = threading.Thread(target=_feed, args=(proc, head, stream, stats), daemon=True)
         feeder.start()
     assert proc.stdout is not None
+    if while_scanning is not None:
+        while_scanning()
     last = 0
 
     def selected() -> Iterator[tuple[int, bytes]]:
