@@ -78,6 +78,7 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
             r["failed"] = c.get("outcome", "started") != "started"
             r["configuration"] = c.get("failure") == "configuration"  # refused by the engine before any memory
             r["not_caught"] = c.get("not_caught")
+            r["caught"] = c.get("caught")  # called by a threshold chosen after this case pointed at it: not blind
             r["engine"] = c["engine"].split("==")[0]
             rows.append(r)
     sized = [r for r in rows if "lo" in r and r["logged"] is not None and r["logged"] > 0]
@@ -97,6 +98,7 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
         "failed_planned_no_or_at_risk": sum(r.get("starts") in ("no", "at risk") for r in failed),
         "failed_from_memory_planned_no_or_at_risk": sum(r.get("starts") in ("no", "at risk") for r in memory),
         "not_caught": [f"{r['id']}: {r['not_caught']}" for r in failed if r["not_caught"]],
+        "caught_after_seen": [r["id"] for r in rows if r["caught"]],
         "distinct_configurations": len({json.dumps({k: v for k, v in c.items() if k not in ("id", "max_model_len",
                                                                                           "logged", "source")},
                                                    sort_keys=True) for c in data["cases"]}),
@@ -133,6 +135,9 @@ def measure(path: Path, show: bool = True) -> dict[str, Any]:
               f"{summary['started_planned_at_risk']}")
         for line in summary["not_caught"]:
             print(f"  not caught: {line[:150]}")
+        if summary["caught_after_seen"]:
+            print(f"  called by a threshold chosen after they pointed at it (a fit, not a measure): "
+                  f"{', '.join(summary['caught_after_seen'])}")
     return summary
 
 

@@ -329,8 +329,6 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
         feeder = threading.Thread(target=_feed, args=(proc, head, stream, stats), daemon=True)
         feeder.start()
     assert proc.stdout is not None
-    if while_scanning is not None:
-        while_scanning()
     last = 0
 
     def selected() -> Iterator[tuple[int, bytes]]:
@@ -340,7 +338,12 @@ def scan_fast(stream: BinaryIO, anchors: tuple[bytes, ...], stats: ScanStats | N
             yield number, body
 
     try:
+        if while_scanning is not None:
+            while_scanning()  # inside the try: an import that fails still ends the scanner below
         yield from _kept(selected(), stats)
+    except BaseException:
+        proc.kill()  # nobody reads the rest (an error, Ctrl-C, the reader stopped): not a whole file's scan to wait for
+        raise
     finally:
         proc.stdout.close()
         err = proc.stderr.read(4096) if proc.stderr else b""

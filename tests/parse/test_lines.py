@@ -165,3 +165,34 @@ def test_a_flood_of_anchor_lines_keeps_the_first_and_last_and_says_how_many_it_s
     notes = " ".join(r.json()["notes"])
     assert "memory line(s) skipped" in notes and f"the last {FLOOD_KEEP:,}" in notes, notes
     assert took < 60, took  # was about 120 s on the development machine; bounded now (a margin for a loaded one)
+
+
+def _children() -> set[int]:
+    """This process's child processes (every thread's: /proc/self/task/*/children)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("scanner", SCANNERS)
+def test_work_done_while_the_scanner_reads_that_fails_ends_the_scanner(tmp_path, monkeypatch, scanner):
+    """scan_fast's ``while_scanning`` (explain imports the engine's grammar there) runs once the scanner has
+    started: when it raises (an import error, Ctrl-C), the scanner is ended and reaped, not left reading."""
+    monkeypatch.setenv("KVAUDIT_SCANNER", scanner)
+    big = tmp_path / "big.log"
+    with big.open("wb") as out:
+        for _ in range(400):
+            out.write(KIMI_LOG.read_bytes())
+    before = _children()
+
+    def fail() -> None:
+        raise KeyboardInterrupt
+
+    with big.open("rb") as fh, pytest.raises(KeyboardInterrupt):
+        list(L.scan_fast(fh, (b"KV Cache",), L.ScanStats(), while_scanning=fail))
+    assert _children() <= before
