@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from kvaudit.collect.interface import NO_CONFIG, SMI_FAILED, SMI_MISSING
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 import fnmatch
 from dataclasses import replace
-from kvaudit.record import record
 
 
 class IgnoreError(KvauditError):

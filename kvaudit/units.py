@@ -8,6 +8,7 @@ SGLang figure in decimal GB (10**9 bytes).
 """
 
 from __future__ import annotations
+
 from kvaudit.record import record
 
 

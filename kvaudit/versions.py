@@ -7,6 +7,7 @@ memory line. Each shape narrows the range; the intersection is the era the log c
 from __future__ import annotations
 
 import re
+
 from kvaudit.record import record
 
 Version = tuple[int, ...]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
+
 from kvaudit.record import record
 
 #: the most seconds one nvidia-smi may take (it answers in about a second; a hung driver never does)
@@ -153,8 +154,7 @@ def journal_lines(unit: str, invocation: str | None, directory: str | None, anch
     if invocation and window is not None and window.ready:
         head = shlex.join(["sh", "-c", JOURNAL_WINDOW_SCRIPT, "sh", directory or "",
                            f"_SYSTEMD_INVOCATION_ID={invocation}"])
-        tail = _quoted_tail(window.args, anchors)
-        return f"{head} {tail}" if tail else head
+        return f"{head} {_quoted_tail(window.args, anchors)}"  # a window's arguments are never empty
     match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else [f"--unit={unit}"]
     return shlex.join(_journal_base(directory) + match + ["-o", "cat", "-a"]) + " | " + _grep_filter(anchors)
 
@@ -483,7 +483,7 @@ def _stage_allowed(stage: str, first: bool) -> bool:
     if first and stage.startswith("docker logs ") and stage.endswith(" 2>&1"):
         stage = stage[: -len(" 2>&1")]  # docker writes the container's stderr to its own stderr
     argv = _joined_words(stage)
-    return argv is not None and bool(argv) and shlex.join(argv) == stage and _argv_ok(argv)
+    return argv is not None and shlex.join(argv) == stage and _argv_ok(argv)  # _JOINED holds a word at least
 
 
 #: one word as ``shlex.quote`` writes it: plain (its safe characters) or single-quoted, a single quote inside as
@@ -644,8 +644,7 @@ def host_script(nonce: str, kind: str, unit: str | None, directory: str | None, 
     """The one exec that collects everything (see HOST_SCRIPT)."""
     words = shlex.join([nonce, kind, unit or "", directory or "", source or "", model or "", str(cap),
                         str(len(fragments)), *fragments, str(max(1, min(99_999, int(smi_timeout))))])
-    tail = _quoted_tail((window or StartupWindow()).args, anchors)
-    return _SCRIPT_HEAD + words + (f" {tail}" if tail else "")
+    return f"{_SCRIPT_HEAD}{words} {_quoted_tail((window or StartupWindow()).args, anchors)}"
 
 
 #: how a command that is the host script begins, for naming it (a name of its own: is_allowed's _SCRIPT_HEAD, the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import field
 from typing import Protocol
+
 from kvaudit.record import record
 
 #: how the partial sentences begin for what could not be read (the session writes them; ignores.STATES and the

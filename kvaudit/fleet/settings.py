@@ -27,6 +27,7 @@ is trusted."""
 from __future__ import annotations
 
 from kvaudit.errors import KvauditError
+from kvaudit.record import record
 import math
 import os
 import re
@@ -34,7 +35,6 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
-from kvaudit.record import record
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import field
 from typing import Any
+
 from kvaudit.record import record
 
 
