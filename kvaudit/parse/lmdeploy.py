@@ -8,7 +8,7 @@ Format strings, per release (InternLM/lmdeploy tags v0.1.0..v0.16.0; docs/lmdepl
   "[BlockManager.cc:NN]" in the prefix instead of the "[BlockManager]" tag (0.13-0.14); "max_block_count = N" and
   "chunk_size = N" after it in the same shapes. 0.15+ has no block manager: ``turbomind.cc`` prints "Object cache
   budget: X MB from free Y MB and ratio R" (bytes, not tokens).
-* ``SequenceManager.cc`` (0.13+, models with linear-attention layers): "[SeqMgr] Adjusting block_count: free_before
+* ``SequenceManager.cc`` (0.12.3-0.14, models with linear-attention layers): "[SeqMgr] Adjusting block_count: free_before
   A MB, linear B MB, target C MB", "[SeqMgr] Adjusted block_count to N", and the error "[SeqMgr] Linear-state
   memory (A MB) >= cache budget (B MB)".
 * ``LlamaBatch.cc``: "No enough blocks for `session_len` (A), `session_len` truncated to B." (0.2.6-0.11),
@@ -225,7 +225,10 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
         if m:
             for key, value in zip(("free_before_mib", "linear_mib", "target_mib"), m.groups()):
                 read(key, value)
-            return ev, clues + [_clue((0, 13, 0), (0, 14, 99), "'[SeqMgr] Adjusting block_count' (0.13-0.14)")]
+            # from "Optimize Qwen3.5" (#4434, 764f35a) first tagged in v0.12.3, under the old "[TM][INFO] " prefix
+            # there, to v0.14 (#4717 replaced it with the object cache in v0.15)
+            return ev, clues + [_clue((0, 12, 3), (0, 14, 99),
+                                      "'[SeqMgr] Adjusting block_count' (0.12.3-0.14)")]
         m = _ADJUSTED.search(t)
         if m:
             read("adjusted_blocks", m.group(1))

@@ -90,6 +90,22 @@ def test_linear_state_models_take_the_state_out_first():
     assert a.formula.verdict == Verdict.MISMATCH and "TOKENS_MISMATCH" in codes
 
 
+def test_linear_state_lines_under_the_old_prefix_are_0_12_3():
+    """The [SeqMgr] lines arrived in v0.12.3 (#4434), whose TurboMind still prints "[TM][INFO] " and
+    "[BlockManager] block_size = X.XXX MB": the two clues meet at 0.12.3, neither is set aside, and the formula is
+    the same as 0.13-0.14's: (16,384.00 - 1,024.00) MiB / 10 MiB = 1,536 blocks."""
+    log = ("[TM][INFO] [SeqMgr] Adjusting block_count: free_before 20480.00 MB, linear 1024.00 MB, target 16384.00 MB\n"
+           "[TM][INFO] [SeqMgr] Adjusted block_count to 1536\n"
+           "[TM][INFO] [BlockManager] block_size = 10.000 MB\n"
+           "[TM][INFO] [BlockManager] max_block_count = {n}\n")
+    a, codes, j = run(log.format(n=1536))
+    assert a.engine_version == "0.12.3..0.12.99"
+    assert not any("contradicts" in e for e in a.version_evidence)
+    assert a.formula.verdict == Verdict.MATCH and j.status == "ok"
+    a, codes, j = run(log.format(n=1400))
+    assert a.formula.verdict == Verdict.MISMATCH and "TOKENS_MISMATCH" in codes
+
+
 def test_the_object_cache_is_bytes_and_is_checked_as_such():
     """0.15+: budget = floor(free x ratio): 81,920.00 MiB x 0.800 = 65,536.00 MiB; no token count to check."""
     ok, codes, j = run("[TM][INFO][0801.10:00:00.000001][turbomind.cc:303] Object cache budget: 65536.00 MB from free "
