@@ -2,7 +2,13 @@
 
 Engine-neutral: the fields are read here, and each engine's formula module turns them into its own bytes
 per token. Multimodal configs nest the language model under ``text_config`` (Kimi-K2.5, Qwen-VL, Gemma 3,
-Llama 4, ...); ``llm_config`` and ``language_config`` are read the same way.
+Llama 4, ...); ``llm_config`` and ``language_config`` are read the same way. The Qwen omni family nests it two
+levels down, ``thinker_config.text_config`` (Qwen2.5-Omni, Qwen3-Omni, Qwen3-ASR): vLLM reads the same sub-config,
+``ModelConfig.hf_text_config = get_hf_text_config(hf_config)`` = ``config.get_text_config()``, which those config
+classes override to ``self.thinker_config.get_text_config()`` (vLLM ``transformers_utils/configs/qwen3_asr.py``
+``Qwen3ASRConfig``; transformers ``Qwen2_5OmniConfig``, ``Qwen3OmniMoeConfig``). Only these keys are descended:
+an ``audio_config``/``vision_config`` encoder or a ``talker_config`` (a second decoder vLLM's engine does not run)
+is never taken for the language model.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from kvaudit.record import record
 MAX_CONFIG_BYTES = 4 << 20
 
 _NESTED_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
+#: how deep the language model may sit: thinker_config.text_config is two levels (the omni family)
+_NESTED_DEPTH = 2
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -193,15 +201,37 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 _SWA_FAMILIES = ("gemma2", "gemma3", "gemma4", "cohere2", "mimo", "gpt_oss")
 
 
-def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
-    outer = raw
-    cfg = raw
+def _is_text_model(d: dict[str, Any]) -> bool:
+    return "num_hidden_layers" in d or str(d.get("model_type")) in _FAMILY_DEFAULTS
+
+
+def _text_config(raw: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
+    """The path from the config down to the language model's sub-config (``[raw]`` when it is flat): the first
+    text key (``_NESTED_KEYS``, in order) that holds a model, else one that holds another text key that does
+    (``thinker_config`` -> ``text_config``), at most ``_NESTED_DEPTH`` levels down. A sub-config under any other
+    key (an audio or vision encoder, a talker) is never entered."""
+    if depth >= _NESTED_DEPTH:
+        return [raw]
     for key in _NESTED_KEYS:
         inner = raw.get(key)
-        if isinstance(inner, dict) and ("num_hidden_layers" in inner
-                                        or str(inner.get("model_type")) in _FAMILY_DEFAULTS):
-            cfg = inner
-            break
+        if isinstance(inner, dict) and _is_text_model(inner):
+            return [raw, inner]
+    for key in _NESTED_KEYS:
+        inner = raw.get(key)
+        if isinstance(inner, dict):
+            deeper = _text_config(inner, depth + 1)
+            if len(deeper) > 1:
+                return [raw, *deeper]
+    return [raw]
+
+
+def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
+    outer = raw
+    chain = _text_config(raw)
+    cfg = chain[-1]
+    # settings a nested model leaves to the config around it (Qwen3-ASR states its dtype on thinker_config), the
+    # nearest first
+    around = chain[-2::-1]
     family = _FAMILY_DEFAULTS.get(str(cfg.get("model_type")), {})
     filled = tuple(k for k in family if k not in cfg)
     if filled:
@@ -248,7 +278,8 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         incomplete = (f"{family_name} config with sliding_window but no layer split kvaudit can read "
                       "(layer_types / sliding_window_pattern): its sliding-window pools are not modelled")
 
-    quant = outer.get("quantization_config") or cfg.get("quantization_config") or {}
+    quant = outer.get("quantization_config") or next(
+        (c["quantization_config"] for c in chain[:0:-1] if c.get("quantization_config")), None) or {}
     kv_algo = quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
     archs = outer.get("architectures") or cfg.get("architectures") or [None]
     if not isinstance(archs, list) or not archs:
@@ -267,8 +298,8 @@ def geometry_from_dict(raw: dict[str, Any], source: str) -> ModelGeometry:
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope,
         index_head_dim=_int(cfg, "index_head_dim", source=source),
-        torch_dtype=printable(str(cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or ""))[:64]
-        or None,
+        torch_dtype=printable(str(next((c.get("torch_dtype") or c.get("dtype") for c in (cfg, *around)
+                                        if c.get("torch_dtype") or c.get("dtype")), "")))[:64] or None,
         kv_cache_quant_algo=str(kv_algo) if kv_algo else None,
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers", source=source),
         full_attention_layers=full or None,

@@ -5,6 +5,9 @@ system memory, and ``cudaMemGetInfo`` (what SGLang's ``avail mem`` and vLLM's fr
 memory the process may still take, which the OS, the page cache and every other program move. The engines' formulas
 run unchanged on it, but T is then system memory, not a card's capacity, and "raise the fraction" takes memory from
 the host itself.
+
+vLLM's CPU backend has no device memory at all: its KV cache is host memory of a set size, ``VLLM_CPU_KVCACHE_SPACE``
+(``platforms/cpu.py``), and gpu_memory_utilization sizes nothing there (``Platform.cpu``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ from kvaudit.record import record
 class Platform:
     name: str
     unified_memory: bool
+    #: no device memory: the engine runs on the host's CPUs and its KV cache is a set amount of host memory
+    cpu: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The support table's platform kind (kvaudit.support.KINDS["platform"])."""
+        return "cpu" if self.cpu else "unified" if self.unified_memory else "discrete"
 
 
 #: SGLang's own line when nvidia-smi cannot give the card's memory (0.5.x ``get_device_memory_capacity`` in
@@ -43,11 +53,19 @@ _MARKERS: tuple[tuple[LazyPattern, Platform], ...] = (
      Platform("an integrated GPU (unified memory)", True)),
     (FALLBACK, Platform("a device whose memory nvidia-smi cannot report (the engine fell back to torch's reading)",
                         True)),
+    # vLLM's CPU backend, in its own words: platforms/__init__.py "Automatically detected platform cpu.", the
+    # VLLM_CPU_KVCACHE_SPACE warning (executor/cpu_executor.py 0.6, platforms/cpu.py 0.7-0.14: "(GB|GiB) for CPU
+    # backend is not set, using 4 by default", 0.14 "not set. Using X GiB for KV cache"), V0's block line with the
+    # platform's device name (executor_base.py 0.7-0.10: "# cpu blocks: N") and cpu_worker.py's errors
+    (lazy(r"Automatically detected platform cpu\.|VLLM_CPU_KVCACHE_SPACE(?: \(Gi?B\) for CPU backend is "
+          r"not set| not set\. Using)|# cpu blocks: \d|Try increasing `VLLM_CPU_KVCACHE_SPACE`"),
+     Platform("vLLM's CPU backend (the KV cache is host memory of a set size)", False, cpu=True)),
 )
 
 #: bytes that select the lines carrying a marker (the scan's anchors: parse.lines keeps only anchored lines)
 ANCHORS: tuple[bytes, ...] = (b"GB10", b"sm121", b"sm_121", b"Jetson", b"Orin", b"Thor", b"MI300A", b"is_integrated",
-                              b"cudaDevAttrIntegrated", b"Falling back to torch.cuda.mem_get_info")
+                              b"cudaDevAttrIntegrated", b"Falling back to torch.cuda.mem_get_info",
+                              b"detected platform cpu", b"VLLM_CPU_KVCACHE_SPACE", b"# cpu blocks")
 #: the same words as text: a line holding none of them names no platform (no regex runs on it)
 _WORDS: tuple[str, ...] = tuple(a.decode() for a in ANCHORS)
 

@@ -106,7 +106,7 @@ def settle(a: Audit, geometry: Any = None) -> Audit:
     a = _checks_that_can_fail(a)
     findings = _token_findings(list(a.findings), a.formula)
     findings = _incomplete(findings, a)
-    findings = _advice_for_the_platform(findings, a.platform is not None, a.coverage)
+    findings = _advice_for_the_platform(findings, a.platform is not None and a.platform_kind != "cpu", a.coverage)
     findings = _one_account_per_gib(findings)
     findings = _causes_that_hold(findings, a.ranks)
     findings = _assumptions_said(findings, a.formula, a.model)
@@ -137,7 +137,8 @@ def subject_of(a: Audit, geometry: Any = None) -> support.Subject:
     if a.speculative and "draft" not in kinds:
         kinds.append("draft")
     return support.Subject(a.engine, support.release_range(a.engine_version), tuple(dict.fromkeys(kinds)),
-                           support.kv_dtype_kind(a.model.kv_dtype), "unified" if a.platform else "discrete")
+                           support.kv_dtype_kind(a.model.kv_dtype),
+                           a.platform_kind or ("unified" if a.platform else "discrete"))
 
 
 def _within_the_model(a: Audit, geometry: Any) -> Audit:

@@ -10,7 +10,9 @@ reference, section 1.4; docs/vllm-log-grammar.md has the table):
   instance can use total_gpu_memory (T GiB) x gpu_memory_utilization (u) = R GiB" / "model weights take
   ...; the rest of the memory reserved for KV Cache is K GiB."), and the column-aligned table some builds print;
 * blocks: "# GPU blocks: %d, # CPU blocks: %d" (also "# CUDA blocks", "# cuda blocks", V1 0.6.4-0.7 without
-  CPU blocks), "num_gpu_blocks is: %d"; V1 tokens: "GPU KV cache size: %s tokens" (``v1/core/kv_cache_utils.py``),
+  CPU blocks), "num_gpu_blocks is: %d"; the CPU backend's pool: "# CPU blocks: %d" alone (executor/cpu_executor.py
+  0.4-0.6) and "# cpu blocks: %d, # CPU blocks: 0" (executor_base.py 0.7-0.10 names the platform's device), with its
+  KV space from the VLLM_CPU_KVCACHE_SPACE warning (the ``cpu_kvcache_space`` Setting); V1 tokens: "GPU KV cache size: %s tokens" (``v1/core/kv_cache_utils.py``),
   "Maximum concurrency for %s tokens per request: %.2fx";
 * V1 budget: "Available KV cache memory: %.2f GiB" (``v1/worker/gpu_worker.py``, every worker), the
   "Free memory on device (F/T GiB) on startup ..." suggestion and error lines, kv_cache_memory_bytes;
@@ -63,7 +65,8 @@ class Reading(RankEvent):
 @record
 class Blocks(RankEvent):
     gpu_blocks: int = 0
-    cpu_blocks: int | None = None
+    cpu_blocks: int | None = None  # the swap blocks beside the pool (V0)
+    device: str = "GPU"  # the pool's device as the line names it; "cpu": the CPU backend's pool, in host memory
 
 
 @record
@@ -149,7 +152,12 @@ _V0_TABLE = lazy(
 _TABLE_WORDS = lazy(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can use|model weights take|"
                           r"non_torch_memory|activation peak memory|available_kv_cache_memory|duration")
 _PROFILE_TIME = lazy(r"Memory profiling takes " + NUM + r" seconds")
-_BLOCKS = lazy(r"(?:#\s*)?\b(?:GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+_BLOCKS = lazy(r"(?:#\s*)?\b(GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu|cpu|CPU) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+#: the CPU backend's KV space (GiB) when VLLM_CPU_KVCACHE_SPACE is not set: its default, said by a warning
+#: (executor/cpu_executor.py 0.4-0.6 "(GB)", platforms/cpu.py 0.7-0.11 "(GiB) ... using 4 by default"), or the size
+#: 0.14 chose from the free host memory and printed (format_gib: 0.01 GiB). A set value is never logged
+_CPU_SPACE = lazy(r"VLLM_CPU_KVCACHE_SPACE \(Gi?B\) for CPU backend is not set, using (\d+) by default|"
+                  r"VLLM_CPU_KVCACHE_SPACE not set\. Using " + NUM + r" GiB for KV cache")
 _NUM_BLOCKS = lazy(r"num_gpu_blocks is: (\d+)")
 #: where engine/llm_engine.py logs its "# GPU blocks" line in each 0.2-0.3 release (the logger's ``file:line``,
 #: read in the wheels): the line number tells the release where the banner names none (0.2.6 and 0.2.7 print the
@@ -468,6 +476,11 @@ def parse_line(line: Line) -> _Parsed:
     m = _KV_SCALE_DEFAULT.search(t) if "KV cache scaling factor 1.0" in t else None
     if m:
         return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
+    m = _CPU_SPACE.search(t) if "VLLM_CPU_KVCACHE_SPACE" in t else None
+    if m:
+        if m.group(1) is not None:
+            return _Parsed([Setting(n, t, "cpu_kvcache_space", "default", float(m.group(1)))], [])
+        return _Parsed([Setting(n, t, "cpu_kvcache_space", "chosen", float(m.group(2)))], [])
     m = _PROFILE_TIME.search(t) if "Memory profiling takes" in t else None
     if m:
         read(m, (("profile_s", 1),))
@@ -619,9 +632,14 @@ def parse_line(line: Line) -> _Parsed:
     blocks_m = None if num else (_BLOCKS.search(t) if "blocks: " in t else None)
     m = num or blocks_m
     if m:
-        cpu = int(blocks_m.group(2)) if blocks_m is not None and blocks_m.group(2) else None
-        ev.append(Blocks(n, t, rank_at(m), "target", int(m.group(1)), cpu))
-        if blocks_m is not None and "CPU blocks" not in t:
+        cpu = int(blocks_m.group(3)) if blocks_m is not None and blocks_m.group(3) else None
+        word = blocks_m.group(1) if blocks_m is not None else "GPU"
+        device = "cpu" if word in ("cpu", "CPU") else word
+        count = int(num.group(1)) if num is not None else int(blocks_m.group(2))  # type: ignore[union-attr]
+        ev.append(Blocks(n, t, rank_at(m), "target", count, cpu, device))
+        if word == "CPU":  # executor/cpu_executor.py (0.4-0.6): the CPU backend's pool, "# CPU blocks: %d" alone
+            clues.append(_clue((0, 4, 0), (0, 6, 99), "the CPU backend's '# CPU blocks' line alone"))
+        elif blocks_m is not None and "CPU blocks" not in t:
             clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
         elif "# cuda blocks" in t:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))

@@ -220,6 +220,9 @@ class Audit(Record):
     from_endpoint: bool = False
     #: the platform the audit ran on when it is not a card of its own (kvaudit.platforms), e.g. unified memory
     platform: str | None = None
+    #: that platform's kind in the support table (kvaudit.support.KINDS["platform"]): "unified" or "cpu"; None
+    #: with no platform named (a card of its own)
+    platform_kind: str | None = None
     #: the pool kinds this startup holds, as the engine read them (kvaudit.support.KINDS["pool"]: dense, mla, nsa,
     #: swa, mamba, dsv4, encoder_decoder, draft); empty: the verdict tells them from the config and the audit
     pool_kinds: tuple[str, ...] = ()
@@ -258,7 +261,7 @@ class AuditOptions(Record):
     gpu_capacity_gib: float | None = None  # the card's CUDA-visible total, when known (NVML)
     thresholds: Thresholds = field(default_factory=Thresholds)
     hypothetical: bool = False  # a what-if: the log's KV lines describe other settings than these
-    platform: Any = None  # kvaudit.platforms.Platform: a unified-memory device, from the log's lines or a reading
+    platform: Any = None  # kvaudit.platforms.Platform: unified memory or a CPU backend, from the log or a reading
 
 
 @record

@@ -403,7 +403,8 @@ def _node_problems(audit: Audit | None, c: Collected, ledgers: tuple[GpuLedger, 
             f"pid {r['pid']} ({r['title']}) holds {r['gib'] if r['gib'] is not None else '?'} GiB of GPU {r['gpu']} "
             f"({r['rank']}) while {r['how']}: memory the engine cannot use and no one is using; {fix}",
             {k: v for k, v in r.items() if k != "how"}, (r["rank"],) if r["rank"] else ()))
-    unified = (audit is not None and audit.platform is not None) or detect(g.name for g in c.gpus) is not None
+    unified = (audit is not None and audit.platform is not None and audit.platform_kind != "cpu") or any(
+        p.unified_memory for p in (detect([g.name]) for g in c.gpus) if p is not None)
     mem = dict(c.meminfo_mib)
     # Cached counts shared memory too (tmpfs, /dev/shm: NCCL's and the engine's own buffers), which drop_caches
     # cannot free: it is kept apart where the host said it (older captures hold no Shmem line)

@@ -27,7 +27,7 @@ def colour(text: str, code: str, color: bool) -> str:
 
 def logged_tokens_text(f: Formula, dash: str) -> str:
     """The logged token count, marked ``~`` when the log gives it only abridged ("273K")."""
-    if not f.logged_tokens:
+    if f.logged_tokens is None:
         return dash
     return ("~" if f.logged_tokens_approximate else "") + f"{f.logged_tokens:,}"
 
@@ -170,7 +170,8 @@ def render_one(a: Audit, color: bool = False, legend: bool = True, extra: tuple 
               + (" (assumed)" if (m.attention_tp_size_source or "").startswith("assumed") else ""))
              if m.attention_tp_size else None,
              f"speculative {a.speculative}" if a.speculative else None,
-             (f"on {a.platform} (unified memory)" if "(" not in a.platform else  # a sentence: not two brackets
+             (f"on {a.platform}" if a.platform_kind == "cpu" else
+              f"on {a.platform} (unified memory)" if "(" not in a.platform else  # a sentence: not two brackets
               f"unified memory, on {a.platform}") if a.platform else None]
     L.extend(wrap(", ".join(x for x in model if x), "  ", width))
     L.append("")

@@ -31,7 +31,7 @@ DIMENSIONS = ("pool", "kv_dtype", "platform")
 KINDS = {
     "pool": ("dense", "mla", "nsa", "swa", "mamba", "dsv4", "encoder_decoder", "draft"),
     "kv_dtype": ("16bit", "fp8", "fp4", "int8", "int4", "mixed"),
-    "platform": ("discrete", "unified"),
+    "platform": ("discrete", "unified", "cpu"),
 }
 #: how each kind reads in a sentence
 KIND_WORDS = {
@@ -41,7 +41,7 @@ KIND_WORDS = {
     "encoder_decoder": "encoder-decoder caches", "draft": "a speculative draft", "16bit": "a 16-bit KV cache",
     "fp8": "an FP8 KV cache", "fp4": "an FP4 KV cache", "int8": "an INT8 KV cache", "int4": "an INT4 KV cache",
     "mixed": "different K and V element types", "discrete": "a card with memory of its own",
-    "unified": "unified memory",
+    "unified": "unified memory", "cpu": "a CPU backend (KV cache in host memory)",
 }
 LEVELS = ("modelled", "partly", "not")
 

@@ -36,9 +36,10 @@ from kvaudit.reconcile.vllm.checks import (
     rank_findings,
 )
 from kvaudit.reconcile.values import as_int
-from kvaudit.reconcile.vllm.context import Context, build_context
+from kvaudit.reconcile.vllm.context import CPU_BLOCKS, Context, build_context
 from kvaudit.reconcile.vllm.facts import first
 from kvaudit.reconcile.vllm.formula import (
+    CLAMP_SOURCE,
     Budget,
     Prediction,
     block_interval,
@@ -63,11 +64,24 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     pool_seen = logged_pool(ctx)
     kv = kv_budgets(ctx)
     cells, geometry = bytes_per_token(ctx, kv, pool_seen)
-    pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs)
+    pred = _predict(ctx, kv.K, kv.T, pool_seen.logged, pool_seen.event, cells, kv.kvs, kv.exact)
+    if ctx.cpu and ctx.block_source.startswith("default") and pred.verdict == Verdict.MISMATCH:
+        # the CPU backend's block is 16, or 128 with IPEX (CPU_BLOCKS), and a log rarely says which: the one that
+        # gives the logged pool is named; with neither, the mismatch stands against the first
+        for block, why in CPU_BLOCKS[1:]:
+            trial = dataclasses.replace(ctx, block_size=block, block_source=f"default ({why})", notes=list(ctx.notes))
+            seen2 = logged_pool(trial)
+            cells2, geometry2 = bytes_per_token(trial, kv, seen2)
+            pred2 = _predict(trial, kv.K, kv.T, seen2.logged, seen2.event, cells2, kv.kvs, kv.exact)
+            if pred2.verdict == Verdict.MATCH:
+                ctx, pool_seen, cells, geometry, pred = trial, seen2, cells2, geometry2, pred2
+                ctx.notes.append(f"block size {why}: the one that gives the logged pool (the log does not state it)")
+                break
     formula = formula_of(ctx, kv, pool_seen, cells, pred, applied)
     if pred.verdict == Verdict.MATCH:  # the worked formula; the verdict raises TOKENS_* (kvaudit.verdict, rule 6)
-        formula = dataclasses.replace(formula, check_text=_match_text(kv.K, cells.cell, ctx.block_size, cells.pool,
-                                                                       cells.swa))
+        formula = dataclasses.replace(formula, check_text=(
+            pred.reason if pool_seen.logged == 0 and kv.K is not None and kv.K + LOG_HALF_ULP <= 0 else
+            _match_text(kv.K, cells.cell, ctx.block_size, cells.pool, cells.swa)))
     peers = list(ctx.facts.values())
     ledgers = tuple(rank_ledger(i, ctx.facts[r], ctx, applied, peers, kv.T or kv.T_note)
                     for i, r in enumerate(sorted(ctx.facts)))
@@ -89,14 +103,14 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         formula_text=(f"KV = {(formula.rule or '').split(': ', 1)[-1]};  " + (
             "tokens = floor(KV / (bytes per token x block)) x block" if cells.pool is None and cells.swa is None
             else "blocks = KV // page // group size; tokens per the release's count (see the predicted row)")),
-        formula_rows=(
+        formula_rows=(() if ctx.cpu else (  # the CPU backend: no device total, no fraction
             FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
             FormulaRow("gpu_memory_utilization", ctx.util, "", ctx.util_source or ""),
-            FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"),
+            FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"))) + (
             FormulaRow("available KV cache memory (min)", kv.K, "GiB",
+                       _cpu_budget_said(ctx) if ctx.cpu else
                        "the KV budget" + (f" (seen on {_seen_text(kv.kvs)})" if kv.kvs and "all" not in kv.kvs
-                                          else "")),
-        ),
+                                          else "")),),
         pre_load_label="total",
         budget_other_label="what the budget holds besides the KV cache (weights, activation peak, non-torch memory)",
     )
@@ -126,6 +140,7 @@ class KVBudgets:
     T_note: float | None  # a total recovered from the CUDA-graph note, when no line states it
     budgets: tuple[Budget, ...]
     T_note_range: tuple[float, float] | None = None  # what the note's rounding allows of that total
+    exact: bool = False  # K is a size set in whole GiB (the CPU backend's default space), not a 0.01 GiB print
 
 
 @record
@@ -195,6 +210,15 @@ def kv_budgets(ctx: Context) -> KVBudgets:
         notes.append(f"{who} fixed the KV cache at {min(fixed)} GiB: gpu_memory_utilization and "
                      "the profiling budget do not apply")
     notes.extend(plan)
+    exact = False
+    if ctx.cpu and not kvs and ctx.cpu_space is not None:
+        # the CPU backend: the budget is VLLM_CPU_KVCACHE_SPACE (platforms/cpu.py), not total x util - usage
+        gib, how, at = ctx.cpu_space
+        kvs, exact = {"all": gib}, how == "default"
+        notes.append("the CPU backend's KV budget is VLLM_CPU_KVCACHE_SPACE: " + (
+            f"not set, so its default of {gib:g} GiB (line {at}'s warning; a default, not a measurement)"
+            if how == "default" else f"not set, so {gib:g} GiB, the share of free host memory vLLM chose and printed "
+                                     f"(line {at}, to 0.01 GiB)"))
     K = min(kvs.values()) if kvs else None
     totals = [rr.r["total_gib"] for rr in facts.values() if "total_gib" in rr.r]
     T = min(totals) if totals else None
@@ -228,15 +252,15 @@ def kv_budgets(ctx: Context) -> KVBudgets:
                             else f"({u_note} - {equiv})")
                          + " x total, both rounded: every figure derived from it carries that interval")
     peers = list(facts.values())
-    budgets = [] if fixed else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
-                                if b is not None]
+    budgets = [] if fixed or ctx.cpu else [b for b in (budget(rr, ctx, T or T_note, peers) for rr in facts.values())
+                                           if b is not None]
     for rr in facts.values():
         if "external_weights_gib" in rr.r:
             notes.append(f"{rr.rank.display}: {rr.r['external_weights_gib']:.2f} GiB of weights are held by another "
                          f"process (0.32+): of the {rr.r.get('budget_gib', 0):.2f} GiB budget, "
                          f"{rr.r.get('engine_budget_gib', 0):.2f} GiB remained for the engine")
             break
-    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range)
+    return KVBudgets(kvs, min(fixed) if fixed else None, K, T, T_note, tuple(budgets), T_range, exact)
 
 
 def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> tuple[Cells, tuple[Finding, ...]]:
@@ -375,7 +399,8 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         logged_tokens=seen.logged,
         verdict=pred.verdict,
         verdict_reason=pred.reason,
-        rule=rule_text(ctx, list(kv.budgets), applied, kv.fixed),
+        rule=("CPU backend: VLLM_CPU_KVCACHE_SPACE (host memory of a set size; no fraction applies)" if ctx.cpu
+              else rule_text(ctx, list(kv.budgets), applied, kv.fixed)),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
         # "default (16 on CUDA)" when neither the args nor a hybrid layout line set it: not "log"
@@ -446,7 +471,20 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
             kv.K is not None or ctx.startup.of(Blocks)):
         # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
         # failed or cut startup that logged neither sized nothing with it
-        notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
+        if not ctx.cpu:
+            notes.append("block size 16 is vLLM's CUDA default; the log does not state it")
+        elif not any(n.startswith("block size ") for n in notes):
+            notes.append(f"block size {ctx.block_source[len('default ('):-1]}: the log does not state it (128, "
+                         "the default with IPEX, is tried when 16 does not give the logged pool)")
+
+
+def _cpu_budget_said(ctx: Context) -> str:
+    """What the CPU backend's budget is, for its formula row: the space the log states, or that none does."""
+    if ctx.cpu_space is None:
+        return "VLLM_CPU_KVCACHE_SPACE, set in the environment: no line states it"
+    gib, how, at = ctx.cpu_space
+    return (f"VLLM_CPU_KVCACHE_SPACE's default (line {at}'s warning), not a measurement" if how == "default" else
+            f"VLLM_CPU_KVCACHE_SPACE unset: the share of free host memory vLLM chose (line {at})")
 
 
 def _mamba_line(ctx: Context) -> int | None:
@@ -530,7 +568,8 @@ def _match_equation(logged: int, K: float, cell: int, block: int, rule: str) -> 
             f"({K - LOG_HALF_ULP:.3f}..{K + LOG_HALF_ULP:.3f})")
 
 
-def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str, float]) -> Prediction:
+def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str, float],
+             exact: bool = False) -> Prediction:
     cell, bpt_source, pool, swa = cells.cell, cells.source, cells.pool, cells.swa
     if logged_ev is not None and logged_ev.with_host:
         return Prediction(None, Verdict.UNKNOWN, f"the {logged_ev.device} + host count ({logged:,} tokens) includes "
@@ -546,6 +585,10 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
             count += f" line (only the error names the pool: {named[1]}, line {named[0]})"
         died = next((f for f in ctx.startup.of(Failure) if f.kind in ("no_kv_memory", "kv_needed", "free_memory")),
                     None)
+        if ctx.cpu and K is None and logged is not None:
+            return Prediction(None, Verdict.UNKNOWN, (
+                "the CPU backend's KV budget is VLLM_CPU_KVCACHE_SPACE, and no line states it (set in the "
+                "environment: vLLM warns only when it is not set): the pool is read, not checked"))
         if logged is None and named is None and (died is not None or (K is not None and K <= 0)):
             # the engine stopped before it made a pool: nothing is missing from the log (ux audit item 36)
             why = (f"the KV budget was {K} GiB" if K is not None and K <= 0 else
@@ -572,13 +615,20 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     if pool is not None or swa is not None:
         return _predict_grouped(ctx, K, logged, pool, swa)
     assert cell is not None  # bpt_source "config" above: the config gave bytes per token
-    interval = block_interval(K, cell, block)
+    interval = block_interval(K, cell, block, exact)
     # V1 >= 0.21 reports int(concurrency x max_model_len), not blocks x block_size: allow one block
     slack = block if ctx.era.hi is None or ctx.era.hi >= (0, 21, 0) else 0
-    rule = f"floor({K} GiB / ({cell:,} B x {block})) blocks x {block}"
+    rule = f"floor({K:g} GiB / ({cell:,} B x {block})) blocks x {block}" if exact else \
+        f"floor({K} GiB / ({cell:,} B x {block})) blocks x {block}"
     seen = sorted(kvs)
     complete = "all" in kvs or (not ctx.tp_at_least and len(seen) >= ctx.workers)
+    if interval.high == 0 and logged == 0 and K + LOG_HALF_ULP <= 0:
+        # a budget at or below zero: the engine clamps the block count at 0 (CLAMP_SOURCE), and 0 is the formula
+        return Prediction(interval, Verdict.MATCH, f"0 tokens: the budget of {K} GiB is not positive, and vLLM "
+                                                   f"clamps the block count at 0 ({CLAMP_SOURCE})")
     if interval.low - slack <= logged <= interval.high + slack:
+        if exact:  # a size set in whole GiB: no rounding to search
+            return Prediction(interval, Verdict.MATCH, f"{logged:,} tokens = {rule}")
         return Prediction(interval, Verdict.MATCH, _match_equation(logged, K, cell, block, rule))
     implied = logged * cell / GIB
     if logged < interval.low and not complete:

@@ -143,7 +143,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
     util = ctx.util
     if mem is not None:
-        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell, _unified(ctx))
+        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell, _unified(ctx), _need(ctx, cell), _cpu(ctx))
         cause, extra = _graph_estimate_cause(ctx, mem.kind, K)
         out.append(F.not_enough_memory(mem.message + fit[0] + cause, mem.line, {**mem.numbers, **fit[1], **extra}))
         quoted.add(mem.line)
@@ -157,15 +157,17 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
                                                                           **oom.numbers}))
         quoted.add(oom.line)
     elif K is not None and K <= 0:
-        fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx))
+        fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx), _need(ctx, cell), _cpu(ctx))
         # the line that printed the negative budget (the smallest worker's), not line 0
         at = min((rr.lines["kv_gib"] for rr in ctx.facts.values() if rr.r.get("kv_gib") == K
                   and "kv_gib" in rr.lines), default=0)
         out.append(F.not_enough_memory(
             f"available KV cache memory is {K} GiB: weights, activations and non-torch memory exceed total x "
-            f"gpu_memory_utilization{fit[0]}", at, {"kv_gib": K, **fit[1]}))
+            f"gpu_memory_utilization, so no block fits and the startup failed, whether or not the log shows the "
+            f"error vLLM raises for it ({NO_MEMORY_WHERE}): ValueError: {NO_MEMORY_ERROR}{fit[0]}", at,
+            {"kv_gib": K, **fit[1]}))
         negative_at = at
-    elif (short := _v0_pool_below_max_len(ctx)) is not None:
+    elif (short := _v0_pool_below_max_len(ctx, K, T, cell)) is not None:
         out.append(F.not_enough_memory(*short))
     fatal = [f for f in failures if f.kind in FATAL]
     if logged is None:
@@ -202,31 +204,75 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     return out
 
 
-def _v0_pool_below_max_len(ctx: Context) -> tuple[str, int, dict[str, float]] | None:
-    """V0 stops when the pool holds fewer tokens than max_model_len: ``max_seq_len = block_size * num_gpu_blocks``
-    then ``raise ValueError("The model's max seq len (M) is larger than the maximum number of tokens that can be
-    stored in KV cache (N) ...")`` (engine/llm_engine.py _init_cache from 0.2.7, not in the 0.2.0-0.2.6 wheels;
-    worker/worker.py raise_if_cache_size_invalid, 0.4-0.10). A log cut before that error still shows a failed
-    start; an era that may be before 0.2.7 raises nothing here. V0 is told by
-    its block line's CPU blocks (V1 prints tokens, or GPU blocks alone); the model length by the banner's
-    ``max_seq_len=`` or the args' ``max_model_len``."""
-    if ctx.startup.of(KVTokens) or ctx.era.lo < (0, 2, 7):  # 0.2.0-0.2.6 start and leave long prompts waiting
+#: the error every release raises for a pool of no block, before any max-seq-len check (quoted, not paraphrased)
+NO_MEMORY_ERROR = ("'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                   "initializing the engine.'")
+NO_MEMORY_WHERE = ("V0 engine/llm_engine.py _init_cache, worker/worker.py raise_if_cache_size_invalid; V1 "
+                   "v1/core/kv_cache_utils.py check_enough_kv_cache_memory")
+#: the CPU backend's own wording (worker/cpu_worker.py _validate_num_cpu_blocks, 0.8.4)
+NO_MEMORY_ERROR_CPU = ("'No available memory for the cache blocks. Try increasing `VLLM_CPU_KVCACHE_SPACE` when "
+                       "initializing the engine.'")
+
+
+def _v0_pool_below_max_len(ctx: Context, K: float | None = None, T: float | None = None,
+                           cell: int | None = None) -> tuple[str, int, dict[str, float]] | None:
+    """V0 stops when its pool cannot hold one request. A pool of no block first: ``if num_gpu_blocks <= 0: raise
+    ValueError("No available memory for the cache blocks. ...")`` (engine/llm_engine.py _init_cache, read in the
+    0.2.6, 0.2.7 and 0.3.0 wheels; worker/worker.py raise_if_cache_size_invalid 0.4-0.10, read in 0.6.3,
+    0.6.4.post1 and 0.7.3; worker/cpu_worker.py _validate_num_cpu_blocks on the CPU backend, 0.8.4), where
+    --max-model-len can fix nothing. Else ``max_seq_len = block_size * num_gpu_blocks`` then ``raise
+    ValueError("The model's max seq len (M) is larger than the maximum number of tokens that can be stored in KV
+    cache (N) ...")`` (llm_engine.py from 0.2.7, not in the 0.2.0-0.2.6 wheels; raise_if_cache_size_invalid
+    0.4-0.10). A log cut before the error still shows a failed start; an era that may be before 0.2.7 raises
+    nothing for a short pool. V0 is told by its block line's CPU blocks (V1 prints tokens, or GPU blocks alone);
+    the model length by the banner's ``max_seq_len=`` or the args' ``max_model_len``."""
+    if ctx.startup.of(KVTokens):
         return None
     blocks = [b for b in ctx.startup.of(Blocks) if b.cpu_blocks is not None]
     max_len = as_int(ctx.args.get("max_model_len")) or as_int(ctx.args.get("max_seq_len"))
-    if not blocks or not max_len:
+    if not blocks:
         return None
     b = min(blocks, key=lambda e: e.gpu_blocks)
+    cpu = _cpu(ctx)
+    if b.gpu_blocks <= 0 and (ctx.era.hi is None or ctx.era.hi >= (0, 2, 6)):
+        fit = _what_fits("no_kv_memory", {}, ctx.util, T, K, cell, _unified(ctx), _need(ctx, cell), cpu)
+        return (f"No available memory for the cache blocks: the pool has {b.gpu_blocks:,} "
+                f"{'CPU-backend' if cpu else 'GPU'} blocks, so the startup failed, whether or not the log shows the "
+                "error vLLM raises for it before any max-seq-len check "
+                f"({'worker/cpu_worker.py _validate_num_cpu_blocks' if cpu else NO_MEMORY_WHERE}): ValueError: "
+                f"{NO_MEMORY_ERROR_CPU if cpu else NO_MEMORY_ERROR}{fit[0]}", b.line,
+                {"gpu_blocks": float(b.gpu_blocks), **({"max_model_len": float(max_len)} if max_len else {}),
+                 **fit[1]})
+    if not max_len or ctx.era.lo < (0, 2, 7):  # 0.2.0-0.2.6 start and leave long prompts waiting
+        return None
     pool = b.gpu_blocks * ctx.block_size
     if pool >= max_len:
         return None
     block = (f"{ctx.block_size}, the default block size (the log does not state it)"
              if ctx.block_source.startswith("default") else str(ctx.block_size))
-    return (f"the pool holds {pool:,} tokens ({b.gpu_blocks:,} GPU blocks x {block}), fewer than the model's max seq "
-            f"len {max_len:,}: this release raises ValueError here (the max seq len is larger than the maximum "
-            "number of tokens that can be stored in KV cache), so the startup failed, whether or not the log shows "
-            f"the error -> --max-model-len {pool:,} fits this pool", b.line,
-            {"max_model_len": float(max_len), "max_tokens": float(pool), "max_model_len_that_fits": float(pool)})
+    fit = _what_fits("max_len", {"max_model_len": float(max_len), "max_tokens": float(pool)}, ctx.util, T, K, cell,
+                     _unified(ctx), None, cpu)
+    return (f"the pool holds {pool:,} tokens ({b.gpu_blocks:,} {'CPU-backend' if cpu else 'GPU'} blocks x {block}), "
+            f"fewer than the model's max seq len {max_len:,}: this release raises ValueError here (the max seq len is "
+            "larger than the maximum number of tokens that can be stored in KV cache), so the startup failed, "
+            f"whether or not the log shows the error{fit[0]}", b.line,
+            {"max_model_len": float(max_len), "max_tokens": float(pool), **fit[1]})
+
+
+def _need(ctx: Context, cell: int | None) -> float | None:
+    """The KV budget (GiB) one request of max_model_len needs: whole blocks of it (V0 raise_if_cache_size_invalid:
+    max_model_len <= block_size x num_gpu_blocks; V1 check_enough_kv_cache_memory: the spec's
+    max_memory_usage_bytes, cdiv(max_model_len, block) pages). None when the log lacks the length or the cell."""
+    mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
+        ctx.args.get("max_model_len")) or as_int(ctx.args.get("max_seq_len"))
+    if not mml or not cell or ctx.hybrid is not None:
+        return None
+    return math.ceil(mml / ctx.block_size) * ctx.block_size * cell / GIB
+
+
+def _cpu(ctx: Context) -> bool:
+    """The CPU backend (kvaudit.platforms): its KV budget is VLLM_CPU_KVCACHE_SPACE, not a fraction of a GPU."""
+    return ctx.cpu
 
 
 def _graph_estimate_cause(ctx: Context, kind: str, K: float | None) -> tuple[str, dict[str, float]]:
@@ -265,12 +311,44 @@ def _at_most(u: float) -> float:
     return math.floor(round(u * 1e4, 6)) / 1e4
 
 
+#: the CPU backend's budget (platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE GiB, 4 by default in 0.4-0.11; 0.14 a share of
+#: free memory): gpu_memory_utilization, which the engine's own message names, does not size it
+CPU_NO_RAISE = ("; not gpu_memory_utilization, which does not size the CPU backend's pool: a larger "
+                "VLLM_CPU_KVCACHE_SPACE (GiB, a whole number) is its KV budget")
+
+
+def _cpu_space(need: float | None, K: float | None) -> tuple[str, dict[str, float]]:
+    """The VLLM_CPU_KVCACHE_SPACE that holds one max_model_len request (the env var is read with int(): whole GiB)."""
+    if need is None:
+        return "", {}
+    gib = max(1, math.ceil(need - 1e-9))
+    if K is not None and gib <= K:
+        return "", {}
+    return f" -> VLLM_CPU_KVCACHE_SPACE={gib} holds one max_model_len request ({need:.2f} GiB)", {
+        "cpu_kvcache_space_gib_that_fits": float(gib)}
+
+
 def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float | None, K: float | None,
-               cell: int | None, unified: bool = False) -> tuple[str, dict[str, float]]:
+               cell: int | None, unified: bool = False, need: float | None = None,
+               cpu: bool = False) -> tuple[str, dict[str, float]]:
     """The setting that would have fit, as a clause for the message and as fields. On unified memory a larger
-    fraction is never the advice (it would take the host's memory): the clause says so instead."""
+    fraction is never the advice (it would take the host's memory): the clause says so instead; on the CPU backend
+    the budget is VLLM_CPU_KVCACHE_SPACE, never a fraction. ``need``: the budget (GiB) one max_model_len request
+    takes, when the log gives the length and the config the cell."""
+    # on these platforms a fraction is never the advice: only the length advice (kv_needed, max_len) is kept from
+    # the device rule, and a pool of no block gets the platform's own clause alone
+    if cpu and kind in ("kv_needed", "max_len", "no_kv_memory"):
+        text, fields = _what_fits(kind, nums, None, None, K, cell) if kind != "no_kv_memory" else ("", {})
+        if kind == "kv_needed" and need is None and nums.get("needed_gib"):
+            need = nums["needed_gib"] + LOG_HALF_ULP
+        elif kind == "max_len" and need is None and cell and nums.get("max_model_len"):
+            need = nums["max_model_len"] * cell / GIB
+        space, more = _cpu_space(need, K)
+        if space:
+            text = (text + " or" + space[3:]) if text else space
+        return (text or " ->") + CPU_NO_RAISE.lstrip(";" if not text else ""), {**fields, **more}
     if unified and kind in ("kv_needed", "max_len", "no_kv_memory"):
-        text, fields = _what_fits(kind, nums, None, None, K, cell)
+        text, fields = _what_fits(kind, nums, None, None, K, cell) if kind != "no_kv_memory" else ("", {})
         return (text or " ->") + UNIFIED_NO_RAISE.lstrip(";" if not text else ""), fields
     if kind == "kv_needed":
         clauses, fields = [], {}
@@ -319,17 +397,32 @@ def _what_fits(kind: str, nums: dict[str, float], util: float | None, T: float |
             return (f" -> at most gpu_memory_utilization {u:.4f} fits what was free ({free:.2f} of {total:.2f} GiB; "
                     "another process holds the rest)", {"utilization_that_fits": u})
         return "", {}
-    if K is not None and K <= 0 and util is not None and T:
-        u = _at_least(util + (LOG_HALF_ULP - K) / T)  # the budget is printed to 0.01 GiB: up to 0.005 more short
-        return (f" -> gpu_memory_utilization above {u:.4f} (+{-K:.2f} GiB) leaves a positive budget",
-                {"minimum_utilization": u})
-    if K is not None and K <= 0:
-        # the log lacks the total or the fraction, so by how much is unknown; the direction is the engine's own
-        # ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", v1/core/
-        # kv_cache_utils.py check_enough_kv_cache_memory, 0.9+) or fewer weights per GPU
-        return (f" -> the budget is {-K:.2f} GiB short of zero: raise gpu_memory_utilization (the engine's own "
-                "advice; the log lacks the total to say by how much) or spread the weights over more GPUs "
-                "(--tensor-parallel-size)", {})
+    if kind == "no_kv_memory" and K is not None and util is not None and T:
+        if need is not None:
+            # a positive budget is not enough: the pool must then hold one max_model_len request, or the next check
+            # stops the start (V0 raise_if_cache_size_invalid's max seq len, V1 check_enough_kv_cache_memory).
+            # The budget is printed to 0.01 GiB: up to 0.005 more short
+            u = _at_least(util + (need - K + LOG_HALF_ULP) / T)
+            if u <= 1.0:
+                return (f" -> gpu_memory_utilization {u:.4f} (+{need - K:.2f} GiB: a budget of {need:.2f} GiB holds "
+                        "one max_model_len request)", {"minimum_utilization": u, "utilization_that_fits": u})
+            return (f" -> even gpu_memory_utilization 1.0 leaves {K + (1 - util) * T:.2f} GiB, short of the "
+                    f"{need:.2f} GiB one max_model_len request needs: a smaller --max-model-len, fewer weights per GPU "
+                    "(--tensor-parallel-size) or a larger card", {})
+        if K <= 0:
+            u = _at_least(util + (LOG_HALF_ULP - K) / T)
+            return (f" -> gpu_memory_utilization above {u:.4f} (+{-K:.2f} GiB) leaves a positive budget, and the pool "
+                    "must then hold one max_model_len request (more than that; the log lacks the length or the model "
+                    "config to say how much)", {"minimum_utilization": u})
+    if kind == "no_kv_memory" or (K is not None and K <= 0):
+        # the log lacks the total, the fraction or the budget, so by how much is unknown; the direction is the
+        # engine's own ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`") or
+        # fewer weights per GPU. Never a --max-model-len: no length fits a pool of no block
+        gap = (f"the budget is {-K:.2f} GiB short of zero" if K is not None and K <= 0 else
+               "more memory for the KV cache")
+        lacks = "the total" if K is not None else "the total and the KV budget"
+        return (f" -> {gap}: raise gpu_memory_utilization (the engine's own advice; the log lacks {lacks} to say by "
+                "how much) or spread the weights over more GPUs (--tensor-parallel-size)", {})
     return "", {}
 
 

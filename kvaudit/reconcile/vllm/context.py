@@ -12,13 +12,17 @@ from typing import Any
 
 from kvaudit.model_config import ModelGeometry, element_bytes
 from kvaudit.parse.interface import Rank, RankEvent, Startup
-from kvaudit.parse.vllm import Banner, HybridLayout, Setting, has_process_tag, rank_of
+from kvaudit.parse.vllm import Banner, Blocks, HybridLayout, Setting, has_process_tag, rank_of
 from kvaudit.reconcile.interface import AuditOptions
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.vllm.facts import RankFacts, gather_facts
 from kvaudit.versions import VersionRange
 
 DEFAULT_BLOCK = 16  # CacheConfig.block_size on CUDA when neither the args nor a hybrid layout set it
+#: the CPU backend's block when none is set (platforms/cpu.py 0.8.4, 0.11.0: ``128 if ipex_available else 16``;
+#: 0.7.3: 16): tried in this order, the one that gives the logged pool named
+CPU_BLOCKS = ((16, "16, the CPU backend's default without IPEX"),
+              (128, "128, the CPU backend's default with IPEX (intel_extension_for_pytorch), 0.8+"))
 
 
 @dataclass
@@ -45,6 +49,10 @@ class Context:
     hybrid: HybridLayout | None  # the logged page unification, merged from its two lines
     args_seen: bool  # a banner or non-default-args line: absent settings are the defaults
     notes: list[str] = field(default_factory=list)
+    #: vLLM's CPU backend (kvaudit.platforms): the KV budget is VLLM_CPU_KVCACHE_SPACE, host memory of a set size
+    cpu: bool = False
+    #: that space as the log states it: (GiB, "default" | "chosen", line), None when no line does (set by the env)
+    cpu_space: tuple[float, str, int] | None = None
 
     @property
     def workers(self) -> int:
@@ -71,6 +79,10 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     facts = gather_facts(startup)
     notes: list[str] = []
     args_seen = bool(startup.of(Banner))
+    cpu = (opts.platform is not None and bool(getattr(opts.platform, "cpu", False))) or any(
+        b.device == "cpu" for b in startup.of(Blocks)) or any(e.key == "cpu_kvcache_space" for e in startup.of(Setting))
+    space = next(((e.extra, e.value, e.line) for e in startup.of(Setting)
+                  if e.key == "cpu_kvcache_space" and e.extra is not None), None)
     util, util_source = opts.mem_fraction_static, "cli" if opts.mem_fraction_static is not None else None
     if util is None:
         util = next((f.r["util"] for f in facts.values() if "util" in f.r), None)
@@ -79,12 +91,16 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
         util, util_source = as_float(args["gpu_memory_utilization"]), "engine args"
     if util is None and args_seen and "gpu_memory_utilization" not in args and _non_default_args_seen(startup):
         util, util_source = default_utilization(startup.era)
+    if cpu:
+        util, util_source = None, None  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE: no fraction sizes it
 
     hybrid = _hybrid_layout(startup)
     if hybrid is not None and hybrid.block_size:
         block, block_source = hybrid.block_size, "log (attention block size set to fit the Mamba page)"
     elif as_int(args.get("block_size")):
         block, block_source = as_int(args["block_size"]) or DEFAULT_BLOCK, "engine args"
+    elif cpu:
+        block, block_source = CPU_BLOCKS[0][0], f"default ({CPU_BLOCKS[0][1]})"
     else:
         block, block_source = DEFAULT_BLOCK, "default (16 on CUDA)"
 
@@ -98,7 +114,7 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     kv_dtype, elt, kv_assumed = _kv_dtype(args, opts, args_seen, opts.model_geometry)
     return Context(startup, opts, args, facts, startup.era, opts.model_geometry, util, util_source, block,
                    block_source, tp, at_least, assumed, tp_source, pp, dp, kv_dtype, elt, kv_assumed, hybrid,
-                   args_seen, notes)
+                   args_seen, notes, cpu, space)
 
 
 def _non_default_args_seen(startup: Startup) -> bool:

@@ -152,10 +152,21 @@ class Prediction:
     effective_util: float | None = None
 
 
-def block_interval(K: float, cell: int, block: int) -> TokenInterval:
-    lo_b = math.floor(max(0.0, K - LOG_HALF_ULP) * GIB / (cell * block))
-    hi_b = math.floor((K + LOG_HALF_ULP) * GIB / (cell * block))
+def block_interval(K: float, cell: int, block: int, exact: bool = False) -> TokenInterval:
+    """The tokens a budget of K GiB (printed to 0.01: +-LOG_HALF_ULP; ``exact``: a budget set, not measured) holds.
+    A budget at or below zero holds no block: every release clamps the count, ``num_gpu_blocks =
+    max(num_gpu_blocks, 0)`` (V0 ``worker/worker.py::determine_num_available_blocks``, read in the 0.2.6, 0.2.7,
+    0.3.0, 0.6.3, 0.6.4.post1 and 0.7.3 wheels; V1 ``v1/core/kv_cache_utils.py::get_num_blocks``, 0.11.0 and
+    0.14.0), so the interval never runs below 0."""
+    half = 0.0 if exact else LOG_HALF_ULP
+    lo_b = max(0, math.floor(max(0.0, K - half) * GIB / (cell * block)))
+    hi_b = max(0, math.floor(max(0.0, K + half) * GIB / (cell * block)))
     return TokenInterval(lo_b * block, hi_b * block)
+
+
+#: where each era clamps a negative block count at 0 (``block_interval``)
+CLAMP_SOURCE = ("num_gpu_blocks = max(num_gpu_blocks, 0): V0 worker.py determine_num_available_blocks, V1 "
+                "kv_cache_utils.py get_num_blocks")
 
 
 #: the release boundary of the hybrid count (``v1/core/kv_cache_utils.py::_report_kv_cache_config``): to 0.20.0
