@@ -9,7 +9,7 @@ from typing import Any
 from kvaudit.model_config import ModelGeometry
 from kvaudit.parse.interface import Startup
 from kvaudit.parse.sglang import (AiterFractionKept, CapWarning, Failure, HiCacheAutoSize, HiCacheHost, MfsAdjust,
-                                  WeightBegin, WeightEnd)
+                                  SlidingWindowSplit, WeightBegin, WeightEnd)
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import (
     Audit,
@@ -21,8 +21,8 @@ from kvaudit.reconcile.interface import (
     Verdict,
     startup_identity,
 )
-from kvaudit.reconcile.sglang.cell import (config_cell, kv_line_cell, nsa_fp8_line_not_budget, rocm_evidence,
-                                          swa_pool_unused)
+from kvaudit.reconcile.sglang.cell import (_one_full_pool, config_cell, kv_line_cell, nsa_fp8_line_not_budget,
+                                          rocm_evidence, swa_pool_unused)
 from kvaudit.reconcile.values import as_float, as_int
 from kvaudit.reconcile.sglang.checks import concurrency_findings, failure_findings, ledger_findings
 from kvaudit.reconcile.sglang.context import (
@@ -34,9 +34,9 @@ from kvaudit.reconcile.sglang.context import (
     rounded,
 )
 from kvaudit.reconcile.sglang import dsv4 as DSV4
-from kvaudit.reconcile.sglang.formula import (Prediction, Rule, explain_mismatch, min_interval, predict_stages,
-                                          rules_for)
-from kvaudit.reconcile.sglang.pool import components, state_gib
+from kvaudit.reconcile.sglang.formula import (Prediction, Rule, draft_rules, explain_mismatch, min_interval,
+                                          predict_stages, rules_for)
+from kvaudit.reconcile.sglang.pool import components, is_swa, state_gib
 from kvaudit.reconcile.sglang.ledger import rank_ledger, request_table
 from kvaudit.record import Record, record
 from kvaudit.units import GIB, LOG_HALF_ULP, Interval
@@ -113,6 +113,11 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
             fraction, outcome = scaled, second
     if pools4 is not None:
         outcome = dsv4_outcome(pools4)
+    used = outcome.prediction.post if outcome.prediction is not None else None
+    if used is not None and free.post_draft is not None and used == free.post_draft and free.post != used:
+        # a 0.5.14+ rule sized the pool after the draft's weights (formula.py): its reading is the post shown
+        free = replace(free, post=used, post_source="Load weight end (draft)")
+        ctx.notes.append(_draft_post_note(ctx, used, "the release's rule"))
     resized, bound, bound_approx = post_capture(ctx)
     if resized and pools4 is None:
         outcome = post_capture_outcome(outcome, bound, bound_approx, cells.logged)
@@ -138,7 +143,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         notes=tuple(ctx.notes),
         engine_display="SGLang",
         formula_text="rest = post - (1 - mfs) x T;  tokens = floor(rest x 2^30 / bytes per token)",
-        formula_rows=_formula_rows(formula),
+        formula_rows=_formula_rows(formula, free.post_source),
         pre_load_label="free before loading",
         budget_other_label="the weights and what else loaded before the pool",
         rocm=rocm_evidence(ctx),
@@ -156,6 +161,12 @@ class FreeMemory(Record):
     T: Interval | None
     post: Interval | None
     pre_source: str | None
+    #: where post was read: the target's 'Load weight end', or the draft's when SGLang sized the pool after it
+    post_source: str = "Load weight end"
+    #: the draft's 'Load weight end' reading, min over ranks, when the log shows it after the target's: the post
+    #: of SGLang 0.5.14+ (Scheduler.init_model_worker loads the draft before init_memory_pools); already ``post``
+    #: when the log also shows it before the pool
+    post_draft: Interval | None = None
 
     def reserve(self, mfs: float | None) -> Interval | None:
         """(1 - mfs) x T: what the fraction holds back of the free memory before the weights."""
@@ -222,7 +233,31 @@ def free_memory(ctx: Context) -> FreeMemory:
                           "Load weight begin" if T is not None else "Memory profiling (total_gpu_memory)")
     if T is not None and len(pres) < len(facts):
         ctx.notes.append(f"T is the minimum over the {len(pres)} of {len(facts)} ranks whose lines are in the log")
-    return FreeMemory(T, post, next((rf.pre_source for rf in facts.values() if rf.pre_source), None))
+    pre_source = next((rf.pre_source for rf in facts.values() if rf.pre_source), None)
+    before_pool = min_interval([rf.draft_post_before_pool for rf in facts.values()
+                                if rf.draft_post_before_pool is not None])
+    if post is not None and before_pool is not None:
+        # the log shows the draft loaded between the target's weights and its pool (SGLang 0.5.14+,
+        # managers/scheduler.py init_model_worker: init_tp_model_worker, maybe_init_draft_worker,
+        # init_memory_pools; _profile_available_bytes reads the free memory then): that reading sized the pool,
+        # whatever the release range says
+        ctx.notes.append(_draft_post_note(ctx, before_pool, "the log's order"))
+        return FreeMemory(T, before_pool, pre_source, "Load weight end (draft)", before_pool)
+    # an excerpt without the pool's lines does not show the order: the draft's reading is the post of the
+    # 0.5.14+ rules only (verdict_of)
+    after = [Interval.logged(rf.draft_post) for rf in facts.values()
+             if rf.draft_post is not None and rf.lines.get("weights") is not None
+             and rf.lines.get("draft_weights", -1) > rf.lines["weights"] and "pool_start" not in rf.lines]
+    return FreeMemory(T, post, pre_source, post_draft=min_interval(after) if post is not None else None)
+
+
+def _draft_post_note(ctx: Context, post: Interval, why: str) -> str:
+    lines = sorted(rf.lines["draft_weights"] for rf in ctx.facts.values() if "draft_weights" in rf.lines)
+    where = f" (line {lines[0]})" if lines else ""
+    return (f"post is the draft's 'Load weight end' reading, {post.mid:.2f} GiB{where}, not the target's: SGLang "
+            "0.5.14+ loads the draft's weights before it sizes the pool (managers/scheduler.py init_model_worker: "
+            "init_tp_model_worker, maybe_init_draft_worker, then init_memory_pools, whose _profile_available_bytes "
+            f"reads the free memory after both); taken by {why}")
 
 
 def fraction_of(ctx: Context, opts: AuditOptions) -> Fraction:
@@ -395,23 +430,36 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     missing = [name for name, v in (("T (pre-load free memory)", T), ("free memory after weights", post),
                                     ("mem_fraction_static", mfs), ("bytes per token", cell_iv)) if v is None]
     preds: list[Prediction] = []
+    rules, unmodelled = _spec_rules(ctx)
     if not missing:
         assert T is not None and post is not None and mfs is not None and cell_iv is not None
         geom = opts.model_geometry
         draft_layers = (geom.num_nextn_predict_layers or 1) if geom is not None else None
-        stages = _stage_inputs(ctx, post, cell_iv, cells.source)
+        # the layers SGLang's cell counts (DefaultPoolConfigurator: a Mamba hybrid's full-attention layers only)
+        target_layers = ((geom.full_attention_layers if geom.is_mamba_hybrid and geom.full_attention_layers
+                          else geom.num_layers) if geom is not None else None)
         t_pred = _platform_T(ctx, opts, T, free.pre_source)
-        preds = [predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, geom.num_layers if geom else None)
-                 for r in _spec_rules(ctx)]
-        if cells.source == "kv_line" and ctx.kv_elt == 0.5 and not any(
-                k.kv_gib is not None for rf in ctx.facts.values() for k in rf.kv):
+        fp4_line = cells.source == "kv_line" and ctx.kv_elt == 0.5 and not any(
+            k.kv_gib is not None for rf in ctx.facts.values() for k in rf.kv)
+        ordered = free.post_source == "Load weight end (draft)"  # the log shows the draft before the pool
+        for r in rules:
+            draft = r.after_draft and free.post_draft is not None
+            stages = _stage_inputs(ctx, free.post_draft or post if draft else post, cell_iv, cells.source,
+                                   draft=draft or ordered)
+            preds.append(predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, target_layers))
+        if fp4_line:
             # FP4 MHA without a config: the budget divides by values + scales (pool_configurator.py
             # _compute_cell_size: 1 scale byte per 16 half-byte values, 9/8 of the values), and the KV line counts
             # the values alone up to 0.5.14 (get_kv_size_bytes) and both from 0.5.16: each reading is checked
-            scaled = [(p, Interval(c.lo * 9 / 8, c.hi * 9 / 8)) for p, c in stages]
-            preds += [predict_stages(ctx, replace(r, name=r.name + "; " + FP4_SCALED),
-                                     t_pred, scaled, mfs, state, draft_layers, geom.num_layers if geom else None)
-                      for r in _spec_rules(ctx)]
+            for r in rules:
+                draft = r.after_draft and free.post_draft is not None
+                stages = _stage_inputs(ctx, free.post_draft or post if draft else post, cell_iv, cells.source,
+                                       draft=draft or ordered)
+                scaled = [(p, Interval(c.lo * 9 / 8, c.hi * 9 / 8)) for p, c in stages]
+                preds.append(predict_stages(ctx, replace(r, name=r.name + "; " + FP4_SCALED),
+                                            t_pred, scaled, mfs, state, draft_layers, target_layers))
+    if unmodelled and not missing:
+        ctx.notes.append("not modelled for this release range and speculative algorithm: " + "; ".join(unmodelled))
     first = preds[0] if preds else None
     if cap.probable:
         reason = (f"the pool looks capped ({cap.probable}); a capped pool does not follow from the formula, "
@@ -419,6 +467,8 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         if first is not None:
             reason += f"; the formula allows up to {first.tokens.high:,}"
         return Outcome(first, Verdict.UNKNOWN, reason, None, negative)
+    if not preds and unmodelled and not missing:
+        return Outcome(None, Verdict.UNKNOWN, "not checked: " + "; ".join(unmodelled), None, negative)
     if missing or logged is None:
         wants = missing + ([] if logged is not None else ["the KV pool's token count"])
         died = _failed_before_pool(ctx)
@@ -469,9 +519,17 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        "pool", None, negative)
     if hit is not None:
         return Outcome(hit, Verdict.MATCH,
-                       f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}",
+                       f"{logged:,} tokens lie in the predicted interval {hit.tokens.low:,}..{hit.tokens.high:,}"
+                       + (f" ({hit.rule.name}; kvaudit makes no prediction for the rest of the release range: "
+                          f"{'; '.join(unmodelled)})" if unmodelled else ""),
                        None, negative)
     assert T is not None and post is not None and mfs is not None and cell_iv is not None
+    if unmodelled:
+        # the count fits none of the modelled rules, and the release range holds a rule kvaudit cannot compute:
+        # a mismatch would be a guess
+        return Outcome(first, Verdict.UNKNOWN,
+                       f"{logged:,} tokens lie outside {first.tokens.low:,}..{first.tokens.high:,} "
+                       f"({first.rule.name}); not judged: " + "; ".join(unmodelled), None, negative)
     read = sum(1 for rf in ctx.facts.values() if rf.pre is not None and rf.post is not None)
     ranks = max(len(ctx.facts), ctx.tp * ctx.pp)
     if 0 < read < ranks and logged < first.tokens.low:
@@ -486,7 +544,8 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        f"{ranks} ranks; SGLang sizes the pool from the minimum over all ranks, and a rank the log "
                        f"does not show with {short / mfs:.2f} GiB less free memory gives this count: not judged "
                        "(more tokens than predicted would be)", None, negative)
-    verdict, reason, eff_mfs = explain_mismatch(ctx, first, logged, T, post, mfs, cell_iv, cap.cap, state)
+    verdict, reason, eff_mfs = explain_mismatch(ctx, first, logged, T, first.post or post, mfs, cell_iv, cap.cap,
+                                                state)
     return Outcome(first, verdict, reason, eff_mfs, negative)
 
 
@@ -536,25 +595,33 @@ def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
     return Outcome(pred, verdict, reason, None, ())
 
 
-#: Frozen-KV MTP (0.5.14+, speculative/frozen_kv_mtp_worker_v2.py): the draft reads the target's KV and has no pool of
-#: its own. 0.5.14-0.5.17 ``scheduler.py::init_model_worker`` allocates the target pool *before* building the draft
-#: worker (``if self.spec_algorithm.is_frozen_kv_mtp(): self.init_target_memory_pool()``), so the draft's weights are
-#: not in the memory the pool was sized from; ``is_eagle()`` includes FROZEN_KV_MTP there, which inflates the cell
-#: only in ``DefaultPoolConfigurator`` (pool_configurator.py); ``HybridSWAPoolConfigurator`` (the Gemma-4 models
-#: this draft exists for) adds no draft term in 0.5.14-0.5.17.
-FROZEN_KV_HYBRID_RULE = Rule("0.5.14-0.5.17 Frozen-KV MTP on a sliding-window hybrid: target pool sized before the "
-                             "draft loads, no draft term (HybridSWAPoolConfigurator)", (0, 5, 14), (0, 5, 17))
-
-
-def _spec_rules(ctx: Context) -> list[Rule]:
+def _spec_rules(ctx: Context) -> tuple[list[Rule], list[str]]:
+    """The rules of the log's release range for its speculative algorithm and pool kind, and what kvaudit cannot
+    model among them (formula.py draft_rules). Frozen-KV MTP (0.5.14+, speculative/frozen_kv_mtp_worker_v2.py) is
+    EAGLE-family there (``is_eagle()``); in 0.5.14 alone ``init_model_worker`` allocates the target's pool before
+    the draft (``init_target_memory_pool()`` first), which the log's order shows (free_memory)."""
     rules = rules_for(ctx.era, ctx.spec_algo is not None)
-    if (ctx.spec_algo or "").upper() != "FROZEN_KV_MTP":
-        return rules
-    hybrid = any(rf.swa_summary is not None for rf in ctx.facts.values()) or bool(
-        ctx.opts.model_geometry is not None and ctx.opts.model_geometry.is_hybrid_swa)
-    if not hybrid:
-        return rules
-    return [FROZEN_KV_HYBRID_RULE if (r.lo, r.hi) == ((0, 5, 14), (0, 5, 17)) else r for r in rules]
+    if ctx.spec_algo is None:
+        return rules, []
+    geom = ctx.opts.model_geometry
+    out: list[Rule] = []
+    unmodelled: list[str] = []
+    for r in rules:
+        got, why = draft_rules(r, ctx.spec_algo, _hybrid_swa(ctx), geom is not None, ctx.era)
+        out += got
+        unmodelled += why
+    return out, unmodelled
+
+
+def _hybrid_swa(ctx: Context) -> bool:
+    """Was the pool sized as a sliding-window hybrid (HybridSWAPoolConfigurator)? The log's split line or SWA
+    pool says so; else the config, unless the log shows one plain pool (cell.py _one_full_pool)."""
+    if any(e.role == "target" for e in ctx.startup.of(SlidingWindowSplit)):
+        return True
+    if any(rf.swa_summary is not None or is_swa(components(rf)) for rf in ctx.facts.values()):
+        return True
+    geom = ctx.opts.model_geometry
+    return bool(geom is not None and geom.is_hybrid_swa and not _one_full_pool(ctx))
 
 
 def _rocm_T(ctx: Context, T: Interval, pre_source: str | None) -> Interval:
@@ -735,13 +802,13 @@ def ledger_and_failure_findings(ctx: Context, opts: AuditOptions, ledgers: tuple
     return out
 
 
-def _formula_rows(f: Formula) -> tuple[FormulaRow, ...]:
+def _formula_rows(f: Formula, post_source: str = "Load weight end") -> tuple[FormulaRow, ...]:
     return (
         FormulaRow("T (free before weights, min over ranks)", f.pre_load_free_gib, "GiB", f.pre_load_free_source or ""),
         FormulaRow("post (free after weights, min)", f.post_load_free_gib, "GiB",
                    ("Memory profiling (available_gpu_memory)"
                     if (f.pre_load_free_source or "").startswith("Memory profiling")
-                    else "Load weight end") if f.post_load_free_gib else ""),
+                    else post_source) if f.post_load_free_gib else ""),
         FormulaRow("mem_fraction_static", f.mem_fraction_static, "", f.mem_fraction_static_source or ""),
         FormulaRow("reserve = (1 - mfs) x T", f.reserve_gib, "GiB"),
         FormulaRow("rest = post - reserve", f.rest_gib, "GiB", "the KV budget"),
@@ -818,16 +885,19 @@ def _how_to_check(missing: list[str], have_config: bool, startup: Startup) -> st
     return ("; to check it, pass " + ", ".join(hints)) if hints else ""
 
 
-def _stage_inputs(ctx: Context, post: Interval, cell_iv: Interval, bpt_source: str | None
+def _stage_inputs(ctx: Context, post: Interval, cell_iv: Interval, bpt_source: str | None, draft: bool = False
                   ) -> list[tuple[Interval, Interval]]:
     """(post, bytes per token) per pipeline stage: each stage sizes its pool from its own free memory and
     layers, and the engine takes the MIN over stages (reference §1.5). One stage without PP, or when bytes per
-    token come from a KV line (that rank's stage only)."""
+    token come from a KV line (that rank's stage only). ``draft``: a stage's free memory is its ranks' draft
+    reading (0.5.14+ sizes the pool after the draft's weights)."""
     if ctx.pp <= 1 or bpt_source != "config":
         return [(post, cell_iv)]
     out = []
     for stage in range(ctx.pp):
-        posts = [rf.post for r, rf in ctx.facts.items() if r.sort_key[0] == stage and rf.post is not None]
+        posts = [p for r, rf in ctx.facts.items() if r.sort_key[0] == stage
+                 for p in ([Interval.logged(rf.draft_post)] if draft and rf.draft_post is not None
+                           else [rf.post] if rf.post is not None else [])]
         cell, _ = config_cell(ctx, stage)
         if cell is not None:
             out.append((min_interval(posts) or post, Interval.exact(cell.profile)))

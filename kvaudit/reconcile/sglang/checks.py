@@ -11,6 +11,7 @@ from kvaudit.parse.sglang import AiterFractionKept, Failure, KVDtype, OtherPool,
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, Formula, RankLedger, Thresholds
 from kvaudit.reconcile.sglang.context import Context, context_length_of
+from kvaudit.reconcile.sglang.formula import EAGLE_FAMILY
 from kvaudit.reconcile.values import as_float
 from kvaudit.units import GIB, Interval
 
@@ -68,7 +69,7 @@ def ledger_findings(ctx: Context, ledgers: tuple[RankLedger, ...], formula: Form
         # memory missing (positive) that an item the ledger could not size may hold: info, naming it
         covered = all((l.unexplained_gib or 0) > 0 and l.unmodelled for l in off)
         f = F.unexplained(off, covered)
-        if ctx.spec_algo is not None:
+        if (ctx.spec_algo or "").upper() in EAGLE_FAMILY:
             # NEXTN/EAGLE drafts keep bf16 copies of the target's embed_tokens/lm_head until after the KV pool is
             # sized (sgl-project/sglang#36452): memory freed later, that shows as more free than accounted
             f = replace(f, fields={**f.fields, "freed_candidates": [

@@ -18,6 +18,7 @@ from kvaudit.parse.sglang import (
     KVBudget,
     OtherPool,
     PoolEnd,
+    SlidingWindowSplit,
     WeightBegin,
     WeightEnd,
 )
@@ -37,6 +38,9 @@ class RankFacts:
     graph_usage: dict[str, float] = field(default_factory=dict)
     draft_weights: float | None = None
     draft_post: float | None = None
+    #: the draft's 'Load weight end' reading when it stands after the target's and before the target's pool
+    #: (SGLang 0.5.14+ loads the draft before sizing the pool): the free memory the pool was sized from
+    draft_post_before_pool: Interval | None = None
     draft_kv: list[KVAlloc] = field(default_factory=list)
     draft_pool_end: float | None = None
     dist_usage: float | None = None
@@ -61,6 +65,9 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
     resized = startup.of(PostCaptureKV)
     first_resize = min((ev.line for ev in resized), default=None)
     for ev in startup.events:
+        if isinstance(ev, (KVAlloc, OtherPool, PoolEnd, KVBudget, SlidingWindowSplit)) and ev.role == "target":
+            # the first line of the target's pool stage: the pool was sized just before it
+            get(ev.rank).lines.setdefault("pool_start", ev.line)
         if (isinstance(ev, KVAlloc) and ev.role == "target" and first_resize is not None and ev.line < first_resize
                 and not ev.upper_bound):
             ev = replace(ev, upper_bound=True)
@@ -137,4 +144,17 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
                 rf.lines[f"graphs_{ev.name.replace(' ', '_')}"] = ev.line
             if ev.avail_gib is not None:
                 rf.readings.append((ev.line, ev.avail_gib, f"after {ev.name} graphs"))
+    for rf in facts.values():
+        rf.draft_post_before_pool = _draft_post_before_pool(rf)
     return facts
+
+
+def _draft_post_before_pool(rf: RankFacts) -> Interval | None:
+    """The draft's post-weights reading when this rank's log shows the draft loaded between the target's weights
+    and the target's pool (``scheduler.py::init_model_worker``, SGLang 0.5.14+: ``init_tp_model_worker``,
+    ``maybe_init_draft_worker``, then ``init_memory_pools``). Only with the target's own 'Load weight end' before
+    it and a pool line after it: an excerpt that shows neither order proves nothing."""
+    weights, draft, pool = rf.lines.get("weights"), rf.lines.get("draft_weights"), rf.lines.get("pool_start")
+    if rf.draft_post is None or weights is None or draft is None or pool is None:
+        return None
+    return Interval.logged(rf.draft_post) if weights < draft < pool else None

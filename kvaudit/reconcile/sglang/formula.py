@@ -8,11 +8,41 @@
 
 then, by era: speculative headroom (0.4.4-0.5.6), page rounding (0.4.4+), the ``--max-total-tokens`` cap, and
 from 0.5.14 the draft's layers inflate the cell.
+
+Which free memory ``post`` is, with a speculative draft (read in the 0.5.13-0.5.18 and 0.5.23 wheels):
+
+* up to 0.5.13 ``ModelRunner.initialize`` sizes and allocates the target's pool inside the target worker's
+  constructor (model_runner.py ``init_memory_pool``), before ``Scheduler.init_model_worker`` builds the draft
+  worker: ``post`` is the target's 'Load weight end' reading;
+* from 0.5.14 ``Scheduler.init_model_worker`` (managers/scheduler.py) runs ``init_tp_model_worker()``, then
+  ``maybe_init_draft_worker()``, then ``init_memory_pools()``, whose ``_profile_available_bytes``
+  (model_runner_kv_cache_mixin.py 0.5.14-0.5.15, mem_cache/kv_cache_configurator.py 0.5.16+) reads the free
+  memory after *both* models' weights: ``post`` is the draft's 'Load weight end' reading, for every algorithm
+  whose draft loads weights (EAGLE, EAGLE3, NEXTN/MTP, STANDALONE, DFLASH, DSPARK; NGRAM loads none). The
+  exception is 0.5.14's FROZEN_KV_MTP, whose draft needs the target's pool and is built after it
+  (``init_target_memory_pool()`` first; gone in 0.5.15).
+
+The draft term in the cell, by algorithm and pool configurator (model_executor/pool_configurator.py):
+
+* ``DefaultPoolConfigurator`` (MHA, MLA, DSA, and Mamba hybrids over their full-attention layers): EAGLE,
+  EAGLE3, FROZEN_KV_MTP (``is_eagle()``) and STANDALONE: ``int(cell x (1 + L_draft / L))`` 0.5.14-0.5.17,
+  ``cell + int(cell x L_draft / L)`` 0.5.18+; DFLASH/DSPARK: ``ceil(cell x (L + L_draft) / L)`` 0.5.14-0.5.17
+  (dflash_utils.py ``scale_kv_cell_size_per_token_for_dflash``), plus the draft's own bytes per token from its
+  config 0.5.18+; NGRAM: none.
+* ``HybridSWAPoolConfigurator`` (sliding-window hybrids): 0.5.14 no draft term for any algorithm; 0.5.15+
+  EAGLE-family and STANDALONE add ``full_per_token x L_draft`` to the full-attention term; DFLASH adds none
+  0.5.14-0.5.17 and the draft's own bytes per token 0.5.18+ (``_dflash_draft_cell_size``); NGRAM none.
+
+kvaudit models the plain-pool EAGLE term and every "none"; the others need the draft's config (its layers and
+geometry), which the log does not give, so a prediction under them is not made and said so
+(:func:`draft_rules`).
 """
 
 from __future__ import annotations
 
 import math
+
+from dataclasses import replace
 
 from kvaudit.reconcile.interface import TokenInterval, Verdict
 from kvaudit.reconcile.sglang.context import Context
@@ -34,6 +64,8 @@ class Rule(Record):
     hi: Version | None
     headroom: bool = False  # 0.4.4-0.5.6: target tokens += reqs*(steps*topk + draft_tokens) + 100
     inflate: str | None = None  # "ratio" (0.5.14-0.5.17) or "int" (0.5.18+): cell grows by draft layers
+    #: 0.5.14+: the pool is sized from the free memory after the draft's weights (Scheduler.init_model_worker)
+    after_draft: bool = False
 
 
 SPEC_RULES = (
@@ -41,10 +73,61 @@ SPEC_RULES = (
     Rule("0.4.4-0.5.6: EAGLE headroom added to the target's tokens", (0, 4, 4), (0, 5, 6), headroom=True),
     Rule("0.5.7-0.5.13: no headroom; draft comes out of the reserve", (0, 5, 7), (0, 5, 13)),
     Rule("0.5.14-0.5.17: draft weights loaded first, cell x (1 + L_draft/L_target)", (0, 5, 14), (0, 5, 17),
-          inflate="ratio"),
+          inflate="ratio", after_draft=True),
     Rule("0.5.18+: draft weights loaded first, cell + int(cell x L_draft/L_target)", (0, 5, 18), None,
-          inflate="int"),
+          inflate="int", after_draft=True),
 )
+
+#: speculative algorithms by how SGLang prices their draft in the target's cell (speculative/spec_info.py:
+#: ``is_eagle()`` is EAGLE, EAGLE3 and FROZEN_KV_MTP; server_args resolves NEXTN to EAGLE; pool_configurator.py
+#: treats STANDALONE as EAGLE; ``is_dflash_family()`` is DFLASH and DSPARK, 0.5.16+)
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE")
+DFLASH_FAMILY = ("DFLASH", "DSPARK")
+#: NGRAM's draft is a token table: no weights, no KV pool, no draft term
+NO_DRAFT_MODEL = ("NGRAM",)
+
+
+def draft_rules(rule: Rule, algo: str | None, hybrid_swa: bool, layers_known: bool, era: VersionRange
+                ) -> tuple[list[Rule], list[str]]:
+    """The rule(s) one 0.5.14+ era band gives this algorithm on this kind of pool, and what kvaudit cannot
+    model there (said, never guessed: the caller judges nothing on a rule it could not compute). Rules of
+    0.5.13 and before pass unchanged. See the module docstring for the engine's terms."""
+    if not rule.after_draft:
+        return [rule], []
+    a = (algo or "").upper()
+    span = "0.5.18+" if rule.hi is None else f"{'.'.join(map(str, rule.lo))}-{'.'.join(map(str, rule.hi))}"
+    loaded = "draft weights loaded first"
+    if a in NO_DRAFT_MODEL:
+        return [replace(rule, name=f"{span}: NGRAM, no draft model: no draft term", inflate=None)], []
+    if a not in EAGLE_FAMILY + DFLASH_FAMILY:
+        return [], [f"SGLang {span} with the speculative algorithm '{algo}': how it prices the draft is not "
+                    "modelled"]
+    if hybrid_swa:
+        if a in DFLASH_FAMILY and rule.hi is not None:
+            return [replace(rule, name=f"{span}: {loaded}; {a} on a sliding-window hybrid: no draft term "
+                            "(HybridSWAPoolConfigurator)", inflate=None)], []
+        if a in DFLASH_FAMILY:
+            return [], [f"SGLang {span} adds the {a} draft's own bytes per token (from its config; "
+                        "pool_configurator.py _dflash_draft_cell_size) to a sliding-window hybrid's cell: not "
+                        "modelled"]
+        rules, unmodelled = [], []
+        if rule.lo <= (0, 5, 14) and era.overlaps((0, 5, 14), (0, 5, 14)):
+            rules.append(replace(rule, name=f"0.5.14: {loaded}; {a} on a sliding-window hybrid: no draft term "
+                                 "(HybridSWAPoolConfigurator)", hi=(0, 5, 14), inflate=None))
+        if rule.hi is None or era.overlaps((0, 5, 15), rule.hi):
+            unmodelled.append(f"SGLang {'0.5.15-0.5.17' if rule.hi is not None else '0.5.18+'} adds the draft's "
+                              "full-attention bytes x its layers to a sliding-window hybrid's cell "
+                              "(HybridSWAPoolConfigurator): not modelled")
+        return rules, unmodelled
+    if a in DFLASH_FAMILY:
+        what = ("ceil(cell x (L + L_draft) / L), L_draft from the draft's config" if rule.hi is not None
+                else "the draft's own bytes per token from its config")
+        return [], [f"SGLang {span} sizes a {a} target's cell as {what} (pool_configurator.py "
+                    "DefaultPoolConfigurator): not modelled"]
+    if not layers_known:
+        return [], [f"SGLang {span} grows the cell by the draft's layers over the target's (pool_configurator.py "
+                    "DefaultPoolConfigurator); without --model-config the layers are not known"]
+    return [rule], []
 PLAIN_RULE = Rule("formula", (0, 1, 0), None)
 
 
@@ -67,6 +150,8 @@ class Prediction(Record):
     #: the fraction's budget before --max-total-tokens (``min(profiled, max_total_tokens)``, model_runner.py /
     #: pool_configurator.py): when the cap binds, the pool says only that the budget reached the cap
     uncapped: TokenInterval | None = None
+    #: the free memory after the weights this prediction used (the draft's reading under a 0.5.14+ rule)
+    post: Interval | None = None
 
 
 def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Interval, Interval]], mfs: float,
@@ -80,7 +165,7 @@ def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Int
     uncapped = [p.uncapped for p in preds if p.uncapped is not None]
     return Prediction(TokenInterval(low.tokens.low, min(p.tokens.high for p in preds)), rule, low.headroom, low.cell,
                       TokenInterval(min(u.low for u in uncapped), min(u.high for u in uncapped))
-                      if len(uncapped) == len(preds) else None)
+                      if len(uncapped) == len(preds) else None, low.post)
 
 
 def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, cell: Interval,
@@ -113,7 +198,7 @@ def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, c
     if cap:
         uncapped = TokenInterval(lo, hi)
         lo, hi = min(lo, cap), min(hi, cap)
-    return Prediction(TokenInterval(lo, hi), rule, headroom, c, uncapped)
+    return Prediction(TokenInterval(lo, hi), rule, headroom, c, uncapped, post)
 
 
 

@@ -168,8 +168,16 @@ def rank_ledger(index: int, rf: RankFacts, ctx: Context, cell: CellSize | None, 
         limits[what] = None
     if rf.pool_end is not None and first_graph is not None:
         begin_line = rf.lines.get("begin target decode", rf.lines.get("begin target prefill"))
-        items.append(LedgerItem("attention_backend", "attention backend buffers (pool end -> graph begin)",
-                                rounded(rf.pool_end - first_graph, 3), "derived", in_reserve=True, line=begin_line))
+        start, what = rf.pool_end, "pool end"
+        pool_line, draft_line = rf.lines.get("pool_end"), rf.lines.get("draft_pool_end")
+        if (rf.draft_pool_end is not None and pool_line is not None and draft_line is not None
+                and begin_line is not None and pool_line < draft_line < begin_line):
+            # 0.5.14+ allocates the draft's pool right after the target's (scheduler.py init_memory_pools), then
+            # the attention backends (init_all_attention_backends), then the graphs: the span from the target's
+            # pool end holds the draft's pool, which its own items count
+            start, what = rf.draft_pool_end, "draft pool end"
+        items.append(LedgerItem("attention_backend", f"attention backend buffers ({what} -> graph begin)",
+                                rounded(start - first_graph, 3), "derived", in_reserve=True, line=begin_line))
     elif (rf.pool_end is not None and not rf.graph_usage and rank0 and ctx.summary is not None
           and ctx.summary.available_gpu_mem_gib is not None and not rf.draft_kv and rf.draft_weights is None
           and rf.lines.get("pool_end") is not None and rf.lines["pool_end"] < ctx.summary.line):
