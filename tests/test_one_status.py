@@ -80,13 +80,35 @@ def hosts(tmp_path_factory) -> list[tuple[Path, Path]]:
     return [(log, _capture(tmp, log, gpus)) for log in LOGS for gpus in (False, True)]
 
 
-def test_explain_says_one_status_in_every_format():
-    seen = set()
+@pytest.fixture(scope="module")
+def explained() -> dict[Path, dict]:
+    """log -> explain's JSON document, for each log kvaudit reads (exit 2: not a log it reads, said on stderr)."""
+    out = {}
     for log in LOGS:
         j = cli("explain", log, "-f", "json")
-        if j.code == 2:  # not a log kvaudit reads (said on stderr): no status to compare
-            continue
-        doc = j.json()
+        if j.code != 2:
+            out[log] = j.json()
+    return out
+
+
+@pytest.fixture(scope="module")
+def checked(hosts, tmp_path_factory) -> dict[Path, tuple[str, str]]:
+    """capture -> (check's JSON status, the Prometheus textfile that same run wrote)."""
+    prom_dir = tmp_path_factory.mktemp("prom")
+    out = {}
+    for _, cap in hosts:
+        status = cli("check", cap, "-f", "json", "--textfile-dir", prom_dir).json()["status"]
+        proms = list(prom_dir.glob("kvaudit-check-*.prom"))
+        assert len(proms) == 1, (cap, proms)
+        out[cap] = (status, proms[0].read_text())
+        for p in prom_dir.glob("*.prom"):
+            p.unlink()
+    return out
+
+
+def test_explain_says_one_status_in_every_format(explained):
+    seen = set()
+    for log, doc in explained.items():
         status = doc["status"]
         seen.add(status)
         assert _word(cli("explain", log).stdout) == status, log
@@ -95,29 +117,20 @@ def test_explain_says_one_status_in_every_format():
     assert {"ok", "unchecked", "warning", "error"} <= seen, seen  # the test sees every audited status
 
 
-def test_check_and_its_textfile_say_the_status_of_its_json(hosts, tmp_path):
-    prom_dir = tmp_path / "prom"
-    prom_dir.mkdir()
+def test_check_and_its_textfile_say_the_status_of_its_json(hosts, explained, checked):
     seen = set()
     for log, cap in hosts:
-        r = cli("check", cap, "-f", "json", "--textfile-dir", prom_dir)
-        doc = r.json()
-        status = doc["status"]
+        status, prom = checked[cap]
         seen.add(status)
         assert _word(cli("check", cap).stdout) == status, cap
         assert _word(cli("check", cap, "-f", "markdown").stdout) == status, cap
-        prom = next(prom_dir.glob("kvaudit-check-*.prom")).read_text()
-        for p in prom_dir.glob("*.prom"):
-            p.unlink()
         assert set(_status_series(prom).values()) == {status}, (cap, prom)
-        if cap.parent.name == "log":  # the log alone: what explain says of it
-            ex = cli("explain", log, "-f", "json")
-            if ex.code != 2:
-                assert ex.json()["status"] == status, (log, ex.json()["headline"], doc["headline"])
+        if cap.parent.name == "log" and log in explained:  # the log alone: what explain says of it
+            assert explained[log]["status"] == status, (log, explained[log]["headline"])
     assert {"ok", "unchecked", "warning", "error"} <= seen, seen
 
 
-def test_the_fleet_says_each_host_s_status_everywhere(hosts, tmp_path):
+def test_the_fleet_says_each_host_s_status_everywhere(hosts, checked, tmp_path):
     inv = tmp_path / "hosts.txt"
     inv.write_text("".join(f"{cap}\n" for _, cap in hosts))
     history, table, prom_dir = tmp_path / "history.sqlite", tmp_path / "gpus.csv", tmp_path / "prom"
@@ -128,7 +141,7 @@ def test_the_fleet_says_each_host_s_status_everywhere(hosts, tmp_path):
     want = {h["name"]: h["summary"]["status"] for h in doc["hosts"]}
     assert len(want) == len(hosts)
     for _, cap in hosts:  # the host's own check says the same
-        assert want[str(cap)] == cli("check", cap, "-f", "json").json()["status"], cap
+        assert want[str(cap)] == checked[cap][0], cap
     with sqlite3.connect(history) as db:
         recorded = dict(db.execute("SELECT host, status FROM hosts"))
     assert recorded == want
@@ -147,23 +160,12 @@ def test_the_fleet_says_each_host_s_status_everywhere(hosts, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-def test_no_alert_fires_on_an_unchecked_host(hosts, tmp_path):
+def test_no_alert_fires_on_an_unchecked_host(hosts, checked, tmp_path):
     """The series an unchecked host's check writes, fed to the shipped alert rules: nothing fires."""
     import yaml
 
-    prom_dir = tmp_path / "prom"
-    prom_dir.mkdir()
-    unchecked = []
-    for _, cap in hosts:
-        if cap.parent.name != "log":
-            continue
-        doc = cli("check", cap, "-f", "json", "--textfile-dir", prom_dir).json()
-        prom = next(prom_dir.glob("*.prom"))
-        if doc["status"] == "unchecked":
-            unchecked.append(prom.read_text())
-        prom.unlink()
-        if len(unchecked) >= 12:
-            break
+    unchecked = [checked[cap][1] for _, cap in hosts
+                 if cap.parent.name == "log" and checked[cap][0] == "unchecked"][:12]
     assert unchecked, "no unchecked host among the logs"
     series = []
     for prom in unchecked:
