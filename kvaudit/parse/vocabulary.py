@@ -195,6 +195,10 @@ class TRTLLMWords:
         b"TensorRT-managed allocation",
         # the temporary cache's blocks ('... set to {262146: (8256, 0)} for estimation dry run', NVIDIA/TensorRT-LLM#15182)
         b"for estimation dry run",
+        # the AutoDeploy backend: its banner and its placeholder KV cache manager's page count (ad_executor.py
+        # _CacheManagerWithFakePool; jeansblog/Nemotron3nano, 1.2.0rc5)
+        b"AutoDeploy backend",
+        b"fake cache manager",
     )
 
     markers: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",
