@@ -210,6 +210,13 @@ _WINDOW = lazy(r"Attention window size (\d+) exceeds upper bound (\d+) for avail
 _WINDOW_ADJUSTED = lazy(r"Adjusted window size (\d+) to (\d+) in blocks_per_window")
 _WINDOW_VEC = lazy(r"Adjusted max_attention_window_vec to \[([\d, ]*)\]")
 _SEQ_ADJUSTED = lazy(r"Adjusted max_seq_len to (\d+)")
+# the runtime cuts the sequence length to what one sequence can hold in the pool (C++ trtGptModelInflightBatching.cpp,
+# 0.1x: "... they are reduced to %d" from KVCacheManager::getMaxAttentionWindowUpperBound, later
+# calculateMaxAttentionWindow; the early PyTorch backend's resource_manager.py: "They are reduced to"), and maxInputLen
+# to one less
+_SEQ_CUT = lazy(r"maxAttentionWindow and maxSequenceLen are too large for at least one sequence to fit in kvCache\. "
+                r"[Tt]hey are reduced to (\d+)")
+_INPUT_CUT = lazy(r"maxInputLen is reduced to (\d+)")
 # a cross (encoder-decoder) cache has one window, rekeyed to max_seq_len (resource_manager.py)
 _CROSS_WINDOW = lazy(r"Adjusted attention window size to (\d+) in blocks_per_window")
 # the Python VSWA sizing (resource_manager.py, later builds; no release pinned): one line per window
@@ -542,6 +549,14 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         ev.append(WindowVector(n, t, rank, "target",
                                tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)))
+        return ev, []
+    m = _SEQ_CUT.search(t) if "are reduced to" in t else None
+    if m:
+        read("seq_cut", m.group(1))
+        return ev, []
+    m = _INPUT_CUT.search(t) if "maxInputLen is reduced" in t else None
+    if m:
+        read("input_cut", m.group(1))
         return ev, []
     m = _SEQ_ADJUSTED.search(t) if "Adjusted max_seq_len" in t else None
     if m:

@@ -199,6 +199,9 @@ class TRTLLMWords:
         # _CacheManagerWithFakePool; jeansblog/Nemotron3nano, 1.2.0rc5)
         b"AutoDeploy backend",
         b"fake cache manager",
+        # the C++ runtime's cut of the sequence length to the pool (trtGptModelInflightBatching.cpp; grps_trtllm's
+        # docs/scheduler.md); its first line carries 'kvCache' above
+        b"maxInputLen is reduced",
     )
 
     markers: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",

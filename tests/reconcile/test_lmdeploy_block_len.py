@@ -10,7 +10,9 @@ prints it in whole MiB.
 The lines are an InternLM camp note's ``lmdeploy serve gradio ./workspace`` (lmdeploy 0.1.0 by its pip line,
 internlm-chat-7b converted to a workspace, an A100 slice of 20,470 MiB): 2 x 32 x 32 x 128 x 128 x 2 B = 64 MiB, the
 block line's 64 MB, at 128 tokens per block; at 64 it would be 32 MiB. A check made with the wrong era's default raised
-a GEOMETRY_MISMATCH against the engine's own line."""
+a GEOMETRY_MISMATCH against the engine's own line. fixtures/configs/internlm-chat-7b.json is hand-written from
+internlm/internlm-chat-7b's config (32 layers, 32 heads of 128, hidden 4096, float16), which the note's own converter
+output agrees with (w_qkv of 3 x 4096, layers 0-31)."""
 
 from __future__ import annotations
 

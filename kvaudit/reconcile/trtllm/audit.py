@@ -250,6 +250,17 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
         notes.append(f"the attention window {w.window:,} was cut to {w.bound:,} tokens (line {w.line}){whole}"
                      + (f"; max_seq_len became {int(seq):,}: a longer request is refused" if seq else
                         ": a sequence cannot attend beyond it"))
+    seq_cut = ctx.first("seq_cut")
+    if seq_cut is not None and not cut:
+        # trtGptModelInflightBatching.cpp (0.1x C++ runtime): the engine's maxAttentionWindow / maxSequenceLen did not
+        # fit one sequence in the pool, so both became the longest that does (calculateMaxAttentionWindow: the output
+        # blocks first, the prompt in what is left), and maxInputLen one less when it was longer
+        inp = ctx.first("input_cut")
+        notes.append(f"the runtime cut maxAttentionWindow and maxSequenceLen to {int(seq_cut):,} tokens (line "
+                     f"{ctx.line_of('seq_cut')}): the engine's length "
+                     "did not fit one sequence in the KV pool" + (f" of {logged:,} tokens" if logged else "")
+                     + (f"; maxInputLen became {int(inp):,} (line {ctx.line_of('input_cut')}): a longer prompt cannot "
+                        "be served" if inp is not None else ": a longer sequence cannot be served"))
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
         fits = _block_sizes(b, int(blocks), cell.bytes if cell.source == "config" else None)

@@ -1,4 +1,7 @@
-"""TensorRT-LLM's AutoDeploy backend (corpus trtllm_c036: 1.2.0rc5, Nemotron-3-Nano-30B-A3B-FP8 on a DGX Spark).
+"""Two TensorRT-LLM classes from the 2026-12-03 harvest: the AutoDeploy backend and the C++ runtime's cut of the
+sequence length to the pool (corpus trtllm_c037, the last test).
+
+TensorRT-LLM's AutoDeploy backend (corpus trtllm_c036: 1.2.0rc5, Nemotron-3-Nano-30B-A3B-FP8 on a DGX Spark).
 
 tensorrt_llm/_torch/auto_deploy/shim/ad_executor.py ``_CacheManagerWithFakePool`` (0.2x-1.2 builds): AutoDeploy
 keeps its caches in its own layer-wise pools, sized by its resize_kv_cache transform from ``free_mem_ratio``, and
@@ -49,3 +52,22 @@ def test_an_autodeploy_pool_is_not_rerun_at_another_fraction():
     d = cli("whatif", LOG, "--free-gpu-memory-fraction", "0.5", "-f", "json").json()["whatif"]
     assert d["risk"] == "unknown" and d["tokens_after"] is None
     assert "AutoDeploy" in " ".join(d["explanation"])
+
+
+def test_the_cpp_cut_of_the_sequence_length_is_read():
+    """NetEase-Media/grps_trtllm docs/scheduler.md (corpus trtllm_c037): trtGptModelInflightBatching.cpp cut
+    maxAttentionWindow / maxSequenceLen to 5,185 and maxInputLen to 5,184 so that one sequence fits the 82 x 64 =
+    5,248-token pool; both lines were read by no grammar before. The early PyTorch backend's resource_manager.py
+    prints the same warning with a capital 'They'."""
+    c = "[TensorRT-LLM][WARNING] maxAttentionWindow and maxSequenceLen are too large for at least one sequence to fit "
+    ev, _ = parse_line(Line(4, c + "in kvCache. they are reduced to 5185"))
+    assert [(e.key, e.value) for e in ev if isinstance(e, Reading)] == [("seq_cut", 5185.0)]
+    ev, _ = parse_line(Line(4, "[TRT-LLM] [W] maxAttentionWindow and maxSequenceLen are too large for at least one "
+                               "sequence to fit in kvCache. They are reduced to 4096"))
+    assert [(e.key, e.value) for e in ev if isinstance(e, Reading)] == [("seq_cut", 4096.0)]
+    ev, _ = parse_line(Line(5, "[TensorRT-LLM][WARNING] maxInputLen is reduced to 5184"))
+    assert [(e.key, e.value) for e in ev if isinstance(e, Reading)] == [("input_cut", 5184.0)]
+    d = cli("explain", CORPUS / "trtllm_c037.log", "-f", "json").json()
+    a = d["audits"][0] if "audits" in d else d
+    note = next(n for n in a["notes"] if "maxSequenceLen" in n)
+    assert "5,185 tokens (line 4)" in note and "KV pool of 5,248 tokens" in note and "5,184 (line 5)" in note
