@@ -63,7 +63,7 @@ NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 @record
 class Banner(Event):
     version: str | None = None
-    backend: str | None = None  # "pytorch" | "tensorrt"
+    backend: str | None = None  # "pytorch" | "tensorrt" | "autodeploy"
 
 
 @record
@@ -210,11 +210,22 @@ _WINDOW = lazy(r"Attention window size (\d+) exceeds upper bound (\d+) for avail
 _WINDOW_ADJUSTED = lazy(r"Adjusted window size (\d+) to (\d+) in blocks_per_window")
 _WINDOW_VEC = lazy(r"Adjusted max_attention_window_vec to \[([\d, ]*)\]")
 _SEQ_ADJUSTED = lazy(r"Adjusted max_seq_len to (\d+)")
+# the runtime cuts the sequence length to what one sequence can hold in the pool (C++ trtGptModelInflightBatching.cpp,
+# 0.1x: "... they are reduced to %d" from KVCacheManager::getMaxAttentionWindowUpperBound, later
+# calculateMaxAttentionWindow; the early PyTorch backend's resource_manager.py: "They are reduced to"), and maxInputLen
+# to one less
+_SEQ_CUT = lazy(r"maxAttentionWindow and maxSequenceLen are too large for at least one sequence to fit in kvCache\. "
+                r"[Tt]hey are reduced to (\d+)")
+_INPUT_CUT = lazy(r"maxInputLen is reduced to (\d+)")
 # a cross (encoder-decoder) cache has one window, rekeyed to max_seq_len (resource_manager.py)
 _CROSS_WINDOW = lazy(r"Adjusted attention window size to (\d+) in blocks_per_window")
 # the Python VSWA sizing (resource_manager.py, later builds; no release pinned): one line per window
 _WINDOW_BLOCKS = lazy(r"Window size = (\d+), primary_blocks: (\d+), secondary_blocks: (\d+)")
-_BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT) backend")
+_BACKEND = lazy(r"Using LLM with (PyTorch|TensorRT|AutoDeploy) backend")
+# the AutoDeploy backend (_torch/auto_deploy/shim/ad_executor.py, _CacheManagerWithFakePool.calculate_max_num_blocks;
+# 0.2x-1.2 builds): its caches are AutoDeploy's own layer-wise pools; the C++ KV cache manager it creates only keeps
+# the page table, with head_dim=0, so that manager's pool line says 0.00 GiB for num pages x page size tokens
+_AD_FAKE = lazy(r"Using fake cache manager with head_dim=0 and num pages:? (\d+)")
 # resource_manager.py (2026 builds, NVIDIA/TensorRT-LLM#15182): "[kv cache manager] Primary/secondary blocks for
 # window sizes set to {262146: (8256, 0)} for estimation dry run": the blocks of the temporary cache KvCacheCreator
 # profiles with, per window; a pool of that many blocks is that cache, not the one the server runs with
@@ -268,7 +279,7 @@ def _message(text: str, start: int) -> str:
 #: TensorRT-LLM's loggers: the C++ ``[TensorRT-LLM][INFO] `` (tensorrt_llm/common/logger.cpp), the Python
 #: ``[12/01/2025-10:00:00] [TRT-LLM] [I] `` (tensorrt_llm/logger.py), TensorRT's ``[TRT] [I] ``, and Triton's
 #: glog prefix (``I0306 16:40:07.708802 117 model_instance_state.cc:691] ``) for the backend's lines
-_OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
+_OWN = lazy(r"\[TensorRT-LLM\]|\[TRT-LLM(?: AUTO-DEPLOY)?\]|\[TRT\]|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]")
 #: what it prints without a prefix: a traceback's exception and the trtllm-serve wrapper's checkpoint path
 #: (anywhere: the path is used only when it is the only one), the executor's OOM table rows (one logger call
 #: over several lines) and trtllm-bench's summary table (printed) after its prefixed lines
@@ -307,6 +318,10 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     m = _BACKEND.search(t) if "backend" in t else None
     if m:
         return [Banner(n, t, None, m.group(1).lower())], []
+    m = _AD_FAKE.search(t) if "fake cache manager" in t else None
+    if m:
+        read("autodeploy_pages", m.group(1))
+        return ev, []
     for word, kind in _FAILURES:
         if word in t:
             nums: dict[str, float] = {}
@@ -534,6 +549,14 @@ def parse_line(line: Line) -> tuple[list[Event], list[VersionRange]]:
     if m:
         ev.append(WindowVector(n, t, rank, "target",
                                tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)))
+        return ev, []
+    m = _SEQ_CUT.search(t) if "are reduced to" in t else None
+    if m:
+        read("seq_cut", m.group(1))
+        return ev, []
+    m = _INPUT_CUT.search(t) if "maxInputLen is reduced" in t else None
+    if m:
+        read("input_cut", m.group(1))
         return ev, []
     m = _SEQ_ADJUSTED.search(t) if "Adjusted max_seq_len" in t else None
     if m:

@@ -195,6 +195,13 @@ class TRTLLMWords:
         b"TensorRT-managed allocation",
         # the temporary cache's blocks ('... set to {262146: (8256, 0)} for estimation dry run', NVIDIA/TensorRT-LLM#15182)
         b"for estimation dry run",
+        # the AutoDeploy backend: its banner and its placeholder KV cache manager's page count (ad_executor.py
+        # _CacheManagerWithFakePool; jeansblog/Nemotron3nano, 1.2.0rc5)
+        b"AutoDeploy backend",
+        b"fake cache manager",
+        # the C++ runtime's cut of the sequence length to the pool (trtGptModelInflightBatching.cpp; grps_trtllm's
+        # docs/scheduler.md); its first line carries 'kvCache' above
+        b"maxInputLen is reduced",
     )
 
     markers: tuple[str, ...] = ("[TRT-LLM]", "[TensorRT-LLM]", "TensorRT-LLM version", "for max tokens in paged KV cache",

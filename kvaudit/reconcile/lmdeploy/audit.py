@@ -174,6 +174,24 @@ def _cell(s: Settings) -> tuple[Cell, Settings, tuple[Finding, ...]]:
                                       "does not state the policy)"])
                         return Cell(other.bytes, lo, hi, _source(said), other.description
                                     + f"; the block line's {mib:g} MB agrees"), said, ()
+            if s.block_source.startswith("default"):
+                # rule 3 again: an assumed block length cannot make a mismatch. The other era's default (TurboMind:
+                # 128 tokens before v0.3.0, 64 from it) may be the one the block line shows
+                if s.block_other is not None:
+                    said = replace(s, block=s.block_other, block_other=None, block_source=(
+                        f"inferred from the block size (the default {s.block_other} of cache_block_seq_len "
+                        f"{'before' if s.block_other > s.block else 'from'} 0.3.0)"))
+                    other = _block(said)
+                    if other is not None and other.bytes is not None and _fits(other.bytes, mib, lo, hi, truncated):
+                        said.notes.append(f"the block line's {mib:g} MB is {s.block_other} tokens per block for this "
+                                          "model: the default before 0.3.0 (the log does not state the block length)")
+                        return Cell(other.bytes, lo, hi, _source(said), other.description
+                                    + f"; the block line's {mib:g} MB agrees"), said, ()
+                s.notes.append(f"the block line's {mib:g} MB is not the model's block at the assumed {s.block} tokens "
+                               f"per block ({block.bytes / MIB:g} MiB); the log does not state cache_block_seq_len, "
+                               "so no mismatch is judged")
+                return (Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens "
+                                                      "(assumed)"), s, ())
             raised = (F.geometry_mismatch(block.bytes // s.block, mib * MIB / s.block,
                                           f"{_source(s)}; {block.description}"),)
             return (Cell(None, lo, hi, "kv_line", f"the block line: {mib:g} MiB per block of {s.block} tokens"), s,
@@ -251,7 +269,12 @@ def _check_pool(s: Settings, cell: Cell, blocks: int | None):
                "sized from are not in the log" if cached is not None else "no pool line in the log")
         why += "" if s.startup.of(Failure) else f" ({missing_pool_hint(s.startup)})"
         return None, Verdict.UNKNOWN, why, None, ()
-    if s.block_source.startswith("default"):
+    if s.block_source.startswith("default") and s.block_other is not None:
+        # the era spans v0.3.0: TurboMind's default block length was 128 before it and 64 from it
+        unsaid = (f"{blocks:,} blocks (the log does not state the tokens per block: at the default of 0.3.0+, "
+                  f"{s.block}, {blocks * s.block:,} tokens; at the default before 0.3.0, {s.block_other}, "
+                  f"{blocks * s.block_other:,}); ")
+    elif s.block_source.startswith("default"):
         unsaid = (f"{blocks:,} blocks (the log does not state the tokens per block: at the default {s.block}, "
                   f"{blocks * s.block:,} tokens); ")
     else:

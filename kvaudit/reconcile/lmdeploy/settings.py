@@ -12,8 +12,14 @@ from kvaudit.reconcile.interface import AuditOptions
 
 #: ``TurbomindEngineConfig.cache_max_entry_count`` / ``PytorchEngineConfig``: 0.8 since v0.2.2 (0.5 before)
 DEFAULT_RATIO = 0.8
-#: ``cache_block_seq_len`` (TurboMind) and ``block_size`` (PyTorch engine): 64 in every config since v0.2
+#: ``cache_block_seq_len`` (TurboMind, v0.3.0+: lmdeploy/messages.py ``TurbomindEngineConfig``) and ``block_size``
+#: (PyTorch engine, ``PytorchEngineConfig``): 64
 DEFAULT_BLOCK = 64
+#: TurboMind's default before v0.3.0: 128 (v0.1.0-v0.2.6 lmdeploy/turbomind/deploy/target_model/base.py
+#: ``TurbomindModelConfig.cache_block_seq_len = 128``, the converted workspace's config.ini; LlamaTritonModel.cc's
+#: fallback when the INI lacks it is 128 too); v0.3.0 made it 64 in both
+OLD_DEFAULT_BLOCK = 128
+OLD_DEFAULT_BLOCK_UNTIL = (0, 2, 99)
 
 
 class Geometry(NamedTuple):
@@ -43,6 +49,9 @@ class Settings:
     session_len: int | None
     geometry: Geometry | None
     notes: list[str] = field(default_factory=list)
+    #: the other era's default tokens per block, when the block length is a default and the log's era spans v0.3.0
+    #: (TurboMind: 128 before, 64 from): the default taken is then no more likely than this one
+    block_other: int | None = None
 
     def get(self, key: str) -> float | None:
         return self.readings.get(key)
@@ -101,7 +110,7 @@ def build_settings(startup: Startup, opts: AuditOptions) -> Settings:
                                (readings.get("block_seq_len"), "log (the TurboMind model config)"),
                                (readings.get("block_seq_len_default"), "log (the engine's default, stated)"),
                                (from_cut, "log (session_len cut to blocks x block length)"),
-                               (DEFAULT_BLOCK, "default 64 (cache_block_seq_len / block_size)"))
+                               _default_block(startup, backend))
     qp, quant_source = pick((cfg.get("quant_policy"), "log (backend_config)"),
                             (readings.get("pt_quant_policy"), "log (CacheConfig)"),
                             (readings.get("quant_policy"), "log (the TurboMind model config)"),
@@ -121,8 +130,25 @@ def build_settings(startup: Startup, opts: AuditOptions) -> Settings:
     elif all(k in readings for k in ("layers", "kv_heads", "head_dim")):
         geom = Geometry(int(readings["layers"]), int(readings["kv_heads"]), int(readings["head_dim"]),
                         "log (the TurboMind model config)")
+    other = (OLD_DEFAULT_BLOCK if backend != "pytorch" and block_source.startswith("default") and block == DEFAULT_BLOCK
+             and startup.era.lo <= OLD_DEFAULT_BLOCK_UNTIL else None)
     return Settings(startup, backend, readings, lines, float(ratio), ratio_source, int(block), block_source,
-                    int(qp), quant_source, int(tp), tp_source, int(session) if session else None, geom, notes)
+                    int(qp), quant_source, int(tp), tp_source, int(session) if session else None, geom, notes,
+                    block_other=other)
+
+
+def _default_block(startup: Startup, backend: str) -> tuple[int, str]:
+    """The tokens per block a release uses when no line states them: the PyTorch engine's block_size 64; TurboMind's
+    cache_block_seq_len 128 up to v0.2.6, 64 from v0.3.0 (where the lines do not tell the era apart: 64, said so,
+    and ``Settings.block_other`` holds 128)."""
+    era = startup.era
+    if backend == "pytorch":
+        return DEFAULT_BLOCK, "default 64 (block_size)"
+    if era.hi is not None and era.hi <= OLD_DEFAULT_BLOCK_UNTIL:
+        return OLD_DEFAULT_BLOCK, "default 128 (cache_block_seq_len before 0.3.0)"
+    if era.lo <= OLD_DEFAULT_BLOCK_UNTIL:
+        return DEFAULT_BLOCK, "default 64 (cache_block_seq_len from 0.3.0; 128 before, and the log's era spans both)"
+    return DEFAULT_BLOCK, "default 64 (cache_block_seq_len / block_size)"
 
 
 def _default_ratio(startup: Startup) -> tuple[float, str]:

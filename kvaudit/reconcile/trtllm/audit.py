@@ -29,11 +29,27 @@ from kvaudit.units import GIB, LOG_HALF_ULP
 
 ENGINE = "trtllm"
 
+#: Why an AutoDeploy startup's pool is not checked. tensorrt_llm/_torch/auto_deploy/shim/ad_executor.py
+#: (``_CacheManagerWithFakePool``, 0.2x-1.2 builds; NVIDIA/TensorRT-LLM at 000a01de, and the 1.2.0rc5 log of
+#: jeansblog/Nemotron3nano): "We use the default KVCacheManager but with a fake pool by setting head_dim=0. The actual
+#: cache pools are managed by auto_deploy layerwise cache pools"; its ``calculate_max_num_blocks`` returns
+#: AutoDeploy's own page count (``cache_seq_interface.info.num_pages``, set by the resize_kv_cache transform from
+#: ``free_mem_ratio`` of the memory free after a forward pass). The C++ pool line is that placeholder: its GiB (0.00)
+#: is not the caches' memory, and neither free_gpu_memory_fraction nor KvCacheCreator's formula applies.
+AUTODEPLOY = ("the AutoDeploy backend allocates its own layer-wise caches (resize_kv_cache: free_mem_ratio of the "
+              "memory free after a forward pass) and gives TensorRT-LLM's KV cache manager a placeholder pool with "
+              "head_dim=0 (ad_executor.py _CacheManagerWithFakePool): the pool line's GiB is not the caches' memory "
+              "and kvaudit has no model of AutoDeploy's sizing, so the pool is not checked")
+
 
 def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
     ctx = build_context(startup, opts)
     findings: list[Finding] = []
     pool = logged_pool(ctx.facts)
+    if ctx.autodeploy:  # the placeholder manager's 0.00 GiB is no size of the caches: the tokens only
+        finals = {r: dataclasses.replace(a, gib=None) for r, a in pool.finals.items()}
+        pool = dataclasses.replace(pool, finals=finals, gib=None, smallest=(
+            dataclasses.replace(pool.smallest, gib=None) if pool.smallest is not None else None))
     cell = bytes_per_token(ctx, pool)
     findings += cell.findings
     if cell.implied_elt is not None:
@@ -43,7 +59,15 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
     findings += budget.findings
     pred = predict(ctx, budget, cell, pool)
     findings += budget.capped
-    if pool.self_pool is not None:
+    if ctx.autodeploy:
+        pages = ctx.first("autodeploy_pages")
+        pred = Prediction(None, Verdict.UNKNOWN, AUTODEPLOY)
+        ctx.notes.append("AutoDeploy backend" + (f": {int(pages):,} pages (line {ctx.line_of('autodeploy_pages')})"
+                                                 + (f" x {ctx.block} tokens = {int(pages) * ctx.block:,} tokens"
+                                                    if ctx.block else "") if pages else "")
+                         + "; its caches' memory is not in the C++ pool line (a placeholder with head_dim=0), and "
+                         "free_gpu_memory_fraction does not size them: AutoDeploy's free_mem_ratio does")
+    elif pool.self_pool is not None:
         pred = Prediction(None, Verdict.UNKNOWN, _encoder_decoder(ctx, budget, pool))
     elif (not budget.capped and pred.verdict != Verdict.MATCH and pool.gib and budget.lo is not None
             and budget.mid is not None and budget.smallest is not None and budget.smallest.cpp
@@ -104,9 +128,13 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
                     + (["the KV dtype is assumed (pass --kv-cache-dtype)"]
                        if ctx.kv_assumed and cell.source == "config" else [])),
         engine_display="TensorRT-LLM",
-        formula_text=(("KV = available x fraction" if cpp else "KV = (total - peak + temporary KV) x fraction")
+        formula_text=("AutoDeploy: pages = what its resize_kv_cache transform fits in free_mem_ratio x the memory "
+                      "free after a forward pass (not modelled)" if ctx.autodeploy else
+                      ("KV = available x fraction" if cpp else "KV = (total - peak + temporary KV) x fraction")
                       + ";  tokens = ceil(floor(KV / bytes per token) / block) x block"),
-        formula_rows=(
+        formula_rows=((FormulaRow("free_mem_ratio (AutoDeploy)", None, "", "not in the log"),
+                       FormulaRow("free_gpu_memory_fraction", None if ctx.fraction_assumed else ctx.fraction, "",
+                                  ctx.fraction_source)) if ctx.autodeploy else (
             FormulaRow("device total memory", formula.pre_load_free_gib, "GiB", "the card"),
             FormulaRow("available (free after the engine and buffers)" if cpp
                        else "free after profiling (total - peak + temporary KV)", formula.post_load_free_gib, "GiB",
@@ -114,7 +142,7 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
             FormulaRow("free_gpu_memory_fraction", ctx.fraction, "", ctx.fraction_source),
             FormulaRow("headroom = (1 - fraction) x free", formula.reserve_gib, "GiB", "left outside the KV cache"),
             FormulaRow("available KV cache memory", formula.rest_gib, "GiB", "the KV budget"),
-        ),
+        )),
         pre_load_label="total",
     )
 
@@ -122,8 +150,9 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
 def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) -> Formula:
     total = ctx.first("total_gib") or ctx.first("cpp_total_gib")
     s = b.smallest
+    unused = ctx.autodeploy and ctx.fraction_assumed  # AutoDeploy: no default of the fraction is assumed
     return Formula(
-        mem_fraction_static=ctx.fraction,
+        mem_fraction_static=None if unused else ctx.fraction,
         mem_fraction_static_source=ctx.fraction_source,
         pre_load_free_gib=total,
         pre_load_free_source="device total memory" if total else None,
@@ -144,7 +173,7 @@ def _formula(ctx: Context, b: Budget, cell: Cell, pool: Pool, pred: Prediction) 
         speculative_headroom_tokens=None,
         kv_bytes_per_token_logged=round(cell.from_pool_line, 1) if cell.from_pool_line else None,
         # the budget is fraction x free unless the log states it; the cell divides the KV heads by TP
-        check_inputs=(("mem_fraction_static",) if b.available_logged is None else ())
+        check_inputs=(("mem_fraction_static",) if b.available_logged is None and not ctx.autodeploy else ())
         + (("attention_tp_size",) if (cell.source or "").startswith("config") else ()),
     )
 
@@ -221,6 +250,17 @@ def _notes(ctx: Context, b: Budget, pool: Pool, cell: Cell) -> None:
         notes.append(f"the attention window {w.window:,} was cut to {w.bound:,} tokens (line {w.line}){whole}"
                      + (f"; max_seq_len became {int(seq):,}: a longer request is refused" if seq else
                         ": a sequence cannot attend beyond it"))
+    seq_cut = ctx.first("seq_cut")
+    if seq_cut is not None and not cut:
+        # trtGptModelInflightBatching.cpp (0.1x C++ runtime): the engine's maxAttentionWindow / maxSequenceLen did not
+        # fit one sequence in the pool, so both became the longest that does (calculateMaxAttentionWindow: the output
+        # blocks first, the prompt in what is left), and maxInputLen one less when it was longer
+        inp = ctx.first("input_cut")
+        notes.append(f"the runtime cut maxAttentionWindow and maxSequenceLen to {int(seq_cut):,} tokens (line "
+                     f"{ctx.line_of('seq_cut')}): the engine's length "
+                     "did not fit one sequence in the KV pool" + (f" of {logged:,} tokens" if logged else "")
+                     + (f"; maxInputLen became {int(inp):,} (line {ctx.line_of('input_cut')}): a longer prompt cannot "
+                        "be served" if inp is not None else ": a longer sequence cannot be served"))
     blocks = ctx.first("primary_blocks")
     if block is None and blocks and b.mid is not None:
         fits = _block_sizes(b, int(blocks), cell.bytes if cell.source == "config" else None)

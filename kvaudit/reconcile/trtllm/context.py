@@ -60,6 +60,9 @@ class Context:
     speculative: bool
     multimodal_gib: float
     notes: list[str] = field(default_factory=list)
+    #: the AutoDeploy backend ('Using LLM with AutoDeploy backend', its fake cache manager's line): AutoDeploy sizes
+    #: and holds its own caches, which kvaudit does not model (see audit.AUTODEPLOY)
+    autodeploy: bool = False
 
     def first(self, key: str) -> float | None:
         return first(self.facts, key)
@@ -128,7 +131,13 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     if vectors and len(set(vectors[-1].windows)) > 1:
         for size in set(vectors[-1].windows):
             windows.setdefault(size, (None, None))
+    autodeploy = first(facts, "autodeploy_pages") is not None or any(
+        b.backend == "autodeploy" for b in startup.of(Banner))
+    if autodeploy and assumed:
+        # AutoDeploy's resize_kv_cache transform takes free_mem_ratio of the free memory, not
+        # free_gpu_memory_fraction: no default of that setting is assumed for it
+        source = "not used: the AutoDeploy backend sizes its caches by its own free_mem_ratio"
     return Context(startup, opts, facts, geom, fraction, source, assumed,
                    int(first(facts, "tokens_per_block") or 0) or None, tp, not opts.tp_size and bool(tagged),
                    tp_source, kv_dtype, elt, kv_assumed, caps, windows, bool(first(facts, "speculative")),
-                   first(facts, "multimodal_gib") or 0.0)
+                   first(facts, "multimodal_gib") or 0.0, autodeploy=autodeploy)
