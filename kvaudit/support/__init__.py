@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 DIMENSIONS = ("pool", "kv_dtype", "platform")
 #: every value each dimension may take (a row naming another is an error the tests catch)
 KINDS = {
-    "pool": ("dense", "mla", "nsa", "swa", "mamba", "dsv4", "encoder_decoder", "draft"),
+    "pool": ("dense", "mla", "nsa", "swa", "mamba", "dsv4", "encoder_decoder", "draft", "backend_managed"),
     "kv_dtype": ("16bit", "fp8", "fp4", "int8", "int4", "mixed"),
     "platform": ("discrete", "unified", "cpu"),
 }
@@ -38,7 +38,8 @@ KIND_WORDS = {
     "dense": "dense MHA/GQA attention", "mla": "MLA (latent) attention", "nsa": "NSA/DSA sparse attention (indexer)",
     "swa": "sliding-window layers", "mamba": "Mamba/linear-attention state pools",
     "dsv4": "DeepSeek-V4 compressed pools",
-    "encoder_decoder": "encoder-decoder caches", "draft": "a speculative draft", "16bit": "a 16-bit KV cache",
+    "encoder_decoder": "encoder-decoder caches", "draft": "a speculative draft",
+    "backend_managed": "caches a separate backend sizes and allocates itself", "16bit": "a 16-bit KV cache",
     "fp8": "an FP8 KV cache", "fp4": "an FP4 KV cache", "int8": "an INT8 KV cache", "int4": "an INT4 KV cache",
     "mixed": "different K and V element types", "discrete": "a card with memory of its own",
     "unified": "unified memory", "cpu": "a CPU backend (KV cache in host memory)",

@@ -46,6 +46,8 @@ def test_an_autodeploy_pool_is_not_checked_and_no_fraction_is_assumed():
     logged = a["ranks"][0]["logged"]
     assert logged["kv_pool_tokens"] == 3_958_272 and "kv_pool_gib" not in logged
     assert all(it["key"] != "kv_cache" for r in a["ranks"] for it in r.get("items", []))
+    # the coverage every output shows agrees: the caches are AutoDeploy's, which the support table does not model
+    assert a["coverage"]["level"] == "not" and "separate backend" in a["coverage"]["limits"][0]
 
 
 def test_an_autodeploy_pool_is_not_rerun_at_another_fraction():

@@ -122,7 +122,10 @@ def reconcile(startup: Startup, opts: AuditOptions, startups_total: int = 1) -> 
         speculative=None,
         # two or more attention windows: VSWA, whose per-window split the support table marks not modelled (rule 7
         # then keeps every model judgement off the pool); otherwise the verdict derives the kinds from the model
-        pool_kinds=(("mla" if geom is not None and geom.is_mla else "dense"), "swa") if len(ctx.windows) > 1 else (),
+        # AutoDeploy: its caches are its own (the pool line is a placeholder), which the support table marks not
+        # modelled, so the coverage every output shows says so
+        pool_kinds=("backend_managed",) if ctx.autodeploy else
+        (("mla" if geom is not None and geom.is_mla else "dense"), "swa") if len(ctx.windows) > 1 else (),
         hicache_host_gb=None,
         notes=tuple(ctx.notes + ([f"bytes per token: {cell.description}"] if cell.description else [])
                     + (["the KV dtype is assumed (pass --kv-cache-dtype)"]
