@@ -100,3 +100,24 @@ def test_a_count_that_fits_two_eras_rules_is_not_a_match():
         and "0.4.4-0.5.6" in f.verdict_reason
     g = audit_entry("sglang_c078", {"config": "qwen3-32b.json"}).formula
     assert g.verdict == Verdict.MATCH and "0.4.4-0.5.6" in (g.rule or ""), g.verdict_reason
+
+
+def test_a_kv_line_larger_than_the_engines_budget_is_not_the_cell():
+    """sglang_c080 (DeepSeek-V3.2 on the Ascend A3 image of 2026-01-13): 'KV size: 5.52 GB' for 68,864 tokens
+    beside a printed budget of 5.03 GB, which holds at most 62,987 tokens at the line's 85,909 B: the line counts
+    bytes the division did not price. Without the config the count is not checked (was TOKENS_MISMATCH 5,888
+    more); with it the NSA cell (576 x 2 + 132 B) x 61 = 78,324 B divides the budget to 68,864..68,992."""
+    f = audit_entry("sglang_c080", {}).formula
+    assert f.verdict == Verdict.UNKNOWN and "exceed the engine's own budget of 5.03 GiB" in f.verdict_reason
+    a = audit_entry("sglang_c080", {"config": "deepseek-v3.2.json"})
+    g = a.formula
+    assert g.verdict == Verdict.MATCH and g.bytes_per_token == 78324, g.verdict_reason
+    assert (g.predicted_tokens.low, g.predicted_tokens.high) == (68864, 68992)
+    assert not any(x.code == "GEOMETRY_MISMATCH" for x in a.findings)
+
+
+def test_the_eagle_headroom_is_not_a_line_over_the_budget():
+    """sglang_c075: the pool's 802,944 tokens at 49,150 B are 36.76 GiB beside a 36.69 GiB budget, the 1,444
+    tokens of 0.4.4-0.5.6's headroom: the KV line still gives the cell."""
+    f = audit_entry("sglang_c075", {}).formula
+    assert f.bytes_per_token_source == "kv_line" and f.verdict == Verdict.MATCH, f.verdict_reason

@@ -3,6 +3,8 @@ verdict, the ledgers and the findings. Pure: no I/O."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from typing import Any
 
@@ -347,10 +349,17 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
             ctx.notes.append(mixed)
             iv, source = line_cell, "kv_line"
         elif line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
-            findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
-            iv, source = line_cell, "kv_line (config disagrees)"
+            over = line_over_budget(ctx, line_cell, None if approx else logged)
+            if over is not None:
+                # the line counts bytes the division did not price: it is no evidence against the config's cell
+                ctx.notes.append(over + "; the config's bytes per token are used")
+            else:
+                findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
+                iv, source = line_cell, "kv_line (config disagrees)"
     elif line_cell is not None and nsa_fp8_line_not_budget(ctx):
         source = "none: the NSA FP8 KV line gives the stored rows, not the budget's bytes per token"
+    elif line_cell is not None and (over := line_over_budget(ctx, line_cell, None if approx else logged)):
+        source = "none: " + over
     elif line_cell is not None:
         iv, source = line_cell, "kv_line"
     if cell_note:
@@ -496,6 +505,9 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         nsa = nsa_fp8_line_not_budget(ctx) if "bytes per token" in missing and cells.cell is None else None
         if first is None and nsa and cells.line_mid is not None:
             reason = f"not checked: {nsa}"
+        elif first is None and cells.source and cells.source.startswith("none: ") and cells.line_mid is not None:
+            reason = "not checked: " + cells.source[len("none: "):] + _how_to_check(
+                wants, opts.model_geometry is not None, ctx.startup)
         elif first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
                       + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
@@ -623,6 +635,29 @@ def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
         verdict = Verdict.MISMATCH
         reason = f"{c.budget_note}; the division itself is right ({c.reason})"
     return Outcome(pred, verdict, reason, None, ())
+
+
+def line_over_budget(ctx: Context, line_cell: Interval, logged: int | None) -> str | None:
+    """Why the KV line's bytes per token are not the ones the budget was divided by, or None: the pool holds more
+    tokens than the engine's own printed budget ('The available memory for KV cache is X GB') holds at the line's
+    bytes, beyond any EAGLE headroom (0.4.4-0.5.6). The division cannot give more tokens than the budget holds, so
+    the line counts bytes the division did not price. Seen on the Ascend A3 images cann8.5-a3-release20260113..17
+    (shun8686/for_debug logs/log_0116.tar.gz): DeepSeek-V3.2 prints 'KV size: 5.52 GB' beside a 5.03 GB budget,
+    the indexer's keys at 2 B in the line against about 1 B (and scales) in the division."""
+    budget = min((rf.kv_budget for rf in ctx.facts.values() if rf.kv_budget is not None), default=None)
+    if budget is None or logged is None or line_cell.lo <= 0:
+        return None
+    reqs = as_int(ctx.args.get("max_running_requests")) or 48
+    steps = as_int(ctx.args.get("speculative_num_steps")) or 0
+    topk = as_int(ctx.args.get("speculative_eagle_topk")) or 1
+    draft_tokens = as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
+    head = reqs * (steps * topk + draft_tokens) + 100 if ctx.spec_algo is not None else 0
+    most = math.floor((budget + LOG_HALF_ULP) * GIB / line_cell.lo) + head
+    if logged <= most:
+        return None
+    return (f"the pool's {logged:,} tokens at the KV line's {line_cell.mid:,.0f} B each exceed the engine's own "
+            f"budget of {budget:.2f} GiB (at most {most:,} tokens): the line counts bytes the division did not "
+            "price, so its bytes per token are not the budget's")
 
 
 #: How far the budget an SGLang build prints ('The available memory for KV cache is X GB', the engine's own
