@@ -1280,6 +1280,11 @@ def _attribute(b: _Builder, ev: Event) -> Event:
         if ev.tokens:
             st.kv_lines.append((ev.tokens, ev.total_gib))
         st.pool_closed = False
+    elif isinstance(ev, KVBudget):
+        # the draft's own budget line is the draft's, as its KV line: builds that print the line (the Ascend image
+        # cann8.3.rc2-a3-release20260106, pre-0.5.7 sizing: profile_max_num_token runs again for the EAGLE draft's
+        # worker after the target's pool, corpus sglang_c075) print it once per worker
+        role = "draft" if (st.draft_weights and st.target_kv_closed) else "target"
     elif isinstance(ev, PoolEnd):
         st.pool_closed = True
         role = st.last_kv_role

@@ -3,6 +3,8 @@ verdict, the ledgers and the findings. Pure: no I/O."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from typing import Any
 
@@ -347,10 +349,17 @@ def bytes_per_token(ctx: Context, opts: AuditOptions) -> tuple[Cells, tuple[Find
             ctx.notes.append(mixed)
             iv, source = line_cell, "kv_line"
         elif line_cell is not None and not opts.hypothetical and not line_cell.contains(cell.pool, slack=0.5):
-            findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
-            iv, source = line_cell, "kv_line (config disagrees)"
+            over = line_over_budget(ctx, line_cell, None if approx else logged)
+            if over is not None:
+                # the line counts bytes the division did not price: it is no evidence against the config's cell
+                ctx.notes.append(over + "; the config's bytes per token are used")
+            else:
+                findings.append(F.geometry_mismatch(cell.pool, line_mid or 0, geom.source if geom else "config"))
+                iv, source = line_cell, "kv_line (config disagrees)"
     elif line_cell is not None and nsa_fp8_line_not_budget(ctx):
         source = "none: the NSA FP8 KV line gives the stored rows, not the budget's bytes per token"
+    elif line_cell is not None and (over := line_over_budget(ctx, line_cell, None if approx else logged)):
+        source = "none: " + over
     elif line_cell is not None:
         iv, source = line_cell, "kv_line"
     if cell_note:
@@ -430,6 +439,8 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
     missing = [name for name, v in (("T (pre-load free memory)", T), ("free memory after weights", post),
                                     ("mem_fraction_static", mfs), ("bytes per token", cell_iv)) if v is None]
     preds: list[Prediction] = []
+    formula_rests: list[Interval] = []  # post - (1 - mfs) x T per rule, when the engine's own budget is divided
+    engine_budget: Interval | None = None
     rules, unmodelled = _spec_rules(ctx)
     if not missing:
         assert T is not None and post is not None and mfs is not None and cell_iv is not None
@@ -442,11 +453,15 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         fp4_line = cells.source == "kv_line" and ctx.kv_elt == 0.5 and not any(
             k.kv_gib is not None for rf in ctx.facts.values() for k in rf.kv)
         ordered = free.post_source == "Load weight end (draft)"  # the log shows the draft before the pool
+        engine_budget = _engine_budget(ctx, cap, state)
         for r in rules:
             draft = r.after_draft and free.post_draft is not None
             stages = _stage_inputs(ctx, free.post_draft or post if draft else post, cell_iv, cells.source,
                                    draft=draft or ordered)
-            preds.append(predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, target_layers))
+            preds.append(predict_stages(ctx, r, t_pred, stages, mfs, state, draft_layers, target_layers,
+                                        engine_budget))
+            if engine_budget is not None:
+                formula_rests.append(stages[0][0] - t_pred.scale(1 - mfs))
         if fp4_line:
             # FP4 MHA without a config: the budget divides by values + scales (pool_configurator.py
             # _compute_cell_size: 1 scale byte per 16 half-byte values, 9/8 of the values), and the KV line counts
@@ -457,7 +472,16 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                                        draft=draft or ordered)
                 scaled = [(p, Interval(c.lo * 9 / 8, c.hi * 9 / 8)) for p, c in stages]
                 preds.append(predict_stages(ctx, replace(r, name=r.name + "; " + FP4_SCALED),
-                                            t_pred, scaled, mfs, state, draft_layers, target_layers))
+                                            t_pred, scaled, mfs, state, draft_layers, target_layers, engine_budget))
+                if engine_budget is not None:
+                    formula_rests.append(stages[0][0] - t_pred.scale(1 - mfs))
+    if engine_budget is not None and formula_rests:
+        note = ("the engine printed its KV budget ('The available memory for KV cache is "
+                f"{engine_budget.mid:.2f} GB'): the tokens are predicted from it, not from post - (1 - mfs) x T on "
+                f"the printed readings ({formula_rests[0].mid:.3f} GiB), which the engine takes at other moments "
+                "(T at the end of init_torch_distributed, the free memory inside profile_max_num_token, each the "
+                f"minimum over ranks); the two agree to {ENGINE_BUDGET_TOL_GIB} GiB or the count is not checked")
+        ctx.notes.append(note)
     if unmodelled and not missing:
         ctx.notes.append("not modelled for this release range and speculative algorithm: " + "; ".join(unmodelled))
     first = preds[0] if preds else None
@@ -481,6 +505,9 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
         nsa = nsa_fp8_line_not_budget(ctx) if "bytes per token" in missing and cells.cell is None else None
         if first is None and nsa and cells.line_mid is not None:
             reason = f"not checked: {nsa}"
+        elif first is None and cells.source and cells.source.startswith("none: ") and cells.line_mid is not None:
+            reason = "not checked: " + cells.source[len("none: "):] + _how_to_check(
+                wants, opts.model_geometry is not None, ctx.startup)
         elif first is None:
             reason = ("cannot check: the log lacks " + ", ".join(wants)
                       + _how_to_check(wants, opts.model_geometry is not None, ctx.startup))
@@ -502,6 +529,21 @@ def verdict_of(ctx: Context, opts: AuditOptions, free: FreeMemory, fraction: Fra
                        "T was solved from the token count, so the token count cannot be checked independently",
                        None, negative)
     hit = next((p for p in preds if p.tokens.contains(logged)), None)
+    if hit is not None and engine_budget is not None:
+        off = _budget_off(engine_budget, formula_rests[preds.index(hit)])
+        if off is not None and off > ENGINE_BUDGET_TOL_GIB:
+            return Outcome(hit, Verdict.UNKNOWN,
+                           f"{logged:,} tokens is the engine's own budget of {engine_budget.mid:.2f} GiB divided "
+                           f"({hit.rule.name}), but that budget is {off:.3f} GiB off post - (1 - mfs) x T from the "
+                           "printed readings: the budget it was computed from is not checked", None, negative)
+    both = _rules_that_fit(preds, logged, ctx.page_size)
+    if hit is not None and both is not None:
+        a, b = both
+        return Outcome(hit, Verdict.UNKNOWN,
+                       f"{logged:,} tokens fits both the '{a.rule.name}' rule ({a.tokens.low:,}..{a.tokens.high:,}) "
+                       f"and the '{b.rule.name}' rule ({b.tokens.low:,}..{b.tokens.high:,}) of the release range, "
+                       "which size the pool differently: these numbers cannot tell which one the build follows, "
+                       "so the count is not checked", None, negative)
     widened = T is not None and _platform_T(ctx, opts, T, free.pre_source) != T
     if hit is not None and widened and hit.tokens.high - hit.tokens.low > UNIFIED_MAX_SPREAD * hit.tokens.high:
         # a small budget: the platform's drift alone spans much of it, and a check that cannot fail is no match
@@ -593,6 +635,72 @@ def dsv4_outcome(c: DSV4.DSv4Check) -> Outcome:
         verdict = Verdict.MISMATCH
         reason = f"{c.budget_note}; the division itself is right ({c.reason})"
     return Outcome(pred, verdict, reason, None, ())
+
+
+def line_over_budget(ctx: Context, line_cell: Interval, logged: int | None) -> str | None:
+    """Why the KV line's bytes per token are not the ones the budget was divided by, or None: the pool holds more
+    tokens than the engine's own printed budget ('The available memory for KV cache is X GB') holds at the line's
+    bytes, beyond any EAGLE headroom (0.4.4-0.5.6). The division cannot give more tokens than the budget holds, so
+    the line counts bytes the division did not price. Seen on the Ascend A3 images cann8.5-a3-release20260113..17
+    (shun8686/for_debug logs/log_0116.tar.gz): DeepSeek-V3.2 prints 'KV size: 5.52 GB' beside a 5.03 GB budget,
+    the indexer's keys at 2 B in the line against about 1 B (and scales) in the division."""
+    budget = min((rf.kv_budget for rf in ctx.facts.values() if rf.kv_budget is not None), default=None)
+    if budget is None or logged is None or line_cell.lo <= 0:
+        return None
+    reqs = as_int(ctx.args.get("max_running_requests")) or 48
+    steps = as_int(ctx.args.get("speculative_num_steps")) or 0
+    topk = as_int(ctx.args.get("speculative_eagle_topk")) or 1
+    draft_tokens = as_int(ctx.args.get("speculative_num_draft_tokens")) or 0
+    head = reqs * (steps * topk + draft_tokens) + 100 if ctx.spec_algo is not None else 0
+    most = math.floor((budget + LOG_HALF_ULP) * GIB / line_cell.lo) + head
+    if logged <= most:
+        return None
+    return (f"the pool's {logged:,} tokens at the KV line's {line_cell.mid:,.0f} B each exceed the engine's own "
+            f"budget of {budget:.2f} GiB (at most {most:,} tokens): the line counts bytes the division did not "
+            "price, so its bytes per token are not the budget's")
+
+
+#: How far the budget an SGLang build prints ('The available memory for KV cache is X GB', the engine's own
+#: ``rest``) may lie from ``post - (1 - mfs) x T`` on the printed readings and still be that formula: the engine
+#: reads T at the end of init_torch_distributed and the free memory again inside profile_max_num_token, both as
+#: the minimum over ranks, while the log prints each rank's 'Load weight begin'/'Load weight end' readings.
+#: Measured on the Ascend A3 images cann8.3.rc2-a3-release1223..release20260106 (shun8686/for_debug @a2acf677 and
+#: @dd831fee, corpus sglang_c075-c079; 63 audited startups with the line, the harness and pod logs repeat some):
+#: the printed budget less the readings' formula is -0.022..+0.032 GiB (midpoints; as intervals each within
+#: 0.03 GiB) on every startup but the Qwen3-480B DP-attention PD prefill's +0.046/+0.050 (c079 and its December
+#: sibling), which is therefore not checked.
+ENGINE_BUDGET_TOL_GIB = 0.03
+
+
+def _engine_budget(ctx: Context, cap: Cap, state: Interval | None) -> Interval | None:
+    """The budget the engine printed, as the interval its two decimals allow: what it divided by the bytes per
+    token. Not with a state pool (whether the line is before or after the Mamba share is not known) nor with
+    pipeline stages (each stage has its own)."""
+    if cap.engine_rest is None or state is not None or ctx.pp > 1:
+        return None
+    return Interval.logged(cap.engine_rest)
+
+
+def _budget_off(printed: Interval, formula: Interval | None) -> float | None:
+    """GiB between the engine's printed budget and post - (1 - mfs) x T (0 when the intervals meet)."""
+    if formula is None:
+        return None
+    return max(0.0, formula.lo - printed.hi, printed.lo - formula.hi)
+
+
+def _rules_that_fit(preds: list[Prediction], logged: int, page: int) -> tuple[Prediction, Prediction] | None:
+    """Two rules of the release range that both hold the count while they size the pool differently (their
+    predictions' middles more than a page apart, e.g. EAGLE headroom to 0.5.6 and none from 0.5.7; two readings
+    of one rule, such as the FP4 cell's, are not two eras): a match
+    under either would hold only through the slack that spans both, and says nothing of which one the build
+    follows."""
+    fit = [p for p in preds if p.tokens.contains(logged)]
+    for i, a in enumerate(fit):
+        for b in fit[i + 1:]:
+            apart = abs((a.tokens.low + a.tokens.high) - (b.tokens.low + b.tokens.high)) > 2 * max(page, 1)
+            if (a.rule.lo, a.rule.hi) != (b.rule.lo, b.rule.hi) and apart:
+                return a, b
+    return None
 
 
 def _spec_rules(ctx: Context) -> tuple[list[Rule], list[str]]:
@@ -705,6 +813,14 @@ def formula_of(ctx: Context, free: FreeMemory, fraction: Fraction, cells: Cells,
         u = prediction.uncapped
         check_text = (f"min(--max-total-tokens {cap.cap:,}, ({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) GiB / "
                       f"{round(prediction.cell.mid):,} B per token = {u.low:,}..{u.high:,}): the cap bound")
+    elif (outcome.verdict == Verdict.MATCH and prediction is not None and prediction.engine_rest is not None
+            and T is not None and post is not None and mfs is not None):
+        # the engine's own budget was divided (its 'The available memory for KV cache is' line): the equation says so
+        check_text = (f"the engine's own budget {prediction.engine_rest.mid:.2f} GiB ('The available memory for KV "
+                      f"cache is' line; ({post.mid:.2f} - (1 - {mfs:g}) x {T.mid:.2f}) gives "
+                      f"{(post - T.scale(1 - mfs)).mid:.2f}) / {round(prediction.cell.mid):,} B per token"
+                      + (f" + {prediction.headroom:,} speculative headroom" if prediction.headroom else "")
+                      + (f", rounded down to pages of {ctx.page_size}" if ctx.page_size > 1 else ""))
     elif (outcome.verdict == Verdict.MATCH and prediction is not None and prediction.rule.name == DSV4.RULE
             and T is not None and post is not None and mfs is not None):
         # DeepSeek-V4 rounds the division down to whole pages: the printed equation says so (ux audit item 8)

@@ -109,7 +109,7 @@ def gather_facts(startup: Startup) -> dict[Rank, RankFacts]:
             rf = get(ev.rank)
             (rf.kv if ev.role == "target" else rf.draft_kv).append(ev)
             rf.lines["kv_cache" if ev.role == "target" else "draft_kv_cache"] = ev.line
-        elif isinstance(ev, KVBudget):
+        elif isinstance(ev, KVBudget) and ev.role == "target":
             get(ev.rank).kv_budget = ev.gib
             get(ev.rank).lines["kv_budget"] = ev.line
         elif isinstance(ev, OtherPool) and ev.kind == "swa_summary":

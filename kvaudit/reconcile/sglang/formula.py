@@ -152,13 +152,18 @@ class Prediction(Record):
     uncapped: TokenInterval | None = None
     #: the free memory after the weights this prediction used (the draft's reading under a 0.5.14+ rule)
     post: Interval | None = None
+    #: the budget the engine printed, divided in place of post - (1 - mfs) x T
+    engine_rest: Interval | None = None
 
 
 def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Interval, Interval]], mfs: float,
-                   state: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
+                   state: Interval | None, draft_layers: int | None, target_layers: int | None,
+                   rest: Interval | None = None) -> Prediction:
     """The prediction with pipeline stages: each stage's own (post, cell), the MIN over stages (reference §1.5:
-    ``max_total_num_tokens`` is all-reduced with MIN across the world)."""
-    preds = [predict(ctx, rule, T, post, mfs, cell, state, draft_layers, target_layers) for post, cell in stages]
+    ``max_total_num_tokens`` is all-reduced with MIN across the world). ``rest``: the engine's own budget, when it
+    printed one (one stage only)."""
+    preds = [predict(ctx, rule, T, post, mfs, cell, state, draft_layers, target_layers, rest)
+             for post, cell in stages]
     if len(preds) == 1:
         return preds[0]
     low = min(preds, key=lambda p: p.tokens.low)
@@ -169,10 +174,14 @@ def predict_stages(ctx: Context, rule: Rule, T: Interval, stages: list[tuple[Int
 
 
 def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, cell: Interval,
-            mamba: Interval | None, draft_layers: int | None, target_layers: int | None) -> Prediction:
+            mamba: Interval | None, draft_layers: int | None, target_layers: int | None,
+            engine_rest: Interval | None = None) -> Prediction:
+    """``engine_rest``: the budget the engine printed ('The available memory for KV cache is X GB'), divided in
+    place of ``post - (1 - mfs) x T`` (only without a state pool: whether the line is before or after the Mamba
+    share is not known)."""
     reserve = T.scale(1 - mfs)
-    rest = post - reserve
-    if mamba is not None and ctx.era.overlaps((0, 5, 2), None):
+    rest = post - reserve if engine_rest is None else engine_rest
+    if mamba is not None and ctx.era.overlaps((0, 5, 2), None) and engine_rest is None:
         rest = rest - mamba
     c = cell
     if rule.inflate and draft_layers and target_layers:
@@ -198,7 +207,7 @@ def predict(ctx: Context, rule: Rule, T: Interval, post: Interval, mfs: float, c
     if cap:
         uncapped = TokenInterval(lo, hi)
         lo, hi = min(lo, cap), min(hi, cap)
-    return Prediction(TokenInterval(lo, hi), rule, headroom, c, uncapped, post)
+    return Prediction(TokenInterval(lo, hi), rule, headroom, c, uncapped, post, engine_rest)
 
 
 
