@@ -783,7 +783,7 @@ class VLLMParser(VLLMWords):
             if own or (any(isinstance(e, Banner) for e in events) and any(isinstance(e, Failure) for e in events)):
                 era = resolve(clues, VersionRange((0, 2, 0), None))
                 path = config.get("model")
-                startups.append(Startup(ENGINE, len(startups) + 1, first if startups else 1, last, dict(config), tuple(events), era,
+                startups.append(Startup(ENGINE, len(startups) + 1, first, last, dict(config), tuple(events), era,
                                         path if isinstance(path, str) else None, set_aside=tuple(aside)))
                 aside.clear()
 
