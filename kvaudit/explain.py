@@ -262,13 +262,19 @@ def with_input_notes(a: Audit, log: ParsedLog, startup: Startup) -> Audit:
     """What the reading of the input skipped, said in the audit (a skipped line may have held a reading), and
     the memory lines of the startup that no grammar read (listed, never ignored: kvaudit.verdict.unread)."""
     aside = set(startup.aside_lines)  # named in the notes already (kvaudit.parse.request_time)
-    # the startup's span only: uninterpreted() tests these (not its events' lines) for memory words
+    # the startup's span only: uninterpreted() tests these (not its events' lines) for memory words. The first
+    # startup's runs from the input's first line: a memory line before the first line its grammar read (an HPU
+    # worker's weights and budget lines before its block line, corpus vllm_c084) is listed, never dropped
+    # (a line before it that names the platform was read, by kvaudit.platforms: not listed)
+    begin = 1 if startup.first_line == min(s.first_line for s in log.startups) else startup.first_line
     span = [ln for ln in log.lines
-            if startup.first_line <= ln.number <= startup.last_line and ln.number not in aside]
+            if begin <= ln.number <= startup.last_line and ln.number not in aside
+            and (ln.number >= startup.first_line or detect([ln.text]) is None)]
     serving = startup.serving_line
     # the startup's own memory lines are listed with it (rule 9); those a serving server printed later (a sleep,
     # a reload, or text a request wrote) are counted in a note, never taken for what its startup lacks
-    a = unread(a, *uninterpreted([ln for ln in span if serving is None or ln.number <= serving], startup))
+    a = unread(a, *uninterpreted([ln for ln in span if serving is None or ln.number <= serving], startup,
+                                 begin=begin))
     notes = list(startup.set_aside)
     if serving is not None:
         later, n_later = uninterpreted([ln for ln in span if ln.number > serving], startup)

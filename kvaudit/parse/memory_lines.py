@@ -33,15 +33,18 @@ def is_memory_line(text: str) -> bool:
             and _PROGRESS.search(text) is None)
 
 
-def uninterpreted(lines: Iterable[Line], startup: Startup,
-                  selected: bool = False) -> tuple[tuple[tuple[int, str], ...], int]:
+def uninterpreted(lines: Iterable[Line], startup: Startup, selected: bool = False,
+                  begin: int | None = None) -> tuple[tuple[tuple[int, str], ...], int]:
     """The memory lines of the startup's window that none of its events read: up to KEEP of them (line number,
-    text), and how many there were in all. ``selected``: ``lines`` are memory lines already (ParsedLog.memory)."""
+    text), and how many there were in all. ``selected``: ``lines`` are memory lines already (ParsedLog.memory).
+    ``begin``: where the window starts when not at the startup's first line (the first startup's runs from the
+    input's first line: a memory line before the first line a grammar read is listed, never dropped)."""
     read = {e.line for e in startup.events}
     out: list[tuple[int, str]] = []
     total = 0
+    start = startup.first_line if begin is None else begin
     for ln in lines:
-        if ln.number < startup.first_line or ln.number > startup.last_line or ln.number in read:
+        if ln.number < start or ln.number > startup.last_line or ln.number in read:
             continue
         if selected or is_memory_line(ln.text):
             total += 1

@@ -152,10 +152,17 @@ _V0_TABLE = lazy(
 _TABLE_WORDS = lazy(r"total_gpu_memory|gpu_memory_utilization|vLLM instance can use|model weights take|"
                           r"non_torch_memory|activation peak memory|available_kv_cache_memory|duration")
 _PROFILE_TIME = lazy(r"Memory profiling takes " + NUM + r" seconds")
-_BLOCKS = lazy(r"(?:#\s*)?\b(GPU|CUDA|cuda|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu|cpu|CPU) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+#: the pool's block line. V0's executor_base.py (0.7-0.10) logs "# %s blocks: %d, # CPU blocks: %d" with the
+#: platform's ``device_name`` (platforms/*.py, read in the 0.11.0 wheel: cuda, rocm, cpu, tpu, xpu; the HPU and
+#: Ascend plugins: hpu, npu); a "CPU blocks" after ", # " is that line's swap count, never the CPU backend's own
+#: pool ("# CPU blocks: N" alone, 0.4-0.6): a device word this list lacks must not turn its swap count into a pool
+_BLOCKS = lazy(r"(?:#\s*)?\b(GPU|CUDA|cuda|rocm|ROCm|XPU|HPU|NPU|TPU|xpu|hpu|npu|tpu|neuron|cpu|(?<!, # )CPU) "
+               r"blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 #: the CPU backend's KV space (GiB) when VLLM_CPU_KVCACHE_SPACE is not set: its default, said by a warning
 #: (executor/cpu_executor.py 0.4-0.6 "(GB)", platforms/cpu.py 0.7-0.11 "(GiB) ... using 4 by default"), or the size
 #: 0.14 chose from the free host memory and printed (format_gib: 0.01 GiB). A set value is never logged
+_HPU_BUDGET = lazy(r"Free device memory: " + NUM + r" ?GiB, " + NUM + r" ?GiB usable \(gpu_memory_utilization=" + NUM +
+                   r"\), " + NUM + r" ?GiB reserved for HPUGraphs")
 _CPU_SPACE = lazy(r"VLLM_CPU_KVCACHE_SPACE \(Gi?B\) for CPU backend is not set, using (\d+) by default|"
                   r"VLLM_CPU_KVCACHE_SPACE not set\. Using " + NUM + r" GiB for KV cache")
 _NUM_BLOCKS = lazy(r"num_gpu_blocks is: (\d+)")
@@ -476,6 +483,12 @@ def parse_line(line: Line) -> _Parsed:
     m = _KV_SCALE_DEFAULT.search(t) if "KV cache scaling factor 1.0" in t else None
     if m:
         return _Parsed([Setting(n, t, "kv_cache_dtype", m.group(1))], [])
+    m = _HPU_BUDGET.search(t) if "reserved for HPUGraphs" in t else None
+    if m:
+        # HabanaAI/vllm-fork hpu_worker.py / habana_worker.py determine_num_available_blocks (2024-2025): the HPU's
+        # own budget (free device memory x gpu_memory_utilization, less VLLM_GRAPH_RESERVED_MEM); it names the
+        # device, whose budget kvaudit does not model (reconcile.vllm.context.UNMODELLED_DEVICES)
+        return _Parsed([Setting(n, t, "device", "hpu")], [])
     m = _CPU_SPACE.search(t) if "VLLM_CPU_KVCACHE_SPACE" in t else None
     if m:
         if m.group(1) is not None:
@@ -643,6 +656,8 @@ def parse_line(line: Line) -> _Parsed:
             clues.append(_clue((0, 6, 4), (0, 7, 99), "V1 '# GPU blocks' without CPU blocks"))
         elif "# cuda blocks" in t:
             clues.append(_clue((0, 7, 3), (0, 10, 99), "'# cuda blocks'"))
+        elif "# rocm blocks" in t:  # the same executor_base.py line on ROCm (device_name "rocm")
+            clues.append(_clue((0, 7, 3), (0, 10, 99), "'# rocm blocks'"))
         elif "# CUDA blocks" in t:
             clues.append(_clue((0, 7, 0), (0, 7, 2), "'# CUDA blocks'"))
         at = _LLM_ENGINE_AT.search(t, 0, m.start())

@@ -116,7 +116,7 @@ class VLLMWords:
 
     markers: tuple[str, ...] = ("vLLM", "LLM engine (v", "Initializing an LLM engine with config", "Loading model weights took", "Model loading took",
                                 "GPU KV cache size", "Available KV cache memory", "# GPU blocks", "# CUDA blocks",
-                                "# cuda blocks", "vLLM instance can use", "VllmWorker", "exceeds available Mamba cache blocks")
+                                "# cuda blocks", "# rocm blocks", "vLLM instance can use", "VllmWorker", "exceeds available Mamba cache blocks")
     #: what its request log lines carry (``--log-requests``): a prompt may hold text that looks like a
     #: startup line, so a line with one of these is never read, by any grammar
     request_markers: tuple[str, ...] = ("Received request", "Added request", "prompt_token_ids", "prompt: '", 'prompt: "')

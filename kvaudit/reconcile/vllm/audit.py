@@ -29,6 +29,7 @@ from kvaudit.reconcile.vllm.cell import (
 from kvaudit.reconcile.vllm.checks import (
     budget_findings,
     concurrency_findings,
+    grouped_line,
     failure_findings,
     graph_findings,
     suggestion_findings,
@@ -103,7 +104,7 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         formula_text=(f"KV = {(formula.rule or '').split(': ', 1)[-1]};  " + (
             "tokens = floor(KV / (bytes per token x block)) x block" if cells.pool is None and cells.swa is None
             else "blocks = KV // page // group size; tokens per the release's count (see the predicted row)")),
-        formula_rows=(() if ctx.cpu else (  # the CPU backend: no device total, no fraction
+        formula_rows=(() if ctx.cpu or ctx.device is not None else (  # the CPU backend: no device total, no fraction
             FormulaRow("total GPU memory", formula.pre_load_free_gib, "GiB", "the fraction applies to the total"),
             FormulaRow("gpu_memory_utilization", ctx.util, "", ctx.util_source or ""),
             FormulaRow("headroom = (1 - util) x total", formula.reserve_gib, "GiB", "outside the budget"))) + (
@@ -162,6 +163,12 @@ def logged_pool(ctx: Context) -> LoggedPool:
     blocks_ev = ctx.startup.of(Blocks)
     stated = bool(tokens_ev or blocks_ev)
     if not tokens_ev:
+        if blocks_ev and ctx.device is not None and ctx.block_source.startswith("unknown"):
+            # blocks x 16 would be CUDA's count: this device's default block is its platform's (HPU: 128)
+            ctx.notes.append(f"{min(b.gpu_blocks for b in blocks_ev):,} blocks (line {blocks_ev[0].line}): the log "
+                             f"does not state the block size, and on {ctx.device[0]} it is not CUDA's 16, so no "
+                             "token count is derived from them")
+            return LoggedPool(None, None, stated)
         return LoggedPool(min(b.gpu_blocks for b in blocks_ev) * ctx.block_size if blocks_ev else None, None, stated)
     per_dp = {}
     for e in tokens_ev:
@@ -290,9 +297,14 @@ def bytes_per_token(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> tuple[Cell
             cell, description = pool.bytes_per_token, pool.describe()
         elif swa is not None:
             cell, description = swa.bytes_per_token, swa.describe()
-        elif unmodelled is not None:
+        elif unmodelled is None and (pad := grouped_line(ctx)) is not None:
+            # the config read as one layer type (an MLA + linear-attention hybrid such as Kimi-Linear, a drafter's
+            # layers), the log's padding warning as two or more: the uniform cell is not the pool's
+            unmodelled = (f"the log's padding warning (line {pad}) shows KV cache groups of two or more layer "
+                          "types, and the config as kvaudit reads it gives one")
+        if unmodelled is not None and pool is None and swa is None:
             description = f"not modelled here: {unmodelled}"
-        else:
+        elif pool is None and swa is None:
             cell, description = cell_size(geom, ctx.tp, ctx.kv_elt, ctx.pp, split_v=ctx.era.lo >= (0, 14, 0))
         source = "config" if unmodelled is None else None
     line_cell = None
@@ -400,6 +412,7 @@ def formula_of(ctx: Context, kv: KVBudgets, seen: LoggedPool, cells: Cells, pred
         verdict=pred.verdict,
         verdict_reason=pred.reason,
         rule=("CPU backend: VLLM_CPU_KVCACHE_SPACE (host memory of a set size; no fraction applies)" if ctx.cpu
+              else f"not modelled on {ctx.device[0]}: the device's own budget rule" if ctx.device is not None
               else rule_text(ctx, list(kv.budgets), applied, kv.fixed)),
         effective_mem_fraction_static=pred.effective_util,
         page_size=ctx.block_size,
@@ -417,6 +430,9 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     """The checks beyond the token count: budgets, ranks, failures, graphs, suggestions, headroom, concurrency."""
     th = opts.thresholds
     T, T_any, cell, logged = kv.T, kv.T or kv.T_note, cells.cell, seen.logged
+    if ctx.device is not None:
+        # no model of the device: the engine's own failures are said, nothing is computed against a CUDA rule
+        return failure_findings(ctx, None, None, None, logged, kv.fixed)
     out: list[Finding] = []
     out += budget_findings(list(kv.budgets))
     out += rank_findings(ctx, ledgers, T, cell, th)
@@ -425,7 +441,7 @@ def checked_findings(ctx: Context, opts: AuditOptions, kv: KVBudgets, seen: Logg
     out += suggestion_findings(ctx, applied, T_any, list(kv.budgets))
     out += headroom_findings(ctx, ledgers, T, th)
     out += concurrency_findings(ctx, logged, ctx.hybrid is not None or cells.pool is not None or cells.swa is not None
-                                or _mamba_line(ctx) is not None)
+                                or _mamba_line(ctx) is not None or grouped_line(ctx) is not None)
     return out
 
 
@@ -467,6 +483,12 @@ def closing_notes(ctx: Context, kv: KVBudgets, seen: LoggedPool) -> None:
         notes.append(f"a Mamba hybrid (line {mamba_at}: CUDA-graph sizes capped to its Mamba cache blocks, "
                      "config/compilation.py): its attention block size is set to fit a Mamba page, and the line "
                      "that states it is not in the log")
+    elif ctx.block_source.startswith("default") and (pad := grouped_line(ctx)) is not None and not ctx.cpu:
+        # a grouped pool (the padding warning): 16 for sliding-window groups, raised to hold a state page for a
+        # Mamba/linear-attention hybrid (model_executor/models/config.py): the log does not say which
+        notes.append(f"block size: not in the log; the pool is grouped (line {pad}), so it is 16 (vLLM's CUDA "
+                     "default) for sliding-window groups but larger for a Mamba/linear-attention hybrid, whose "
+                     "attention block is raised to hold a state page ('Setting attention block size')")
     elif ctx.block_source.startswith("default") and seen.logged is not None and (
             kv.K is not None or ctx.startup.of(Blocks)):
         # only where it was used: a prediction (a budget and a logged pool) or a block count read as tokens; a
@@ -571,6 +593,10 @@ def _match_equation(logged: int, K: float, cell: int, block: int, rule: str) -> 
 def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str, float],
              exact: bool = False) -> Prediction:
     cell, bpt_source, pool, swa = cells.cell, cells.source, cells.pool, cells.swa
+    if ctx.device is not None:
+        # judged nothing: no budget rule, no block size, no count to hold against them (UNMODELLED_DEVICES)
+        return Prediction(None, Verdict.UNKNOWN, f"vLLM on {ctx.device[0]} (line {ctx.device[1]}): kvaudit has no "
+                                                 "model of this device's KV budget, so the pool is read, not checked")
     if logged_ev is not None and logged_ev.with_host:
         return Prediction(None, Verdict.UNKNOWN, f"the {logged_ev.device} + host count ({logged:,} tokens) includes "
                                                  "host-offloaded cache, which the GPU budget does not size")
@@ -606,6 +632,11 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
             return Prediction(None, Verdict.UNKNOWN,
                               "a hybrid (Mamba) pool: its tokens per GiB follow from the layer groups, which need the "
                               "model config (--model-config)")
+        if (pad := grouped_line(ctx)) is not None:
+            return Prediction(None, Verdict.UNKNOWN,
+                              f"a grouped pool (line {pad}: vLLM padded its KV cache groups, which it does only for "
+                              "a model of two or more layer types): its tokens per GiB follow from the layer groups, "
+                              "which need the model config (--model-config)")
         why = ("the config's bytes per token were not used (see GEOMETRY_MISMATCH)" if ctx.opts.model_geometry
                is not None else "no --model-config")
         return Prediction(None, Verdict.UNKNOWN,

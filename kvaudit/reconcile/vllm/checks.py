@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from kvaudit.parse.vllm import Blocks, Concurrency, Failure, KVTokens
+from kvaudit.parse.vllm import Blocks, Concurrency, Failure, KVTokens, Setting
 from kvaudit.reconcile import findings as F
 from kvaudit.reconcile.interface import Finding, RankLedger, Severity, Thresholds
 from kvaudit.reconcile.values import as_int
@@ -265,7 +265,7 @@ def _need(ctx: Context, cell: int | None) -> float | None:
     max_memory_usage_bytes, cdiv(max_model_len, block) pages). None when the log lacks the length or the cell."""
     mml = next((c.max_model_len for c in reversed(ctx.startup.of(Concurrency))), None) or as_int(
         ctx.args.get("max_model_len")) or as_int(ctx.args.get("max_seq_len"))
-    if not mml or not cell or ctx.hybrid is not None:
+    if not mml or not cell or ctx.hybrid is not None or grouped_line(ctx) is not None:
         return None
     return math.ceil(mml / ctx.block_size) * ctx.block_size * cell / GIB
 
@@ -482,6 +482,15 @@ def headroom_findings(ctx: Context, ledgers: tuple[RankLedger, ...], T: float | 
     if head < th.low_headroom_gib:
         return [F.vllm_low_headroom(head, ctx.util, T, beyond, th.low_headroom_gib)]
     return []
+
+
+def grouped_line(ctx: Context) -> int | None:
+    """The line of the first "Add N padding layers, may waste at most X% KV cache memory" warning, None when the log
+    has none. ``v1/core/kv_cache_utils.py::_get_kv_cache_groups_uniform_page_size`` (V1 0.10+, read in the 0.11.0
+    wheel) pads only when the model has two or more layer types (its group size is the smallest type's layer count,
+    so a single type never pads): the warning proves a grouped pool (Mamba/linear-attention or sliding-window
+    hybrid), whose per-request blocks and one-request need are not a uniform pool's, whatever the config says."""
+    return next((e.line for e in ctx.startup.of(Setting) if e.key == "padding_layers"), None)
 
 
 def concurrency_findings(ctx: Context, logged: int | None, hybrid: bool) -> list[Finding]:

@@ -25,6 +25,15 @@ CPU_BLOCKS = ((16, "16, the CPU backend's default without IPEX"),
               (128, "128, the CPU backend's default with IPEX (intel_extension_for_pytorch), 0.8+"))
 
 
+#: accelerators kvaudit has no vLLM budget model for, by the word their block line carries (V0's executor_base.py
+#: logs "# %s blocks" with the platform's ``device_name``: hpu, xpu, tpu, npu, neuron) or by the HPU worker's own
+#: budget line. HabanaAI/vllm-fork's hpu_worker.py sizes the cache from the free device memory x
+#: gpu_memory_utilization, less VLLM_GRAPH_RESERVED_MEM for HPU graphs, with a default block of 128
+#: (platforms/hpu.py), not total x util - usage with a block of 16: the CUDA rule would print a count it cannot know
+UNMODELLED_DEVICES = {"hpu": "an HPU (Intel Gaudi)", "xpu": "an XPU (Intel GPU, V0)", "tpu": "a TPU (V0)",
+                      "npu": "an NPU (V0)", "neuron": "AWS Neuron"}
+
+
 @dataclass
 class Context:
     startup: Startup
@@ -53,6 +62,8 @@ class Context:
     cpu: bool = False
     #: that space as the log states it: (GiB, "default" | "chosen", line), None when no line does (set by the env)
     cpu_space: tuple[float, str, int] | None = None
+    #: an accelerator without a model here (UNMODELLED_DEVICES): (its name, the line that names it)
+    device: tuple[str, int] | None = None
 
     @property
     def workers(self) -> int:
@@ -104,6 +115,10 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     else:
         block, block_source = DEFAULT_BLOCK, "default (16 on CUDA)"
 
+    device = _unmodelled_device(startup)
+    if device is not None and block_source.startswith("default"):
+        block_source = f"unknown (on {device[0]} the default is the platform's, not 16)"
+
     tp, at_least, assumed, tp_source = _tensor_parallel(startup, args, opts)
     pp = as_int(args.get("pipeline_parallel_size")) or (max((r.sort_key[0] for r in _ranks(startup)), default=0) + 1)
     dp = as_int(args.get("data_parallel_size")) or (max((r.sort_key[2] for r in _ranks(startup)), default=0) + 1)
@@ -114,7 +129,17 @@ def build_context(startup: Startup, opts: AuditOptions) -> Context:
     kv_dtype, elt, kv_assumed = _kv_dtype(args, opts, args_seen, opts.model_geometry)
     return Context(startup, opts, args, facts, startup.era, opts.model_geometry, util, util_source, block,
                    block_source, tp, at_least, assumed, tp_source, pp, dp, kv_dtype, elt, kv_assumed, hybrid,
-                   args_seen, notes, cpu, space)
+                   args_seen, notes, cpu, space, device)
+
+
+def _unmodelled_device(startup: Startup) -> tuple[str, int] | None:
+    """The accelerator the log names that kvaudit has no budget model for (UNMODELLED_DEVICES), with its line."""
+    for e in startup.events:
+        word = (e.device.lower() if isinstance(e, Blocks) else
+                e.value.lower() if isinstance(e, Setting) and e.key == "device" else None)
+        if word in UNMODELLED_DEVICES:
+            return UNMODELLED_DEVICES[word], e.line
+    return None
 
 
 def _non_default_args_seen(startup: Startup) -> bool:
