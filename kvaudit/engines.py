@@ -123,16 +123,9 @@ def unprefixed_note(a: Audit, startup: Startup, display: str) -> Audit:
 def on_platform(a: Audit, opts: AuditOptions) -> Audit:
     """The platform an audit ran on, named in the audit, with what T means there (kvaudit.platforms)."""
     p = opts.platform
-    if p is not None and getattr(p, "cpu", False):
-        note = (f"{p.name}: no GPU memory is involved. The engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE "
-                "(platforms/cpu.py), a set amount of host memory; gpu_memory_utilization sizes nothing here")
-        return replace(a, platform=p.name, platform_kind="cpu", notes=a.notes + (note,))
-    if p is None or not p.unified_memory:
+    if p is None or p.kind == "discrete":
         return a
-    note = (f"{p.name}: unified memory. The free memory the engine measured (T and every 'avail mem') is the "
-            "system memory the process could still take, shared with the OS and other programs, not a card's "
-            "capacity; it moves between two readings, so small gaps against the formula are expected")
-    return replace(a, platform=p.name, platform_kind="unified", notes=a.notes + (note,))
+    return replace(a, platform=p.name, platform_kind=p.kind, notes=a.notes + (f"{p.name}: {p.meaning}",))
 
 
 

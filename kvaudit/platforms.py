@@ -30,6 +30,17 @@ class Platform:
         """The support table's platform kind (kvaudit.support.KINDS["platform"])."""
         return "cpu" if self.cpu else "unified" if self.unified_memory else "discrete"
 
+    @property
+    def meaning(self) -> str:
+        """What the engine's memory readings mean on this platform, for the audit's note (a card of its own has
+        none: kvaudit.engines.on_platform names only the other kinds)."""
+        if self.cpu:  # vLLM's CPU backend: platforms/cpu.py
+            return ("no GPU memory is involved. The engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE "
+                    "(platforms/cpu.py), a set amount of host memory; gpu_memory_utilization sizes nothing here")
+        return ("unified memory. The free memory the engine measured (T and every 'avail mem') is the system memory "
+                "the process could still take, shared with the OS and other programs, not a card's capacity; it "
+                "moves between two readings, so small gaps against the formula are expected")
+
 
 #: SGLang's own line when nvidia-smi cannot give the card's memory (0.5.x ``get_device_memory_capacity`` in
 #: srt/utils: ``nvidia-smi --query-gpu=memory.total`` answers "[N/A]" on unified-memory devices, whose memory is

@@ -30,7 +30,7 @@ def whatif(startup: Startup, opts: AuditOptions, base: Audit, new_opts: AuditOpt
     f0 = base.formula
     changes = {k: getattr(new_opts, k) for k in ("mem_fraction_static", "kv_cache_dtype", "max_tokens")
                if getattr(new_opts, k, None) is not None and getattr(new_opts, k) != getattr(opts, k, None)}
-    if "AutoDeploy" in (f0.verdict_reason or ""):
+    if "backend_managed" in base.pool_kinds:  # AutoDeploy's own caches (audit.AUTODEPLOY)
         return WhatIf(changes, f0.logged_tokens, None, f0.rest_gib, None, f0.reserve_gib, None, None, None, None,
                       None, "unknown", ("the AutoDeploy backend sizes its own caches by free_mem_ratio, which "
                                         "kvaudit does not model",), reserve_label=RESERVE_LABEL)

@@ -649,8 +649,7 @@ def _predict(ctx: Context, K, T, logged, logged_ev, cells: Cells, kvs: dict[str,
     interval = block_interval(K, cell, block, exact)
     # V1 >= 0.21 reports int(concurrency x max_model_len), not blocks x block_size: allow one block
     slack = block if ctx.era.hi is None or ctx.era.hi >= (0, 21, 0) else 0
-    rule = f"floor({K:g} GiB / ({cell:,} B x {block})) blocks x {block}" if exact else \
-        f"floor({K} GiB / ({cell:,} B x {block})) blocks x {block}"
+    rule = f"floor({f'{K:g}' if exact else K} GiB / ({cell:,} B x {block})) blocks x {block}"
     seen = sorted(kvs)
     complete = "all" in kvs or (not ctx.tp_at_least and len(seen) >= ctx.workers)
     if interval.high == 0 and logged == 0 and K + LOG_HALF_ULP <= 0:

@@ -143,7 +143,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
     mem = next((f for f in failures if f.kind in MEMORY_FAILURES), None)
     util = ctx.util
     if mem is not None:
-        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell, _unified(ctx), _need(ctx, cell), _cpu(ctx))
+        fit = _what_fits(mem.kind, mem.numbers, util, T, K, cell, _unified(ctx), _need(ctx, cell), ctx.cpu)
         cause, extra = _graph_estimate_cause(ctx, mem.kind, K)
         out.append(F.not_enough_memory(mem.message + fit[0] + cause, mem.line, {**mem.numbers, **fit[1], **extra}))
         quoted.add(mem.line)
@@ -157,7 +157,7 @@ def failure_findings(ctx: Context, K: float | None, T: float | None, cell: int |
                                                                           **oom.numbers}))
         quoted.add(oom.line)
     elif K is not None and K <= 0:
-        fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx), _need(ctx, cell), _cpu(ctx))
+        fit = _what_fits("no_kv_memory", {}, util, T, K, cell, _unified(ctx), _need(ctx, cell), ctx.cpu)
         # the line that printed the negative budget (the smallest worker's), not line 0
         at = min((rr.lines["kv_gib"] for rr in ctx.facts.values() if rr.r.get("kv_gib") == K
                   and "kv_gib" in rr.lines), default=0)
@@ -233,7 +233,7 @@ def _v0_pool_below_max_len(ctx: Context, K: float | None = None, T: float | None
     if not blocks:
         return None
     b = min(blocks, key=lambda e: e.gpu_blocks)
-    cpu = _cpu(ctx)
+    cpu = ctx.cpu
     if b.gpu_blocks <= 0 and (ctx.era.hi is None or ctx.era.hi >= (0, 2, 6)):
         fit = _what_fits("no_kv_memory", {}, ctx.util, T, K, cell, _unified(ctx), _need(ctx, cell), cpu)
         return (f"No available memory for the cache blocks: the pool has {b.gpu_blocks:,} "
@@ -268,11 +268,6 @@ def _need(ctx: Context, cell: int | None) -> float | None:
     if not mml or not cell or ctx.hybrid is not None or grouped_line(ctx) is not None:
         return None
     return math.ceil(mml / ctx.block_size) * ctx.block_size * cell / GIB
-
-
-def _cpu(ctx: Context) -> bool:
-    """The CPU backend (kvaudit.platforms): its KV budget is VLLM_CPU_KVCACHE_SPACE, not a fraction of a GPU."""
-    return ctx.cpu
 
 
 def _graph_estimate_cause(ctx: Context, kind: str, K: float | None) -> tuple[str, dict[str, float]]:

@@ -159,8 +159,8 @@ def block_interval(K: float, cell: int, block: int, exact: bool = False) -> Toke
     0.3.0, 0.6.3, 0.6.4.post1 and 0.7.3 wheels; V1 ``v1/core/kv_cache_utils.py::get_num_blocks``, 0.11.0 and
     0.14.0), so the interval never runs below 0."""
     half = 0.0 if exact else LOG_HALF_ULP
-    lo_b = max(0, math.floor(max(0.0, K - half) * GIB / (cell * block)))
-    hi_b = max(0, math.floor(max(0.0, K + half) * GIB / (cell * block)))
+    lo_b = math.floor(max(0.0, K - half) * GIB / (cell * block))
+    hi_b = math.floor(max(0.0, K + half) * GIB / (cell * block))
     return TokenInterval(lo_b * block, hi_b * block)
 
 
