@@ -220,8 +220,9 @@ class Audit(Record):
     from_endpoint: bool = False
     #: the platform the audit ran on when it is not a card of its own (kvaudit.platforms), e.g. unified memory
     platform: str | None = None
-    #: that platform's kind in the support table (kvaudit.support.KINDS["platform"]): "unified" or "cpu"; None
-    #: with no platform named (a card of its own)
+    #: that platform's kind in the support table (kvaudit.support.KINDS["platform"]): "unified" or "cpu"; an
+    #: engine's audit may set "accelerator" (a device whose budget rule kvaudit has not read) without a platform
+    #: name; None: a card of its own
     platform_kind: str | None = None
     #: the pool kinds this startup holds, as the engine read them (kvaudit.support.KINDS["pool"]: dense, mla, nsa,
     #: swa, mamba, dsv4, encoder_decoder, draft); empty: the verdict tells them from the config and the audit

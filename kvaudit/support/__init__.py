@@ -31,7 +31,7 @@ DIMENSIONS = ("pool", "kv_dtype", "platform")
 KINDS = {
     "pool": ("dense", "mla", "nsa", "swa", "mamba", "dsv4", "encoder_decoder", "draft", "backend_managed"),
     "kv_dtype": ("16bit", "fp8", "fp4", "int8", "int4", "mixed"),
-    "platform": ("discrete", "unified", "cpu"),
+    "platform": ("discrete", "unified", "cpu", "accelerator"),
 }
 #: how each kind reads in a sentence
 KIND_WORDS = {
@@ -43,6 +43,7 @@ KIND_WORDS = {
     "fp8": "an FP8 KV cache", "fp4": "an FP4 KV cache", "int8": "an INT8 KV cache", "int4": "an INT4 KV cache",
     "mixed": "different K and V element types", "discrete": "a card with memory of its own",
     "unified": "unified memory", "cpu": "a CPU backend (KV cache in host memory)",
+    "accelerator": "an accelerator whose budget rule is its plugin's own (HPU, XPU, TPU, NPU, Neuron)",
 }
 LEVELS = ("modelled", "partly", "not")
 

@@ -133,6 +133,8 @@ def test_an_hpu_pool_is_read_and_nothing_is_judged():
     assert a.formula.logged_tokens is None  # 1,519 x 16 would be CUDA's block, not the HPU's
     assert not codes(a) - {"STARTUP_FAILED", "NOT_ENOUGH_MEMORY", "INCOMPLETE_LOG"}
     assert judge(a).status == "unchecked"
+    # the coverage every output shows agrees: an HPU's budget rule is a platform the support table does not model
+    assert a.coverage is not None and a.coverage.level == "not" and "HPU" in a.coverage.limits[0]
     # the weights and profiling lines stand before the first line read: listed, never dropped
     assert {3, 5, 6} <= {n for n, _ in a.uninterpreted}
 

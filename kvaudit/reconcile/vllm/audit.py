@@ -98,6 +98,9 @@ def reconcile(startup, opts: AuditOptions, startups_total: int = 1) -> Audit:
         findings=tuple(sorted(findings, key=lambda f: -f.severity.rank)),
         speculative=_speculative_summary(ctx.args),
         hicache_host_gb=None,
+        # a device whose budget rule kvaudit has not read (UNMODELLED_DEVICES): the support table's "accelerator",
+        # not modelled, so the coverage every output shows agrees with the unchecked pool
+        platform_kind="accelerator" if ctx.device is not None else None,
         notes=tuple(ctx.notes + ([f"bytes per token: {cells.description}"] if cells.description else [])),
         engine_display="vLLM",
         # the era's own budget rule (the same words as the "predicted tokens" row), not one rule for every era
