@@ -225,7 +225,8 @@ class Audit(Record):
     #: name; None: a card of its own
     platform_kind: str | None = None
     #: the pool kinds this startup holds, as the engine read them (kvaudit.support.KINDS["pool"]: dense, mla, nsa,
-    #: swa, mamba, dsv4, encoder_decoder, draft); empty: the verdict tells them from the config and the audit
+    #: swa, mamba, dsv4, encoder_decoder, draft, backend_managed); empty: the verdict tells them from the config and
+    #: the audit
     pool_kinds: tuple[str, ...] = ()
     #: how much of this startup kvaudit models (kvaudit.support.Coverage), set by the verdict
     coverage: Any = None
