@@ -98,9 +98,13 @@ def audit_endpoint(documents: Mapping[str, str], url: str, opts: AuditOptions) -
                       f"over {cell.pool:,} B per token ({cell.description}), less {page} padding row(s)")
         else:
             verdict = Verdict.MISMATCH
+            # a capacity of 0 tokens implies no bytes per token (implied is None): the server reports a pool it
+            # cannot hold a token in
             reason = (f"{tokens:,} tokens do not fit the {kv:.2f} GiB pool at {cell.pool:,} B per token "
-                      f"({predicted.low:,}..{predicted.high:,}); the pool implies {implied:,.0f} B per token: "
-                      "another KV dtype, TP split, or model than the config says")
+                      f"({predicted.low:,}..{predicted.high:,}); " + (
+                          f"the pool implies {implied:,.0f} B per token: another KV dtype, TP split, or model than "
+                          "the config says" if implied is not None else
+                          "the server reports no token capacity for a pool of that size"))
     else:
         missing = [m for m, ok in (("the model's config.json (--model-config)", geom is not None),
                                    ("the KV dtype", kv_elt is not None),
